@@ -1,0 +1,3 @@
+//! `gpu-dra`: the admin CLI.
+
+fn main() {}

@@ -1,0 +1,1 @@
+//! The NVML boundary: see the crate README.

@@ -1,0 +1,1 @@
+//! The GPU DRA kubelet plugin library.

@@ -1,0 +1,3 @@
+//! `gpu-kubelet-plugin` entry point.
+
+fn main() {}

@@ -1,0 +1,1 @@
+//! End-to-end test support: the kubelet simulator and the test API server.
