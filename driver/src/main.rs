@@ -1,3 +1,168 @@
-//! `gpu-kubelet-plugin` entry point.
+//! `gpu-kubelet-plugin` entry point: flags, logging, the metrics endpoint,
+//! the kubelet-facing gRPC servers, and signal handling. Startup errors are
+//! printed as one `error: ...` line with a non-zero exit.
 
-fn main() {}
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Parser as _;
+use gpu_kubelet_plugin::flags::{self, Flags, LogFormat};
+use gpu_kubelet_plugin::grpc::{self, metrics::GrpcMetrics};
+use prometheus_client::registry::Registry;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+fn main() -> ExitCode {
+    let flags = match Flags::try_parse() {
+        Ok(f) => f,
+        Err(e) if e.use_stderr() => {
+            eprintln!("{}", flags::one_line_error(&e));
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            // --help / --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+    };
+    init_logging(flags.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(flags)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+async fn run(flags: Flags) -> anyhow::Result<()> {
+    let mut registry = Registry::with_prefix("gpu_kubelet_plugin");
+    let metrics = GrpcMetrics::register(&mut registry);
+    let (stop_metrics, metrics_stopped) = watch::channel(false);
+    let metrics_task = match flags.metrics_addr {
+        Some(addr) => Some(start_metrics(addr, registry, metrics_stopped).await?),
+        None => None,
+    };
+
+    // Install the handlers before serving, so a signal during startup is
+    // not lost to the default action.
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+
+    let config = grpc::Config::new(
+        flags.driver_name.clone(),
+        flags.kubelet_registrar_dir.clone(),
+        flags.kubelet_plugins_dir.clone(),
+    );
+    let services = grpc::Services {
+        metrics,
+        ..grpc::Services::default()
+    };
+
+    // ---- Discovery and ResourceSlice publication start here. ----
+    // Later issues: build the kube client (flags.kubeconfig, else in-cluster),
+    // run discovery through NVML (flags.discovery, flags.driver_root), publish
+    // the slices for flags.node_name (flags.slices), and feed the device
+    // health list (grpc::health::channel) and the claim preparer into
+    // `services` before the servers start. Nothing here needs NVML or an API
+    // server yet.
+    tracing::info!(node = %flags.node_name, driver = %flags.driver_name, "starting");
+
+    let mut handle = grpc::Server::start(config, services).await?;
+    let result = tokio::select! {
+        _ = sigterm.recv() => { tracing::info!("SIGTERM received; shutting down"); Ok(()) }
+        _ = sigint.recv() => { tracing::info!("SIGINT received; shutting down"); Ok(()) }
+        e = handle.stopped() => Err(e),
+    };
+    let shutdown = handle.shutdown().await;
+    stop_metrics.send_replace(true);
+    if let Some(task) = metrics_task {
+        let _ = task.await;
+    }
+    result?;
+    match shutdown {
+        // Calls cut off at the drain deadline are logged, not a failed exit:
+        // the plugin did what a SIGTERM asks.
+        Err(grpc::Error::DrainTimeout { .. }) | Ok(()) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Binds the metrics endpoint (failing startup if the address is taken)
+/// and serves `/metrics` (OpenMetrics text) and `/healthz` until stopped.
+async fn start_metrics(
+    addr: SocketAddr,
+    registry: Registry,
+    mut stopped: watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    use axum::http::StatusCode;
+    use axum::http::header::CONTENT_TYPE;
+    use axum::routing::get;
+    use std::sync::Arc;
+
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on metrics address {addr}"))?;
+    let bound = listener
+        .local_addr()
+        .context("metrics listener has no address")?;
+    tracing::info!(addr = %bound, "metrics endpoint listening");
+    let registry = Arc::new(registry);
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = Arc::clone(&registry);
+                async move {
+                    let mut body = String::new();
+                    match prometheus_client::encoding::text::encode(&mut body, &registry) {
+                        Ok(()) => (
+                            StatusCode::OK,
+                            [(
+                                CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            body,
+                        ),
+                        Err(e) => (
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            [(CONTENT_TYPE, "text/plain; charset=utf-8")],
+                            e.to_string(),
+                        ),
+                    }
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }));
+    Ok(tokio::spawn(async move {
+        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        });
+        if let Err(e) = serve.await {
+            tracing::error!(error = %e, "metrics endpoint failed");
+        }
+    }))
+}

@@ -1,0 +1,654 @@
+use serde_json::{Value, json};
+
+use super::*;
+
+const DRIVER: &str = "gpu.nvidia.com";
+
+fn gpu(sharing: &Value) -> Value {
+    json!({"apiVersion": NVIDIA_API_VERSION, "kind": "GpuConfig", "sharing": sharing})
+}
+
+fn mig(sharing: &Value) -> Value {
+    json!({"apiVersion": NVIDIA_API_VERSION, "kind": "MigDeviceConfig", "sharing": sharing})
+}
+
+fn q(s: &str) -> crate::quantity::Quantity {
+    crate::quantity::Quantity::parse(s).unwrap()
+}
+
+/// The error of `decode_validated`, as text.
+fn error_of(v: &Value) -> String {
+    decode_validated(v)
+        .expect_err(&v.to_string())
+        .to_string()
+}
+
+// --- NVIDIA's example claim template -----------------------------------------
+
+#[test]
+fn nvidia_example_time_slicing_round_trips() {
+    let params = gpu(&json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}));
+    let config = decode_validated(&params).unwrap();
+    let DeviceConfig::Gpu(gpu_config) = &config else {
+        panic!("{config:?}")
+    };
+    assert_eq!(gpu_config.time_slice(), Some(TimeSliceInterval::Long));
+    assert_eq!(gpu_config.time_slice().unwrap().as_int(), 3);
+    assert!(gpu_config.mps().is_none());
+    let back = serde_json::to_value(&config).unwrap();
+    assert_eq!(back, params);
+    assert_eq!(decode_validated(&back).unwrap(), config);
+}
+
+#[test]
+fn nvidia_example_mps_round_trips() {
+    let params = gpu(&json!({"strategy": "MPS", "mpsConfig": {
+        "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}}));
+    let config = decode_validated(&params).unwrap();
+    let DeviceConfig::Gpu(gpu_config) = &config else {
+        panic!("{config:?}")
+    };
+    assert_eq!(gpu_config.time_slice(), None);
+    let mps = gpu_config.mps().unwrap();
+    assert_eq!(mps.default_active_thread_percentage, Some(50));
+    assert_eq!(mps.default_pinned_device_memory_limit, Some(q("10Gi")));
+    assert_eq!(
+        mps.pinned_memory_limits(&["GPU-a", "GPU-b"]).unwrap(),
+        [("GPU-a", "10240M"), ("GPU-b", "10240M")]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .into()
+    );
+    let back = serde_json::to_value(&config).unwrap();
+    assert_eq!(back, params);
+    assert_eq!(decode_validated(&back).unwrap(), config);
+}
+
+#[test]
+fn the_same_config_decodes_from_bytes_and_from_a_value() {
+    let text = br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"MigDeviceConfig",
+                    "sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":10}}}"#;
+    let from_bytes = decode_bytes_validated(text).unwrap();
+    let from_value = decode_validated(&serde_json::from_slice(text).unwrap()).unwrap();
+    assert_eq!(from_bytes, from_value);
+    assert_eq!(from_bytes.device_kind(), DeviceKind::Mig);
+}
+
+// --- defaults -----------------------------------------------------------------
+
+#[test]
+fn normalize_fills_nvidia_defaults() {
+    let cases = [
+        (
+            json!({"apiVersion": NVIDIA_API_VERSION, "kind": "GpuConfig"}),
+            Some(TimeSliceInterval::Default),
+            false,
+        ),
+        (gpu(&json!({"strategy": "TimeSlicing"})), Some(TimeSliceInterval::Default), false),
+        (
+            gpu(&json!({"strategy": "TimeSlicing", "timeSlicingConfig": {}})),
+            Some(TimeSliceInterval::Default),
+            false,
+        ),
+        (gpu(&json!({"strategy": "MPS"})), None, true),
+    ];
+    for (params, slice, mps) in cases {
+        let DeviceConfig::Gpu(config) = decode_validated(&params).unwrap() else {
+            panic!()
+        };
+        assert_eq!(config.time_slice(), slice, "{params}");
+        assert_eq!(config.mps() == Some(&MpsConfig::default()), mps, "{params}");
+    }
+    assert_eq!(
+        DeviceConfig::default_for(DeviceKind::Gpu),
+        decode_validated(&json!({"apiVersion": NVIDIA_API_VERSION, "kind": "GpuConfig"})).unwrap()
+    );
+
+    let DeviceConfig::Mig(config) =
+        decode_validated(&json!({"apiVersion": NVIDIA_API_VERSION, "kind": "MigDeviceConfig"})).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(config.sharing, None, "a MIG device is not shared by default");
+    let DeviceConfig::Mig(config) = decode_validated(&mig(&json!({"strategy": "MPS"}))).unwrap() else {
+        panic!()
+    };
+    assert_eq!(config.mps(), Some(&MpsConfig::default()));
+    // time-slicing is accepted on MIG devices and does nothing
+    let DeviceConfig::Mig(config) = decode_validated(&mig(&json!({"strategy": "TimeSlicing"}))).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(config.mps(), None);
+}
+
+#[test]
+fn intervals_map_to_nvidia_smi_values() {
+    for (name, value) in [("Default", 0), ("Short", 1), ("Medium", 2), ("Long", 3)] {
+        let params = gpu(&json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": name}}));
+        let DeviceConfig::Gpu(config) = decode_validated(&params).unwrap() else {
+            panic!()
+        };
+        assert_eq!(config.time_slice().unwrap().as_int(), value, "{name}");
+    }
+}
+
+// --- validation -----------------------------------------------------------------
+
+#[test]
+fn every_validation_rule_names_its_field() {
+    let mps = |c: Value| gpu(&json!({"strategy": "MPS", "mpsConfig": c}));
+    let cases = [
+        (
+            mps(json!({"defaultActiveThreadPercentage": 150})),
+            "sharing.mpsConfig.defaultActiveThreadPercentage: must be between 0 and 100, got 150",
+        ),
+        (
+            mps(json!({"defaultActiveThreadPercentage": -1})),
+            "sharing.mpsConfig.defaultActiveThreadPercentage: must be between 0 and 100, got -1",
+        ),
+        (
+            mps(json!({"defaultPinnedDeviceMemoryLimit": "512Ki"})),
+            "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: must be at least 1Mi, got 512Ki",
+        ),
+        (
+            mps(json!({"defaultPinnedDeviceMemoryLimit": "0"})),
+            "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: must be at least 1Mi, got 0",
+        ),
+        (
+            mps(json!({"defaultPinnedDeviceMemoryLimit": "-1Gi"})),
+            "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: must be at least 1Mi, got -1Gi",
+        ),
+        (
+            mps(json!({"defaultPinnedDeviceMemoryLimit": "8Ei"})),
+            "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: must be less than 8Ei, got 8Ei",
+        ),
+        (
+            mps(json!({"defaultPerDevicePinnedMemoryLimit": {"0": "1Ki"}})),
+            "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[\"0\"]: must be at least 1Mi, got 1Ki",
+        ),
+        (
+            gpu(&json!({"strategy": "TimeSlicing", "mpsConfig": {}})),
+            "sharing.mpsConfig: only allowed with strategy MPS, the strategy is TimeSlicing",
+        ),
+        (
+            gpu(&json!({"strategy": "MPS", "timeSlicingConfig": {"interval": "Short"}})),
+            "sharing.timeSlicingConfig: only allowed with strategy TimeSlicing, the strategy is MPS",
+        ),
+        (
+            mig(&json!({"strategy": "TimeSlicing", "mpsConfig": {}})),
+            "sharing.mpsConfig: only allowed with strategy MPS, the strategy is TimeSlicing",
+        ),
+        (
+            mig(&json!({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 101}})),
+            "sharing.mpsConfig.defaultActiveThreadPercentage: must be between 0 and 100, got 101",
+        ),
+    ];
+    for (params, expected) in cases {
+        assert_eq!(error_of(&params), expected, "{params}");
+    }
+    // boundaries are accepted
+    for p in [0, 100] {
+        decode_validated(&mps(json!({"defaultActiveThreadPercentage": p}))).unwrap();
+    }
+    for limit in ["1Mi", "1048576", "7Ei", "9223372036854775807", "1.5Mi"] {
+        decode_validated(&mps(json!({"defaultPinnedDeviceMemoryLimit": limit}))).unwrap();
+    }
+}
+
+#[test]
+fn all_invalid_fields_are_reported_together() {
+    let params = gpu(&json!({"strategy": "MPS", "mpsConfig": {
+        "defaultActiveThreadPercentage": 200,
+        "defaultPinnedDeviceMemoryLimit": "1k",
+        "defaultPerDevicePinnedMemoryLimit": {"nope": "1Gi"}}}));
+    let Err(ConfigError::Invalid(errors)) = decode_validated(&params) else {
+        panic!()
+    };
+    let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "sharing.mpsConfig.defaultActiveThreadPercentage",
+            "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit",
+            "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[\"nope\"]",
+        ]
+    );
+}
+
+#[test]
+fn per_device_keys_must_be_indexes_or_uuids() {
+    let with_key = |k: &str| {
+        gpu(&json!({"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {k: "1Gi"}}}))
+    };
+    for good in [
+        "0",
+        "7",
+        "GPU-3f2a9a1c-8d4e-4b6a-9f43-0c1d2e3f4a5b",
+        "MIG-9c5a-11ee",
+        "MIG-GPU-3f2a9a1c-8d4e-4b6a-9f43-0c1d2e3f4a5b/1/0",
+    ] {
+        decode_validated(&with_key(good)).unwrap_or_else(|e| panic!("{good}: {e}"));
+    }
+    for bad in ["", "-1", "+1", "1.0", "gpu0", "GPU-", "GPU-a b", "GPU-\u{e9}", "123456789012345678901"] {
+        let err = error_of(&with_key(bad));
+        assert!(
+            err.contains("must be a device index (0, 1, ...) or a GPU/MIG UUID"),
+            "{bad:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn pinned_limits_apply_default_then_overrides() {
+    let params = gpu(&json!({"strategy": "MPS", "mpsConfig": {
+        "defaultPinnedDeviceMemoryLimit": "2Gi",
+        "defaultPerDevicePinnedMemoryLimit": {"1": "1.5Gi", "GPU-c": "3000Mi"}}}));
+    let DeviceConfig::Gpu(config) = decode_validated(&params).unwrap() else {
+        panic!()
+    };
+    let mps = config.mps().unwrap();
+    let limits = mps.pinned_memory_limits(&["GPU-a", "GPU-b", "GPU-c"]).unwrap();
+    let expected = [("GPU-a", "2048M"), ("GPU-b", "1536M"), ("GPU-c", "3000M")];
+    assert_eq!(limits, expected.map(|(k, v)| (k.to_owned(), v.to_owned())).into());
+
+    // keys must name one of the config's devices
+    assert_eq!(
+        mps.pinned_memory_limits(&["GPU-a"]),
+        Err(ConfigError::UnknownDevice {
+            key: "1".to_owned(),
+            count: 1
+        })
+    );
+    assert!(matches!(
+        mps.pinned_memory_limits(&["GPU-a", "GPU-b"]),
+        Err(ConfigError::UnknownDevice { key, .. }) if key == "GPU-c"
+    ));
+    // no default: only the overrides
+    let only = MpsConfig {
+        default_per_device_pinned_memory_limit: Some([("0".to_owned(), q("1Gi"))].into()),
+        ..MpsConfig::default()
+    };
+    assert_eq!(
+        only.pinned_memory_limits(&["GPU-x", "GPU-y"]).unwrap(),
+        [("GPU-x".to_owned(), "1024M".to_owned())].into()
+    );
+}
+
+#[test]
+fn mps_limits_round_like_nvidia() {
+    assert_eq!(mps_memory_limit(&q("1Mi")).unwrap(), "1M");
+    assert_eq!(mps_memory_limit(&q("1.9Mi")).unwrap(), "1M");
+    assert_eq!(mps_memory_limit(&q("1G")).unwrap(), "953M");
+    // rounded up to whole bytes first: 1048575.5 bytes is 1048576
+    assert_eq!(mps_memory_limit(&q("1048575.5")).unwrap(), "1M");
+    assert!(mps_memory_limit(&q("1048575")).is_err());
+}
+
+// --- strict decoding --------------------------------------------------------------
+
+#[test]
+fn unknown_fields_are_rejected_at_every_level() {
+    let cases = [
+        (
+            json!({"apiVersion": NVIDIA_API_VERSION, "kind": "GpuConfig", "metadata": {"name": "x"}}),
+            "metadata",
+            "unknown field `metadata`",
+        ),
+        (gpu(&json!({"strategy": "MPS", "replicas": 2})), "sharing.replicas", "unknown field `replicas`"),
+        (
+            gpu(&json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long", "slice": 1}})),
+            "sharing.timeSlicingConfig.slice",
+            "unknown field `slice`",
+        ),
+        (
+            gpu(&json!({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercent": 5}})),
+            "sharing.mpsConfig.defaultActiveThreadPercent",
+            "unknown field `defaultActiveThreadPercent`",
+        ),
+        (
+            mig(&json!({"strategy": "MPS", "timeSlicingConfig": {}})),
+            "sharing.timeSlicingConfig",
+            "unknown field `timeSlicingConfig`",
+        ),
+        // field names are case-sensitive, as in Kubernetes' strict decoder
+        (gpu(&json!({"Strategy": "MPS"})), "sharing.Strategy", "unknown field `Strategy`"),
+    ];
+    for (params, path, message) in cases {
+        match decode(&params) {
+            Err(ConfigError::Decode { path: p, message: m }) => {
+                assert_eq!(p, path, "{params}");
+                assert!(m.contains(message), "{params}: {m}");
+            }
+            other => panic!("{params}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn wrong_types_and_values_are_rejected_with_their_path() {
+    let mps = |c: Value| gpu(&json!({"strategy": "MPS", "mpsConfig": c}));
+    let cases = [
+        (gpu(&json!("MPS")), "sharing", "invalid type: string"),
+        (gpu(&json!({"strategy": 1})), "sharing.strategy", "invalid type: integer"),
+        (gpu(&json!({"strategy": "Fabric"})), "sharing.strategy", "unknown variant `Fabric`"),
+        (gpu(&json!({"strategy": "mps"})), "sharing.strategy", "unknown variant `mps`"),
+        (gpu(&json!({"strategy": null})), "sharing.strategy", "invalid type: null"),
+        (gpu(&json!({})), "sharing", "missing field `strategy`"),
+        (
+            gpu(&json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "VeryLong"}})),
+            "sharing.timeSlicingConfig.interval",
+            "unknown variant `VeryLong`",
+        ),
+        (
+            mps(json!({"defaultActiveThreadPercentage": "50"})),
+            "sharing.mpsConfig.defaultActiveThreadPercentage",
+            "invalid type: string",
+        ),
+        (
+            mps(json!({"defaultActiveThreadPercentage": 50.5})),
+            "sharing.mpsConfig.defaultActiveThreadPercentage",
+            "invalid type: floating point",
+        ),
+        (
+            mps(json!({"defaultActiveThreadPercentage": 1e308})),
+            "sharing.mpsConfig.defaultActiveThreadPercentage",
+            "invalid type: floating point",
+        ),
+        (
+            mps(json!({"defaultActiveThreadPercentage": u64::MAX})),
+            "sharing.mpsConfig.defaultActiveThreadPercentage",
+            "invalid value: integer",
+        ),
+        (
+            mps(json!({"defaultPinnedDeviceMemoryLimit": true})),
+            "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit",
+            "invalid type: boolean",
+        ),
+        (
+            mps(json!({"defaultPinnedDeviceMemoryLimit": "10GB"})),
+            "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit",
+            "unknown suffix",
+        ),
+        (
+            mps(json!({"defaultPinnedDeviceMemoryLimit": 1e308})),
+            "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit",
+            "out of range",
+        ),
+        (
+            mps(json!({"defaultPerDevicePinnedMemoryLimit": ["1Gi"]})),
+            "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit",
+            "invalid type: sequence",
+        ),
+        (
+            mps(json!({"defaultPerDevicePinnedMemoryLimit": {"0": null}})),
+            "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit.0",
+            "invalid type: null",
+        ),
+        (
+            json!({"apiVersion": NVIDIA_API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}, "apiVersion2": 1}),
+            "apiVersion2",
+            "unknown field `apiVersion2`",
+        ),
+    ];
+    for (params, path, message) in cases {
+        match decode(&params) {
+            Err(ConfigError::Decode { path: p, message: m }) => {
+                assert_eq!(p, path, "{params}");
+                assert!(m.contains(message), "{params}: {m}");
+            }
+            other => panic!("{params}: {other:?}"),
+        }
+    }
+    // a bare number is a quantity, as in Kubernetes
+    decode_validated(&mps(json!({"defaultPinnedDeviceMemoryLimit": 1_073_741_824}))).unwrap();
+    // null means unset for optional fields
+    decode_validated(&gpu(&Value::Null)).unwrap();
+}
+
+#[test]
+fn type_fields_dispatch_with_precise_errors() {
+    let cases: [(Value, ConfigError); 9] = [
+        (json!([1]), ConfigError::NotAnObject("an array")),
+        (json!("GpuConfig"), ConfigError::NotAnObject("a string")),
+        (Value::Null, ConfigError::NotAnObject("null")),
+        (
+            json!({"kind": "GpuConfig"}),
+            ConfigError::MissingTypeField { field: "apiVersion" },
+        ),
+        (
+            json!({"apiVersion": NVIDIA_API_VERSION}),
+            ConfigError::MissingTypeField { field: "kind" },
+        ),
+        (
+            json!({"apiVersion": NVIDIA_API_VERSION, "kind": 3}),
+            ConfigError::MissingTypeField { field: "kind" },
+        ),
+        (
+            json!({"apiVersion": "resource.nvidia.com/v1alpha1", "kind": "GpuConfig"}),
+            ConfigError::UnsupportedApiVersion {
+                api_version: "resource.nvidia.com/v1alpha1".to_owned(),
+                supported: NVIDIA_API_VERSION,
+            },
+        ),
+        (
+            json!({"apiVersion": NVIDIA_API_VERSION, "kind": "VfioDeviceConfig"}),
+            ConfigError::UnsupportedKind {
+                api_version: NVIDIA_API_VERSION.to_owned(),
+                kind: "VfioDeviceConfig".to_owned(),
+                supported: "GpuConfig, MigDeviceConfig",
+            },
+        ),
+        (
+            json!({"apiVersion": NVIDIA_API_VERSION, "kind": "gpuconfig"}),
+            ConfigError::UnsupportedKind {
+                api_version: NVIDIA_API_VERSION.to_owned(),
+                kind: "gpuconfig".to_owned(),
+                supported: "GpuConfig, MigDeviceConfig",
+            },
+        ),
+    ];
+    for (params, expected) in cases {
+        assert_eq!(decode(&params), Err(expected), "{params}");
+    }
+    assert_eq!(
+        error_of(&json!({"apiVersion": "v1", "kind": "GpuConfig"})),
+        "unsupported apiVersion \"v1\": this driver decodes resource.nvidia.com/v1beta1"
+    );
+}
+
+#[test]
+fn hostile_inputs_are_rejected_without_panicking() {
+    // more than 10 KiB, as bytes and as a value
+    let padding = "x".repeat(MAX_PARAMETERS_BYTES);
+    let big = gpu(&json!({"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {padding: "1Gi"}}}));
+    assert!(matches!(decode(&big), Err(ConfigError::TooLarge { max: 10240, .. })));
+    let raw = serde_json::to_vec(&big).unwrap();
+    assert!(matches!(
+        decode_bytes(&raw),
+        Err(ConfigError::TooLarge { size, max: 10240 }) if size == raw.len()
+    ));
+
+    // deep nesting, within the size limit
+    let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+    assert!(matches!(decode_bytes(deep.as_bytes()), Err(ConfigError::Malformed(m)) if m.contains("recursion limit")));
+    let mut value = json!(1);
+    for _ in 0..100 {
+        value = json!([value]);
+    }
+    let nested = json!({"apiVersion": NVIDIA_API_VERSION, "kind": "GpuConfig", "sharing": value});
+    assert!(matches!(decode(&nested), Err(ConfigError::Malformed(m)) if m.contains("nesting deeper than 32")));
+
+    // not JSON at all, or truncated
+    for raw in [&b""[..], b"{", b"\xff\xfe", b"apiVersion: v1", b"{\"kind\": \"GpuConfig\",}"] {
+        assert!(matches!(decode_bytes(raw), Err(ConfigError::Malformed(_))), "{raw:?}");
+    }
+
+    // duplicate fields and duplicate map keys (only visible in the raw bytes)
+    let dup_field = br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig",
+        "sharing":{"strategy":"MPS","strategy":"TimeSlicing"}}"#;
+    assert!(matches!(
+        decode_bytes(dup_field),
+        Err(ConfigError::Decode { path, message }) if path == "sharing" && message.contains("duplicate field `strategy`")
+    ));
+    let dup_kind = br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"MigDeviceConfig","kind":"GpuConfig"}"#;
+    assert!(matches!(
+        decode_bytes(dup_kind),
+        Err(ConfigError::Decode { message, .. }) if message.contains("duplicate field `kind`")
+    ));
+    let dup_key = br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS",
+        "mpsConfig":{"defaultPerDevicePinnedMemoryLimit":{"0":"1Gi","0":"2Gi"}}}}"#;
+    assert!(matches!(
+        decode_bytes(dup_key),
+        Err(ConfigError::Decode { path, message })
+            if path == "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit" && message.contains("duplicate key \"0\"")
+    ));
+    // trailing garbage after the object
+    let trailing = br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig"} {}"#;
+    assert!(matches!(decode_bytes(trailing), Err(ConfigError::Malformed(_))));
+}
+
+// --- resolution -------------------------------------------------------------------
+
+fn alloc(source: ConfigSource, requests: &[&str], driver: &str, parameters: Value) -> AllocationConfig {
+    AllocationConfig {
+        source,
+        requests: requests.iter().map(|r| (*r).to_owned()).collect(),
+        opaque: Some(OpaqueConfig {
+            driver: driver.to_owned(),
+            parameters,
+        }),
+    }
+}
+
+fn ts(interval: &str) -> Value {
+    gpu(&json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}))
+}
+
+fn interval_of(config: Option<DeviceConfig>) -> Option<TimeSliceInterval> {
+    match config {
+        Some(DeviceConfig::Gpu(c)) => c.time_slice(),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn claim_configs_beat_class_configs_and_later_wins() {
+    use ConfigSource::{FromClaim, FromClass};
+    // listed claim-first on purpose: the source decides, not the position
+    let configs = [
+        alloc(FromClaim, &["a"], DRIVER, ts("Short")),
+        alloc(FromClass, &["a"], DRIVER, ts("Long")),
+        alloc(FromClaim, &["a"], DRIVER, ts("Medium")),
+        alloc(FromClass, &[], DRIVER, ts("Long")),
+    ];
+    let resolved = resolve(&configs, "a", DRIVER, DeviceKind::Gpu).unwrap();
+    assert_eq!(interval_of(resolved), Some(TimeSliceInterval::Medium));
+    // "b" is only covered by the class config for all requests
+    let resolved = resolve(&configs, "b", DRIVER, DeviceKind::Gpu).unwrap();
+    assert_eq!(interval_of(resolved), Some(TimeSliceInterval::Long));
+}
+
+#[test]
+fn foreign_drivers_are_ignored_even_when_broken() {
+    use ConfigSource::FromClaim;
+    let configs = [
+        alloc(FromClaim, &["a"], DRIVER, ts("Short")),
+        alloc(FromClaim, &["a"], "net.example.com", json!({"anything": ["goes"]})),
+    ];
+    let resolved = resolve(&configs, "a", DRIVER, DeviceKind::Gpu).unwrap();
+    assert_eq!(interval_of(resolved), Some(TimeSliceInterval::Short));
+    assert_eq!(resolve(&configs, "a", "other.example.com", DeviceKind::Gpu), Ok(None));
+}
+
+#[test]
+fn request_filters_select_configs() {
+    use ConfigSource::FromClaim;
+    let configs = [
+        alloc(FromClaim, &["ts-gpu"], DRIVER, ts("Long")),
+        alloc(FromClaim, &["mps-gpu", "x"], DRIVER, gpu(&json!({"strategy": "MPS"}))),
+        alloc(FromClaim, &["pick/big"], DRIVER, ts("Medium")),
+    ];
+    assert_eq!(
+        interval_of(resolve(&configs, "ts-gpu", DRIVER, DeviceKind::Gpu).unwrap()),
+        Some(TimeSliceInterval::Long)
+    );
+    let Some(DeviceConfig::Gpu(mps)) = resolve(&configs, "mps-gpu", DRIVER, DeviceKind::Gpu).unwrap() else {
+        panic!()
+    };
+    assert!(mps.mps().is_some());
+    assert_eq!(resolve(&configs, "other", DRIVER, DeviceKind::Gpu), Ok(None));
+    // prioritized list: "main/sub" matches a config for "main" or for "main/sub"
+    assert_eq!(
+        interval_of(resolve(&configs, "ts-gpu/small", DRIVER, DeviceKind::Gpu).unwrap()),
+        Some(TimeSliceInterval::Long)
+    );
+    assert_eq!(
+        interval_of(resolve(&configs, "pick/big", DRIVER, DeviceKind::Gpu).unwrap()),
+        Some(TimeSliceInterval::Medium)
+    );
+    assert_eq!(resolve(&configs, "pick/small", DRIVER, DeviceKind::Gpu), Ok(None));
+    assert_eq!(resolve(&configs, "pick", DRIVER, DeviceKind::Gpu), Ok(None));
+}
+
+#[test]
+fn device_kind_mismatches() {
+    use ConfigSource::{FromClaim, FromClass};
+    let mig_mps = mig(&json!({"strategy": "MPS"}));
+    // a config naming the request with the wrong kind is an error
+    let configs = [alloc(FromClaim, &["m"], DRIVER, ts("Long"))];
+    assert_eq!(
+        resolve(&configs, "m", DRIVER, DeviceKind::Mig),
+        Err(ConfigError::WrongDeviceKind {
+            config_kind: "GpuConfig",
+            device: DeviceKind::Mig,
+            request: "m".to_owned()
+        })
+    );
+    let configs = [alloc(FromClaim, &["g"], DRIVER, mig_mps.clone())];
+    assert!(matches!(
+        resolve(&configs, "g", DRIVER, DeviceKind::Gpu),
+        Err(ConfigError::WrongDeviceKind { config_kind: "MigDeviceConfig", .. })
+    ));
+    // a config for all requests applies only to its own kind, and an earlier
+    // one of the right kind is found behind it
+    let configs = [
+        alloc(FromClass, &[], DRIVER, mig_mps),
+        alloc(FromClaim, &[], DRIVER, ts("Short")),
+    ];
+    assert!(matches!(
+        resolve(&configs, "m", DRIVER, DeviceKind::Mig).unwrap(),
+        Some(DeviceConfig::Mig(_))
+    ));
+    assert_eq!(
+        interval_of(resolve(&configs, "g", DRIVER, DeviceKind::Gpu).unwrap()),
+        Some(TimeSliceInterval::Short)
+    );
+}
+
+#[test]
+fn broken_configs_of_ours_fail_resolution_with_their_index() {
+    use ConfigSource::{FromClaim, FromClass};
+    let configs = [
+        alloc(FromClaim, &["a"], DRIVER, ts("Short")),
+        alloc(FromClass, &["b"], DRIVER, gpu(&json!({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150}}))),
+    ];
+    let err = resolve(&configs, "a", DRIVER, DeviceKind::Gpu).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "config[1] (FromClass): sharing.mpsConfig.defaultActiveThreadPercentage: must be between 0 and 100, got 150"
+    );
+    let configs = [AllocationConfig {
+        source: FromClaim,
+        requests: vec![],
+        opaque: None,
+    }];
+    assert_eq!(
+        resolve(&configs, "a", DRIVER, DeviceKind::Gpu),
+        Err(ConfigError::NotOpaque { index: 0 })
+    );
+    assert_eq!(
+        "FromSomewhere".parse::<ConfigSource>(),
+        Err(ConfigError::InvalidSource("FromSomewhere".to_owned()))
+    );
+    assert_eq!("FromClass".parse::<ConfigSource>(), Ok(FromClass));
+}

@@ -1,0 +1,433 @@
+//! `resource.nvidia.com/v1beta1`: NVIDIA's `GpuConfig` and `MigDeviceConfig`,
+//! with their defaults (`normalize`) and validation rules.
+//!
+//! Field names, enum values and defaults follow NVIDIA's driver:
+//! - a `GpuConfig` without `sharing` means time-slicing with the `Default`
+//!   interval; a `TimeSlicing` strategy without `timeSlicingConfig` (or
+//!   without `interval`) gets the `Default` interval; an `MPS` strategy
+//!   without `mpsConfig` gets an empty one;
+//! - a `MigDeviceConfig` without `sharing` means no sharing; it has no
+//!   `timeSlicingConfig` field; `TimeSlicing` is accepted and has no effect
+//!   (time slices cannot be set on MIG devices);
+//! - `defaultActiveThreadPercentage` is 0 to 100; pinned memory limits are
+//!   handed to MPS in MiB (`<N>M`) and must be at least 1 MiB.
+//!
+//! Checks NVIDIA makes only at prepare time (a limit below 1 MiB, an
+//! `mpsConfig` next to the `TimeSlicing` strategy or a `timeSlicingConfig`
+//! next to `MPS`) are made here, at validation, so the webhook catches them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, FieldError};
+use crate::quantity::Quantity;
+
+/// One MiB, the unit of MPS memory limits.
+const MIB: i128 = 1 << 20;
+
+/// A full GPU's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GpuConfig {
+    /// `resource.nvidia.com/v1beta1`.
+    pub api_version: String,
+    /// `GpuConfig`.
+    pub kind: String,
+    /// How the GPU is shared between the claim's containers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<GpuSharing>,
+}
+
+/// A MIG device's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MigDeviceConfig {
+    /// `resource.nvidia.com/v1beta1`.
+    pub api_version: String,
+    /// `MigDeviceConfig`.
+    pub kind: String,
+    /// How the MIG device is shared between the claim's containers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<MigDeviceSharing>,
+}
+
+/// Sharing of a full GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GpuSharing {
+    /// `TimeSlicing` or `MPS`.
+    pub strategy: SharingStrategy,
+    /// Only with `TimeSlicing`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_slicing_config: Option<TimeSlicingConfig>,
+    /// Only with `MPS`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_config: Option<MpsConfig>,
+}
+
+/// Sharing of a MIG device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MigDeviceSharing {
+    /// `MPS` (or `TimeSlicing`, which has no effect on MIG devices).
+    pub strategy: SharingStrategy,
+    /// Only with `MPS`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_config: Option<MpsConfig>,
+}
+
+/// The sharing strategies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SharingStrategy {
+    /// CUDA time-slicing.
+    TimeSlicing,
+    /// CUDA Multi-Process Service.
+    #[serde(rename = "MPS")]
+    Mps,
+}
+
+impl fmt::Display for SharingStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SharingStrategy::TimeSlicing => "TimeSlicing",
+            SharingStrategy::Mps => "MPS",
+        })
+    }
+}
+
+/// Time-slicing settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TimeSlicingConfig {
+    /// The time slice; `Default` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<TimeSliceInterval>,
+}
+
+/// The time slice lengths `nvidia-smi compute-policy --set-timeslice` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum TimeSliceInterval {
+    /// The driver's default.
+    #[default]
+    Default,
+    /// Short.
+    Short,
+    /// Medium.
+    Medium,
+    /// Long.
+    Long,
+}
+
+impl TimeSliceInterval {
+    /// The value for `nvidia-smi compute-policy --set-timeslice`: 0 to 3.
+    pub fn as_int(self) -> u8 {
+        match self {
+            TimeSliceInterval::Default => 0,
+            TimeSliceInterval::Short => 1,
+            TimeSliceInterval::Medium => 2,
+            TimeSliceInterval::Long => 3,
+        }
+    }
+}
+
+/// MPS control daemon settings.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MpsConfig {
+    /// `set_default_active_thread_percentage`, 0 to 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_active_thread_percentage: Option<i64>,
+    /// Pinned device memory limit of every device of the daemon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_pinned_device_memory_limit: Option<Quantity>,
+    /// Per-device overrides, keyed by device UUID or by index in the list of
+    /// the config's devices.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "unique_keys"
+    )]
+    pub default_per_device_pinned_memory_limit: Option<BTreeMap<String, Quantity>>,
+}
+
+/// A map that rejects duplicate keys, as Kubernetes' strict decoder does.
+fn unique_keys<'de, D>(deserializer: D) -> Result<Option<BTreeMap<String, Quantity>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct Visitor;
+
+    impl<'de> serde::de::Visitor<'de> for Visitor {
+        type Value = Option<BTreeMap<String, Quantity>>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a map from device UUID or index to a quantity")
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if out.contains_key(&key) {
+                    return Err(serde::de::Error::custom(format!("duplicate key {key:?}")));
+                }
+                let value = map.next_value::<Quantity>()?;
+                out.insert(key, value);
+            }
+            Ok(Some(out))
+        }
+    }
+
+    deserializer.deserialize_option(Visitor)
+}
+
+impl GpuConfig {
+    /// NVIDIA's default GPU config: time-slicing with the default interval.
+    pub fn default_config() -> Self {
+        let mut config = GpuConfig {
+            api_version: super::NVIDIA_API_VERSION.to_owned(),
+            kind: super::GPU_CONFIG_KIND.to_owned(),
+            sharing: None,
+        };
+        config.normalize();
+        config
+    }
+
+    /// Fills in implied defaults.
+    pub fn normalize(&mut self) {
+        let sharing = self.sharing.get_or_insert(GpuSharing {
+            strategy: SharingStrategy::TimeSlicing,
+            time_slicing_config: None,
+            mps_config: None,
+        });
+        match sharing.strategy {
+            SharingStrategy::TimeSlicing => {
+                sharing
+                    .time_slicing_config
+                    .get_or_insert(TimeSlicingConfig { interval: None })
+                    .interval
+                    .get_or_insert(TimeSliceInterval::Default);
+            }
+            SharingStrategy::Mps => {
+                sharing.mps_config.get_or_insert_with(MpsConfig::default);
+            }
+        }
+    }
+
+    /// Every invalid field.
+    pub fn validate(&self) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        if let Some(sharing) = &self.sharing {
+            match sharing.strategy {
+                SharingStrategy::TimeSlicing => {
+                    if sharing.mps_config.is_some() {
+                        errors.push(field(
+                            "sharing.mpsConfig",
+                            "only allowed with strategy MPS, the strategy is TimeSlicing",
+                        ));
+                    }
+                }
+                SharingStrategy::Mps => {
+                    if sharing.time_slicing_config.is_some() {
+                        errors.push(field(
+                            "sharing.timeSlicingConfig",
+                            "only allowed with strategy TimeSlicing, the strategy is MPS",
+                        ));
+                    }
+                }
+            }
+            if let Some(mps) = &sharing.mps_config {
+                mps.validate("sharing.mpsConfig", &mut errors);
+            }
+        }
+        errors
+    }
+
+    /// The time slice to set, if the config asks for time-slicing.
+    pub fn time_slice(&self) -> Option<TimeSliceInterval> {
+        let sharing = self.sharing.as_ref()?;
+        (sharing.strategy == SharingStrategy::TimeSlicing).then(|| {
+            sharing
+                .time_slicing_config
+                .as_ref()
+                .and_then(|c| c.interval)
+                .unwrap_or_default()
+        })
+    }
+
+    /// The MPS settings, if the config asks for MPS.
+    pub fn mps(&self) -> Option<&MpsConfig> {
+        let sharing = self.sharing.as_ref()?;
+        if sharing.strategy == SharingStrategy::Mps {
+            sharing.mps_config.as_ref()
+        } else {
+            None
+        }
+    }
+}
+
+impl MigDeviceConfig {
+    /// NVIDIA's default MIG device config: no sharing.
+    pub fn default_config() -> Self {
+        MigDeviceConfig {
+            api_version: super::NVIDIA_API_VERSION.to_owned(),
+            kind: super::MIG_DEVICE_CONFIG_KIND.to_owned(),
+            sharing: None,
+        }
+    }
+
+    /// Fills in implied defaults.
+    pub fn normalize(&mut self) {
+        if let Some(sharing) = &mut self.sharing
+            && sharing.strategy == SharingStrategy::Mps
+        {
+            sharing.mps_config.get_or_insert_with(MpsConfig::default);
+        }
+    }
+
+    /// Every invalid field.
+    pub fn validate(&self) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        if let Some(sharing) = &self.sharing {
+            if sharing.strategy != SharingStrategy::Mps && sharing.mps_config.is_some() {
+                errors.push(field(
+                    "sharing.mpsConfig",
+                    "only allowed with strategy MPS, the strategy is TimeSlicing",
+                ));
+            }
+            if let Some(mps) = &sharing.mps_config {
+                mps.validate("sharing.mpsConfig", &mut errors);
+            }
+        }
+        errors
+    }
+
+    /// The MPS settings, if the config asks for MPS.
+    pub fn mps(&self) -> Option<&MpsConfig> {
+        let sharing = self.sharing.as_ref()?;
+        if sharing.strategy == SharingStrategy::Mps {
+            sharing.mps_config.as_ref()
+        } else {
+            None
+        }
+    }
+}
+
+impl MpsConfig {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        if let Some(p) = self.default_active_thread_percentage
+            && !(0..=100).contains(&p)
+        {
+            errors.push(field(
+                &format!("{path}.defaultActiveThreadPercentage"),
+                &format!("must be between 0 and 100, got {p}"),
+            ));
+        }
+        if let Some(q) = &self.default_pinned_device_memory_limit
+            && let Err(message) = mps_memory_limit(q)
+        {
+            errors.push(field(
+                &format!("{path}.defaultPinnedDeviceMemoryLimit"),
+                &message,
+            ));
+        }
+        for (key, q) in self.default_per_device_pinned_memory_limit.iter().flatten() {
+            let key_path = format!("{path}.defaultPerDevicePinnedMemoryLimit[{key:?}]");
+            if !is_device_key(key) {
+                errors.push(field(
+                    &key_path,
+                    "the key must be a device index (0, 1, ...) or a GPU/MIG UUID (GPU-..., MIG-...)",
+                ));
+            }
+            if let Err(message) = mps_memory_limit(q) {
+                errors.push(field(&key_path, &message));
+            }
+        }
+    }
+
+    /// The pinned device memory limit of each of the config's devices, as MPS
+    /// wants them (`<N>M`), keyed by device UUID: the default for every
+    /// device, then the per-device overrides, whose keys are UUIDs among
+    /// `uuids` or indexes into it.
+    pub fn pinned_memory_limits(&self, uuids: &[&str]) -> Result<BTreeMap<String, String>, ConfigError> {
+        let mut limits = BTreeMap::new();
+        if let Some(q) = &self.default_pinned_device_memory_limit {
+            let limit = mps_memory_limit(q).map_err(|message| {
+                ConfigError::Invalid(vec![field("defaultPinnedDeviceMemoryLimit", &message)])
+            })?;
+            for uuid in uuids {
+                limits.insert((*uuid).to_owned(), limit.clone());
+            }
+        }
+        for (key, q) in self.default_per_device_pinned_memory_limit.iter().flatten() {
+            let uuid = if uuids.contains(&key.as_str()) {
+                key.clone()
+            } else {
+                key.parse::<usize>()
+                    .ok()
+                    .filter(|_| key.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|i| uuids.get(i))
+                    .map(|u| (*u).to_owned())
+                    .ok_or_else(|| ConfigError::UnknownDevice {
+                        key: key.clone(),
+                        count: uuids.len(),
+                    })?
+            };
+            let limit = mps_memory_limit(q).map_err(|message| {
+                ConfigError::Invalid(vec![field(
+                    &format!("defaultPerDevicePinnedMemoryLimit[{key:?}]"),
+                    &message,
+                )])
+            })?;
+            limits.insert(uuid, limit);
+        }
+        Ok(limits)
+    }
+}
+
+/// A pinned memory limit as MPS takes it: whole MiB, `<N>M`. The quantity is
+/// rounded up to whole bytes, then down to whole MiB, as NVIDIA's driver
+/// does; it must be at least 1 MiB and less than 8 EiB (an `int64` of bytes).
+pub fn mps_memory_limit(q: &Quantity) -> Result<String, String> {
+    let bytes = q.ceil_units();
+    if bytes < MIB {
+        return Err(format!("must be at least 1Mi, got {q}"));
+    }
+    if bytes > i128::from(i64::MAX) {
+        return Err(format!("must be less than 8Ei, got {q}"));
+    }
+    Ok(format!("{}M", bytes / MIB))
+}
+
+/// A device index (decimal digits) or a GPU/MIG UUID.
+fn is_device_key(key: &str) -> bool {
+    if !key.is_empty() && key.len() <= 20 && key.bytes().all(|b| b.is_ascii_digit()) {
+        return true;
+    }
+    let rest = key.strip_prefix("GPU-").or_else(|| key.strip_prefix("MIG-"));
+    rest.is_some_and(|r| {
+        !r.is_empty()
+            && r.len() <= 128
+            && r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'/')
+    })
+}
+
+fn field(path: &str, message: &str) -> FieldError {
+    FieldError {
+        path: path.to_owned(),
+        message: message.to_owned(),
+    }
+}

@@ -1,0 +1,138 @@
+//! Owned descriptions of what NVML reports about a node's GPUs.
+//!
+//! These structs carry no NVML lifetimes, so discovery results can move freely
+//! between threads, be compared in tests and be built by hand in unit tests of
+//! the device model. The NVML backend fills them; nothing else in the driver
+//! talks to NVML.
+
+use serde::{Deserialize, Serialize};
+
+/// Node-wide facts reported by the NVIDIA driver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SystemInfo {
+    /// The kernel driver version exactly as NVML reports it, e.g. `580.159.04`.
+    pub driver_version: String,
+    /// The CUDA driver API version as (major, minor), e.g. (13, 0) for NVML's 13000.
+    pub cuda_driver_version: (u32, u32),
+}
+
+/// One physical GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// NVML index (enumeration order).
+    pub index: u32,
+    /// Device minor number: `/dev/nvidia<minor>`.
+    pub minor: u32,
+    /// `GPU-...` UUID.
+    pub uuid: String,
+    /// Product name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub product_name: String,
+    /// Brand as NVIDIA's driver publishes it, e.g. `Nvidia`, `Tesla`.
+    pub brand: String,
+    /// Architecture name, e.g. `Hopper`, `Ampere`, `Turing`, `Ada Lovelace`.
+    pub architecture: String,
+    /// CUDA compute capability (major, minor).
+    pub cuda_compute_capability: (u32, u32),
+    /// Total framebuffer memory in bytes.
+    pub memory_bytes: u64,
+    /// PCI bus id, normalised to lower case with a 4-digit domain: `0000:18:00.0`.
+    pub pci_bus_id: String,
+    /// `HMM` or `ATS` when NVML reports an addressing mode; `None` otherwise.
+    pub addressing_mode: Option<String>,
+    /// Current compute mode.
+    pub compute_mode: ComputeMode,
+    /// MIG facts; `None` when the GPU is not MIG capable (NVML answers NOT_SUPPORTED).
+    pub mig: Option<MigInfo>,
+    /// Active NVLinks only (inactive or unsupported links are left out).
+    pub nvlinks: Vec<NvLinkInfo>,
+}
+
+/// NVML compute modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ComputeMode {
+    /// Several contexts may use the GPU at once (time-slicing).
+    Default,
+    /// One process at a time (MPS needs this).
+    ExclusiveProcess,
+    /// No contexts allowed.
+    Prohibited,
+}
+
+/// One active NVLink of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvLinkInfo {
+    /// Link number on this GPU.
+    pub link: u32,
+    /// PCI bus id (normalised like [`GpuInfo::pci_bus_id`]) of the device at the
+    /// other end: another GPU (bridge) or an NVSwitch. GPUs whose links reach
+    /// each other, directly or through a shared switch, form one NVLink domain.
+    pub remote_pci_bus_id: String,
+}
+
+/// MIG state and capabilities of a MIG-capable GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigInfo {
+    /// MIG mode now in effect.
+    pub current_enabled: bool,
+    /// MIG mode after the next GPU reset.
+    pub pending_enabled: bool,
+    /// GPU instance profiles this GPU supports, with their possible placements.
+    pub profiles: Vec<MigProfile>,
+    /// MIG devices that exist now (a GPU instance with a compute instance).
+    pub devices: Vec<MigDevice>,
+}
+
+/// A GPU instance profile (one row of the hardware MIG table).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigProfile {
+    /// NVML's GPU instance profile id (`nvmlGpuInstanceProfileInfo_t.id`).
+    pub id: u32,
+    /// Canonical name without the `MIG ` prefix: `1g.10gb`, `1g.10gb+me`, `7g.80gb`.
+    pub name: String,
+    /// Compute slices the profile takes.
+    pub slice_count: u32,
+    /// How many instances of this profile fit on an empty GPU.
+    pub instance_count: u32,
+    /// Streaming multiprocessors.
+    pub multiprocessors: u32,
+    /// Copy engines.
+    pub copy_engines: u32,
+    /// Video decoders.
+    pub decoders: u32,
+    /// Video encoders.
+    pub encoders: u32,
+    /// JPEG engines.
+    pub jpeg_engines: u32,
+    /// Optical flow accelerators.
+    pub ofa_engines: u32,
+    /// Memory in MiB.
+    pub memory_mib: u64,
+    /// Every placement NVML lists for this profile (possible placements).
+    pub placements: Vec<MigPlacement>,
+}
+
+/// Where a GPU instance sits on the GPU's memory slices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct MigPlacement {
+    /// First memory slice.
+    pub start: u32,
+    /// Number of memory slices.
+    pub size: u32,
+}
+
+/// An existing MIG device: a GPU instance and the compute instance in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigDevice {
+    /// `MIG-...` UUID.
+    pub uuid: String,
+    /// GPU instance profile id (matches [`MigProfile::id`]).
+    pub profile_id: u32,
+    /// GPU instance id.
+    pub gpu_instance_id: u32,
+    /// Compute instance id.
+    pub compute_instance_id: u32,
+    /// Placement of the GPU instance.
+    pub placement: MigPlacement,
+    /// Memory of the MIG device in bytes.
+    pub memory_bytes: u64,
+}

@@ -1,0 +1,603 @@
+//! The device model: turns what discovery found ([`Inventory`]) into the
+//! devices the driver publishes: full GPUs, static MIG devices and dynamic MIG
+//! placements with their shared counters. Independent of the Kubernetes API
+//! types (see [`k8s`] for the conversion), so it is cheap to build, compare and
+//! test.
+//!
+//! Which devices a GPU yields (the same choice as NVIDIA's driver):
+//! - static mode (default): a GPU with MIG mode off is one full GPU
+//!   (`gpu-<minor>`); a GPU with MIG mode on yields its existing MIG devices
+//!   and no full GPU (it cannot be used whole).
+//! - dynamic MIG (`--dynamic-mig`): a MIG-capable GPU whose MIG mode can be
+//!   switched without a reset (compute capability 9 and later: Hopper,
+//!   Blackwell) yields the full GPU plus every profile x placement, all
+//!   consuming the GPU's counter set `gpu-<minor>-counter-set`, so the
+//!   scheduler never hands out overlapping placements, or a placement and the
+//!   whole GPU. An Ampere GPU needs a reset to switch MIG mode, so it keeps its
+//!   current mode: with MIG on it yields every placement (no full GPU), with
+//!   MIG off just the full GPU. Existing MIG devices are not published
+//!   separately in dynamic mode: they are placements, with the same names.
+//!
+//! Every attribute goes through [`gpu_dra_api::schema::DeviceAttributes`], so
+//! nothing outside the schema table is ever published.
+//!
+//! Problems with the input never abort the build: the offending GPU, MIG
+//! device or profile is left out (or the attribute omitted or cut) and a
+//! [`Note`] says why; the publisher logs the notes.
+
+mod mig;
+mod nvlink;
+
+pub mod k8s;
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+
+use gpu_dra_api::schema::{self, CheckedAttributes, DeviceAttributes, DeviceKind, names};
+
+use crate::discovery::{DiscoveredGpu, Inventory};
+
+pub use nvlink::{domain_id, nvlink_domains};
+
+/// The devices of one node, grouped by physical GPU, in inventory order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeviceModel {
+    /// One group per published GPU.
+    pub groups: Vec<GpuGroup>,
+    /// What was left out or changed, and why.
+    pub notes: Vec<Note>,
+}
+
+/// The devices of one physical GPU, and its counter set under dynamic MIG.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuGroup {
+    /// Device minor of the GPU.
+    pub minor: u32,
+    /// UUID of the GPU.
+    pub uuid: String,
+    /// The shared counters its devices consume (dynamic MIG only).
+    pub counter_set: Option<CounterSet>,
+    /// Its devices: the full GPU first (when published), then MIG devices.
+    pub devices: Vec<Device>,
+}
+
+/// One published device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    /// Device name, a DNS label unique in the pool.
+    pub name: String,
+    /// Full GPU, static or dynamic MIG device.
+    pub kind: DeviceKind,
+    /// Where it lives and what it is, for the prepare code.
+    pub location: DeviceRef,
+    /// Attributes and capacities, checked against the schema.
+    pub attributes: CheckedAttributes,
+    /// Counters it consumes (dynamic MIG only).
+    pub consumes: Option<CounterConsumption>,
+    /// Taints (from health checks); empty when healthy.
+    pub taints: Vec<Taint>,
+}
+
+/// A named set of shared counters (`gpu-<minor>-counter-set`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterSet {
+    /// Counter set name, a DNS label unique in the pool.
+    pub name: String,
+    /// Counter name to total value.
+    pub counters: BTreeMap<String, u64>,
+}
+
+/// What a device takes from a counter set when allocated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterConsumption {
+    /// The counter set.
+    pub counter_set: String,
+    /// Counter name to consumed value.
+    pub counters: BTreeMap<String, u64>,
+}
+
+/// A device taint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taint {
+    /// Label-name-like key, e.g. `gpu.nvidia.com/xid`.
+    pub key: String,
+    /// Optional label-value-like value.
+    pub value: Option<String>,
+    /// What the taint does.
+    pub effect: TaintEffect,
+}
+
+/// Effect of a [`Taint`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaintEffect {
+    /// No new allocations.
+    NoSchedule,
+    /// No new allocations, and running pods are evicted.
+    NoExecute,
+}
+
+/// Identifies a device by what it is made of; parsed back from device names
+/// by the prepare code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceRef {
+    /// Full GPU `gpu-<minor>`.
+    Gpu {
+        /// Device minor.
+        minor: u32,
+    },
+    /// MIG device `gpu-<minor>-mig-<profile>-<profile id>-<placement start>`.
+    Mig {
+        /// Device minor of the parent GPU.
+        parent_minor: u32,
+        /// GPU instance profile id.
+        profile_id: u32,
+        /// First memory slice of the placement.
+        placement_start: u32,
+    },
+}
+
+impl DeviceRef {
+    /// Parses a device name published by this driver. Returns `None` for any
+    /// other string (including non-canonical numbers such as `gpu-01`).
+    pub fn parse(name: &str) -> Option<Self> {
+        let rest = name.strip_prefix("gpu-")?;
+        let number = |s: &str| -> Option<u32> {
+            if s.is_empty()
+                || !s.bytes().all(|b| b.is_ascii_digit())
+                || (s.len() > 1 && s.starts_with('0'))
+            {
+                return None;
+            }
+            s.parse().ok()
+        };
+        let Some((minor, mig)) = rest.split_once("-mig-") else {
+            return Some(Self::Gpu {
+                minor: number(rest)?,
+            });
+        };
+        let mut tail = mig.rsplitn(3, '-');
+        let start = number(tail.next()?)?;
+        let profile_id = number(tail.next()?)?;
+        let profile = tail.next()?;
+        if profile.is_empty() {
+            return None;
+        }
+        Some(Self::Mig {
+            parent_minor: number(minor)?,
+            profile_id,
+            placement_start: start,
+        })
+    }
+}
+
+/// What the device model left out or changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// The driver version could not be made semver; `driverVersion` is omitted.
+    DriverVersion {
+        /// NVML's version string.
+        version: String,
+    },
+    /// sysfs had no PCIe root for the GPU; `pcieRoot` is omitted.
+    PcieRootUnknown {
+        /// GPU UUID.
+        gpu: String,
+    },
+    /// sysfs had no NUMA node for the GPU; `numaNode` is omitted.
+    NumaNodeUnknown {
+        /// GPU UUID.
+        gpu: String,
+    },
+    /// A descriptive value was longer than Kubernetes allows and was cut.
+    Truncated {
+        /// GPU UUID.
+        gpu: String,
+        /// Attribute name.
+        attribute: &'static str,
+        /// The full value.
+        value: String,
+    },
+    /// An optional value was unusable and the attribute is omitted.
+    AttributeOmitted {
+        /// GPU UUID.
+        gpu: String,
+        /// Attribute name.
+        attribute: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// A whole GPU (and everything on it) is not published.
+    GpuSkipped {
+        /// GPU UUID (or index when the UUID is unusable).
+        gpu: String,
+        /// Why.
+        reason: String,
+    },
+    /// One MIG device, profile or placement is not published.
+    MigSkipped {
+        /// Parent GPU UUID.
+        gpu: String,
+        /// What was skipped.
+        what: String,
+        /// Why.
+        reason: String,
+    },
+    /// Dynamic MIG was asked for, but this GPU is published without it.
+    DynamicMigUnavailable {
+        /// GPU UUID.
+        gpu: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl fmt::Display for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::DriverVersion { version } => write!(
+                f,
+                "driver version {version:?} is not semver-compatible: driverVersion omitted"
+            ),
+            Self::PcieRootUnknown { gpu } => {
+                write!(f, "GPU {gpu}: sysfs has no PCIe root: pcieRoot omitted")
+            }
+            Self::NumaNodeUnknown { gpu } => {
+                write!(f, "GPU {gpu}: sysfs has no NUMA node: numaNode omitted")
+            }
+            Self::Truncated {
+                gpu,
+                attribute,
+                value,
+            } => write!(
+                f,
+                "GPU {gpu}: {attribute} {value:?} is longer than {} bytes and was cut",
+                schema::MAX_STRING_LEN
+            ),
+            Self::AttributeOmitted {
+                gpu,
+                attribute,
+                reason,
+            } => write!(f, "GPU {gpu}: {attribute} omitted: {reason}"),
+            Self::GpuSkipped { gpu, reason } => write!(f, "GPU {gpu} not published: {reason}"),
+            Self::MigSkipped { gpu, what, reason } => {
+                write!(f, "GPU {gpu}: {what} not published: {reason}")
+            }
+            Self::DynamicMigUnavailable { gpu, reason } => {
+                write!(f, "GPU {gpu}: published without dynamic MIG: {reason}")
+            }
+        }
+    }
+}
+
+/// Per-GPU limits of the slice rules that a dynamic-MIG GPU must respect,
+/// because all its devices share one counter set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupLimits {
+    /// Counters in one counter set.
+    pub max_counters_per_set: usize,
+    /// Counters one device consumes.
+    pub max_counters_per_device: usize,
+    /// Devices of one GPU, when its devices must share a slice with its
+    /// counter set (1.34 rules); `None` when they may spread over slices.
+    pub max_devices_per_group: Option<usize>,
+    /// Counter consumptions of one GPU's devices, when they must share a slice
+    /// (1.34 rules).
+    pub max_consumptions_per_group: Option<usize>,
+}
+
+impl Default for GroupLimits {
+    fn default() -> Self {
+        Self {
+            max_counters_per_set: 32,
+            max_counters_per_device: 32,
+            max_devices_per_group: None,
+            max_consumptions_per_group: None,
+        }
+    }
+}
+
+/// How to build the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BuildOptions {
+    /// Publish MIG profile x placements as partitionable devices.
+    pub dynamic_mig: bool,
+    /// Limits a dynamic-MIG GPU must fit in.
+    pub group_limits: GroupLimits,
+}
+
+impl DeviceModel {
+    /// Builds the model of `inventory`.
+    pub fn build(inventory: &Inventory, options: &BuildOptions) -> Self {
+        let mut notes = Vec::new();
+        let driver_version = schema::semver_from_nvml(&inventory.system.driver_version).ok();
+        if driver_version.is_none() {
+            notes.push(Note::DriverVersion {
+                version: inventory.system.driver_version.clone(),
+            });
+        }
+        let system = SystemFacts {
+            driver_version,
+            cuda_driver_version: schema::semver_from_pair(inventory.system.cuda_driver_version),
+        };
+
+        let gpus = accepted_gpus(&inventory.gpus, &mut notes);
+        let domains = nvlink_domains(
+            &gpus
+                .iter()
+                .map(|g| {
+                    (
+                        g.info.uuid.as_str(),
+                        g.info.pci_bus_id.as_str(),
+                        g.info.nvlinks.as_slice(),
+                    )
+                })
+                .collect::<Vec<_>>(),
+        );
+
+        let mut groups = Vec::with_capacity(gpus.len());
+        for (gpu, domain) in gpus.iter().zip(domains) {
+            let facts = GpuFacts::new(gpu, &system, &mut notes);
+            match build_group(gpu, &facts, &domain, options, &mut notes) {
+                Ok(group) => groups.push(group),
+                Err(reason) => notes.push(Note::GpuSkipped {
+                    gpu: gpu.info.uuid.clone(),
+                    reason,
+                }),
+            }
+        }
+        Self { groups, notes }
+    }
+
+    /// All devices, in publication order.
+    pub fn devices(&self) -> impl Iterator<Item = &Device> {
+        self.groups.iter().flat_map(|g| g.devices.iter())
+    }
+
+    /// The device named `name`.
+    pub fn device(&self, name: &str) -> Option<&Device> {
+        self.devices().find(|d| d.name == name)
+    }
+
+    /// Replaces every device's taints with those in `taints` (by device name;
+    /// devices not named there become untainted).
+    pub fn set_taints(&mut self, taints: &BTreeMap<String, Vec<Taint>>) {
+        for group in &mut self.groups {
+            for device in &mut group.devices {
+                device.taints = taints.get(&device.name).cloned().unwrap_or_default();
+            }
+        }
+    }
+}
+
+/// Node-wide attribute values.
+struct SystemFacts {
+    driver_version: Option<String>,
+    cuda_driver_version: String,
+}
+
+/// The attribute values a GPU shares with its MIG devices, already fitted to
+/// the schema's limits.
+struct GpuFacts<'a> {
+    gpu: &'a DiscoveredGpu,
+    system: &'a SystemFacts,
+    product_name: String,
+    brand: String,
+    architecture: String,
+    addressing_mode: Option<String>,
+    pcie_root: Option<String>,
+}
+
+impl<'a> GpuFacts<'a> {
+    fn new(gpu: &'a DiscoveredGpu, system: &'a SystemFacts, notes: &mut Vec<Note>) -> Self {
+        let uuid = &gpu.info.uuid;
+        let mut fit = |attribute: &'static str, value: &str| {
+            let (fitted, cut) = schema::fit_string(value);
+            if cut {
+                notes.push(Note::Truncated {
+                    gpu: uuid.clone(),
+                    attribute,
+                    value: value.to_owned(),
+                });
+            }
+            fitted
+        };
+        let product_name = fit(names::PRODUCT_NAME, &gpu.info.product_name);
+        let brand = fit(names::BRAND, &gpu.info.brand);
+        let architecture = fit(names::ARCHITECTURE, &gpu.info.architecture);
+        let addressing_mode = gpu
+            .info
+            .addressing_mode
+            .as_deref()
+            .map(|m| fit(names::ADDRESSING_MODE, m));
+        let pcie_root = match &gpu.pcie_root {
+            None => {
+                notes.push(Note::PcieRootUnknown { gpu: uuid.clone() });
+                None
+            }
+            // An identifier: a cut value would be wrong, so leave it out.
+            Some(root) if root.is_empty() || root.len() > schema::MAX_STRING_LEN => {
+                notes.push(Note::AttributeOmitted {
+                    gpu: uuid.clone(),
+                    attribute: names::PCIE_ROOT,
+                    reason: format!(
+                        "{root:?} is empty or longer than {} bytes",
+                        schema::MAX_STRING_LEN
+                    ),
+                });
+                None
+            }
+            Some(root) => Some(root.clone()),
+        };
+        if gpu.numa_node.is_none() {
+            notes.push(Note::NumaNodeUnknown { gpu: uuid.clone() });
+        }
+        Self {
+            gpu,
+            system,
+            product_name,
+            brand,
+            architecture,
+            addressing_mode,
+            pcie_root,
+        }
+    }
+
+    /// Sets the attributes a full GPU and its MIG devices share.
+    fn set_common(&self, a: &mut DeviceAttributes) -> Result<(), schema::SchemaError> {
+        let info = &self.gpu.info;
+        a.set_string(names::PRODUCT_NAME, self.product_name.clone())?;
+        a.set_string(names::BRAND, self.brand.clone())?;
+        a.set_string(names::ARCHITECTURE, self.architecture.clone())?;
+        a.set_version(
+            names::CUDA_COMPUTE_CAPABILITY,
+            schema::semver_from_pair(info.cuda_compute_capability),
+        )?;
+        if let Some(v) = &self.system.driver_version {
+            a.set_version(names::DRIVER_VERSION, v.clone())?;
+        }
+        a.set_version(
+            names::CUDA_DRIVER_VERSION,
+            self.system.cuda_driver_version.clone(),
+        )?;
+        a.set_string(names::PCI_BUS_ID, info.pci_bus_id.clone())?;
+        if let Some(root) = &self.pcie_root {
+            a.set_string(names::PCIE_ROOT, root.clone())?;
+        }
+        if let Some(numa) = self.gpu.numa_node {
+            a.set_int(names::NUMA_NODE, numa)?;
+        }
+        if let Some(mode) = &self.addressing_mode {
+            a.set_string(names::ADDRESSING_MODE, mode.clone())?;
+        }
+        Ok(())
+    }
+}
+
+/// The GPUs whose identity is usable: UUID and PCI bus id within the string
+/// limit, and UUID and minor unique. Others are skipped with a note.
+fn accepted_gpus<'a>(gpus: &'a [DiscoveredGpu], notes: &mut Vec<Note>) -> Vec<&'a DiscoveredGpu> {
+    let mut uuids = HashSet::new();
+    let mut minors = HashSet::new();
+    let mut out = Vec::with_capacity(gpus.len());
+    for gpu in gpus {
+        let info = &gpu.info;
+        let label = if info.uuid.is_empty() || info.uuid.len() > schema::MAX_STRING_LEN {
+            format!("index {}", info.index)
+        } else {
+            info.uuid.clone()
+        };
+        let reason = if info.uuid.is_empty() || info.uuid.len() > schema::MAX_STRING_LEN {
+            Some(format!(
+                "UUID {:?} is empty or longer than {} bytes",
+                info.uuid,
+                schema::MAX_STRING_LEN
+            ))
+        } else if info.pci_bus_id.is_empty() || info.pci_bus_id.len() > schema::MAX_STRING_LEN {
+            Some(format!(
+                "PCI bus id {:?} is empty or too long",
+                info.pci_bus_id
+            ))
+        } else if !uuids.insert(info.uuid.as_str()) {
+            Some("another GPU has the same UUID".to_owned())
+        } else if !minors.insert(info.minor) {
+            Some(format!(
+                "another GPU has the same minor number {}",
+                info.minor
+            ))
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => notes.push(Note::GpuSkipped { gpu: label, reason }),
+            None => out.push(gpu),
+        }
+    }
+    out
+}
+
+/// Builds the devices of one GPU.
+fn build_group(
+    gpu: &DiscoveredGpu,
+    facts: &GpuFacts<'_>,
+    nvlink_domain: &str,
+    options: &BuildOptions,
+    notes: &mut Vec<Note>,
+) -> Result<GpuGroup, String> {
+    let info = &gpu.info;
+    let mut group = GpuGroup {
+        minor: info.minor,
+        uuid: info.uuid.clone(),
+        counter_set: None,
+        devices: Vec::new(),
+    };
+    let full_gpu =
+        || full_gpu_device(facts, nvlink_domain).map_err(|e| format!("invalid attributes: {e}"));
+
+    if options.dynamic_mig
+        && let Some(mig_info) = &info.mig
+    {
+        match mig::dynamic(facts, mig_info, &options.group_limits, notes) {
+            Ok(dynamic) => {
+                // Hopper and later switch MIG mode at once: the full GPU stays
+                // available and consumes everything. Ampere keeps its mode.
+                if mig::runtime_switchable(info) {
+                    let mut full = full_gpu()?;
+                    full.consumes = Some(dynamic.full_gpu_consumption);
+                    group.devices.push(full);
+                    group.devices.extend(dynamic.devices);
+                    group.counter_set = Some(dynamic.counter_set);
+                    return Ok(group);
+                }
+                if mig_info.current_enabled {
+                    group.devices.extend(dynamic.devices);
+                    group.counter_set = Some(dynamic.counter_set);
+                    return Ok(group);
+                }
+                notes.push(Note::DynamicMigUnavailable {
+                    gpu: info.uuid.clone(),
+                    reason: "MIG mode is off and this GPU needs a reset to enable it".to_owned(),
+                });
+            }
+            Err(reason) => notes.push(Note::DynamicMigUnavailable {
+                gpu: info.uuid.clone(),
+                reason,
+            }),
+        }
+    }
+
+    match &info.mig {
+        Some(mig_info) if mig_info.current_enabled => {
+            group.devices = mig::static_devices(facts, mig_info, notes);
+        }
+        _ => group.devices.push(full_gpu()?),
+    }
+    Ok(group)
+}
+
+/// The full GPU device `gpu-<minor>`.
+fn full_gpu_device(
+    facts: &GpuFacts<'_>,
+    nvlink_domain: &str,
+) -> Result<Device, schema::SchemaError> {
+    let info = &facts.gpu.info;
+    let mut a = DeviceAttributes::new(DeviceKind::Gpu);
+    a.set_string(names::UUID, info.uuid.clone())?;
+    a.set_int(names::INDEX, i64::from(info.index))?;
+    facts.set_common(&mut a)?;
+    a.set_string(names::NVLINK_DOMAIN, nvlink_domain)?;
+    a.set_int(names::NVLINK_COUNT, info.nvlinks.len() as i64)?;
+    a.set_capacity(names::MEMORY, info.memory_bytes)?;
+    Ok(Device {
+        name: format!("gpu-{}", info.minor),
+        kind: DeviceKind::Gpu,
+        location: DeviceRef::Gpu { minor: info.minor },
+        attributes: a.finish()?,
+        consumes: None,
+        taints: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod fixtures;
+#[cfg(test)]
+mod tests;

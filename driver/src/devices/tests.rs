@@ -1,0 +1,628 @@
+use super::fixtures::*;
+use super::*;
+use gpu_dra_api::schema::{AttributeValue, Presence, SCHEMA, Section, ValueType};
+use gpu_nvml::{MigDevice, MigPlacement};
+
+#[test]
+fn static_full_gpus_carry_every_attribute() {
+    let inv = inventory(vec![
+        gpu(0, HOPPER, None, &[]),
+        gpu(1, HOPPER, Some(mig_info(false, vec![])), &[]),
+    ]);
+    let model = DeviceModel::build(&inv, &BuildOptions::default());
+    assert!(model.notes.is_empty(), "{:?}", model.notes);
+    let names: Vec<&str> = model.devices().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["gpu-0", "gpu-1"]);
+    let d = model.device("gpu-1").unwrap();
+    assert_eq!(attr(d, "type"), Some(&s("gpu")));
+    assert_eq!(
+        attr(d, "uuid"),
+        Some(&s("GPU-00000001-aaaa-bbbb-cccc-dddddddddddd"))
+    );
+    assert_eq!(attr(d, "index"), Some(&AttributeValue::Int(1)));
+    assert_eq!(
+        attr(d, "driverVersion"),
+        Some(&AttributeValue::Version("580.95.5".into()))
+    );
+    assert_eq!(
+        attr(d, "cudaDriverVersion"),
+        Some(&AttributeValue::Version("13.0.0".into()))
+    );
+    assert_eq!(
+        attr(d, "cudaComputeCapability"),
+        Some(&AttributeValue::Version("9.0.0".into()))
+    );
+    assert_eq!(
+        attr(d, "resource.kubernetes.io/pciBusID"),
+        Some(&s("0000:02:00.0"))
+    );
+    assert_eq!(
+        attr(d, "resource.kubernetes.io/pcieRoot"),
+        Some(&s("pci0000:10"))
+    );
+    assert_eq!(
+        attr(d, "resource.kubernetes.io/numaNode"),
+        Some(&AttributeValue::Int(0))
+    );
+    assert_eq!(attr(d, "nvlinkCount"), Some(&AttributeValue::Int(0)));
+    assert!(attr(d, "addressingMode").is_none());
+    assert_eq!(d.attributes.capacity["memory"], 81_559 << 20);
+    assert!(d.consumes.is_none());
+    assert!(model.groups.iter().all(|g| g.counter_set.is_none()));
+}
+
+#[test]
+fn static_mig_publishes_existing_devices_and_no_full_gpu() {
+    let devices = vec![
+        MigDevice {
+            uuid: "MIG-11111111-2222-3333-4444-555555555555".into(),
+            profile_id: 9,
+            gpu_instance_id: 1,
+            compute_instance_id: 0,
+            placement: MigPlacement { start: 4, size: 4 },
+            memory_bytes: 40_000 << 20,
+        },
+        MigDevice {
+            uuid: "MIG-66666666-2222-3333-4444-555555555555".into(),
+            profile_id: 20,
+            gpu_instance_id: 2,
+            compute_instance_id: 0,
+            placement: MigPlacement { start: 0, size: 1 },
+            memory_bytes: 9_000 << 20,
+        },
+    ];
+    let inv = inventory(vec![gpu(3, HOPPER, Some(mig_info(true, devices)), &[])]);
+    let model = DeviceModel::build(&inv, &BuildOptions::default());
+    assert!(model.notes.is_empty(), "{:?}", model.notes);
+    let names: Vec<&str> = model.devices().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["gpu-3-mig-3g40gb-9-4", "gpu-3-mig-1g10gb-me-20-0"]);
+    let d = model.device("gpu-3-mig-3g40gb-9-4").unwrap();
+    assert_eq!(d.kind, DeviceKind::MigStatic);
+    assert_eq!(attr(d, "type"), Some(&s("mig")));
+    assert_eq!(
+        attr(d, "uuid"),
+        Some(&s("MIG-11111111-2222-3333-4444-555555555555"))
+    );
+    assert_eq!(
+        attr(d, "parentUUID"),
+        Some(&s("GPU-00000003-aaaa-bbbb-cccc-dddddddddddd"))
+    );
+    assert_eq!(attr(d, "profile"), Some(&s("3g.40gb")));
+    assert_eq!(attr(d, "productName"), Some(&s("NVIDIA H100 80GB HBM3")));
+    assert!(attr(d, "nvlinkDomain").is_none());
+    let cap = &d.attributes.capacity;
+    assert_eq!(
+        (
+            cap["multiprocessors"],
+            cap["copyEngines"],
+            cap["decoders"],
+            cap["jpegEngines"],
+            cap["memory"]
+        ),
+        (60, 3, 3, 3, 40_000 << 20)
+    );
+    assert_eq!(
+        d.location,
+        DeviceRef::Mig {
+            parent_minor: 3,
+            profile_id: 9,
+            placement_start: 4
+        }
+    );
+}
+
+#[test]
+fn static_mig_skips_unknown_profiles_and_duplicate_placements() {
+    let dev = |uuid: &str, profile_id, start| MigDevice {
+        uuid: uuid.into(),
+        profile_id,
+        gpu_instance_id: 1,
+        compute_instance_id: 0,
+        placement: MigPlacement { start, size: 1 },
+        memory_bytes: 1 << 30,
+    };
+    let devices = vec![
+        dev("MIG-a", 19, 0),
+        dev("MIG-b", 19, 0),
+        dev("MIG-c", 77, 1),
+        dev(&"M".repeat(65), 19, 2),
+    ];
+    let inv = inventory(vec![gpu(0, HOPPER, Some(mig_info(true, devices)), &[])]);
+    let model = DeviceModel::build(&inv, &BuildOptions::default());
+    let names: Vec<&str> = model.devices().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["gpu-0-mig-1g10gb-19-0"]);
+    assert_eq!(model.notes.len(), 3, "{:?}", model.notes);
+    let text: Vec<String> = model.notes.iter().map(ToString::to_string).collect();
+    assert!(text[0].contains("same placement"), "{}", text[0]);
+    assert!(
+        text[1].contains("unknown GPU instance profile id 77"),
+        "{}",
+        text[1]
+    );
+    assert!(text[2].contains("UUID"), "{}", text[2]);
+}
+
+#[test]
+fn dynamic_mig_on_hopper_publishes_full_gpu_and_every_placement() {
+    let inv = inventory(vec![gpu(0, HOPPER, Some(mig_info(false, vec![])), &[])]);
+    let model = DeviceModel::build(&inv, &dynamic());
+    assert!(model.notes.is_empty(), "{:?}", model.notes);
+    let group = &model.groups[0];
+    assert_eq!(group.devices.len(), 1 + 25);
+    assert_eq!(group.devices[0].name, "gpu-0");
+    let set = group.counter_set.as_ref().unwrap();
+    assert_eq!(set.name, "gpu-0-counter-set");
+    assert_eq!(set.counters.len(), 7 + 8);
+    for i in 0..8 {
+        assert_eq!(set.counters[&format!("memory-slice-{i}")], 1);
+    }
+    // Totals: max over profiles of amount x instances.
+    assert_eq!(set.counters["multiprocessors"], 132);
+    assert_eq!(set.counters["copy-engines"], 8);
+    assert_eq!(set.counters["ofa-engines"], 1);
+    assert_eq!(set.counters["encoders"], 0);
+    assert_eq!(set.counters["memory"], 81_559 << 20);
+
+    // The full GPU consumes every non-zero counter.
+    let full = &group.devices[0].consumes.as_ref().unwrap().counters;
+    let nonzero: BTreeMap<_, _> = set
+        .counters
+        .iter()
+        .filter(|(_, v)| **v > 0)
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    assert_eq!(full, &nonzero);
+
+    let d = model.device("gpu-0-mig-1g20gb-15-6").unwrap();
+    assert_eq!(d.kind, DeviceKind::MigDynamic);
+    assert!(attr(d, "uuid").is_none());
+    assert_eq!(attr(d, "profile"), Some(&s("1g.20gb")));
+    let c = &d.consumes.as_ref().unwrap();
+    assert_eq!(c.counter_set, "gpu-0-counter-set");
+    assert_eq!(c.counters["memory-slice-6"], 1);
+    assert_eq!(c.counters["memory-slice-7"], 1);
+    assert_eq!(c.counters.len(), 5 + 2, "{:?}", c.counters);
+    assert!(model.device("gpu-0-mig-1g10gb-me-20-6").is_some());
+    assert!(model.device("gpu-0-mig-7g80gb-0-0").is_some());
+}
+
+/// Counters only allow two placements together when NVML would: no shared
+/// memory slice, and at most one `+me` instance.
+#[test]
+fn dynamic_counters_exclude_exactly_the_conflicting_pairs() {
+    let inv = inventory(vec![gpu(0, HOPPER, Some(mig_info(false, vec![])), &[])]);
+    let model = DeviceModel::build(&inv, &dynamic());
+    let group = &model.groups[0];
+    let set = &group.counter_set.as_ref().unwrap().counters;
+    let fits = |a: &Device, b: &Device| {
+        let (ca, cb) = (
+            &a.consumes.as_ref().unwrap().counters,
+            &b.consumes.as_ref().unwrap().counters,
+        );
+        set.iter()
+            .all(|(k, total)| ca.get(k).unwrap_or(&0) + cb.get(k).unwrap_or(&0) <= *total)
+    };
+    let span = |d: &Device| -> (u32, u32, bool) {
+        let DeviceRef::Mig {
+            profile_id,
+            placement_start,
+            ..
+        } = d.location
+        else {
+            panic!("not a MIG device")
+        };
+        let p = h100_profiles()
+            .into_iter()
+            .find(|p| p.id == profile_id)
+            .unwrap();
+        let size = p.placements[0].size;
+        (
+            placement_start,
+            placement_start + size,
+            p.name.ends_with("+me"),
+        )
+    };
+    let migs: Vec<&Device> = group
+        .devices
+        .iter()
+        .filter(|d| d.kind == DeviceKind::MigDynamic)
+        .collect();
+    let mut checked = 0;
+    for (i, a) in migs.iter().enumerate() {
+        // The full GPU excludes every placement.
+        assert!(!fits(&group.devices[0], a), "{}", a.name);
+        for b in &migs[i + 1..] {
+            let ((s1, e1, me1), (s2, e2, me2)) = (span(a), span(b));
+            let nvml_allows = (e1 <= s2 || e2 <= s1) && !(me1 && me2);
+            assert_eq!(fits(a, b), nvml_allows, "{} + {}", a.name, b.name);
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 25 * 24 / 2);
+}
+
+#[test]
+fn dynamic_mig_on_ampere_keeps_the_current_mode() {
+    let on = inventory(vec![gpu(0, AMPERE, Some(mig_info(true, vec![])), &[])]);
+    let model = DeviceModel::build(&on, &dynamic());
+    assert!(model.notes.is_empty(), "{:?}", model.notes);
+    assert_eq!(model.groups[0].devices.len(), 25);
+    assert!(model.device("gpu-0").is_none());
+    assert!(model.groups[0].counter_set.is_some());
+
+    let off = inventory(vec![gpu(0, AMPERE, Some(mig_info(false, vec![])), &[])]);
+    let model = DeviceModel::build(&off, &dynamic());
+    let names: Vec<&str> = model.devices().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["gpu-0"]);
+    assert!(model.groups[0].counter_set.is_none());
+    assert!(
+        matches!(&model.notes[..], [Note::DynamicMigUnavailable { reason, .. }] if reason.contains("reset"))
+    );
+}
+
+#[test]
+fn dynamic_mig_ignores_existing_devices_and_non_mig_gpus() {
+    let existing = vec![MigDevice {
+        uuid: "MIG-x".into(),
+        profile_id: 19,
+        gpu_instance_id: 1,
+        compute_instance_id: 0,
+        placement: MigPlacement { start: 0, size: 1 },
+        memory_bytes: 1,
+    }];
+    let inv = inventory(vec![
+        gpu(0, HOPPER, Some(mig_info(true, existing)), &[]),
+        gpu(1, ("Turing", (7, 5)), None, &[]),
+    ]);
+    let model = DeviceModel::build(&inv, &dynamic());
+    assert_eq!(model.groups[0].devices.len(), 26);
+    assert!(
+        model.groups[0]
+            .devices
+            .iter()
+            .all(|d| d.kind != DeviceKind::MigStatic)
+    );
+    assert_eq!(model.groups[1].devices.len(), 1);
+    assert!(model.groups[1].counter_set.is_none());
+}
+
+#[test]
+fn dynamic_mig_falls_back_when_rules_forbid_it() {
+    // 30 memory slices: a counter set of 37 counters exceeds 32.
+    let mut info = mig_info(false, vec![]);
+    info.profiles = vec![profile(
+        19,
+        "1g.1gb",
+        1,
+        30,
+        1,
+        (1, 0, 0, 0, 0),
+        1024,
+        &(0..30).collect::<Vec<_>>(),
+    )];
+    let inv = inventory(vec![gpu(0, HOPPER, Some(info), &[])]);
+    let model = DeviceModel::build(&inv, &dynamic());
+    assert_eq!(
+        model.devices().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+        ["gpu-0"]
+    );
+    assert!(
+        matches!(&model.notes[..], [Note::DynamicMigUnavailable { reason, .. }] if reason.contains("37 counters"))
+    );
+
+    // 1.34 rules: all devices of a GPU must share a slice with its counters.
+    let inv = inventory(vec![gpu(0, HOPPER, Some(mig_info(false, vec![])), &[])]);
+    let mut options = dynamic();
+    options.group_limits.max_devices_per_group = Some(20);
+    let model = DeviceModel::build(&inv, &options);
+    assert_eq!(model.devices().count(), 1);
+    assert!(
+        model.notes[0].to_string().contains("26 devices"),
+        "{}",
+        model.notes[0]
+    );
+    options.group_limits.max_devices_per_group = None;
+    options.group_limits.max_consumptions_per_group = Some(100);
+    let model = DeviceModel::build(&inv, &options);
+    assert_eq!(model.devices().count(), 1);
+    assert!(
+        model.notes[0].to_string().contains("counter consumptions"),
+        "{}",
+        model.notes[0]
+    );
+
+    // No placement at all.
+    let mut info = mig_info(false, vec![]);
+    for p in &mut info.profiles {
+        p.placements.clear();
+    }
+    let model = DeviceModel::build(
+        &inventory(vec![gpu(0, HOPPER, Some(info), &[])]),
+        &dynamic(),
+    );
+    assert_eq!(model.devices().count(), 1);
+    assert!(model.notes[0].to_string().contains("no MIG placement"));
+}
+
+#[test]
+fn three_hundred_placements_are_published_under_135_rules() {
+    let mut info = mig_info(false, vec![]);
+    info.profiles = (0..12)
+        .map(|i| {
+            profile(
+                100 + i,
+                &format!("1g.{i}gb"),
+                1,
+                25,
+                1,
+                (1, 0, 0, 0, 0),
+                512,
+                &(0..25).collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    let inv = inventory(vec![gpu(0, HOPPER, Some(info), &[])]);
+    let model = DeviceModel::build(&inv, &dynamic());
+    assert!(model.notes.is_empty(), "{:?}", model.notes);
+    assert_eq!(model.devices().count(), 1 + 300);
+}
+
+#[test]
+fn bad_identity_skips_the_gpu() {
+    let mut long_uuid = gpu(0, HOPPER, None, &[]);
+    long_uuid.info.uuid = "GPU-".repeat(20);
+    let mut dup_uuid = gpu(2, HOPPER, None, &[]);
+    dup_uuid.info.uuid = gpu(1, HOPPER, None, &[]).info.uuid;
+    let mut dup_minor = gpu(3, HOPPER, None, &[]);
+    dup_minor.info.minor = 1;
+    let mut empty_bus = gpu(4, HOPPER, None, &[]);
+    empty_bus.info.pci_bus_id = String::new();
+    let inv = inventory(vec![
+        long_uuid,
+        gpu(1, HOPPER, None, &[]),
+        dup_uuid,
+        dup_minor,
+        empty_bus,
+    ]);
+    let model = DeviceModel::build(&inv, &BuildOptions::default());
+    assert_eq!(
+        model.devices().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+        ["gpu-1"]
+    );
+    let text: Vec<String> = model.notes.iter().map(ToString::to_string).collect();
+    assert_eq!(text.len(), 4, "{text:?}");
+    assert!(
+        text[0].starts_with("GPU index 0 not published"),
+        "{}",
+        text[0]
+    );
+    assert!(text[1].contains("same UUID"));
+    assert!(text[2].contains("same minor number 1"));
+    assert!(text[3].contains("PCI bus id"));
+}
+
+#[test]
+fn long_descriptions_are_cut_and_unknown_topology_omitted() {
+    let mut g = gpu(0, HOPPER, None, &[]);
+    g.info.product_name = format!("NVIDIA {} Édition", "X".repeat(60));
+    g.info.addressing_mode = Some("HMM".into());
+    g.pcie_root = None;
+    g.numa_node = None;
+    let model = DeviceModel::build(&inventory(vec![g.clone()]), &BuildOptions::default());
+    let d = model.device("gpu-0").unwrap();
+    let Some(AttributeValue::String(name)) = attr(d, "productName") else {
+        panic!("productName missing")
+    };
+    assert!(name.len() <= 64 && g.info.product_name.starts_with(name.as_str()));
+    assert_eq!(attr(d, "addressingMode"), Some(&s("HMM")));
+    assert!(attr(d, "resource.kubernetes.io/pcieRoot").is_none());
+    assert!(attr(d, "resource.kubernetes.io/numaNode").is_none());
+    assert!(model.notes.contains(&Note::PcieRootUnknown {
+        gpu: g.info.uuid.clone()
+    }));
+    assert!(model.notes.contains(&Note::NumaNodeUnknown {
+        gpu: g.info.uuid.clone()
+    }));
+    assert!(model.notes.iter().any(|n| matches!(
+        n,
+        Note::Truncated {
+            attribute: "productName",
+            ..
+        }
+    )));
+}
+
+#[test]
+fn unusable_driver_version_omits_the_attribute() {
+    let mut inv = inventory(vec![gpu(0, HOPPER, None, &[])]);
+    inv.system.driver_version = "580.95.05.1-custom".into();
+    let model = DeviceModel::build(&inv, &BuildOptions::default());
+    let d = model.device("gpu-0").unwrap();
+    assert!(attr(d, "driverVersion").is_none());
+    assert!(attr(d, "cudaDriverVersion").is_some());
+    assert_eq!(
+        model.notes,
+        [Note::DriverVersion {
+            version: "580.95.05.1-custom".into()
+        }]
+    );
+}
+
+#[test]
+fn zero_gpus_make_an_empty_model() {
+    let model = DeviceModel::build(&inventory(vec![]), &dynamic());
+    assert!(model.groups.is_empty() && model.notes.is_empty());
+}
+
+#[test]
+fn pcie_bridged_pairs_get_shared_domains() {
+    let inv = inventory(vec![
+        gpu(0, AMPERE, None, &["0000:02:00.0"; 12]),
+        gpu(1, AMPERE, None, &["0000:01:00.0"; 12]),
+        gpu(2, AMPERE, None, &["0000:04:00.0"; 12]),
+        gpu(3, AMPERE, None, &["0000:03:00.0"; 12]),
+        gpu(4, AMPERE, None, &[]),
+    ]);
+    let model = DeviceModel::build(&inv, &BuildOptions::default());
+    let domain = |n: &str| {
+        attr(model.device(n).unwrap(), "nvlinkDomain")
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(domain("gpu-0"), domain("gpu-1"));
+    assert_eq!(domain("gpu-2"), domain("gpu-3"));
+    assert_ne!(domain("gpu-1"), domain("gpu-2"));
+    assert_ne!(domain("gpu-4"), domain("gpu-3"));
+    assert_eq!(
+        attr(model.device("gpu-0").unwrap(), "nvlinkCount"),
+        Some(&AttributeValue::Int(12))
+    );
+    assert_eq!(
+        attr(model.device("gpu-4").unwrap(), "nvlinkCount"),
+        Some(&AttributeValue::Int(0))
+    );
+    // Stable: the same inventory gives the same ids.
+    assert_eq!(model, DeviceModel::build(&inv, &BuildOptions::default()));
+}
+
+/// Every published attribute is in the schema with its type, and every schema
+/// entry of a kind is published when the inputs have everything.
+#[test]
+fn published_attributes_match_the_schema_exactly() {
+    let mut full = gpu(0, HOPPER, None, &["0000:f0:00.0"]);
+    full.info.addressing_mode = Some("ATS".into());
+    let existing = vec![MigDevice {
+        uuid: "MIG-1".into(),
+        profile_id: 19,
+        gpu_instance_id: 1,
+        compute_instance_id: 0,
+        placement: MigPlacement { start: 0, size: 1 },
+        memory_bytes: 1 << 30,
+    }];
+    let mut static_mig = gpu(1, HOPPER, Some(mig_info(true, existing)), &[]);
+    static_mig.info.addressing_mode = Some("ATS".into());
+    let mut dyn_gpu = gpu(0, HOPPER, Some(mig_info(false, vec![])), &[]);
+    dyn_gpu.info.addressing_mode = Some("ATS".into());
+
+    let mut seen = std::collections::HashSet::new();
+    for (inv, opts) in [
+        (inventory(vec![full, static_mig]), BuildOptions::default()),
+        (inventory(vec![dyn_gpu]), dynamic()),
+    ] {
+        let model = DeviceModel::build(&inv, &opts);
+        assert!(model.notes.is_empty(), "{:?}", model.notes);
+        for d in model.devices() {
+            seen.insert(d.kind);
+            for (name, value) in &d.attributes.attributes {
+                let e = gpu_dra_api::schema::lookup(Section::Attribute, name).unwrap();
+                assert_eq!(e.value_type, value.value_type(), "{name}");
+                assert!(e.carried_by(d.kind), "{name} on {}", d.kind);
+            }
+            for name in d.attributes.capacity.keys() {
+                let e = gpu_dra_api::schema::lookup(Section::Capacity, name).unwrap();
+                assert_eq!(e.value_type, ValueType::Quantity);
+                assert!(e.carried_by(d.kind), "{name} on {}", d.kind);
+            }
+            for e in SCHEMA.iter().filter(|e| e.carried_by(d.kind)) {
+                let present = match e.section {
+                    Section::Attribute => d.attributes.attributes.contains_key(e.name),
+                    Section::Capacity => d.attributes.capacity.contains_key(e.name),
+                };
+                assert!(
+                    present,
+                    "{} missing on {} ({:?})",
+                    e.name, d.name, e.presence
+                );
+            }
+            assert_eq!(attr(d, "type"), Some(&s(d.kind.type_value())));
+        }
+    }
+    assert_eq!(seen.len(), 3);
+    // Conditional entries exist, so CEL validation must know which need has().
+    assert!(
+        SCHEMA
+            .iter()
+            .any(|e| matches!(e.presence, Presence::When(_)))
+    );
+}
+
+#[test]
+fn device_names_parse_back() {
+    let inv = inventory(vec![gpu(7, HOPPER, Some(mig_info(false, vec![])), &[])]);
+    let model = DeviceModel::build(&inv, &dynamic());
+    for d in model.devices() {
+        assert!(gpu_dra_api::schema::is_dns_label(&d.name), "{}", d.name);
+        assert_eq!(DeviceRef::parse(&d.name), Some(d.location), "{}", d.name);
+    }
+    for bad in [
+        "",
+        "gpu-",
+        "gpu-01",
+        "gpu-x",
+        "gpu-1-mig--19-0",
+        "gpu-1-mig-1g10gb-19",
+        "gpu-1-mig-1g10gb-19-0x",
+        "cpu-1",
+        "gpu-99999999999",
+        "gpu-1-mig-1g10gb-019-0",
+    ] {
+        assert_eq!(DeviceRef::parse(bad), None, "{bad}");
+    }
+    assert_eq!(
+        DeviceRef::parse("gpu-1-mig-1g10gb-me-20-6"),
+        Some(DeviceRef::Mig {
+            parent_minor: 1,
+            profile_id: 20,
+            placement_start: 6
+        })
+    );
+}
+
+#[test]
+fn profile_labels_follow_nvidia() {
+    assert_eq!(mig::profile_label("1g.10gb"), "1g10gb");
+    assert_eq!(mig::profile_label("1g.10gb+me"), "1g10gb-me");
+    assert_eq!(mig::profile_label("1g.10gb+gfx"), "1g10gb-gfx");
+    assert_eq!(mig::profile_label("+.+"), "");
+    assert_eq!(mig::device_name(0, "+", 1, 0), None);
+    assert_eq!(mig::device_name(0, &"a".repeat(60), 1, 0), None);
+}
+
+#[test]
+fn taints_are_set_by_device_name() {
+    let inv = inventory(vec![gpu(0, HOPPER, None, &[]), gpu(1, HOPPER, None, &[])]);
+    let mut model = DeviceModel::build(&inv, &BuildOptions::default());
+    let taint = Taint {
+        key: "gpu.nvidia.com/xid".into(),
+        value: Some("79".into()),
+        effect: TaintEffect::NoSchedule,
+    };
+    model.set_taints(&BTreeMap::from([("gpu-1".to_owned(), vec![taint.clone()])]));
+    assert!(model.device("gpu-0").unwrap().taints.is_empty());
+    assert_eq!(model.device("gpu-1").unwrap().taints, [taint]);
+    let api = k8s::device(model.device("gpu-1").unwrap());
+    assert_eq!(api.taints.unwrap()[0].effect, "NoSchedule");
+}
+
+#[test]
+fn conversion_to_the_api() {
+    let inv = inventory(vec![gpu(0, HOPPER, Some(mig_info(false, vec![])), &[])]);
+    let model = DeviceModel::build(&inv, &dynamic());
+    let full = k8s::device(&model.groups[0].devices[0]);
+    assert_eq!(full.name, "gpu-0");
+    let attrs = full.attributes.as_ref().unwrap();
+    assert_eq!(attrs["type"].string.as_deref(), Some("gpu"));
+    assert_eq!(attrs["driverVersion"].version.as_deref(), Some("580.95.5"));
+    assert_eq!(attrs["index"].int, Some(0));
+    assert_eq!(
+        full.capacity.as_ref().unwrap()["memory"].value.0,
+        (81_559u64 << 20).to_string()
+    );
+    let consumes = full.consumes_counters.as_ref().unwrap();
+    assert_eq!(consumes.len(), 1);
+    assert_eq!(consumes[0].counter_set, "gpu-0-counter-set");
+    assert_eq!(consumes[0].counters["memory-slice-7"].value.0, "1");
+    assert!(full.taints.is_none());
+    let set = k8s::counter_set(model.groups[0].counter_set.as_ref().unwrap());
+    assert_eq!(set.counters["multiprocessors"].value.0, "132");
+}

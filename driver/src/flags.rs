@@ -1,0 +1,152 @@
+//! The plugin's command line. Every flag can also be set from an environment
+//! variable. Each module owns its flag group ([`crate::discovery::Flags`],
+//! [`crate::slices::Flags`]), flattened here.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// All flags of `gpu-kubelet-plugin`.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "gpu-kubelet-plugin", version, about = "GPU DRA kubelet plugin")]
+pub struct Flags {
+    /// Name of the node this plugin runs on.
+    #[arg(long, env = "NODE_NAME", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    pub node_name: String,
+
+    /// DRA driver name, as used in ResourceSlices and allocation results.
+    #[arg(long, env = "DRIVER_NAME", default_value = "gpu.nvidia.com", value_parser = parse_driver_name)]
+    pub driver_name: String,
+
+    /// Directory kubelet watches for plugin registration sockets.
+    #[arg(
+        long,
+        env = "KUBELET_REGISTRAR_DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    pub kubelet_registrar_dir: PathBuf,
+
+    /// Directory under which the plugin's DRA socket lives (`<dir>/<driver>/dra.sock`).
+    #[arg(
+        long,
+        env = "KUBELET_PLUGINS_DIR",
+        default_value = "/var/lib/kubelet/plugins"
+    )]
+    pub kubelet_plugins_dir: PathBuf,
+
+    /// Directory for transient CDI specs.
+    #[arg(long, env = "CDI_ROOT", default_value = "/var/run/cdi")]
+    pub cdi_root: PathBuf,
+
+    /// Root of the NVIDIA driver installation (libraries and binaries).
+    #[arg(long, env = "DRIVER_ROOT", default_value = "/")]
+    pub driver_root: PathBuf,
+
+    /// Path of a kubeconfig; in-cluster configuration when unset.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Address (host:port) of the Prometheus metrics endpoint (`/metrics`);
+    /// no endpoint when unset. Port 0 picks a free port (logged).
+    #[arg(long, env = "METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+
+    /// Log format on stderr. The level comes from RUST_LOG (default info).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    #[command(flatten)]
+    pub discovery: crate::discovery::Flags,
+
+    #[command(flatten)]
+    pub slices: crate::slices::Flags,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn parse_driver_name(s: &str) -> Result<String, String> {
+    crate::grpc::validate_driver_name(s)
+        .map(|()| s.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+/// Turns a clap error into the plugin's one-line form: `error: <what>`,
+/// without usage and tips. Help and version output pass through unchanged.
+pub fn one_line_error(err: &clap::Error) -> String {
+    let rendered = err.render().to_string();
+    let mut parts = Vec::new();
+    for line in rendered.lines() {
+        let line = line.trim();
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if line.is_empty() || line.starts_with("tip:") {
+            continue;
+        }
+        parts.push(line);
+    }
+    let joined = parts.join(" ");
+    if joined.starts_with("error:") {
+        joined
+    } else {
+        format!("error: {joined}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Flags, clap::Error> {
+        Flags::try_parse_from(std::iter::once("gpu-kubelet-plugin").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults_match_the_kubelet_layout() {
+        let f = parse(&["--node-name", "n1"]).unwrap();
+        assert_eq!(f.driver_name, "gpu.nvidia.com");
+        assert_eq!(
+            f.kubelet_registrar_dir,
+            PathBuf::from("/var/lib/kubelet/plugins_registry")
+        );
+        assert_eq!(
+            f.kubelet_plugins_dir,
+            PathBuf::from("/var/lib/kubelet/plugins")
+        );
+        assert_eq!(f.cdi_root, PathBuf::from("/var/run/cdi"));
+        assert_eq!(f.driver_root, PathBuf::from("/"));
+        assert_eq!(f.log_format, LogFormat::Text);
+        assert_eq!(f.metrics_addr, None);
+    }
+
+    #[test]
+    fn bad_flags_give_one_line_errors_naming_the_problem() {
+        for (args, needle) in [
+            (&["--node-name", "n", "--bogus"][..], "--bogus"),
+            (&["--node-name", ""][..], "--node-name"),
+            (
+                &["--node-name", "n", "--driver-name", "../etc"][..],
+                "invalid driver name",
+            ),
+            (&["--node-name", "n", "--log-format", "xml"][..], "xml"),
+            (
+                &["--node-name", "n", "--metrics-addr", "nowhere"][..],
+                "--metrics-addr",
+            ),
+        ] {
+            let e = parse(args).unwrap_err();
+            let line = one_line_error(&e);
+            assert!(line.starts_with("error: "), "{line}");
+            assert!(!line.contains('\n'), "{line}");
+            assert!(line.contains(needle), "{args:?}: {line}");
+        }
+    }
+}

@@ -1,0 +1,363 @@
+//! Starting and stopping the two gRPC servers: the registration socket and
+//! the DRA socket (DRAPlugin v1 + v1beta1, DRAResourceHealth v1alpha1 + v1).
+//!
+//! Start order: check both paths, create directories, take the instance
+//! lock, clear stale sockets, bind the DRA socket, then the registration
+//! socket last, so kubelet only learns of the plugin once it can serve. A
+//! failure part-way removes what was bound. Stop order: remove the
+//! registration socket (kubelet deregisters the plugin), stop the
+//! registration server, end the health streams and drain in-flight DRA calls
+//! (up to the drain timeout), remove the DRA socket.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dra_proto::dra::v1::dra_plugin_server::DraPluginServer as DraV1Server;
+use dra_proto::dra::v1beta1::dra_plugin_server::DraPluginServer as DraV1beta1Server;
+use dra_proto::health::v1::dra_resource_health_server::DraResourceHealthServer as HealthV1Server;
+use dra_proto::health::v1alpha1::dra_resource_health_server::DraResourceHealthServer as HealthV1alpha1Server;
+use dra_proto::registration::PluginInfo;
+use dra_proto::registration::registration_server::RegistrationServer;
+use futures::Stream;
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use super::authority;
+use super::dra::{ClaimPreparer, DraCore, DraV1, DraV1beta1, NotImplementedPreparer};
+use super::health::{self, HealthReceiver, HealthService};
+use super::metrics::GrpcMetrics;
+use super::registration::{RegistrationService, RegistrationStatus};
+use super::sockets::{self, SocketLock};
+use super::{Error, SUPPORTED_VERSIONS};
+
+/// Where and as whom the plugin serves.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The DRA driver name (`gpu.nvidia.com`).
+    pub driver_name: String,
+    /// Directory kubelet's plugin watcher watches.
+    pub registrar_dir: PathBuf,
+    /// Directory under which `<driver>/dra.sock` is created.
+    pub plugins_dir: PathBuf,
+    /// How long shutdown waits for in-flight DRA calls.
+    pub drain_timeout: Duration,
+}
+
+impl Config {
+    /// A configuration with the default drain timeout (20 s).
+    pub fn new(
+        driver_name: impl Into<String>,
+        registrar_dir: impl Into<PathBuf>,
+        plugins_dir: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            driver_name: driver_name.into(),
+            registrar_dir: registrar_dir.into(),
+            plugins_dir: plugins_dir.into(),
+            drain_timeout: Duration::from_secs(20),
+        }
+    }
+
+    /// `<registrar-dir>/<driver>-reg.sock`.
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registrar_dir
+            .join(format!("{}-reg.sock", self.driver_name))
+    }
+
+    /// `<plugins-dir>/<driver>/dra.sock`.
+    pub fn dra_socket(&self) -> PathBuf {
+        self.plugins_dir.join(&self.driver_name).join("dra.sock")
+    }
+}
+
+/// The parts later issues plug in.
+#[derive(Clone)]
+pub struct Services {
+    /// Prepares and unprepares claims.
+    pub preparer: Arc<dyn ClaimPreparer>,
+    /// The device health list the health streams send.
+    pub health: HealthReceiver,
+    /// Where calls are counted.
+    pub metrics: GrpcMetrics,
+}
+
+impl Default for Services {
+    /// [`NotImplementedPreparer`], an empty health list, unregistered metrics.
+    fn default() -> Self {
+        let (_, health) = health::channel();
+        Self {
+            preparer: Arc::new(NotImplementedPreparer),
+            health,
+            metrics: GrpcMetrics::default(),
+        }
+    }
+}
+
+/// Checks that `name` can serve as a DRA driver name and as a file name:
+/// a DNS subdomain of at most 63 bytes (the ResourceSlice limit).
+pub fn validate_driver_name(name: &str) -> Result<(), Error> {
+    let reason = if name.is_empty() {
+        Some("it is empty")
+    } else if name.len() > 63 {
+        Some("it is longer than 63 bytes")
+    } else if !super::dra::claims::is_dns_subdomain(name) {
+        Some("it must be a DNS subdomain: lowercase letters, digits, '-' and '.'")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(Error::InvalidDriverName {
+            name: name.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Entry point of the gRPC layer.
+#[derive(Debug)]
+pub struct Server;
+
+impl Server {
+    /// Binds both sockets and starts serving. Needs a Tokio runtime.
+    pub async fn start(config: Config, services: Services) -> Result<ServerHandle, Error> {
+        validate_driver_name(&config.driver_name)?;
+        let config = Config {
+            registrar_dir: sockets::absolute(&config.registrar_dir)?,
+            plugins_dir: sockets::absolute(&config.plugins_dir)?,
+            ..config
+        };
+        let reg_path = config.registration_socket();
+        let dra_path = config.dra_socket();
+        sockets::check_path_len(&dra_path)?;
+        sockets::check_path_len(&reg_path)?;
+        let dra_dir = dra_path.parent().expect("dra.sock has a parent");
+        sockets::ensure_dir(dra_dir)?;
+        sockets::ensure_dir(&config.registrar_dir)?;
+        let lock = SocketLock::acquire(&dra_path)?;
+        sockets::clear_stale(&dra_path).await?;
+        sockets::clear_stale(&reg_path).await?;
+
+        let (exited_tx, exited) = mpsc::unbounded_channel();
+        let (stopping_tx, stopping_rx) = watch::channel(false);
+
+        // DRA socket first.
+        let dra_listener = sockets::bind(&dra_path)?;
+        let core = DraCore::new(services.preparer, services.metrics.clone());
+        let health = HealthService::new(services.health, stopping_rx, services.metrics.clone());
+        let dra_router = tonic::transport::Server::builder()
+            .add_service(DraV1Server::new(DraV1(core.clone())))
+            .add_service(DraV1beta1Server::new(DraV1beta1(core)))
+            .add_service(HealthV1alpha1Server::new(health.clone()))
+            .add_service(HealthV1Server::new(health));
+        let (dra_stop, dra_stop_rx) = oneshot::channel::<()>();
+        let dra_task = spawn_server(
+            "dra",
+            dra_path.clone(),
+            exited_tx.clone(),
+            dra_router.serve_with_incoming_shutdown(incoming(dra_listener), async {
+                let _ = dra_stop_rx.await;
+            }),
+        );
+
+        // Registration socket last.
+        let reg_listener = match sockets::bind(&reg_path) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = dra_stop.send(());
+                dra_task.abort();
+                sockets::remove_socket(&dra_path);
+                return Err(e);
+            }
+        };
+        let (status_tx, status_rx) = watch::channel(RegistrationStatus::Pending);
+        let info = PluginInfo {
+            r#type: dra_proto::DRA_PLUGIN_TYPE.to_owned(),
+            name: config.driver_name.clone(),
+            endpoint: dra_path.to_string_lossy().into_owned(),
+            supported_versions: SUPPORTED_VERSIONS.iter().map(|v| (*v).to_owned()).collect(),
+        };
+        let reg_router = tonic::transport::Server::builder().add_service(RegistrationServer::new(
+            RegistrationService::new(info, status_tx, services.metrics),
+        ));
+        let (reg_stop, reg_stop_rx) = oneshot::channel::<()>();
+        let reg_task = spawn_server(
+            "registration",
+            reg_path.clone(),
+            exited_tx,
+            reg_router.serve_with_incoming_shutdown(incoming(reg_listener), async {
+                let _ = reg_stop_rx.await;
+            }),
+        );
+        tracing::info!(
+            driver = %config.driver_name,
+            registration = %reg_path.display(),
+            dra = %dra_path.display(),
+            "serving kubelet plugin sockets"
+        );
+        Ok(ServerHandle {
+            reg_path,
+            dra_path,
+            drain_timeout: config.drain_timeout,
+            status: status_rx,
+            exited,
+            stopping: stopping_tx,
+            reg: Some((reg_stop, reg_task)),
+            dra: Some((dra_stop, dra_task)),
+            _lock: lock,
+        })
+    }
+}
+
+/// Accepted connections, each behind the `:authority` proxy.
+fn incoming(
+    listener: UnixListener,
+) -> impl Stream<Item = Result<tokio::io::DuplexStream, std::io::Error>> {
+    futures::stream::unfold(listener, |listener| async move {
+        let conn = listener
+            .accept()
+            .await
+            .map(|(stream, _)| authority::proxy(stream));
+        Some((conn, listener))
+    })
+}
+
+type ServeResult = Result<(), tonic::transport::Error>;
+
+fn spawn_server(
+    name: &'static str,
+    path: PathBuf,
+    exited: mpsc::UnboundedSender<(&'static str, PathBuf, Option<String>)>,
+    serve: impl Future<Output = ServeResult> + Send + 'static,
+) -> JoinHandle<ServeResult> {
+    tokio::spawn(async move {
+        let r = serve.await;
+        let message = r.as_ref().err().map(|e| flatten_error(e));
+        let _ = exited.send((name, path, message));
+        r
+    })
+}
+
+/// An error and its sources on one line.
+fn flatten_error(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        s.push_str(": ");
+        s.push_str(&src.to_string());
+        cur = src.source();
+    }
+    s.replace('\n', " ")
+}
+
+type Running = (oneshot::Sender<()>, JoinHandle<ServeResult>);
+
+/// The running servers. Dropping it stops them without draining and removes
+/// both socket files; call [`shutdown`](Self::shutdown) for the orderly way.
+#[derive(Debug)]
+pub struct ServerHandle {
+    reg_path: PathBuf,
+    dra_path: PathBuf,
+    drain_timeout: Duration,
+    status: watch::Receiver<RegistrationStatus>,
+    exited: mpsc::UnboundedReceiver<(&'static str, PathBuf, Option<String>)>,
+    stopping: watch::Sender<bool>,
+    reg: Option<Running>,
+    dra: Option<Running>,
+    _lock: SocketLock,
+}
+
+impl ServerHandle {
+    /// The registration socket (absolute).
+    pub fn registration_socket(&self) -> &Path {
+        &self.reg_path
+    }
+
+    /// The DRA socket (absolute), as advertised to kubelet.
+    pub fn dra_socket(&self) -> &Path {
+        &self.dra_path
+    }
+
+    /// Kubelet's registration verdict, updated on every
+    /// `NotifyRegistrationStatus`.
+    pub fn registration_status(&self) -> watch::Receiver<RegistrationStatus> {
+        self.status.clone()
+    }
+
+    /// Resolves when a server stops on its own (which it should never do);
+    /// pending forever otherwise. For `select!` next to the signal handlers.
+    pub async fn stopped(&mut self) -> Error {
+        match self.exited.recv().await {
+            Some((_, path, Some(message))) => Error::Serve { path, message },
+            Some((_, path, None)) => Error::Stopped { path },
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Deregisters, drains and stops: removes the registration socket,
+    /// stops the registration server, ends the health streams, waits for
+    /// in-flight DRA calls (up to the drain timeout), removes the DRA socket.
+    pub async fn shutdown(mut self) -> Result<(), Error> {
+        tracing::info!(socket = %self.reg_path.display(), "removing the registration socket; kubelet deregisters the plugin");
+        sockets::remove_socket(&self.reg_path);
+        let mut first_error = None;
+        if let Some(running) = self.reg.take() {
+            if let Err(e) = stop(running, &self.reg_path, self.drain_timeout).await {
+                first_error.get_or_insert(e);
+            }
+        }
+        self.stopping.send_replace(true);
+        if let Some(running) = self.dra.take() {
+            tracing::info!(socket = %self.dra_path.display(), "draining in-flight DRA calls");
+            if let Err(e) = stop(running, &self.dra_path, self.drain_timeout).await {
+                first_error.get_or_insert(e);
+            }
+        }
+        sockets::remove_socket(&self.dra_path);
+        tracing::info!("kubelet plugin sockets closed");
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+async fn stop((stop, mut task): Running, path: &Path, timeout: Duration) -> Result<(), Error> {
+    let _ = stop.send(());
+    match tokio::time::timeout(timeout, &mut task).await {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(e))) => Err(Error::Serve {
+            path: path.to_owned(),
+            message: flatten_error(&e),
+        }),
+        Ok(Err(join)) => Err(Error::Serve {
+            path: path.to_owned(),
+            message: join.to_string(),
+        }),
+        Err(_) => {
+            task.abort();
+            tracing::warn!(socket = %path.display(), ?timeout, "drain timed out; cutting off in-flight calls");
+            Err(Error::DrainTimeout {
+                path: path.to_owned(),
+                timeout,
+            })
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        if self.reg.is_none() && self.dra.is_none() {
+            return;
+        }
+        self.stopping.send_replace(true);
+        for (stop, task) in [self.reg.take(), self.dra.take()].into_iter().flatten() {
+            let _ = stop.send(());
+            task.abort();
+        }
+        sockets::remove_socket(&self.reg_path);
+        sockets::remove_socket(&self.dra_path);
+    }
+}
+
+#[cfg(test)]
+mod tests;

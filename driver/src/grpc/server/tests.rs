@@ -1,0 +1,199 @@
+use std::os::unix::fs::PermissionsExt;
+
+use dra_proto::dra::v1;
+use dra_proto::dra::v1::dra_plugin_client::DraPluginClient;
+use dra_proto::registration::registration_client::RegistrationClient;
+use dra_proto::registration::{InfoRequest, RegistrationStatus as WireStatus};
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use super::*;
+
+fn short_tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("g")
+        .tempdir_in("/tmp")
+        .unwrap()
+}
+
+fn config(dir: &Path) -> Config {
+    let mut c = Config::new("gpu.nvidia.com", dir.join("reg"), dir.join("plugins"));
+    c.drain_timeout = Duration::from_secs(5);
+    c
+}
+
+async fn channel(path: &Path) -> Channel {
+    let path = path.to_owned();
+    Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }))
+        .await
+        .unwrap()
+}
+
+#[test]
+fn driver_names_must_be_dns_subdomains() {
+    validate_driver_name("gpu.nvidia.com").unwrap();
+    for bad in [
+        "",
+        "../x",
+        "a/b",
+        "GPU.nvidia.com",
+        "-x",
+        "x.",
+        &"a".repeat(64),
+    ] {
+        let e = validate_driver_name(bad).unwrap_err();
+        assert!(matches!(e, Error::InvalidDriverName { .. }), "{bad:?}: {e}");
+    }
+}
+
+#[test]
+fn socket_paths_follow_the_kubelet_conventions() {
+    let c = Config::new("gpu.nvidia.com", "/r", "/p");
+    assert_eq!(
+        c.registration_socket(),
+        Path::new("/r/gpu.nvidia.com-reg.sock")
+    );
+    assert_eq!(c.dra_socket(), Path::new("/p/gpu.nvidia.com/dra.sock"));
+}
+
+#[tokio::test]
+async fn registration_info_and_status_round_trip() {
+    let t = short_tempdir();
+    let handle = Server::start(config(t.path()), Services::default())
+        .await
+        .unwrap();
+    let mut reg = RegistrationClient::new(channel(handle.registration_socket()).await);
+    let info = reg.get_info(InfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, "gpu.nvidia.com");
+    assert_eq!(Path::new(&info.endpoint), handle.dra_socket());
+    assert!(Path::new(&info.endpoint).is_absolute());
+    assert_eq!(info.supported_versions, SUPPORTED_VERSIONS);
+
+    let mut status = handle.registration_status();
+    assert_eq!(*status.borrow(), RegistrationStatus::Pending);
+    reg.notify_registration_status(WireStatus {
+        plugin_registered: false,
+        error: "no version in common".into(),
+    })
+    .await
+    .unwrap();
+    status.changed().await.unwrap();
+    assert_eq!(
+        *status.borrow(),
+        RegistrationStatus::Rejected("no version in common".into())
+    );
+    handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_removes_both_sockets_and_ends_health_streams() {
+    let t = short_tempdir();
+    let handle = Server::start(config(t.path()), Services::default())
+        .await
+        .unwrap();
+    let reg_path = handle.registration_socket().to_owned();
+    let dra_path = handle.dra_socket().to_owned();
+    let mut health =
+        dra_proto::health::v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(
+            channel(&dra_path).await,
+        );
+    let mut stream = health
+        .node_watch_resources(dra_proto::health::v1alpha1::NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(stream.message().await.unwrap().unwrap().devices.is_empty());
+
+    let dir_mode = std::fs::metadata(dra_path.parent().unwrap())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(dir_mode & 0o777, 0o750);
+    tokio::time::timeout(Duration::from_secs(5), handle.shutdown())
+        .await
+        .expect("shutdown hung on an open health stream")
+        .unwrap();
+    assert!(!reg_path.exists());
+    assert!(!dra_path.exists());
+    assert!(stream.message().await.unwrap_or(None).is_none());
+}
+
+#[tokio::test]
+async fn a_failed_start_leaves_nothing_behind() {
+    let t = short_tempdir();
+    let c = config(t.path());
+    std::fs::create_dir_all(&c.registrar_dir).unwrap();
+    std::fs::write(c.registration_socket(), b"not a socket").unwrap();
+    let e = Server::start(c.clone(), Services::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::NotASocket { .. }), "{e}");
+    assert!(!c.dra_socket().exists());
+    // The file in the way is untouched.
+    assert_eq!(
+        std::fs::read(c.registration_socket()).unwrap(),
+        b"not a socket"
+    );
+}
+
+#[tokio::test]
+async fn a_second_instance_is_refused_and_dropping_cleans_up() {
+    let t = short_tempdir();
+    let first = Server::start(config(t.path()), Services::default())
+        .await
+        .unwrap();
+    let e = Server::start(config(t.path()), Services::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Locked { .. }), "{e}");
+    let reg = first.registration_socket().to_owned();
+    assert!(reg.exists());
+    drop(first);
+    assert!(!reg.exists());
+    // The lock is free again.
+    Server::start(config(t.path()), Services::default())
+        .await
+        .unwrap()
+        .shutdown()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn prepare_through_the_socket_answers_every_claim() {
+    let t = short_tempdir();
+    let handle = Server::start(config(t.path()), Services::default())
+        .await
+        .unwrap();
+    let mut dra = DraPluginClient::new(channel(handle.dra_socket()).await);
+    let resp = dra
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![
+                v1::Claim {
+                    namespace: "default".into(),
+                    uid: "u1".into(),
+                    name: "c1".into(),
+                },
+                v1::Claim {
+                    namespace: "default".into(),
+                    uid: String::new(),
+                    name: "c2".into(),
+                },
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut keys: Vec<_> = resp.claims.keys().cloned().collect();
+    keys.sort();
+    assert_eq!(keys, ["", "u1"]);
+    assert!(resp.claims["u1"].error.contains("not implemented yet"));
+    assert!(resp.claims[""].error.contains("empty"));
+    handle.shutdown().await.unwrap();
+}

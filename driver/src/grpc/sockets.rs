@@ -1,0 +1,205 @@
+//! Socket hygiene for the kubelet-facing Unix sockets: path length checks,
+//! directory creation (0750), a per-socket instance lock, stale-socket
+//! removal that never hijacks a live server, and binding with mode 0600.
+
+use std::fs::{DirBuilder, File, OpenOptions, TryLockError};
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::net::{UnixListener, UnixStream};
+
+use super::Error;
+
+/// The longest socket path that fits into `sockaddr_un.sun_path` (108 bytes
+/// on Linux, including the terminating NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// Mode of the directories this module creates.
+pub const DIR_MODE: u32 = 0o750;
+
+/// Mode of the sockets this module binds.
+pub const SOCKET_MODE: u32 = 0o600;
+
+/// How long a connect probe may take before the socket counts as live (a
+/// server that listens but does not accept still owns its socket).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Refuses socket paths that do not fit into `sun_path`.
+pub fn check_path_len(path: &Path) -> Result<(), Error> {
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        return Err(Error::SocketPathTooLong {
+            path: path.to_owned(),
+            len,
+            max: MAX_SOCKET_PATH,
+        });
+    }
+    Ok(())
+}
+
+/// Makes `path` absolute against the current directory, without touching
+/// the file system (kubelet needs an absolute endpoint).
+pub fn absolute(path: &Path) -> Result<PathBuf, Error> {
+    std::path::absolute(path).map_err(|source| Error::Absolute {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Creates `dir` and its missing ancestors with mode 0750 (whatever the
+/// umask); directories that already exist keep their mode.
+pub fn ensure_dir(dir: &Path) -> Result<(), Error> {
+    let mut missing = Vec::new();
+    let mut cur = Some(dir);
+    while let Some(p) = cur {
+        match std::fs::metadata(p) {
+            Ok(m) if m.is_dir() => break,
+            Ok(_) => return Err(Error::NotADirectory { path: p.to_owned() }),
+            Err(e) if e.kind() == ErrorKind::NotFound => missing.push(p),
+            Err(source) => {
+                return Err(Error::CreateDir {
+                    path: p.to_owned(),
+                    source,
+                });
+            }
+        }
+        cur = p.parent();
+    }
+    for p in missing.into_iter().rev() {
+        let created = DirBuilder::new().mode(DIR_MODE).create(p);
+        match created {
+            Ok(()) => {
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(DIR_MODE)).map_err(
+                    |source| Error::CreateDir {
+                        path: p.to_owned(),
+                        source,
+                    },
+                )?;
+            }
+            // Someone else created it meanwhile: fine if it is a directory.
+            Err(e) if e.kind() == ErrorKind::AlreadyExists && p.is_dir() => {}
+            Err(source) => {
+                return Err(Error::CreateDir {
+                    path: p.to_owned(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An exclusive lock on `<socket>.lock`, held for the life of a server so
+/// that two instances can never race between probing and binding. The lock
+/// file is left in place on exit: deleting a lock file is itself racy.
+#[derive(Debug)]
+pub struct SocketLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl SocketLock {
+    /// Takes the lock next to `socket`, or fails at once if another process
+    /// holds it.
+    pub fn acquire(socket: &Path) -> Result<Self, Error> {
+        let mut name = socket.as_os_str().to_owned();
+        name.push(".lock");
+        let path = PathBuf::from(name);
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|source| Error::Lock {
+                path: path.clone(),
+                source,
+            })?;
+        match file.try_lock() {
+            Ok(()) => Ok(Self { _file: file, path }),
+            Err(TryLockError::WouldBlock) => Err(Error::Locked { path }),
+            Err(TryLockError::Error(source)) => Err(Error::Lock { path, source }),
+        }
+    }
+
+    /// The lock file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Makes `path` free for binding: nothing there is fine; a stale socket
+/// (connect refused) is removed; a live socket or anything that is not a
+/// socket is refused.
+pub async fn clear_stale(path: &Path) -> Result<(), Error> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(Error::Probe {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
+    if !meta.file_type().is_socket() {
+        return Err(Error::NotASocket {
+            path: path.to_owned(),
+        });
+    }
+    match tokio::time::timeout(PROBE_TIMEOUT, UnixStream::connect(path)).await {
+        Ok(Ok(_)) | Err(_) => Err(Error::SocketInUse {
+            path: path.to_owned(),
+        }),
+        Ok(Err(e)) if e.kind() == ErrorKind::ConnectionRefused => {
+            tracing::info!(socket = %path.display(), "removing stale socket");
+            match std::fs::remove_file(path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+                Err(source) => Err(Error::RemoveStale {
+                    path: path.to_owned(),
+                    source,
+                }),
+            }
+        }
+        Ok(Err(e)) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Ok(Err(source)) => Err(Error::Probe {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Binds a listener on `path` (which [`clear_stale`] has cleared) and gives
+/// the socket mode 0600. On a chmod failure the socket is removed again.
+pub fn bind(path: &Path) -> Result<UnixListener, Error> {
+    let listener = UnixListener::bind(path).map_err(|source| Error::Bind {
+        path: path.to_owned(),
+        source,
+    })?;
+    if let Err(source) =
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
+    {
+        drop(listener);
+        remove_socket(path);
+        return Err(Error::Chmod {
+            path: path.to_owned(),
+            source,
+        });
+    }
+    Ok(listener)
+}
+
+/// Removes a socket file this process bound; a missing file is fine, any
+/// other failure is logged (there is nobody to return it to at shutdown).
+pub fn remove_socket(path: &Path) {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(socket = %path.display(), error = %e, "cannot remove socket"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,556 @@
+//! The ResourceSlice publisher: keeps the node's pool on the API server equal
+//! to the device model of the latest inventory.
+//!
+//! It watches its own slices (field selector `spec.nodeName=<node>,
+//! spec.driver=<driver>`) and reconciles after every change it sees (debounced
+//! by a few milliseconds), after every new inventory or taint set, and every
+//! few minutes as a safety net. A reconcile reads the Node (its UID is the
+//! slices' owner), lists the pool's slices, and writes only what differs
+//! ([`super::pool::plan`]), with server-side apply. API errors are retried
+//! with capped exponential backoff and logged once per distinct error. On
+//! shutdown it stops at once, or first deletes its slices when
+//! `--delete-slices-on-exit` is set.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use crate::devices::{BuildOptions, DeviceModel, Note, Taint};
+use crate::discovery::Inventory;
+
+use super::pool::{self, PoolOwner, PoolState};
+use super::split::split;
+use super::{Backoff, ErrorLog, Flags, SliceRules};
+
+/// Field manager of the publisher's server-side applies.
+pub const FIELD_MANAGER: &str = "gpu-kubelet-plugin";
+
+/// Errors of one reconcile (all are retried).
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// An API call failed.
+    #[error("{action}: {source}")]
+    Api {
+        /// What was being done.
+        action: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The Node object has no UID to own the slices.
+    #[error("Node {0:?} has no metadata.uid")]
+    NodeWithoutUid(String),
+    /// Deleting the slices on exit did not finish in time.
+    #[error("deleting ResourceSlices on exit timed out after {0:?}")]
+    ExitTimeout(Duration),
+}
+
+impl PublishError {
+    fn api(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
+        let action = action.into();
+        move |source| Self::Api { action, source }
+    }
+}
+
+/// Timing of the publisher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PublisherOptions {
+    /// First retry delay after an API error.
+    pub backoff_initial: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+    /// Wait after a watch event before reconciling, to batch events.
+    pub debounce: Duration,
+    /// Reconcile at least this often, watch or not.
+    pub resync: Duration,
+    /// Longest time spent deleting slices on exit.
+    pub exit_timeout: Duration,
+}
+
+impl Default for PublisherOptions {
+    fn default() -> Self {
+        Self {
+            backoff_initial: Duration::from_millis(250),
+            backoff_max: Duration::from_secs(30),
+            debounce: Duration::from_millis(20),
+            resync: Duration::from_secs(300),
+            exit_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What the publisher has achieved so far (for readiness, metrics, tests).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublishStatus {
+    /// Generation of the published pool, once published.
+    pub generation: Option<i64>,
+    /// Slices in the pool.
+    pub slices: usize,
+    /// Devices in the pool.
+    pub devices: usize,
+    /// Whether the last reconcile succeeded (the API server holds the pool).
+    pub in_sync: bool,
+    /// Writes (applies and deletes) so far.
+    pub writes: u64,
+    /// Successful reconciles so far.
+    pub reconciles: u64,
+    /// The rules in use, once known.
+    pub rules: Option<SliceRules>,
+    /// The last error, while failing.
+    pub last_error: Option<String>,
+}
+
+/// Publishes the node's ResourceSlices. Build it with [`Publisher::new`],
+/// then `run` it until shutdown.
+pub struct Publisher {
+    client: kube::Client,
+    node: String,
+    driver: String,
+    flags: Flags,
+    options: PublisherOptions,
+    status: watch::Sender<PublishStatus>,
+    taints: Option<watch::Receiver<BTreeMap<String, Vec<Taint>>>>,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("node", &self.node)
+            .field("driver", &self.driver)
+            .field("flags", &self.flags)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Publisher {
+    /// A publisher of `driver`'s pool on `node`.
+    pub fn new(
+        client: kube::Client,
+        node: impl Into<String>,
+        driver: impl Into<String>,
+        flags: Flags,
+    ) -> Self {
+        Self {
+            client,
+            node: node.into(),
+            driver: driver.into(),
+            flags,
+            options: PublisherOptions::default(),
+            status: watch::Sender::new(PublishStatus::default()),
+            taints: None,
+        }
+    }
+
+    /// Replaces the timing options.
+    pub fn with_options(mut self, options: PublisherOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Publishes device taints from `taints` (device name to taints).
+    pub fn with_taints(mut self, taints: watch::Receiver<BTreeMap<String, Vec<Taint>>>) -> Self {
+        self.taints = Some(taints);
+        self
+    }
+
+    /// A receiver of the publisher's status.
+    pub fn status(&self) -> watch::Receiver<PublishStatus> {
+        self.status.subscribe()
+    }
+
+    /// Runs until `shutdown` completes. Publishes the pool of the latest
+    /// `inventory` (a closed channel keeps the last one), repairs it when it
+    /// changes behind its back, and on shutdown deletes it if configured.
+    /// Errors are retried, never returned, except from the deletion on exit.
+    pub async fn run(
+        self,
+        inventory: watch::Receiver<Inventory>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), PublishError> {
+        let api: Api<ResourceSlice> = Api::all(self.client.clone());
+        let selector = pool::field_selector(&self.node, &self.driver);
+        let events = Arc::new(Notify::new());
+        let watch_task = AbortOnDrop(tokio::spawn(watch_slices(
+            api.clone(),
+            selector.clone(),
+            events.clone(),
+        )));
+
+        let mut reconciler = Reconciler {
+            api: api.clone(),
+            nodes: Api::all(self.client.clone()),
+            client: self.client.clone(),
+            node: self.node.clone(),
+            driver: self.driver.clone(),
+            selector: selector.clone(),
+            flags: self.flags.clone(),
+            rules: self.flags.slice_rules.fixed(),
+            state: PoolState::default(),
+            desired: None,
+            inputs_version: 0,
+            logged_notes: Vec::new(),
+            status: self.status.clone(),
+        };
+        self.status.send_modify(|s| s.rules = reconciler.rules);
+
+        let mut inventory = inventory;
+        let mut inventory_open = true;
+        let mut taints = self.taints;
+        let mut shutdown = pin!(shutdown);
+        let mut backoff = Backoff::new(self.options.backoff_initial, self.options.backoff_max);
+        let mut errors = ErrorLog::default();
+        let mut failing = false;
+        let mut next: Option<Instant> = Some(Instant::now());
+        let mut resync =
+            tokio::time::interval_at(Instant::now() + self.options.resync, self.options.resync);
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+        let schedule = |next: &mut Option<Instant>, at: Instant| {
+            *next = Some(next.map_or(at, |n| n.min(at)));
+        };
+
+        loop {
+            let due = next;
+            tokio::select! {
+                () = &mut shutdown => break,
+                changed = inventory.changed(), if inventory_open => {
+                    if changed.is_ok() {
+                        reconciler.inputs_version += 1;
+                        if !failing {
+                            schedule(&mut next, Instant::now());
+                        }
+                    } else {
+                        inventory_open = false;
+                    }
+                }
+                changed = wait_taints(&mut taints) => {
+                    if changed {
+                        reconciler.inputs_version += 1;
+                        if !failing {
+                            schedule(&mut next, Instant::now());
+                        }
+                    } else {
+                        taints = None;
+                    }
+                }
+                () = events.notified() => {
+                    if !failing {
+                        schedule(&mut next, Instant::now() + self.options.debounce);
+                    }
+                }
+                _ = resync.tick() => {
+                    if !failing {
+                        schedule(&mut next, Instant::now());
+                    }
+                }
+                () = sleep_until(due), if due.is_some() => {
+                    next = None;
+                    let result = tokio::select! {
+                        r = reconciler.reconcile(&inventory, taints.as_ref()) => r,
+                        () = &mut shutdown => break,
+                    };
+                    match result {
+                        Ok(()) => {
+                            failing = false;
+                            backoff.reset();
+                            errors.success("publish ResourceSlices");
+                            self.status.send_modify(|s| s.last_error = None);
+                        }
+                        Err(e) => {
+                            failing = true;
+                            let delay = backoff.next_delay();
+                            let message = error_message(&e);
+                            errors.failure("publish ResourceSlices", &message, delay);
+                            self.status.send_modify(|s| {
+                                s.in_sync = false;
+                                s.last_error = Some(message.clone());
+                            });
+                            next = Some(Instant::now() + delay);
+                        }
+                    }
+                }
+            }
+        }
+        drop(watch_task);
+
+        if self.flags.delete_slices_on_exit {
+            let timeout = self.options.exit_timeout;
+            match tokio::time::timeout(timeout, delete_all(&api, &selector)).await {
+                Ok(Ok(n)) => {
+                    tracing::info!(slices = n, node = %self.node, "deleted ResourceSlices on exit");
+                }
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "deleting ResourceSlices on exit failed");
+                    return Err(e);
+                }
+                Err(_) => {
+                    tracing::error!(timeout = ?timeout, "deleting ResourceSlices on exit timed out");
+                    return Err(PublishError::ExitTimeout(timeout));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sleeps until `at` (or forever without one; the select arm is disabled then).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits for a new taint set; `false` when the channel closed. Never returns
+/// without a channel.
+async fn wait_taints(taints: &mut Option<watch::Receiver<BTreeMap<String, Vec<Taint>>>>) -> bool {
+    match taints {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
+}
+
+/// The text an error is logged and deduplicated by.
+fn error_message(e: &PublishError) -> String {
+    match e {
+        PublishError::Api {
+            action,
+            source: kube::Error::Api(status),
+        } => format!(
+            "{action}: {} {} ({})",
+            status.code, status.reason, status.message
+        ),
+        other => other.to_string(),
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Watches the pool's slices and pokes `events` on every change.
+async fn watch_slices(api: Api<ResourceSlice>, selector: String, events: Arc<Notify>) {
+    let config = watcher::Config::default().fields(&selector);
+    let mut stream = pin!(watcher(api, config).default_backoff());
+    let mut errors = ErrorLog::default();
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+                errors.success("watch ResourceSlices");
+                events.notify_one();
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+            Err(e) => {
+                errors.failure("watch ResourceSlices", &e.to_string(), Duration::ZERO);
+            }
+        }
+    }
+}
+
+/// Deletes every slice matching `selector`; returns how many.
+async fn delete_all(api: &Api<ResourceSlice>, selector: &str) -> Result<usize, PublishError> {
+    let list = api
+        .list(&ListParams::default().fields(selector))
+        .await
+        .map_err(PublishError::api("list ResourceSlices"))?;
+    let mut deleted = 0;
+    for slice in list.items {
+        let Some(name) = slice.metadata.name else {
+            continue;
+        };
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => deleted += 1,
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(PublishError::api(format!("delete ResourceSlice {name}"))(e)),
+        }
+    }
+    Ok(deleted)
+}
+
+/// The state of the reconcile loop.
+struct Reconciler {
+    api: Api<ResourceSlice>,
+    nodes: Api<Node>,
+    client: kube::Client,
+    node: String,
+    driver: String,
+    selector: String,
+    flags: Flags,
+    rules: Option<SliceRules>,
+    state: PoolState,
+    /// The desired slices, with the inputs they were built from.
+    desired: Option<Desired>,
+    /// Bumped on every new inventory or taint set.
+    inputs_version: u64,
+    logged_notes: Vec<Note>,
+    status: watch::Sender<PublishStatus>,
+}
+
+struct Desired {
+    inputs_version: u64,
+    node_uid: String,
+    rules: SliceRules,
+    slices: Vec<ResourceSlice>,
+    devices: usize,
+}
+
+impl Reconciler {
+    /// The rules to split by: fixed by flag, or from the API server's version.
+    async fn rules(&mut self) -> Result<SliceRules, PublishError> {
+        if let Some(rules) = self.rules {
+            return Ok(rules);
+        }
+        let rules = match self.client.apiserver_version().await {
+            Ok(info) => SliceRules::for_server_version(&info.major, &info.minor).unwrap_or_else(|| {
+                tracing::warn!(major = %info.major, minor = %info.minor, "unreadable API server version: using 1.35 slice rules");
+                SliceRules::V1_35
+            }),
+            // The server answered, but without a version: use the default.
+            Err(kube::Error::Api(status)) => {
+                tracing::warn!(code = status.code, message = %status.message, "API server version unknown: using 1.35 slice rules");
+                SliceRules::V1_35
+            }
+            Err(e) => return Err(PublishError::api("read API server version")(e)),
+        };
+        tracing::info!(rules = %rules, "ResourceSlice rules chosen");
+        self.rules = Some(rules);
+        self.status.send_modify(|s| s.rules = Some(rules));
+        Ok(rules)
+    }
+
+    async fn reconcile(
+        &mut self,
+        inventory: &watch::Receiver<Inventory>,
+        taints: Option<&watch::Receiver<BTreeMap<String, Vec<Taint>>>>,
+    ) -> Result<(), PublishError> {
+        let rules = self.rules().await?;
+        let node = self
+            .nodes
+            .get(&self.node)
+            .await
+            .map_err(PublishError::api(format!("get Node {}", self.node)))?;
+        let node_uid = node
+            .metadata
+            .uid
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| PublishError::NodeWithoutUid(self.node.clone()))?;
+
+        let stale = self.desired.as_ref().is_none_or(|d| {
+            d.inputs_version != self.inputs_version || d.node_uid != node_uid || d.rules != rules
+        });
+        if stale {
+            let inv = inventory.borrow().clone();
+            let taints = taints.map(|t| t.borrow().clone()).unwrap_or_default();
+            self.desired = Some(self.build(&inv, &taints, rules, node_uid));
+        }
+        let desired = self.desired.as_ref().expect("built above");
+
+        let observed = self
+            .api
+            .list(&ListParams::default().fields(&self.selector))
+            .await
+            .map_err(PublishError::api("list ResourceSlices"))?
+            .items;
+        let plan = pool::plan(&desired.slices, &observed, &mut self.state);
+        let (slices, devices) = (desired.slices.len(), desired.devices);
+        if !plan.ops.is_empty() {
+            tracing::info!(
+                generation = plan.generation,
+                writes = plan.ops.len(),
+                slices,
+                devices,
+                "publishing ResourceSlices"
+            );
+        }
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        for op in plan.ops {
+            match op {
+                pool::Op::Apply(slice) => {
+                    let name = slice.metadata.name.clone().unwrap_or_default();
+                    let written = self
+                        .api
+                        .patch(&name, &params, &Patch::Apply(&*slice))
+                        .await
+                        .map_err(PublishError::api(format!("apply ResourceSlice {name}")))?;
+                    pool::record_write(&mut self.state, &slice, written.metadata.resource_version);
+                }
+                pool::Op::Delete(name) => {
+                    match self.api.delete(&name, &DeleteParams::default()).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.code == 404 => {}
+                        Err(e) => {
+                            return Err(PublishError::api(format!("delete ResourceSlice {name}"))(
+                                e,
+                            ));
+                        }
+                    }
+                    pool::record_delete(&mut self.state, &name);
+                }
+            }
+            self.status.send_modify(|s| s.writes += 1);
+        }
+        self.status.send_modify(|s| {
+            s.generation = Some(plan.generation);
+            s.slices = slices;
+            s.devices = devices;
+            s.in_sync = true;
+            s.reconciles += 1;
+        });
+        Ok(())
+    }
+
+    /// Builds the desired slices and logs what the device model left out
+    /// (each note once, while it persists).
+    fn build(
+        &mut self,
+        inventory: &Inventory,
+        taints: &BTreeMap<String, Vec<Taint>>,
+        rules: SliceRules,
+        node_uid: String,
+    ) -> Desired {
+        let mut model = DeviceModel::build(
+            inventory,
+            &BuildOptions {
+                dynamic_mig: self.flags.dynamic_mig,
+                group_limits: rules.group_limits(),
+            },
+        );
+        model.set_taints(taints);
+        for note in model
+            .notes
+            .iter()
+            .filter(|n| !self.logged_notes.contains(n))
+        {
+            tracing::warn!(node = %self.node, "{note}");
+        }
+        self.logged_notes.clone_from(&model.notes);
+        let contents = split(&model, &rules.limits());
+        let owner = PoolOwner {
+            node: self.node.clone(),
+            driver: self.driver.clone(),
+            node_uid: node_uid.clone(),
+        };
+        Desired {
+            inputs_version: self.inputs_version,
+            node_uid,
+            rules,
+            slices: pool::build_slices(&owner, &contents, 0),
+            devices: model.devices().count(),
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! The real plugin binary's startup and shutdown: socket hygiene (modes,
+//! stale sockets, no hijacking), signals, and bad input at startup.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use common::{DRIVER, Plugin, assert_one_line_error, run_to_exit, short_dir, wait_exit};
+use futures::StreamExt;
+use gpu_dra_e2e::kubelet::KubeletSim;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+fn dirs_args(dir: &Path) -> (String, String) {
+    (
+        dir.join("reg").to_str().unwrap().to_owned(),
+        dir.join("plugins").to_str().unwrap().to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn directories_are_0750_and_sockets_0600() {
+    let dir = short_dir();
+    let plugin = Plugin::start(dir.path(), &[]);
+    for d in [
+        &plugin.reg_dir,
+        &plugin.plugins_dir,
+        &plugin.plugins_dir.join(DRIVER),
+    ] {
+        assert_eq!(mode(d), 0o750, "{}", d.display());
+    }
+    assert_eq!(mode(&plugin.reg_socket()), 0o600);
+    assert_eq!(mode(&plugin.dra_socket()), 0o600);
+}
+
+async fn stops_on(sig: &str) {
+    let dir = short_dir();
+    let mut plugin = Plugin::start(dir.path(), &[]);
+    let mut registrar = KubeletSim::new().watch_registrar(&plugin.reg_dir);
+    let p = registrar.wait_registered(DRIVER, WAIT).await.unwrap();
+    // An open health stream must not hold up the shutdown.
+    let mut health = p.watch_health().await.unwrap();
+    assert!(health.next().await.unwrap().unwrap().is_empty());
+
+    plugin.signal(sig);
+    registrar.wait_deregistered(DRIVER, WAIT).await.unwrap();
+    let status = tokio::task::block_in_place(|| wait_exit(&mut plugin.child, WAIT))
+        .unwrap_or_else(|| panic!("still running after {sig}: {}", plugin.stderr()));
+    assert!(status.success(), "{sig}: {status}: {}", plugin.stderr());
+    assert!(!plugin.reg_socket().exists());
+    assert!(!plugin.dra_socket().exists());
+    assert!(
+        tokio::time::timeout(WAIT, health.next())
+            .await
+            .unwrap()
+            .is_none_or(|m| m.is_err())
+    );
+
+    // The registration socket went first, then the drain.
+    let log = plugin.stderr();
+    let dereg = log.find("removing the registration socket").expect(&log);
+    let drain = log.find("draining in-flight DRA calls").expect(&log);
+    let closed = log.find("kubelet plugin sockets closed").expect(&log);
+    assert!(dereg < drain && drain < closed, "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_deregisters_drains_and_exits_zero() {
+    stops_on("TERM").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_deregisters_drains_and_exits_zero() {
+    stops_on("INT").await;
+}
+
+#[tokio::test]
+async fn a_second_instance_cannot_hijack_a_live_one() {
+    let dir = short_dir();
+    let first = Plugin::start(dir.path(), &[]);
+    let (reg, plugins) = dirs_args(dir.path());
+    let (status, stderr) = run_to_exit(
+        &[
+            "--node-name",
+            "node-a",
+            "--kubelet-registrar-dir",
+            &reg,
+            "--kubelet-plugins-dir",
+            &plugins,
+        ],
+        dir.path(),
+    );
+    assert_one_line_error(status, &stderr, "another plugin instance");
+    // The first one still serves, on the same sockets.
+    let p = KubeletSim::new()
+        .register(&first.reg_socket())
+        .await
+        .unwrap();
+    assert_eq!(p.endpoint, first.dra_socket());
+    p.unprepare(&[]).await.unwrap();
+}
+
+#[test]
+fn a_live_foreign_server_on_the_socket_path_is_not_taken_over() {
+    let dir = short_dir();
+    let reg_dir = dir.path().join("reg");
+    std::fs::create_dir_all(&reg_dir).unwrap();
+    let sock = reg_dir.join(format!("{DRIVER}-reg.sock"));
+    let _live = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let (reg, plugins) = dirs_args(dir.path());
+    let (status, stderr) = run_to_exit(
+        &[
+            "--node-name",
+            "n",
+            "--kubelet-registrar-dir",
+            &reg,
+            "--kubelet-plugins-dir",
+            &plugins,
+        ],
+        dir.path(),
+    );
+    assert_one_line_error(status, &stderr, "another process is serving on");
+    assert!(sock.exists(), "the live socket was removed");
+    assert!(
+        !dir.path()
+            .join("plugins")
+            .join(DRIVER)
+            .join("dra.sock")
+            .exists()
+    );
+}
+
+#[tokio::test]
+async fn stale_sockets_are_taken_over() {
+    let dir = short_dir();
+    let reg_dir = dir.path().join("reg");
+    let dra_dir = dir.path().join("plugins").join(DRIVER);
+    std::fs::create_dir_all(&reg_dir).unwrap();
+    std::fs::create_dir_all(&dra_dir).unwrap();
+    for s in [
+        reg_dir.join(format!("{DRIVER}-reg.sock")),
+        dra_dir.join("dra.sock"),
+    ] {
+        // Bound, then closed: the file stays, nobody listens.
+        drop(std::os::unix::net::UnixListener::bind(&s).unwrap());
+        assert!(s.exists());
+    }
+    let plugin = Plugin::start(dir.path(), &[]);
+    let p = KubeletSim::new()
+        .register(&plugin.reg_socket())
+        .await
+        .unwrap();
+    p.unprepare(&[]).await.unwrap();
+    assert!(plugin.stderr().contains("removing stale socket"));
+}
+
+#[test]
+fn a_file_that_is_not_a_socket_is_refused() {
+    let dir = short_dir();
+    let dra_dir = dir.path().join("plugins").join(DRIVER);
+    std::fs::create_dir_all(&dra_dir).unwrap();
+    std::fs::write(dra_dir.join("dra.sock"), b"keep me").unwrap();
+    let (reg, plugins) = dirs_args(dir.path());
+    let (status, stderr) = run_to_exit(
+        &[
+            "--node-name",
+            "n",
+            "--kubelet-registrar-dir",
+            &reg,
+            "--kubelet-plugins-dir",
+            &plugins,
+        ],
+        dir.path(),
+    );
+    assert_one_line_error(status, &stderr, "is not a socket");
+    assert_eq!(std::fs::read(dra_dir.join("dra.sock")).unwrap(), b"keep me");
+}
+
+#[test]
+fn an_overlong_socket_path_is_refused_before_anything_is_created() {
+    let dir = short_dir();
+    let plugins = dir.path().join("p".repeat(90));
+    let (reg, _) = dirs_args(dir.path());
+    let (status, stderr) = run_to_exit(
+        &[
+            "--node-name",
+            "n",
+            "--kubelet-registrar-dir",
+            &reg,
+            "--kubelet-plugins-dir",
+            plugins.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert_one_line_error(
+        status,
+        &stderr,
+        "Unix socket paths are limited to 107 bytes",
+    );
+    assert!(!plugins.exists());
+    assert!(!dir.path().join("reg").exists());
+}
+
+#[test]
+fn an_unusable_directory_is_refused() {
+    let dir = short_dir();
+    std::fs::write(dir.path().join("file"), b"").unwrap();
+    let (_, plugins) = dirs_args(dir.path());
+    let under_file = dir.path().join("file/reg");
+    for (reg, needle) in [
+        (under_file.to_str().unwrap(), "is not a directory"),
+        // Not writable, even for root.
+        (
+            "/sys/gpu-dra-test-reg",
+            "cannot create directory /sys/gpu-dra-test-reg",
+        ),
+    ] {
+        let (status, stderr) = run_to_exit(
+            &[
+                "--node-name",
+                "n",
+                "--kubelet-registrar-dir",
+                reg,
+                "--kubelet-plugins-dir",
+                &plugins,
+            ],
+            dir.path(),
+        );
+        assert_one_line_error(status, &stderr, needle);
+    }
+}
+
+#[test]
+fn bad_flags_are_one_line_errors() {
+    let dir = short_dir();
+    for (args, needle) in [
+        (&[][..], "--node-name"),
+        (&["--node-name", ""][..], "--node-name"),
+        (&["--node-name", "n", "--bogus"][..], "--bogus"),
+        (&["--node-name", "n", "--log-format", "yaml"][..], "yaml"),
+        (
+            &["--node-name", "n", "--driver-name", "Bad_Name"][..],
+            "invalid driver name",
+        ),
+        (
+            &["--node-name", "n", "--metrics-addr", "999.0.0.1:1"][..],
+            "--metrics-addr",
+        ),
+    ] {
+        let (status, stderr) = run_to_exit(args, dir.path());
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert_one_line_error(status, &stderr, needle);
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_taken_metrics_address_is_a_startup_error() {
+    let dir = short_dir();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (reg, plugins) = dirs_args(dir.path());
+    let (status, stderr) = run_to_exit(
+        &[
+            "--node-name",
+            "n",
+            "--kubelet-registrar-dir",
+            &reg,
+            "--kubelet-plugins-dir",
+            &plugins,
+            "--metrics-addr",
+            &addr,
+        ],
+        dir.path(),
+    );
+    assert_one_line_error(
+        status,
+        &stderr,
+        &format!("cannot listen on metrics address {addr}"),
+    );
+    assert!(!dir.path().join("reg").exists());
+}
+
+#[test]
+fn node_name_comes_from_the_environment_too() {
+    let dir = short_dir();
+    let (reg, plugins) = dirs_args(dir.path());
+    let log = dir.path().join("env.log");
+    let mut child = common::command(
+        &[
+            "--kubelet-registrar-dir",
+            &reg,
+            "--kubelet-plugins-dir",
+            &plugins,
+        ],
+        &log,
+    )
+    .env("NODE_NAME", "node-from-env")
+    .spawn()
+    .unwrap();
+    let sock = dir.path().join("reg").join(format!("{DRIVER}-reg.sock"));
+    let deadline = std::time::Instant::now() + WAIT;
+    while !sock.exists() && std::time::Instant::now() < deadline {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("node-from-env")
+    );
+}

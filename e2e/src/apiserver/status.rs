@@ -1,0 +1,305 @@
+//! Kubernetes `metav1.Status` errors: the shapes the real API server answers with (kind
+//! `Status`, `status: Failure`, a `reason`, a `code` and `details`), so that kube-rs turns them into
+//! `kube::Error::Api(Status)` exactly as it does against a real cluster.
+
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use serde_json::{Map, Value, json};
+
+use super::resources::Resource;
+
+/// One field-level cause of an error (`details.causes[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusCause {
+    /// Machine-readable reason, e.g. `FieldValueInvalid` or `FieldManagerConflict`.
+    pub reason: String,
+    /// Human-readable description of this cause.
+    pub message: String,
+    /// The field path the cause refers to, e.g. `spec.devices[3].name`.
+    pub field: String,
+}
+
+/// `details` of a Status.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatusDetails {
+    /// `details.name`.
+    pub name: String,
+    /// `details.group`.
+    pub group: String,
+    /// `details.kind` (the resource plural for most errors, the Kind for `Invalid`).
+    pub kind: String,
+    /// `details.causes`.
+    pub causes: Vec<StatusCause>,
+}
+
+/// A failed API request, rendered as a `metav1.Status` body with the matching HTTP code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code} {reason}: {message}")]
+pub struct ApiError {
+    /// HTTP status code (also `status.code`).
+    pub code: u16,
+    /// `status.reason`, e.g. `NotFound`, `AlreadyExists`, `Conflict`, `Invalid`, `BadRequest`.
+    pub reason: &'static str,
+    /// `status.message`.
+    pub message: String,
+    /// `status.details` (boxed: errors travel in `Result`s everywhere).
+    pub details: Box<StatusDetails>,
+}
+
+impl ApiError {
+    fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code: code.as_u16(),
+            reason,
+            message: message.into(),
+            details: Box::default(),
+        }
+    }
+
+    fn with_resource(mut self, resource: Resource, name: &str) -> Self {
+        name.clone_into(&mut self.details.name);
+        resource.info().group.clone_into(&mut self.details.group);
+        resource.info().plural.clone_into(&mut self.details.kind);
+        self
+    }
+
+    /// `404 NotFound` for a missing object: `resourceslices.resource.k8s.io "x" not found`.
+    pub fn not_found(resource: Resource, name: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{} \"{name}\" not found", resource.qualified_plural()),
+        )
+        .with_resource(resource, name)
+    }
+
+    /// `404 NotFound` for a path the server does not serve.
+    pub fn unknown_path() -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    }
+
+    /// `409 AlreadyExists` on create.
+    pub fn already_exists(resource: Resource, name: &str) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", resource.qualified_plural()),
+        )
+        .with_resource(resource, name)
+    }
+
+    /// `409 Conflict` when the `resourceVersion` of an update is not the stored one.
+    pub fn conflict(resource: Resource, name: &str) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; \
+                 please apply your changes to the latest version and try again",
+                resource.qualified_plural()
+            ),
+        )
+        .with_resource(resource, name)
+    }
+
+    /// `409 Conflict` for a failed precondition (uid or resourceVersion in DeleteOptions or in
+    /// the body of an update).
+    pub fn precondition_failed(resource: Resource, name: &str, detail: &str) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": Precondition failed: {detail}",
+                resource.qualified_plural()
+            ),
+        )
+        .with_resource(resource, name)
+    }
+
+    /// `409 Conflict` for server-side apply conflicts, with one `FieldManagerConflict` cause per
+    /// field.
+    pub fn apply_conflict(message: String, causes: Vec<StatusCause>) -> Self {
+        let mut err = Self::new(StatusCode::CONFLICT, "Conflict", message);
+        err.details.causes = causes;
+        err
+    }
+
+    /// `422 Invalid` with field causes: `Kind.group "name" is invalid: ...`.
+    pub fn invalid(
+        resource: Resource,
+        name: &str,
+        causes: Vec<StatusCause>,
+        summary: &str,
+    ) -> Self {
+        let info = resource.info();
+        let kind_group = if info.group.is_empty() {
+            info.kind.to_owned()
+        } else {
+            format!("{}.{}", info.kind, info.group)
+        };
+        let mut err = Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!("{kind_group} \"{name}\" is invalid: {summary}"),
+        );
+        err.details = Box::new(StatusDetails {
+            name: name.to_owned(),
+            group: info.group.to_owned(),
+            kind: info.kind.to_owned(),
+            causes,
+        });
+        err
+    }
+
+    /// `422 Invalid` without a resource (e.g. a JSON patch whose `test` operation failed).
+    pub fn unprocessable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message)
+    }
+
+    /// `400 BadRequest`.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "BadRequest", message)
+    }
+
+    /// `405 MethodNotAllowed`.
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
+    }
+
+    /// `413 RequestEntityTooLarge`.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLarge",
+            format!("Request entity too large: limit is {limit}"),
+        )
+    }
+
+    /// `415 UnsupportedMediaType` for an unknown patch content type.
+    pub fn unsupported_media_type(content_type: &str) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format ({content_type}) - accepted \
+                 media types include: application/json-patch+json, application/merge-patch+json, \
+                 application/apply-patch+yaml, application/strategic-merge-patch+json"
+            ),
+        )
+    }
+
+    /// `410 Expired`, sent as a watch `ERROR` event when the requested resourceVersion is gone.
+    pub fn expired(requested: u64, oldest: u64) -> Self {
+        Self::new(
+            StatusCode::GONE,
+            "Expired",
+            format!("too old resource version: {requested} ({oldest})"),
+        )
+    }
+
+    /// `500 InternalError`.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
+    }
+
+    /// The `metav1.Status` JSON for this error.
+    pub fn to_status(&self) -> Value {
+        let d = &self.details;
+        let mut details = Map::new();
+        if !d.name.is_empty() {
+            details.insert("name".into(), Value::String(d.name.clone()));
+        }
+        if !d.group.is_empty() {
+            details.insert("group".into(), Value::String(d.group.clone()));
+        }
+        if !d.kind.is_empty() {
+            details.insert("kind".into(), Value::String(d.kind.clone()));
+        }
+        if !d.causes.is_empty() {
+            let causes = d
+                .causes
+                .iter()
+                .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+                .collect();
+            details.insert("causes".into(), Value::Array(causes));
+        }
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        });
+        status["details"] = Value::Object(details);
+        status
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        super::routes::json_response(code, &self.to_status())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_found_matches_api_server_shape() {
+        let status = ApiError::not_found(Resource::ResourceSlices, "node-a-gpu").to_status();
+        assert_eq!(status["kind"], "Status");
+        assert_eq!(status["apiVersion"], "v1");
+        assert_eq!(status["status"], "Failure");
+        assert_eq!(status["reason"], "NotFound");
+        assert_eq!(status["code"], 404);
+        assert_eq!(
+            status["message"],
+            "resourceslices.resource.k8s.io \"node-a-gpu\" not found"
+        );
+        assert_eq!(status["details"]["kind"], "resourceslices");
+        assert_eq!(status["details"]["group"], "resource.k8s.io");
+    }
+
+    #[test]
+    fn core_resources_have_no_group_suffix() {
+        let err = ApiError::not_found(Resource::Nodes, "n1");
+        assert_eq!(err.message, "nodes \"n1\" not found");
+        let status = err.to_status();
+        assert!(status["details"].get("group").is_none());
+    }
+
+    #[test]
+    fn invalid_carries_causes_and_kind() {
+        let cause = StatusCause {
+            reason: "FieldValueRequired".into(),
+            message: "Required value".into(),
+            field: "spec.driver".into(),
+        };
+        let err = ApiError::invalid(
+            Resource::ResourceSlices,
+            "s",
+            vec![cause],
+            "spec.driver: Required value",
+        );
+        let status = err.to_status();
+        assert_eq!(status["code"], 422);
+        assert_eq!(
+            status["message"],
+            "ResourceSlice.resource.k8s.io \"s\" is invalid: spec.driver: Required value"
+        );
+        assert_eq!(status["details"]["kind"], "ResourceSlice");
+        assert_eq!(status["details"]["causes"][0]["field"], "spec.driver");
+    }
+}

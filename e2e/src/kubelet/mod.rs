@@ -1,0 +1,241 @@
+//! A kubelet simulator for DRA plugins, following kubelet's behaviour
+//! (1.34+) over real Unix sockets:
+//!
+//! - [`Registrar`] watches a registrar directory like kubelet's plugin
+//!   watcher: a new socket is registered, a deleted one deregistered;
+//! - [`KubeletSim::register`] does what kubelet does with one socket:
+//!   `GetInfo` with a 1 s deadline, checks of type, name and endpoint, the
+//!   first entry of the plugin's `supported_versions` that the simulated
+//!   kubelet knows, and `NotifyRegistrationStatus` true or false with the
+//!   reason;
+//! - [`Plugin::prepare`] / [`Plugin::unprepare`] send one call with a 45 s
+//!   deadline in the chosen DRAPlugin version and fail unless the response
+//!   holds exactly the requested claim UIDs; [`Plugin::watch_health`] opens
+//!   the health stream;
+//! - [`raw`] sends hand-built HTTP/2 requests, for what a well-behaved
+//!   client library refuses to send (any `:authority`, malformed bodies).
+//!
+//! The DRAPlugin versions the simulated kubelet knows are configurable, so
+//! tests can play an old kubelet that only speaks v1beta1.
+
+mod conn;
+mod plugin;
+pub mod raw;
+mod registrar;
+mod sim;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+pub use plugin::{
+    Device, DeviceHealth, HealthStream, Plugin, PrepareResult, UnprepareResult, check_uids,
+};
+pub use registrar::{Registrar, RegistrarEvent};
+pub use sim::KubeletSim;
+
+/// Errors of the simulator. Each message is one line.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A socket could not be dialled.
+    #[error("cannot connect to {socket}: {message}")]
+    Connect {
+        /// The socket path.
+        socket: PathBuf,
+        /// Why, flattened to one line.
+        message: String,
+    },
+    /// The `:authority` cannot be expressed as a URI by tonic's client.
+    #[error("authority {0:?} is not a valid URI authority; use the raw client")]
+    InvalidAuthority(String),
+    /// A call returned a gRPC error status.
+    #[error("{method} failed: {code:?}: {message}")]
+    Rpc {
+        /// The method.
+        method: &'static str,
+        /// The gRPC status code.
+        code: tonic::Code,
+        /// The status message.
+        message: String,
+    },
+    /// A call did not finish before its deadline.
+    #[error("{method} did not answer within {after:?}")]
+    Timeout {
+        /// The method.
+        method: &'static str,
+        /// The deadline.
+        after: Duration,
+    },
+    /// The simulated kubelet refused the plugin's registration.
+    #[error("registration of {socket} rejected: {reason}")]
+    Rejected {
+        /// The registration socket.
+        socket: PathBuf,
+        /// The reason sent in `NotifyRegistrationStatus`.
+        reason: String,
+    },
+    /// The response's claim UIDs differ from the request's.
+    #[error("{method} answered the wrong claims: missing {missing:?}, unexpected {unexpected:?}")]
+    ResponseMismatch {
+        /// The method.
+        method: &'static str,
+        /// Requested UIDs without an answer.
+        missing: Vec<String>,
+        /// Answered UIDs nobody asked about.
+        unexpected: Vec<String>,
+    },
+    /// The plugin does not serve what was asked of it.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Watching the registrar directory failed.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// Nothing happened within the wait time.
+    #[error("timed out after {0:?} waiting for {1}")]
+    Wait(Duration, String),
+    /// The raw HTTP/2 exchange failed.
+    #[error("raw HTTP/2 call failed: {0}")]
+    Raw(String),
+    /// A claim given as text is not `namespace/name/uid`.
+    #[error("invalid claim {0:?}: expected namespace/name/uid")]
+    ClaimSyntax(String),
+}
+
+/// The DRAPlugin service versions kubelet may speak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum DraVersion {
+    /// `v1.DRAPlugin`.
+    #[serde(rename = "v1.DRAPlugin")]
+    V1,
+    /// `v1beta1.DRAPlugin`.
+    #[serde(rename = "v1beta1.DRAPlugin")]
+    V1beta1,
+}
+
+impl DraVersion {
+    /// The name used in `supported_versions`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V1 => dra_proto::versions::DRA_V1,
+            Self::V1beta1 => dra_proto::versions::DRA_V1BETA1,
+        }
+    }
+
+    /// Parses a `supported_versions` entry.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::V1, Self::V1beta1]
+            .into_iter()
+            .find(|v| v.as_str() == s)
+    }
+}
+
+/// The DRAResourceHealth service versions kubelet may speak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum HealthVersion {
+    /// `v1alpha1.DRAResourceHealth`.
+    #[serde(rename = "v1alpha1.DRAResourceHealth")]
+    V1alpha1,
+    /// `v1.DRAResourceHealth`.
+    #[serde(rename = "v1.DRAResourceHealth")]
+    V1,
+}
+
+impl HealthVersion {
+    /// The name used in `supported_versions`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V1alpha1 => dra_proto::versions::HEALTH_V1ALPHA1,
+            Self::V1 => dra_proto::versions::HEALTH_V1,
+        }
+    }
+
+    /// Parses a `supported_versions` entry.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::V1alpha1, Self::V1]
+            .into_iter()
+            .find(|v| v.as_str() == s)
+    }
+}
+
+/// A claim as kubelet names it in NodePrepareResources.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Claim {
+    /// Namespace of the ResourceClaim.
+    pub namespace: String,
+    /// Name of the ResourceClaim.
+    pub name: String,
+    /// UID of the ResourceClaim.
+    pub uid: String,
+}
+
+impl Claim {
+    /// A claim reference.
+    pub fn new(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        uid: impl Into<String>,
+    ) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
+}
+
+impl FromStr for Claim {
+    type Err = Error;
+
+    /// Parses `namespace/name/uid`; all three parts must be non-empty.
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let parts: Vec<&str> = s.split('/').collect();
+        match parts[..] {
+            [ns, name, uid] if !ns.is_empty() && !name.is_empty() && !uid.is_empty() => {
+                Ok(Self::new(ns, name, uid))
+            }
+            _ => Err(Error::ClaimSyntax(s.to_owned())),
+        }
+    }
+}
+
+impl fmt::Display for Claim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.namespace, self.name, self.uid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_parse_from_namespace_name_uid() {
+        let c: Claim = "default/my-claim/1234".parse().unwrap();
+        assert_eq!(c, Claim::new("default", "my-claim", "1234"));
+        assert_eq!(c.to_string(), "default/my-claim/1234");
+        for bad in ["", "a/b", "a/b/c/d", "/b/c", "a//c", "a/b/"] {
+            assert!(
+                matches!(bad.parse::<Claim>(), Err(Error::ClaimSyntax(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn version_names_round_trip() {
+        for v in [DraVersion::V1, DraVersion::V1beta1] {
+            assert_eq!(DraVersion::parse(v.as_str()), Some(v));
+        }
+        for v in [HealthVersion::V1alpha1, HealthVersion::V1] {
+            assert_eq!(HealthVersion::parse(v.as_str()), Some(v));
+        }
+        assert_eq!(DraVersion::parse("v1alpha3.Node"), None);
+        assert_eq!(HealthVersion::parse("v1.DRAPlugin"), None);
+    }
+}

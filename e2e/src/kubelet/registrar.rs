@@ -1,0 +1,272 @@
+//! [`Registrar`]: kubelet's plugin watcher. Polls a registrar directory;
+//! a new socket is registered (and retried every second while registration
+//! fails, as kubelet's reconciler does), a deleted socket deregisters its
+//! plugin. Plain files and names starting with `.` are ignored.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::Error;
+use super::plugin::Plugin;
+use super::sim::KubeletSim;
+
+/// How often the directory is listed.
+const POLL: Duration = Duration::from_millis(50);
+/// How long a failed registration waits before the next try.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// What the watcher did.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum RegistrarEvent {
+    /// A plugin was registered.
+    Registered(Plugin),
+    /// A registration attempt failed (the plugin was told when it got that far).
+    Rejected {
+        /// The registration socket.
+        socket: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// A registration socket disappeared: its plugin is deregistered.
+    Deregistered {
+        /// The driver name.
+        name: String,
+        /// The registration socket.
+        socket: PathBuf,
+    },
+}
+
+/// A running plugin watcher. Dropping it stops the watcher.
+#[derive(Debug)]
+pub struct Registrar {
+    events: mpsc::UnboundedReceiver<RegistrarEvent>,
+    plugins: Arc<Mutex<BTreeMap<PathBuf, Plugin>>>,
+    task: JoinHandle<()>,
+}
+
+/// One socket the watcher has seen.
+struct Seen {
+    /// Inode, to notice a socket replaced under the same name.
+    ino: u64,
+    /// When to try again after a failed registration (`None`: registered).
+    retry_at: Option<Instant>,
+}
+
+impl Registrar {
+    pub(crate) fn start(sim: KubeletSim, dir: PathBuf) -> Self {
+        let (tx, events) = mpsc::unbounded_channel();
+        let plugins = Arc::new(Mutex::new(BTreeMap::new()));
+        let task = tokio::spawn(watch(sim, dir, tx, Arc::clone(&plugins)));
+        Self {
+            events,
+            plugins,
+            task,
+        }
+    }
+
+    /// The next event, or [`Error::Wait`] after `timeout`.
+    pub async fn next_event(&mut self, timeout: Duration) -> Result<RegistrarEvent, Error> {
+        match tokio::time::timeout(timeout, self.events.recv()).await {
+            Ok(Some(e)) => Ok(e),
+            Ok(None) => Err(Error::Unsupported("the registrar watcher stopped".into())),
+            Err(_) => Err(Error::Wait(timeout, "a registrar event".into())),
+        }
+    }
+
+    /// Waits until a plugin named `name` is registered; rejections on the
+    /// way are returned as errors.
+    pub async fn wait_registered(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Plugin, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.next_event(left).await {
+                Ok(RegistrarEvent::Registered(p)) if p.name == name => return Ok(p),
+                Ok(RegistrarEvent::Rejected { socket, reason }) => {
+                    return Err(Error::Rejected { socket, reason });
+                }
+                Ok(_) => {}
+                Err(Error::Wait(..)) => {
+                    return Err(Error::Wait(timeout, format!("plugin {name} to register")));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Waits until the plugin named `name` is deregistered.
+    pub async fn wait_deregistered(&mut self, name: &str, timeout: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.next_event(left).await {
+                Ok(RegistrarEvent::Deregistered { name: n, .. }) if n == name => return Ok(()),
+                Ok(_) => {}
+                Err(Error::Wait(..)) => {
+                    return Err(Error::Wait(timeout, format!("plugin {name} to deregister")));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The registered plugin named `name`, if any.
+    pub fn plugin(&self, name: &str) -> Option<Plugin> {
+        let plugins = self.plugins.lock().expect("registrar state poisoned");
+        plugins.values().find(|p| p.name == name).cloned()
+    }
+}
+
+impl Drop for Registrar {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The sockets in `dir` with their inodes.
+fn list_sockets(dir: &Path) -> Result<BTreeMap<PathBuf, u64>, Error> {
+    let io = |source| Error::Io {
+        path: dir.to_owned(),
+        source,
+    };
+    let mut found = BTreeMap::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        // A directory that does not exist yet simply has no plugins.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
+        Err(e) => return Err(io(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(io)?;
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+            continue;
+        };
+        if meta.file_type().is_socket() {
+            found.insert(entry.path(), meta.ino());
+        }
+    }
+    Ok(found)
+}
+
+async fn watch(
+    sim: KubeletSim,
+    dir: PathBuf,
+    tx: mpsc::UnboundedSender<RegistrarEvent>,
+    plugins: Arc<Mutex<BTreeMap<PathBuf, Plugin>>>,
+) {
+    let mut seen: BTreeMap<PathBuf, Seen> = BTreeMap::new();
+    let mut ticker = tokio::time::interval(POLL);
+    loop {
+        ticker.tick().await;
+        let sockets = match list_sockets(&dir) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list the registrar directory");
+                continue;
+            }
+        };
+        // Deregister what disappeared (or was replaced).
+        let gone: Vec<PathBuf> = seen
+            .iter()
+            .filter(|(p, s)| sockets.get(*p) != Some(&s.ino))
+            .map(|(p, _)| p.clone())
+            .collect();
+        for path in gone {
+            seen.remove(&path);
+            let removed = plugins
+                .lock()
+                .expect("registrar state poisoned")
+                .remove(&path);
+            if let Some(p) = removed {
+                let _ = tx.send(RegistrarEvent::Deregistered {
+                    name: p.name,
+                    socket: path,
+                });
+            }
+        }
+        // Register what is new or due for a retry.
+        let now = Instant::now();
+        for (path, ino) in sockets {
+            let due = match seen.get(&path) {
+                None => true,
+                Some(s) => s.retry_at.is_some_and(|t| t <= now),
+            };
+            if !due {
+                continue;
+            }
+            let event = match register(&sim, &path, &plugins).await {
+                Ok(p) => {
+                    plugins
+                        .lock()
+                        .expect("registrar state poisoned")
+                        .insert(path.clone(), p.clone());
+                    seen.insert(
+                        path,
+                        Seen {
+                            ino,
+                            retry_at: None,
+                        },
+                    );
+                    RegistrarEvent::Registered(p)
+                }
+                Err(e) => {
+                    let reason = match e {
+                        Error::Rejected { reason, .. } => reason,
+                        other => other.to_string(),
+                    };
+                    seen.insert(
+                        path.clone(),
+                        Seen {
+                            ino,
+                            retry_at: Some(Instant::now() + RETRY),
+                        },
+                    );
+                    RegistrarEvent::Rejected {
+                        socket: path,
+                        reason,
+                    }
+                }
+            };
+            if tx.send(event).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Registers one socket, refusing an endpoint another registered plugin
+/// already uses (kubelet does not register the same endpoint twice).
+async fn register(
+    sim: &KubeletSim,
+    path: &Path,
+    plugins: &Mutex<BTreeMap<PathBuf, Plugin>>,
+) -> Result<Plugin, Error> {
+    sim.register_checked(path, |endpoint| {
+        let plugins = plugins.lock().expect("registrar state poisoned");
+        match plugins
+            .values()
+            .find(|p| p.endpoint == endpoint && p.registration_socket != path)
+        {
+            Some(p) => Err(format!(
+                "endpoint {} is already registered by {}",
+                endpoint.display(),
+                p.registration_socket.display()
+            )),
+            None => Ok(()),
+        }
+    })
+    .await
+}
