@@ -5,3 +5,4 @@
 pub mod schema;
 pub mod quantity;
 pub mod config;
+pub mod cel;

@@ -37,6 +37,7 @@ use gpu_dra_api::schema::{self, CheckedAttributes, DeviceAttributes, DeviceKind,
 
 use crate::discovery::{DiscoveredGpu, Inventory};
 
+pub use mig::{device_name as mig_device_name, profile_label};
 pub use nvlink::{domain_id, nvlink_domains};
 
 /// The devices of one node, grouped by physical GPU, in inventory order.

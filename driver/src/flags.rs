@@ -8,6 +8,7 @@ use std::path::PathBuf;
 /// All flags of `gpu-kubelet-plugin`.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "gpu-kubelet-plugin", version, about = "GPU DRA kubelet plugin")]
+#[group(id = "plugin_flags")]
 pub struct Flags {
     /// Name of the node this plugin runs on.
     #[arg(long, env = "NODE_NAME", value_parser = clap::builder::NonEmptyStringValueParser::new())]

@@ -30,6 +30,7 @@ use crate::devices::GroupLimits;
 
 /// Flags of ResourceSlice publication.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+#[group(id = "slice_flags")]
 pub struct Flags {
     /// Publish every MIG profile x placement of MIG-capable GPUs as a
     /// partitionable device, created on demand at prepare time (needs the

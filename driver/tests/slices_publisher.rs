@@ -7,7 +7,9 @@ mod slices_support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpu_dra_e2e::apiserver::{DeleteOptions, Resource, ValidationRules, WriteOptions};
+use gpu_dra_e2e::apiserver::{
+    DeleteOptions, Resource, Selectors, ServerOptions, ValidationRules, WriteOptions,
+};
 use gpu_kubelet_plugin::slices::{Flags, RulesFlag, SliceRules};
 use slices_support::*;
 
@@ -124,7 +126,7 @@ async fn deleted_slices_are_repaired_at_the_same_generation() {
         .delete_collection(
             Resource::ResourceSlices,
             None,
-            &Default::default(),
+            &Selectors::default(),
             &DeleteOptions::default(),
         )
         .unwrap();
@@ -269,7 +271,7 @@ async fn a_missing_node_is_retried_logged_once_and_recovers() {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let server = gpu_dra_e2e::apiserver::TestApiServer::start(Default::default())
+    let server = gpu_dra_e2e::apiserver::TestApiServer::start(ServerOptions::default())
         .await
         .unwrap();
     let mut p = Running::start(&server, flags(false), pcie_a100_bridged());

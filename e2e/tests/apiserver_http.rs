@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use gpu_dra_e2e::apiserver::{Resource, Selectors, ServerOptions, TestApiServer};
+use gpu_dra_e2e::apiserver::{DeleteOptions, Resource, Selectors, ServerOptions, TestApiServer};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -373,7 +373,7 @@ async fn bad_query_parameters() {
     let reply = send(
         addr,
         "POST",
-        &format!("/api/v1/nodes?dryRun=Some"),
+        "/api/v1/nodes?dryRun=Some",
         "application/json",
         br#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n"}}"#,
     )
@@ -516,7 +516,7 @@ async fn lists_and_watches_over_raw_http() {
     let writer = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(200)).await;
         store
-            .delete(Resource::Nodes, None, "node-a", &Default::default())
+            .delete(Resource::Nodes, None, "node-a", &DeleteOptions::default())
             .unwrap();
     });
     let path = format!(

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use gpu_dra_e2e::apiserver::{Resource, ServerOptions, TestApiServer, ValidationRules};
+use gpu_dra_e2e::apiserver::{
+    Resource, ServerOptions, TestApiServer, ValidationRules, WriteOptions,
+};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{
@@ -601,7 +603,7 @@ async fn watcher_relists_after_falling_behind() {
                 Resource::Nodes,
                 None,
                 node(&format!("burst-{i}")),
-                &Default::default(),
+                &WriteOptions::default(),
             )
             .unwrap();
     }

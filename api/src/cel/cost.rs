@@ -29,9 +29,11 @@ pub struct Limits {
     pub max_expression_bytes: usize,
     /// Deepest nesting of the parsed expression tree.
     pub max_depth: usize,
-    /// Limit of both the static cost estimate and the runtime budget of one
-    /// evaluation (Kubernetes: 1,000,000).
-    pub cost_limit: u64,
+    /// Limit of the static cost estimate, checked at compile time
+    /// (Kubernetes: 1,000,000).
+    pub estimated_cost_limit: u64,
+    /// Budget of one evaluation, checked at run time (Kubernetes: 1,000,000).
+    pub runtime_cost_limit: u64,
     /// How many compiled selectors the cache keeps.
     pub cache_capacity: usize,
 }
@@ -41,7 +43,8 @@ impl Default for Limits {
         Limits {
             max_expression_bytes: 10 * 1024,
             max_depth: 48,
-            cost_limit: 1_000_000,
+            estimated_cost_limit: 1_000_000,
+            runtime_cost_limit: 1_000_000,
             cache_capacity: 1024,
         }
     }

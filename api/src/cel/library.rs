@@ -200,7 +200,7 @@ fn ordering(o: Ordering) -> i64 {
 // ---------------------------------------------------------------------------
 
 fn quantity_library(env: &mut Env) -> Result<(), DeclarationError> {
-    let q = || QUANTITY_TYPE.clone();
+    let q = || QUANTITY_TYPE.to_owned();
     env.add_overload("quantity", "string_to_quantity", vec![STRING_TYPE], quantity_fn)?;
     env.add_overload("isQuantity", "is_quantity_string", vec![STRING_TYPE], is_quantity)?;
     env.add_member_overload("sign", "quantity_sign", q(), vec![], quantity_sign)?;
@@ -301,7 +301,7 @@ fn quantity_less<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
 // ---------------------------------------------------------------------------
 
 fn semver_library(env: &mut Env) -> Result<(), DeclarationError> {
-    let s = || SEMVER_TYPE.clone();
+    let s = || SEMVER_TYPE.to_owned();
     env.add_overload("semver", "string_to_semver", vec![STRING_TYPE], semver_fn)?;
     env.add_overload("semver", "string_bool_to_semver", vec![STRING_TYPE, BOOL_TYPE], semver_fn)?;
     env.add_overload("isSemver", "is_semver_string", vec![STRING_TYPE], is_semver)?;
@@ -727,8 +727,13 @@ fn format_value(out: &mut String, verb: char, precision: Option<usize>, v: &dyn 
         'd' => write!(out, "{}", int_value.ok_or_else(unsupported)?).map_err(|e| e.to_string()),
         'f' => write!(out, "{:.*}", precision.unwrap_or(6), float_value.ok_or_else(unsupported)?)
             .map_err(|e| e.to_string()),
-        'e' => write!(out, "{:.*e}", precision.unwrap_or(6), float_value.ok_or_else(unsupported)?)
-            .map_err(|e| e.to_string()),
+        'e' => {
+            // Go's form: a signed exponent of at least two digits (1.5e+03)
+            let text = format!("{:.*e}", precision.unwrap_or(6), float_value.ok_or_else(unsupported)?);
+            let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
+            let (sign, digits) = exponent.strip_prefix('-').map_or(("+", exponent), |d| ("-", d));
+            write!(out, "{mantissa}e{sign}{digits:0>2}").map_err(|e| e.to_string())
+        }
         'b' | 'o' | 'x' | 'X' => {
             if let Some(s) = v.downcast_ref::<CelString>().filter(|_| matches!(verb, 'x' | 'X')) {
                 for b in s.bytes() {
@@ -767,7 +772,7 @@ fn display(out: &mut String, v: &dyn Val) -> Result<(), String> {
         let _ = write!(out, "{}", q.0);
     } else if let Some(s) = v.downcast_ref::<CelSemver>() {
         let _ = write!(out, "{}", s.0);
-    } else if v.get_type().kind() == Kind::Null {
+    } else if v.get_type().kind() == Kind::NullType {
         out.push_str("null");
     } else if v.get_type().kind() == Kind::List {
         out.push('[');
@@ -789,7 +794,9 @@ fn display(out: &mut String, v: &dyn Val) -> Result<(), String> {
 // ---------------------------------------------------------------------------
 
 /// Compiled-program size limit: bounds the work of one compilation.
-const REGEX_SIZE_LIMIT: usize = 1 << 20;
+const REGEX_SIZE_LIMIT: usize = 256 << 10;
+/// Charged for compiling a pattern (a cache miss), plus 16 per byte of it.
+const REGEX_COMPILE_COST: u64 = 2000;
 /// Compiled expressions kept per thread.
 const REGEX_CACHE: usize = 64;
 
@@ -803,7 +810,7 @@ fn regex(pattern: &str, function: &str) -> Result<Rc<regex::Regex>, ExecutionErr
         charge(1)?;
         return Ok(re);
     }
-    charge(100 + pattern.len() as u64)?;
+    charge(REGEX_COMPILE_COST + 16 * pattern.len() as u64)?;
     let re = regex::RegexBuilder::new(pattern)
         .size_limit(REGEX_SIZE_LIMIT)
         .dfa_size_limit(REGEX_SIZE_LIMIT)

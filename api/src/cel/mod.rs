@@ -45,15 +45,16 @@
 //! stack (the ANTLR parser recurses deeply) and is bounded by its own
 //! recursion limit; the parsed tree may nest at most [`Limits::max_depth`]
 //! levels; undeclared variables and functions are errors; and a static cost
-//! estimate must stay within [`Limits::cost_limit`] (1,000,000, Kubernetes'
-//! limit). The estimate charges one unit per node, a tenth of a unit per
+//! estimate must stay within [`Limits::estimated_cost_limit`] (1,000,000,
+//! Kubernetes' limit). The estimate charges one unit per node, a tenth of a unit per
 //! byte of the strings a function reads, and, for a comprehension, the cost
 //! of its body times the largest size its range can have: the length of a
-//! list literal, 32 for a device's attribute or capacity maps (Kubernetes
-//! allows 32 entries per device), the length of the string for `split`.
+//! list literal, the length of the string for `split`, and 64 for anything
+//! read from the device (Kubernetes caps a device at 32 attributes and
+//! capacities and strings at 64 characters).
 //!
 //! Run time ([`Evaluator`]): every evaluation gets a budget of
-//! [`Limits::cost_limit`] units on a thread-local meter, and the compiled
+//! [`Limits::runtime_cost_limit`] units on a thread-local meter, and the compiled
 //! tree is instrumented so that everything whose cost is not bounded by the
 //! size of the expression is charged before or as it happens: each
 //! comprehension iteration (one unit plus the size of the loop body), each
@@ -63,9 +64,10 @@
 //! compilation and matching, string functions, set operations) by the sizes
 //! it reads and writes, checked before it allocates. When the budget is
 //! spent the evaluation stops with [`EvalError::CostLimitExceeded`]. So one
-//! evaluation does at most about `cost_limit` units of work; nested
+//! evaluation does at most about `runtime_cost_limit` units of work; nested
 //! comprehensions, exponential `cel.bind` doubling or `replace` chains hit
-//! the limit instead of the CPU or memory.
+//! the limit instead of the CPU or memory. (The estimate alone already
+//! rejects most such expressions at admission; the meter is the guarantee.)
 //!
 //! Evaluation recurses over the tree; a program deeper than a threshold
 //! is evaluated on a thread with a large stack, so that no expression can
@@ -125,10 +127,8 @@ pub enum CompileError {
         rendered: String,
     },
     /// Nested deeper than [`Limits::max_depth`] (or than the parser allows).
-    #[error("expression nests {depth} levels deep, more than the {max} allowed")]
+    #[error("expression nests more than {max} levels deep")]
     TooDeep {
-        /// The depth found (at least).
-        depth: usize,
         /// The limit.
         max: usize,
     },
@@ -162,7 +162,7 @@ pub enum CompileError {
         /// The source line with a caret.
         snippet: String,
     },
-    /// The static cost estimate exceeds [`Limits::cost_limit`].
+    /// The static cost estimate exceeds [`Limits::estimated_cost_limit`].
     #[error(
         "estimated cost {estimated} exceeds the limit of {limit}: reduce the size of lists iterated over or the nesting of comprehensions"
     )]

@@ -303,10 +303,10 @@ impl ServerHandle {
         tracing::info!(socket = %self.reg_path.display(), "removing the registration socket; kubelet deregisters the plugin");
         sockets::remove_socket(&self.reg_path);
         let mut first_error = None;
-        if let Some(running) = self.reg.take() {
-            if let Err(e) = stop(running, &self.reg_path, self.drain_timeout).await {
-                first_error.get_or_insert(e);
-            }
+        if let Some(running) = self.reg.take()
+            && let Err(e) = stop(running, &self.reg_path, self.drain_timeout).await
+        {
+            first_error.get_or_insert(e);
         }
         self.stopping.send_replace(true);
         if let Some(running) = self.dra.take() {

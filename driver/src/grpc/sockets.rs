@@ -57,7 +57,10 @@ pub fn ensure_dir(dir: &Path) -> Result<(), Error> {
         match std::fs::metadata(p) {
             Ok(m) if m.is_dir() => break,
             Ok(_) => return Err(Error::NotADirectory { path: p.to_owned() }),
-            Err(e) if e.kind() == ErrorKind::NotFound => missing.push(p),
+            // A file further up shows as NotADirectory here; the walk finds it.
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+                missing.push(p);
+            }
             Err(source) => {
                 return Err(Error::CreateDir {
                     path: p.to_owned(),

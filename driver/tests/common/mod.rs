@@ -73,8 +73,8 @@ pub struct Plugin {
 }
 
 impl Plugin {
-    /// Starts the plugin on `<dir>/reg` and `<dir>/plugins` and waits for its
-    /// registration socket; panics with its stderr if it exits instead.
+    /// Starts the plugin on `<dir>/reg` and `<dir>/plugins` and waits until
+    /// it serves; panics with its stderr if it exits instead.
     pub fn start(dir: &Path, extra: &[&str]) -> Self {
         Self::start_named(dir, "run", extra)
     }
@@ -100,7 +100,8 @@ impl Plugin {
             log,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !p.reg_socket().exists() {
+        // The socket file alone proves nothing (a stale one may be there).
+        while !p.stderr().contains("serving kubelet plugin sockets") {
             if let Some(status) = p.child.try_wait().unwrap() {
                 panic!("plugin exited with {status}: {}", p.stderr());
             }

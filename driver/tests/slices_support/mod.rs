@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use gpu_dra_e2e::apiserver::{
-    Resource, ServerOptions, TestApiServer, ValidationRules, WriteOptions,
+    Resource, Selectors, ServerOptions, TestApiServer, ValidationRules, WriteOptions,
 };
 use gpu_kubelet_plugin::discovery::{DiscoveredGpu, Inventory};
 use gpu_kubelet_plugin::slices::{Flags, PublishStatus, Publisher, PublisherOptions};
@@ -30,6 +30,7 @@ pub fn options() -> PublisherOptions {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn profile(
     id: u32,
     name: &str,
@@ -272,7 +273,7 @@ impl Running {
 pub fn slices(server: &TestApiServer) -> Vec<ResourceSlice> {
     let (items, _) = server
         .store()
-        .list(Resource::ResourceSlices, None, &Default::default());
+        .list(Resource::ResourceSlices, None, &Selectors::default());
     items
         .into_iter()
         .map(|v| serde_json::from_value(v).unwrap())

@@ -19,6 +19,7 @@
 //!   other than sending a non-empty list, and defaulting of applied configurations.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 
 use serde_json::{Map, Value, json};
 
@@ -298,12 +299,11 @@ fn remove_path(resource: Resource, obj: &mut Value, path: &[PathElement]) {
         if let Some(items) = current.as_array_mut() {
             items.retain(|item| !item_matches(item, keys, &key));
         }
-    } else if let Some(value) = last.strip_prefix("v:") {
-        if let (Ok(value), Some(items)) =
+    } else if let Some(value) = last.strip_prefix("v:")
+        && let (Ok(value), Some(items)) =
             (serde_json::from_str::<Value>(value), current.as_array_mut())
-        {
-            items.retain(|item| *item != value);
-        }
+    {
+        items.retain(|item| *item != value);
     }
 }
 
@@ -446,7 +446,7 @@ fn upsert_entry(
     if let Some(e) = entries.iter_mut().find(|e| e.is(manager, operation, sub)) {
         if e.fields != fields {
             e.fields = fields;
-            e.time = now.to_owned();
+            now.clone_into(&mut e.time);
         }
     } else {
         entries.push(ManagedEntry {
@@ -629,9 +629,9 @@ pub(crate) fn render_path(path: &[PathElement]) -> String {
                         .join(",")
                 },
             );
-            out.push_str(&format!("[{rendered}]"));
+            let _ = write!(out, "[{rendered}]");
         } else if let Some(value) = elem.strip_prefix("v:") {
-            out.push_str(&format!("[={value}]"));
+            let _ = write!(out, "[={value}]");
         }
     }
     out
@@ -718,7 +718,7 @@ fn merge_into<'a>(
                     }
                 }
             }
-            _ => *live_items = cfg_items.clone(),
+            _ => live_items.clone_from(cfg_items),
         },
         (live, config) => *live = config.clone(),
     }

@@ -2,6 +2,7 @@
 //! typed access to `metadata` fields of JSON objects.
 
 use std::collections::hash_map::RandomState;
+use std::fmt::Write as _;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -36,7 +37,7 @@ pub(crate) fn new_uid() -> String {
     bytes[8..].copy_from_slice(&lo.to_be_bytes());
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = to_hex(&bytes);
     format!(
         "{}-{}-{}-{}-{}",
         &hex[0..8],
@@ -45,6 +46,16 @@ pub(crate) fn new_uid() -> String {
         &hex[16..20],
         &hex[20..32]
     )
+}
+
+/// Lowercase hexadecimal encoding.
+pub(crate) fn to_hex(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
+            let _ = write!(out, "{b:02x}");
+            out
+        })
 }
 
 /// A random `generateName` suffix.

@@ -94,9 +94,10 @@ pub struct ServerOptions {
     /// Largest accepted request body. Default 3 MiB, the real server's limit.
     pub max_body_bytes: usize,
     /// How many past events are kept for watches that resume from a resourceVersion; older
-    /// ones get `410 Expired`. Default 10 000.
+    /// ones get `410 Expired`. Default 1024 (the real watch cache keeps a few hundred per
+    /// resource).
     pub history_limit: usize,
-    /// Events buffered per watcher before it is cut off with `410 Expired`. Default 4096.
+    /// Events buffered per watcher before it is cut off with `410 Expired`. Default 1024.
     pub watcher_buffer: usize,
     /// Longest watch; `timeoutSeconds` is capped to this and it is the default. Default 30 min.
     pub max_watch_timeout: Duration,
@@ -109,8 +110,8 @@ impl Default for ServerOptions {
             rules: ValidationRules::default(),
             bookmark_interval: Duration::from_secs(5),
             max_body_bytes: 3 * 1024 * 1024,
-            history_limit: 10_000,
-            watcher_buffer: 4096,
+            history_limit: 1024,
+            watcher_buffer: 1024,
             max_watch_timeout: Duration::from_secs(30 * 60),
         }
     }

@@ -263,9 +263,11 @@ fn parse_pointer(pointer: &str) -> Result<Vec<String>, String> {
 }
 
 fn render_pointer(path: &[String]) -> String {
-    path.iter()
-        .map(|t| format!("/{}", t.replace('~', "~0").replace('/', "~1")))
-        .collect()
+    path.iter().fold(String::new(), |mut out, t| {
+        out.push('/');
+        out.push_str(&t.replace('~', "~0").replace('/', "~1"));
+        out
+    })
 }
 
 fn array_index(token: &str, len: usize, allow_end: bool) -> Result<usize, String> {

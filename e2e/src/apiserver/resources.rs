@@ -170,9 +170,9 @@ pub(crate) enum ListType {
 /// (ResourceSlice `devices`, `sharedCounters`, `taints`, `consumesCounters`, ... are all atomic).
 pub(crate) fn list_type(resource: Resource, path: &[&str]) -> ListType {
     match (resource, path) {
-        (_, ["metadata", "ownerReferences"]) => ListType::Map(&["uid"]),
+        (_, ["metadata", "ownerReferences"])
+        | (Resource::ResourceClaims, ["status", "reservedFor"]) => ListType::Map(&["uid"]),
         (_, ["metadata", "finalizers"]) => ListType::Set,
-        (Resource::ResourceClaims, ["status", "reservedFor"]) => ListType::Map(&["uid"]),
         (Resource::ResourceClaims, ["status", "devices"]) => {
             ListType::Map(&["driver", "device", "pool", "shareID"])
         }

@@ -449,16 +449,12 @@ fn check_propagation(policy: &str) -> Result<(), ApiError> {
 
 /// Hex-encodes a continue token (opaque to clients).
 fn encode_continue(namespace: &str, name: &str, rv: u64) -> String {
-    json!([namespace, name, rv])
-        .to_string()
-        .bytes()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    super::meta::to_hex(json!([namespace, name, rv]).to_string().as_bytes())
 }
 
 fn decode_continue(token: &str) -> Result<((String, String), u64), ApiError> {
     let bad = || ApiError::bad_request("continue key is not valid: malformed token");
-    if token.len() % 2 != 0 || token.len() > 2048 {
+    if !token.len().is_multiple_of(2) || token.len() > 2048 {
         return Err(bad());
     }
     let bytes = (0..token.len())
@@ -521,7 +517,7 @@ async fn collection(
     let all_namespaces = resource.info().namespaced && ns.is_none();
     let method = req.method().clone();
     match method.as_str() {
-        "GET" if params.flag("watch")? => watch::serve(app, resource, ns, params, repr).await,
+        "GET" if params.flag("watch")? => watch::serve(app, resource, ns, params, repr),
         "GET" => {
             let selectors = params.selectors(resource)?;
             let limit = params.number("limit")?.map(|l| l as usize);

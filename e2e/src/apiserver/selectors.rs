@@ -256,7 +256,7 @@ fn find_unescaped(s: &str, pat: &str) -> Option<usize> {
             i += 2;
             continue;
         }
-        if s[i..].starts_with(pat) {
+        if bytes[i..].starts_with(pat.as_bytes()) {
             return Some(i);
         }
         i += 1;
@@ -313,6 +313,24 @@ mod tests {
         assert!(err.message.contains("can't understand"), "{}", err.message);
         assert!(FieldSelector::parse(Resource::DeviceClasses, "metadata.namespace=x").is_err());
         assert!(FieldSelector::parse(Resource::ResourceClaims, "metadata.namespace=x").is_ok());
+    }
+
+    #[test]
+    fn non_ascii_input_is_an_error_not_a_panic() {
+        // A backslash before a multi-byte character used to make the scanner slice mid-char.
+        for sel in [
+            "m\u{e9}tadata.name=\u{e9}",
+            "metadata.name=\\\u{e9}=x",
+            "metadata.name\u{2260}x",
+            "\u{e9}\\",
+        ] {
+            let _ = FieldSelector::parse(Resource::Nodes, sel);
+            let _ = LabelSelector::parse(sel);
+        }
+        let sel = FieldSelector::parse(Resource::Nodes, "metadata.name=\u{e9}t\u{e9}").unwrap();
+        assert!(sel.matches(&json!({"metadata": {"name": "\u{e9}t\u{e9}"}})));
+        assert!(FieldSelector::parse(Resource::Nodes, "\u{e9}=x").is_err());
+        assert!(LabelSelector::parse("\u{e9}=x").is_err());
     }
 
     #[test]

@@ -4,9 +4,9 @@
 //! history for watch resumption, and the fan-out of events to watchers over a tokio broadcast
 //! channel.
 //!
-//! Deleting an object also deletes its dependents (objects whose `ownerReferences` all point
-//! at objects that no longer exist), like the garbage collector's background propagation, unless
-//! the delete asks to orphan them.
+//! Deleting an object also deletes its dependents (objects that list it in `ownerReferences` and
+//! have no other live owner), like the garbage collector's background propagation, unless the
+//! delete asks to orphan them. Owner references that dangle from the start are not collected.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -655,6 +655,11 @@ impl Store {
         } else {
             fields::read_managed(&body)
         };
+        // An apply has already computed the object's managed fields.
+        let applied_managed = match tracking {
+            Tracking::Done => Some(body.pointer("/metadata/managedFields").cloned()),
+            Tracking::Update(_) => None,
+        };
 
         let mut candidate = if status {
             let mut c = old.clone();
@@ -688,6 +693,9 @@ impl Store {
                 set_or_remove(m, field, old_meta.get(field));
             }
             m.remove("selfLink");
+            if let Some(managed) = &applied_managed {
+                set_or_remove(m, "managedFields", managed.as_ref());
+            }
         }
         if info.has_generation && candidate.get("spec") != old.get("spec") {
             let generation = old
@@ -933,36 +941,39 @@ impl Store {
         if opts.dry_run {
             return Ok(old);
         }
+        let uid = meta::uid(&old).to_owned();
         let deleted = self.commit(&mut st, EventType::Deleted, key, old, None);
         if !opts.orphan {
-            self.collect_garbage(&mut st);
+            self.collect_garbage(&mut st, vec![uid]);
         }
         Ok(deleted)
     }
 
-    /// Deletes objects whose owners are all gone, repeatedly (dependents of dependents).
-    fn collect_garbage(&self, st: &mut State) {
-        loop {
+    /// Deletes the dependents of the objects with these uids: objects that name one of them in
+    /// `ownerReferences` and whose other owners are gone too; then their dependents, and so on.
+    /// Owner references that were already dangling before are left alone.
+    fn collect_garbage(&self, st: &mut State, mut deleted_uids: Vec<String>) {
+        while !deleted_uids.is_empty() {
             let live: std::collections::BTreeSet<String> = st
                 .objects
                 .values()
                 .map(|o| meta::uid(o).to_owned())
                 .collect();
-            let orphans: Vec<ObjectKey> = st
+            let dependents: Vec<ObjectKey> = st
                 .objects
                 .iter()
                 .filter(|(_, o)| {
                     let owners = owner_uids(o);
-                    !owners.is_empty() && owners.iter().all(|u| !live.contains(u))
+                    owners.iter().any(|u| deleted_uids.contains(u))
+                        && owners.iter().all(|u| !live.contains(u))
                 })
                 .map(|(k, _)| k.clone())
                 .collect();
-            if orphans.is_empty() {
-                return;
-            }
-            for key in orphans {
+            deleted_uids.clear();
+            for key in dependents {
                 if let Some(obj) = st.objects.get(&key).cloned() {
                     tracing::debug!(name = %key.name, "garbage-collecting dependent");
+                    deleted_uids.push(meta::uid(&obj).to_owned());
                     self.commit(st, EventType::Deleted, key, obj, None);
                 }
             }
@@ -987,6 +998,7 @@ impl Store {
             .map(|(k, _)| k.clone())
             .collect();
         let mut deleted = Vec::new();
+        let mut uids = Vec::new();
         for key in keys {
             let Some(obj) = st.objects.get(&key).cloned() else {
                 continue;
@@ -994,11 +1006,12 @@ impl Store {
             if opts.dry_run {
                 deleted.push(obj);
             } else {
+                uids.push(meta::uid(&obj).to_owned());
                 deleted.push(self.commit(&mut st, EventType::Deleted, key, obj, None));
             }
         }
         if !opts.dry_run && !opts.orphan {
-            self.collect_garbage(&mut st);
+            self.collect_garbage(&mut st, uids);
         }
         Ok(deleted)
     }
@@ -1053,10 +1066,9 @@ impl Store {
             }
             loop {
                 match tokio::time::timeout_at(deadline, events.recv()).await {
-                    Err(_) => return Err(items),
                     Ok(Ok(event)) if event.key.resource != resource => {}
                     Ok(Ok(_) | Err(broadcast::error::RecvError::Lagged(_))) => break,
-                    Ok(Err(broadcast::error::RecvError::Closed)) => return Err(items),
+                    Err(_) | Ok(Err(broadcast::error::RecvError::Closed)) => return Err(items),
                 }
             }
         }

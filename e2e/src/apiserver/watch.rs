@@ -96,7 +96,7 @@ impl Watcher {
 }
 
 /// Answers a `?watch=true` request.
-pub(crate) async fn serve(
+pub(crate) fn serve(
     app: &Arc<AppState>,
     resource: Resource,
     namespace: Option<&str>,
@@ -169,7 +169,9 @@ async fn run(
     send_initial: bool,
     timeout: Duration,
 ) {
-    let deadline = Instant::now() + timeout;
+    let deadline = Instant::now()
+        .checked_add(timeout)
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
     let mut receiver = start.receiver;
     watcher.sent_rv = start.resource_version;
     for (event_type, object) in start.initial {

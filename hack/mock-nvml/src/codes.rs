@@ -45,7 +45,11 @@ const TABLE: &[(Code, &str, &std::ffi::CStr)] = &[
         c"Insufficient External Power",
     ),
     (DRIVER_NOT_LOADED, "DRIVER_NOT_LOADED", c"Driver Not Loaded"),
-    (sys::nvmlReturn_enum_NVML_ERROR_TIMEOUT, "TIMEOUT", c"Timeout"),
+    (
+        sys::nvmlReturn_enum_NVML_ERROR_TIMEOUT,
+        "TIMEOUT",
+        c"Timeout",
+    ),
     (
         sys::nvmlReturn_enum_NVML_ERROR_IRQ_ISSUE,
         "IRQ_ISSUE",
@@ -83,8 +87,16 @@ const TABLE: &[(Code, &str, &std::ffi::CStr)] = &[
         c"RM has detected an NVML/RM version mismatch.",
     ),
     (IN_USE, "IN_USE", c"In use by another client"),
-    (sys::nvmlReturn_enum_NVML_ERROR_MEMORY, "MEMORY", c"Insufficient Memory"),
-    (sys::nvmlReturn_enum_NVML_ERROR_NO_DATA, "NO_DATA", c"No data"),
+    (
+        sys::nvmlReturn_enum_NVML_ERROR_MEMORY,
+        "MEMORY",
+        c"Insufficient Memory",
+    ),
+    (
+        sys::nvmlReturn_enum_NVML_ERROR_NO_DATA,
+        "NO_DATA",
+        c"No data",
+    ),
     (
         sys::nvmlReturn_enum_NVML_ERROR_VGPU_ECC_NOT_SUPPORTED,
         "VGPU_ECC_NOT_SUPPORTED",
@@ -187,7 +199,10 @@ mod tests {
     #[test]
     fn descriptions_match_nvml_wording() {
         assert_eq!(description(SUCCESS).to_str().unwrap(), "Success");
-        assert_eq!(description(NOT_SUPPORTED).to_str().unwrap(), "Not Supported");
+        assert_eq!(
+            description(NOT_SUPPORTED).to_str().unwrap(),
+            "Not Supported"
+        );
         assert_eq!(description(12345).to_str().unwrap(), "Unknown Error");
     }
 }

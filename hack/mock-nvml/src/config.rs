@@ -133,9 +133,15 @@ mod tests {
         let path = Path::new("/lib/mock-nvml.env");
         for (text, expect) in [
             ("MOCK_NVML_PROFILE", "line 1: expected KEY=VALUE"),
-            ("MOCK_NVML_PROFILE=", "line 1: MOCK_NVML_PROFILE has no value"),
+            (
+                "MOCK_NVML_PROFILE=",
+                "line 1: MOCK_NVML_PROFILE has no value",
+            ),
             ("X=1", "unknown key \"X\""),
-            ("MOCK_NVML_PROFILE=a\nMOCK_NVML_PROFILE=b", "line 2: MOCK_NVML_PROFILE is set twice"),
+            (
+                "MOCK_NVML_PROFILE=a\nMOCK_NVML_PROFILE=b",
+                "line 2: MOCK_NVML_PROFILE is set twice",
+            ),
             ("MOCK_NVML_STATE=s", "MOCK_NVML_PROFILE is not set"),
             ("", "MOCK_NVML_PROFILE is not set"),
         ] {

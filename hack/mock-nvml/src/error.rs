@@ -68,7 +68,11 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
         Error::Io {
             action,
             path: path.into(),

@@ -78,7 +78,9 @@ pub const LAST_ERROR_FUNCTION: &str = "mockNvmlLastError";
 /// `nvmlDeviceGetMemoryInfo_v2` -> `nvmlDeviceGetMemoryInfo`.
 fn unversioned(name: &str) -> &str {
     match name.rsplit_once("_v") {
-        Some((base, digits)) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => {
+        Some((base, digits))
+            if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) =>
+        {
             base
         }
         _ => name,
@@ -106,11 +108,23 @@ mod tests {
 
     #[test]
     fn keys_match_with_and_without_version_suffix() {
-        assert!(key_matches("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2"));
-        assert!(key_matches("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMemoryInfo_v2"));
-        assert!(!key_matches("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMemoryInfo"));
+        assert!(key_matches(
+            "nvmlDeviceGetMemoryInfo",
+            "nvmlDeviceGetMemoryInfo_v2"
+        ));
+        assert!(key_matches(
+            "nvmlDeviceGetMemoryInfo_v2",
+            "nvmlDeviceGetMemoryInfo_v2"
+        ));
+        assert!(!key_matches(
+            "nvmlDeviceGetMemoryInfo_v2",
+            "nvmlDeviceGetMemoryInfo"
+        ));
         assert!(key_matches("nvmlInit", "nvmlInit_v2"));
-        assert!(!key_matches("nvmlDeviceGetGpuInstanceProfileInfo", "nvmlDeviceGetGpuInstanceProfileInfoV"));
+        assert!(!key_matches(
+            "nvmlDeviceGetGpuInstanceProfileInfo",
+            "nvmlDeviceGetGpuInstanceProfileInfoV"
+        ));
     }
 
     #[test]

@@ -61,7 +61,8 @@ pub fn cdylib_path() -> Result<PathBuf, Error> {
         }
         searched.push(candidate);
     }
-    best.map(|(_, p)| p).ok_or(Error::CdylibNotFound { searched })
+    best.map(|(_, p)| p)
+        .ok_or(Error::CdylibNotFound { searched })
 }
 
 /// Installs a private copy of the library in `dir` (as

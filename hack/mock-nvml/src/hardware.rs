@@ -144,7 +144,11 @@ fn compute_instance_profiles(gi: &GiProfile) -> Vec<CiProfile> {
         1 => vec![(1, vec![0], 1)],
         2 => vec![(1, vec![0, 1], 1), (2, vec![0], 2)],
         3 => vec![(1, vec![0, 1, 2], 1), (2, vec![0, 2], 2), (3, vec![0], 4)],
-        4 => vec![(1, vec![0, 1, 2, 3], 1), (2, vec![0, 2], 2), (4, vec![0], 4)],
+        4 => vec![
+            (1, vec![0, 1, 2, 3], 1),
+            (2, vec![0, 2], 2),
+            (4, vec![0], 4),
+        ],
         7 => vec![
             (1, (0..7).collect(), 1),
             (2, vec![0, 2, 4], 2),
@@ -236,11 +240,66 @@ fn a100_80gb() -> MigTable {
         mode_change_needs_reset: true,
         profiles: vec![
             // name, enum, id, slices, instances, MiB, SMs, (dec, enc, ce, jpeg, ofa)
-            gi("1g.10gb", P1, 19, 1, 7, 9728, 14, (0, 0, 1, 0, 0), ONE_SLICE, 1),
-            gi("1g.10gb+me", P1_ME, 20, 1, 1, 9728, 14, (1, 0, 1, 1, 1), ONE_SLICE, 1),
-            gi("1g.20gb", P1_2X, 15, 1, 4, 19968, 14, (1, 0, 1, 0, 0), TWO_SLICES_4, 2),
-            gi("2g.20gb", P2, 14, 2, 3, 19968, 28, (1, 0, 2, 0, 0), TWO_SLICES_3, 2),
-            gi("3g.40gb", P3, 9, 3, 2, 40192, 42, (2, 0, 3, 0, 0), HALVES, 4),
+            gi(
+                "1g.10gb",
+                P1,
+                19,
+                1,
+                7,
+                9728,
+                14,
+                (0, 0, 1, 0, 0),
+                ONE_SLICE,
+                1,
+            ),
+            gi(
+                "1g.10gb+me",
+                P1_ME,
+                20,
+                1,
+                1,
+                9728,
+                14,
+                (1, 0, 1, 1, 1),
+                ONE_SLICE,
+                1,
+            ),
+            gi(
+                "1g.20gb",
+                P1_2X,
+                15,
+                1,
+                4,
+                19968,
+                14,
+                (1, 0, 1, 0, 0),
+                TWO_SLICES_4,
+                2,
+            ),
+            gi(
+                "2g.20gb",
+                P2,
+                14,
+                2,
+                3,
+                19968,
+                28,
+                (1, 0, 2, 0, 0),
+                TWO_SLICES_3,
+                2,
+            ),
+            gi(
+                "3g.40gb",
+                P3,
+                9,
+                3,
+                2,
+                40192,
+                42,
+                (2, 0, 3, 0, 0),
+                HALVES,
+                4,
+            ),
             gi("4g.40gb", P4, 5, 4, 1, 40192, 56, (2, 0, 4, 0, 0), WHOLE, 4),
             gi("7g.80gb", P7, 0, 7, 1, 80640, 98, (5, 0, 7, 1, 1), WHOLE, 8),
         ],
@@ -256,11 +315,66 @@ fn a100_40gb() -> MigTable {
         max_devices: 7,
         mode_change_needs_reset: true,
         profiles: vec![
-            gi("1g.5gb", P1, 19, 1, 7, 4864, 14, (0, 0, 1, 0, 0), ONE_SLICE, 1),
-            gi("1g.5gb+me", P1_ME, 20, 1, 1, 4864, 14, (1, 0, 1, 1, 1), ONE_SLICE, 1),
-            gi("1g.10gb", P1_2X, 15, 1, 4, 9984, 14, (1, 0, 1, 0, 0), TWO_SLICES_4, 2),
-            gi("2g.10gb", P2, 14, 2, 3, 9984, 28, (1, 0, 2, 0, 0), TWO_SLICES_3, 2),
-            gi("3g.20gb", P3, 9, 3, 2, 20096, 42, (2, 0, 3, 0, 0), HALVES, 4),
+            gi(
+                "1g.5gb",
+                P1,
+                19,
+                1,
+                7,
+                4864,
+                14,
+                (0, 0, 1, 0, 0),
+                ONE_SLICE,
+                1,
+            ),
+            gi(
+                "1g.5gb+me",
+                P1_ME,
+                20,
+                1,
+                1,
+                4864,
+                14,
+                (1, 0, 1, 1, 1),
+                ONE_SLICE,
+                1,
+            ),
+            gi(
+                "1g.10gb",
+                P1_2X,
+                15,
+                1,
+                4,
+                9984,
+                14,
+                (1, 0, 1, 0, 0),
+                TWO_SLICES_4,
+                2,
+            ),
+            gi(
+                "2g.10gb",
+                P2,
+                14,
+                2,
+                3,
+                9984,
+                28,
+                (1, 0, 2, 0, 0),
+                TWO_SLICES_3,
+                2,
+            ),
+            gi(
+                "3g.20gb",
+                P3,
+                9,
+                3,
+                2,
+                20096,
+                42,
+                (2, 0, 3, 0, 0),
+                HALVES,
+                4,
+            ),
             gi("4g.20gb", P4, 5, 4, 1, 20096, 56, (2, 0, 4, 0, 0), WHOLE, 4),
             gi("7g.40gb", P7, 0, 7, 1, 40448, 98, (5, 0, 7, 1, 1), WHOLE, 8),
         ],
@@ -275,13 +389,79 @@ fn h100_80gb() -> MigTable {
         max_devices: 7,
         mode_change_needs_reset: false,
         profiles: vec![
-            gi("1g.10gb", P1, 19, 1, 7, 9984, 16, (1, 0, 1, 1, 0), ONE_SLICE, 1),
-            gi("1g.10gb+me", P1_ME, 20, 1, 1, 9984, 16, (1, 0, 1, 1, 1), ONE_SLICE, 1),
-            gi("1g.20gb", P1_2X, 15, 1, 4, 20096, 26, (1, 0, 1, 1, 0), TWO_SLICES_4, 2),
-            gi("2g.20gb", P2, 14, 2, 3, 20096, 32, (2, 0, 2, 2, 0), TWO_SLICES_3, 2),
-            gi("3g.40gb", P3, 9, 3, 2, 40448, 60, (3, 0, 3, 3, 0), HALVES, 4),
+            gi(
+                "1g.10gb",
+                P1,
+                19,
+                1,
+                7,
+                9984,
+                16,
+                (1, 0, 1, 1, 0),
+                ONE_SLICE,
+                1,
+            ),
+            gi(
+                "1g.10gb+me",
+                P1_ME,
+                20,
+                1,
+                1,
+                9984,
+                16,
+                (1, 0, 1, 1, 1),
+                ONE_SLICE,
+                1,
+            ),
+            gi(
+                "1g.20gb",
+                P1_2X,
+                15,
+                1,
+                4,
+                20096,
+                26,
+                (1, 0, 1, 1, 0),
+                TWO_SLICES_4,
+                2,
+            ),
+            gi(
+                "2g.20gb",
+                P2,
+                14,
+                2,
+                3,
+                20096,
+                32,
+                (2, 0, 2, 2, 0),
+                TWO_SLICES_3,
+                2,
+            ),
+            gi(
+                "3g.40gb",
+                P3,
+                9,
+                3,
+                2,
+                40448,
+                60,
+                (3, 0, 3, 3, 0),
+                HALVES,
+                4,
+            ),
             gi("4g.40gb", P4, 5, 4, 1, 40448, 64, (4, 0, 4, 4, 0), WHOLE, 4),
-            gi("7g.80gb", P7, 0, 7, 1, 81152, 132, (7, 0, 8, 7, 1), WHOLE, 8),
+            gi(
+                "7g.80gb",
+                P7,
+                0,
+                7,
+                1,
+                81152,
+                132,
+                (7, 0, 8, 7, 1),
+                WHOLE,
+                8,
+            ),
         ],
     }
 }
@@ -433,12 +613,23 @@ mod tests {
     #[test]
     fn placements_stay_inside_the_memory_slices() {
         for key in MODEL_KEYS {
-            let Some(t) = model(key).unwrap().mig else { continue };
+            let Some(t) = model(key).unwrap().mig else {
+                continue;
+            };
             for p in &t.profiles {
-                assert!(p.instance_count as usize <= p.placements.len(), "{key} {}", p.name);
+                assert!(
+                    p.instance_count as usize <= p.placements.len(),
+                    "{key} {}",
+                    p.name
+                );
                 for s in &p.placements {
                     assert!(s + p.placement_size <= t.memory_slices, "{key} {}", p.name);
-                    assert_eq!(s % p.placement_size.min(4), 0, "{key} {} misaligned", p.name);
+                    assert_eq!(
+                        s % p.placement_size.min(4),
+                        0,
+                        "{key} {} misaligned",
+                        p.name
+                    );
                 }
             }
         }
@@ -459,11 +650,21 @@ mod tests {
         assert_eq!(names("1g.10gb"), ["1g.10gb"]);
         let ci = profile(&t, "3g.40gb").compute_instance_profiles();
         assert_eq!((ci[0].id, ci[0].multiprocessors), (0, 14));
-        assert_eq!((ci[2].id, ci[2].multiprocessors, ci[2].placement_size), (2, 42, 4));
+        assert_eq!(
+            (ci[2].id, ci[2].multiprocessors, ci[2].placement_size),
+            (2, 42, 4)
+        );
         let counts: Vec<u32> = ci.iter().map(|c| c.instance_count).collect();
-        assert_eq!(counts, [3, 1, 1], "1c.3g 3/3, 2c.3g 1/1, 3g 1/1 as -lcip shows");
+        assert_eq!(
+            counts,
+            [3, 1, 1],
+            "1c.3g 3/3, 2c.3g 1/1, 3g 1/1 as -lcip shows"
+        );
         let seven = profile(&t, "7g.80gb").compute_instance_profiles();
-        assert_eq!(seven.last().unwrap().id, sys::NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE);
+        assert_eq!(
+            seven.last().unwrap().id,
+            sys::NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE
+        );
     }
 
     #[test]

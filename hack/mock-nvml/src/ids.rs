@@ -67,7 +67,10 @@ pub fn digest(bytes: &[u8]) -> String {
 
 /// A 13-digit board serial number derived from the GPU UUID.
 pub fn serial_for(uuid: &str) -> String {
-    format!("1{:012}", fnv1a(0x5e71, &[uuid.as_bytes()]) % 1_000_000_000_000)
+    format!(
+        "1{:012}",
+        fnv1a(0x5e71, &[uuid.as_bytes()]) % 1_000_000_000_000
+    )
 }
 
 #[cfg(test)]
@@ -93,7 +96,10 @@ mod tests {
         assert_eq!(a, mig_uuid(parent, 1, 0, 0));
         assert_ne!(a, mig_uuid(parent, 1, 0, 1));
         assert_ne!(a, mig_uuid(parent, 2, 0, 0));
-        assert_ne!(a, mig_uuid("GPU-00000000-0000-0000-0000-000000000000", 1, 0, 0));
+        assert_ne!(
+            a,
+            mig_uuid("GPU-00000000-0000-0000-0000-000000000000", 1, 0, 0)
+        );
     }
 
     #[test]

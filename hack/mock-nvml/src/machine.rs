@@ -76,10 +76,12 @@ impl Machine {
         if let Some(path) = &config.state
             && let Some(state) = StateFile::read(path)?
         {
-            machine.apply_state(&state).map_err(|message| Error::State {
-                path: path.clone(),
-                message,
-            })?;
+            machine
+                .apply_state(&state)
+                .map_err(|message| Error::State {
+                    path: path.clone(),
+                    message,
+                })?;
         }
         Ok(machine)
     }
@@ -238,7 +240,12 @@ impl Machine {
     }
 
     /// The CI profile of a compute instance.
-    pub fn ci_profile(&self, gpu: usize, gi: &GpuInstance, ci: &ComputeInstance) -> Result<CiProfile, Code> {
+    pub fn ci_profile(
+        &self,
+        gpu: usize,
+        gi: &GpuInstance,
+        ci: &ComputeInstance,
+    ) -> Result<CiProfile, Code> {
         self.gi_profile(gpu, gi)?
             .compute_instance_profiles()
             .into_iter()
@@ -252,7 +259,11 @@ impl Machine {
             if gpu.uuid.eq_ignore_ascii_case(uuid) {
                 return Some(self.gpu_handle(i));
             }
-            if let Some((_, ci)) = gpu.mig.mig_devices().find(|(_, c)| c.uuid.eq_ignore_ascii_case(uuid)) {
+            if let Some((_, ci)) = gpu
+                .mig
+                .mig_devices()
+                .find(|(_, c)| c.uuid.eq_ignore_ascii_case(uuid))
+            {
                 return Some(self.mig_handle(i, ci));
             }
         }
@@ -284,7 +295,11 @@ impl Machine {
     /// Applies `change` to a copy of GPU `gpu`, saves the state file (when
     /// configured) and only then keeps the copy: a failed save changes
     /// nothing and is reported as UNKNOWN.
-    pub fn mutate<R>(&mut self, gpu: usize, change: impl FnOnce(&mut Gpu) -> Result<R, Code>) -> Result<R, Code> {
+    pub fn mutate<R>(
+        &mut self,
+        gpu: usize,
+        change: impl FnOnce(&mut Gpu) -> Result<R, Code>,
+    ) -> Result<R, Code> {
         let mut copy = self.gpus[gpu].clone();
         let result = change(&mut copy)?;
         if let Some(path) = &self.state_path {
@@ -381,7 +396,11 @@ fn gpu_state(gpu: &Gpu) -> GpuState {
 
 /// Rebuilds a GPU's mutable state from its state-file entry, checking it
 /// against the hardware rules as if the instances were created again.
-fn restore_gpu(gpu: &Gpu, entry: &GpuState, mig_uuids: &mut HashSet<String>) -> Result<Gpu, String> {
+fn restore_gpu(
+    gpu: &Gpu,
+    entry: &GpuState,
+    mig_uuids: &mut HashSet<String>,
+) -> Result<Gpu, String> {
     let mut gpu = gpu.clone();
     gpu.compute_mode = entry.compute_mode.value();
     gpu.mig_created = entry.mig_created;
@@ -402,7 +421,12 @@ fn restore_gpu(gpu: &Gpu, entry: &GpuState, mig_uuids: &mut HashSet<String>) -> 
             .profiles
             .iter()
             .find(|p| p.id == gi.profile_id)
-            .ok_or_else(|| format!("GPU instance {}: unknown profile id {}", gi.id, gi.profile_id))?;
+            .ok_or_else(|| {
+                format!(
+                    "GPU instance {}: unknown profile id {}",
+                    gi.id, gi.profile_id
+                )
+            })?;
         if gi.size != profile.placement_size {
             return Err(format!(
                 "GPU instance {}: size {} is not the size of {} ({})",
@@ -428,8 +452,16 @@ fn restore_gpu(gpu: &Gpu, entry: &GpuState, mig_uuids: &mut HashSet<String>) -> 
                     ci.id, gi.id, ci.uuid
                 ));
             }
-            mig.create_compute_instance(gi.id, profile.compute_slices, ci_profile, Some(ci.start), Some(ci.id), ci.uuid.clone(), next_serial())
-                .map_err(|e| format!("compute instance {} of GPU instance {}: {e}", ci.id, gi.id))?;
+            mig.create_compute_instance(
+                gi.id,
+                profile.compute_slices,
+                ci_profile,
+                Some(ci.start),
+                Some(ci.id),
+                ci.uuid.clone(),
+                next_serial(),
+            )
+            .map_err(|e| format!("compute instance {} of GPU instance {}: {e}", ci.id, gi.id))?;
         }
     }
     gpu.mig = mig;
@@ -481,7 +513,15 @@ pub fn create_compute_instance(
     let uuid = ids::mig_uuid(&gpu.uuid, gi, next_id, gpu.mig_created);
     let id = gpu
         .mig
-        .create_compute_instance(gi, profile.compute_slices, &ci_profile, start, None, uuid, next_serial())
+        .create_compute_instance(
+            gi,
+            profile.compute_slices,
+            &ci_profile,
+            start,
+            None,
+            uuid,
+            next_serial(),
+        )
         .map_err(|e| e.code())?
         .id;
     gpu.mig_created += 1;
@@ -505,12 +545,18 @@ mod tests {
         let (gi, ci) = m.gpus[1].mig.mig_devices().nth(2).unwrap();
         let mig = m.mig_handle(1, ci);
         assert_eq!(m.device(mig), Ok(DeviceRef::Mig(1, gi.id, ci.id)));
-        assert_eq!(m.full_gpu(mig, codes::NOT_SUPPORTED), Err(codes::NOT_SUPPORTED));
+        assert_eq!(
+            m.full_gpu(mig, codes::NOT_SUPPORTED),
+            Err(codes::NOT_SUPPORTED)
+        );
         assert_eq!(m.device(0), Err(codes::INVALID_ARGUMENT));
         assert_eq!(m.device(0xdead_beef), Err(codes::INVALID_ARGUMENT));
         assert_eq!(m.device(m.gi_handle(1, gi)), Err(codes::INVALID_ARGUMENT));
         // a GPU index past the end
-        assert_eq!(m.device(m.encode(TAG_GPU, 8, 0)), Err(codes::INVALID_ARGUMENT));
+        assert_eq!(
+            m.device(m.encode(TAG_GPU, 8, 0)),
+            Err(codes::INVALID_ARGUMENT)
+        );
         // handles of another machine (another init) are stale
         let other = machine("dgx-a100");
         assert_eq!(other.device(h), Err(codes::INVALID_ARGUMENT));
@@ -525,8 +571,12 @@ mod tests {
         };
         let ci_handle = m.ci_handle(0, &ci);
         assert_eq!(m.compute_instance(ci_handle), Ok((0, gi.id, ci.id)));
-        m.mutate(0, |g| g.mig.destroy_compute_instance(gi.id, ci.id).map_err(|e| e.code()))
-            .unwrap();
+        m.mutate(0, |g| {
+            g.mig
+                .destroy_compute_instance(gi.id, ci.id)
+                .map_err(|e| e.code())
+        })
+        .unwrap();
         assert_eq!(m.compute_instance(ci_handle), Err(codes::INVALID_ARGUMENT));
         assert_eq!(m.device(m.mig_handle(0, &ci)), Err(codes::INVALID_ARGUMENT));
     }
@@ -549,16 +599,48 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_save_changes_nothing() {
+        let config = Config {
+            profile: format!("{}/profiles/mixed.yaml", env!("CARGO_MANIFEST_DIR")).into(),
+            state: Some("/nonexistent-mock-nvml-dir/state.json".into()),
+        };
+        let mut m = Machine::build(&config).unwrap();
+        let change = |g: &mut Gpu| {
+            g.compute_mode = 3;
+            Ok(())
+        };
+        assert_eq!(m.mutate(0, change), Err(codes::UNKNOWN));
+        assert_eq!(m.gpus[0].compute_mode, 0);
+    }
+
+    #[test]
     fn created_instances_get_fresh_uuids() {
         let mut m = machine("mixed");
         let gi = m.mutate(1, |g| create_gpu_instance(g, 19, None)).unwrap();
-        let a = m.mutate(1, |g| create_compute_instance(g, gi, 0, None)).unwrap();
+        let a = m
+            .mutate(1, |g| create_compute_instance(g, gi, 0, None))
+            .unwrap();
         let first = m.ci(1, gi, a).unwrap().uuid.clone();
-        m.mutate(1, |g| g.mig.destroy_compute_instance(gi, a).map_err(|e| e.code())).unwrap();
-        let b = m.mutate(1, |g| create_compute_instance(g, gi, 0, None)).unwrap();
+        m.mutate(1, |g| {
+            g.mig.destroy_compute_instance(gi, a).map_err(|e| e.code())
+        })
+        .unwrap();
+        let b = m
+            .mutate(1, |g| create_compute_instance(g, gi, 0, None))
+            .unwrap();
         assert_eq!(a, b, "the CI id is reused");
-        assert_ne!(m.ci(1, gi, b).unwrap().uuid, first, "but the MIG UUID is new");
-        assert_eq!(m.mutate(0, |g| create_gpu_instance(g, 19, None)), Err(codes::NOT_SUPPORTED));
-        assert_eq!(m.mutate(2, |g| create_gpu_instance(g, 19, None)), Err(codes::NOT_SUPPORTED));
+        assert_ne!(
+            m.ci(1, gi, b).unwrap().uuid,
+            first,
+            "but the MIG UUID is new"
+        );
+        assert_eq!(
+            m.mutate(0, |g| create_gpu_instance(g, 19, None)),
+            Err(codes::NOT_SUPPORTED)
+        );
+        assert_eq!(
+            m.mutate(2, |g| create_gpu_instance(g, 19, None)),
+            Err(codes::NOT_SUPPORTED)
+        );
     }
 }

@@ -132,7 +132,9 @@ impl fmt::Display for MigError {
 
 /// The lowest id not in `taken`.
 pub fn lowest_free_id(taken: &[u32]) -> u32 {
-    (0..=u32::MAX).find(|id| !taken.contains(id)).unwrap_or(u32::MAX)
+    (0..=u32::MAX)
+        .find(|id| !taken.contains(id))
+        .unwrap_or(u32::MAX)
 }
 
 fn overlaps(a_start: u32, a_size: u32, b_start: u32, b_size: u32) -> bool {
@@ -301,7 +303,12 @@ impl MigState {
 
     /// How many more compute instances of `profile` fit in GPU instance `gi`
     /// (which has `gi_slices` compute slices).
-    pub fn remaining_ci_capacity(&self, gi: u32, gi_slices: u32, profile: &CiProfile) -> Result<u32, MigError> {
+    pub fn remaining_ci_capacity(
+        &self,
+        gi: u32,
+        gi_slices: u32,
+        profile: &CiProfile,
+    ) -> Result<u32, MigError> {
         let gi = self
             .gpu_instance(gi)
             .ok_or_else(|| MigError::NotFound(format!("GPU instance {gi}")))?;
@@ -309,7 +316,10 @@ impl MigState {
         let free = profile
             .placements
             .iter()
-            .filter(|s| !cis.iter().any(|c| overlaps(**s, profile.placement_size, c.start, c.size)))
+            .filter(|s| {
+                !cis.iter()
+                    .any(|c| overlaps(**s, profile.placement_size, c.start, c.size))
+            })
             .count() as u32;
         let used: u32 = cis.iter().map(|c| c.slices).sum();
         let by_slices = gi_slices.saturating_sub(used) / profile.slices.max(1);
@@ -371,7 +381,9 @@ impl MigState {
         if used + profile.slices > gi_slices {
             return Err(MigError::NoRoom(profile.name.clone()));
         }
-        if cis.iter().filter(|c| c.profile_id == profile.id).count() as u32 >= profile.instance_count {
+        if cis.iter().filter(|c| c.profile_id == profile.id).count() as u32
+            >= profile.instance_count
+        {
             return Err(MigError::TooMany {
                 profile: profile.name.clone(),
                 max: profile.instance_count,
@@ -438,18 +450,29 @@ mod tests {
         t.profiles.iter().find(|p| p.name == name).unwrap().clone()
     }
 
-    fn create(s: &mut MigState, t: &MigTable, name: &str, start: Option<u32>) -> Result<(u32, u32), MigError> {
+    fn create(
+        s: &mut MigState,
+        t: &MigTable,
+        name: &str,
+        start: Option<u32>,
+    ) -> Result<(u32, u32), MigError> {
         let p = profile(t, name);
-        s.create_gpu_instance(t, &p, start, None, 0).map(|g| (g.id, g.start))
+        s.create_gpu_instance(t, &p, start, None, 0)
+            .map(|g| (g.id, g.start))
     }
 
     #[test]
     fn seven_1g_instances_fill_the_gpu_in_hardware_order() {
         let t = table("A100-SXM4-80GB");
         let mut s = MigState::default();
-        let got: Vec<(u32, u32)> = (0..7).map(|_| create(&mut s, &t, "1g.10gb", None).unwrap()).collect();
+        let got: Vec<(u32, u32)> = (0..7)
+            .map(|_| create(&mut s, &t, "1g.10gb", None).unwrap())
+            .collect();
         // ids 13, 11, 12, 7, 8, 9, 10 as `nvidia-smi mig -cgi 19,19,...` reports
-        assert_eq!(got, [(13, 6), (11, 4), (12, 5), (7, 0), (8, 1), (9, 2), (10, 3)]);
+        assert_eq!(
+            got,
+            [(13, 6), (11, 4), (12, 5), (7, 0), (8, 1), (9, 2), (10, 3)]
+        );
         let err = create(&mut s, &t, "1g.10gb", None).unwrap_err();
         assert_eq!(err.code(), codes::INSUFFICIENT_RESOURCES);
         assert_eq!(s.remaining_gi_capacity(&t, &profile(&t, "1g.10gb")), 0);
@@ -462,10 +485,17 @@ mod tests {
         assert_eq!(create(&mut s, &t, "3g.40gb", Some(4)).unwrap(), (2, 4));
         let err = create(&mut s, &t, "2g.20gb", Some(4)).unwrap_err();
         assert_eq!(err.code(), codes::INSUFFICIENT_RESOURCES);
-        assert!(err.to_string().contains("overlaps GPU instance 2 (3g.40gb at 4:4)"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("overlaps GPU instance 2 (3g.40gb at 4:4)"),
+            "{err}"
+        );
         // 4g.40gb still fits in the lower half: 3g + 4g = the whole GPU.
         assert_eq!(create(&mut s, &t, "4g.40gb", None).unwrap(), (1, 0));
-        assert_eq!(create(&mut s, &t, "1g.10gb", None).unwrap_err().code(), codes::INSUFFICIENT_RESOURCES);
+        assert_eq!(
+            create(&mut s, &t, "1g.10gb", None).unwrap_err().code(),
+            codes::INSUFFICIENT_RESOURCES
+        );
         s.destroy_gpu_instance(2).unwrap();
         assert_eq!(create(&mut s, &t, "2g.20gb", Some(4)).unwrap(), (5, 4));
     }
@@ -486,7 +516,13 @@ mod tests {
         let mut s = MigState::default();
         create(&mut s, &t, "1g.10gb+me", Some(0)).unwrap();
         let err = create(&mut s, &t, "1g.10gb+me", Some(1)).unwrap_err();
-        assert_eq!(err, MigError::TooMany { profile: "1g.10gb+me".into(), max: 1 });
+        assert_eq!(
+            err,
+            MigError::TooMany {
+                profile: "1g.10gb+me".into(),
+                max: 1
+            }
+        );
         assert_eq!(s.remaining_gi_capacity(&t, &profile(&t, "1g.10gb+me")), 0);
         assert_eq!(s.remaining_gi_capacity(&t, &profile(&t, "1g.10gb")), 6);
     }
@@ -498,17 +534,31 @@ mod tests {
         let gi = create(&mut s, &t, "3g.40gb", None).unwrap().0;
         let cis = profile(&t, "3g.40gb").compute_instance_profiles();
         let one = &cis[0];
-        let a = s.create_compute_instance(gi, 3, one, None, None, "MIG-a".into(), 1).unwrap().id;
-        let b = s.create_compute_instance(gi, 3, one, None, None, "MIG-b".into(), 2).unwrap().id;
+        let a = s
+            .create_compute_instance(gi, 3, one, None, None, "MIG-a".into(), 1)
+            .unwrap()
+            .id;
+        let b = s
+            .create_compute_instance(gi, 3, one, None, None, "MIG-b".into(), 2)
+            .unwrap()
+            .id;
         assert_eq!((a, b), (0, 1));
         // the full 3g CI overlaps both
-        let err = s.create_compute_instance(gi, 3, &cis[2], None, None, "MIG-c".into(), 3).unwrap_err();
+        let err = s
+            .create_compute_instance(gi, 3, &cis[2], None, None, "MIG-c".into(), 3)
+            .unwrap_err();
         assert_eq!(err.code(), codes::INSUFFICIENT_RESOURCES);
         assert_eq!(s.remaining_ci_capacity(gi, 3, one).unwrap(), 1);
-        assert_eq!(s.destroy_gpu_instance(gi).unwrap_err().code(), codes::IN_USE);
+        assert_eq!(
+            s.destroy_gpu_instance(gi).unwrap_err().code(),
+            codes::IN_USE
+        );
         s.destroy_compute_instance(gi, a).unwrap();
         s.destroy_compute_instance(gi, b).unwrap();
-        assert_eq!(s.destroy_compute_instance(gi, b).unwrap_err().code(), codes::NOT_FOUND);
+        assert_eq!(
+            s.destroy_compute_instance(gi, b).unwrap_err().code(),
+            codes::NOT_FOUND
+        );
         s.destroy_gpu_instance(gi).unwrap();
         assert!(s.gpu_instances.is_empty());
     }
@@ -518,8 +568,15 @@ mod tests {
         let t = table("A100-SXM4-80GB");
         let mut s = MigState::default();
         let p = profile(&t, "1g.10gb");
-        assert_eq!(s.create_gpu_instance(&t, &p, Some(0), Some(3), 0).unwrap().id, 3);
-        let err = s.create_gpu_instance(&t, &p, Some(1), Some(3), 0).unwrap_err();
+        assert_eq!(
+            s.create_gpu_instance(&t, &p, Some(0), Some(3), 0)
+                .unwrap()
+                .id,
+            3
+        );
+        let err = s
+            .create_gpu_instance(&t, &p, Some(1), Some(3), 0)
+            .unwrap_err();
         assert!(matches!(err, MigError::DuplicateId(_)), "{err}");
     }
 
@@ -531,11 +588,23 @@ mod tests {
         let g2 = create(&mut s, &t, "4g.40gb", None).unwrap_err();
         assert_eq!(g2.code(), codes::INSUFFICIENT_RESOURCES);
         let g3 = create(&mut s, &t, "3g.40gb", None).unwrap().0;
-        let full1 = profile(&t, "1g.10gb").compute_instance_profiles().pop().unwrap();
-        let full3 = profile(&t, "3g.40gb").compute_instance_profiles().pop().unwrap();
-        s.create_compute_instance(g3, 3, &full3, None, None, "MIG-3".into(), 0).unwrap();
-        s.create_compute_instance(g1, 1, &full1, None, None, "MIG-1".into(), 0).unwrap();
+        let full1 = profile(&t, "1g.10gb")
+            .compute_instance_profiles()
+            .pop()
+            .unwrap();
+        let full3 = profile(&t, "3g.40gb")
+            .compute_instance_profiles()
+            .pop()
+            .unwrap();
+        s.create_compute_instance(g3, 3, &full3, None, None, "MIG-3".into(), 0)
+            .unwrap();
+        s.create_compute_instance(g1, 1, &full1, None, None, "MIG-1".into(), 0)
+            .unwrap();
         let order: Vec<&str> = s.mig_devices().map(|(_, c)| c.uuid.as_str()).collect();
-        assert_eq!(order, ["MIG-3", "MIG-1"], "GI 2 (3g at 4) sorts before GI 7 (1g at 0)");
+        assert_eq!(
+            order,
+            ["MIG-3", "MIG-1"],
+            "GI 2 (3g at 4) sorts before GI 7 (1g at 0)"
+        );
     }
 }

@@ -86,7 +86,11 @@ pub fn parse_root(text: &str) -> Option<(u32, u8)> {
     if domain.len() != 4 || bus.len() != 2 {
         return None;
     }
-    if !domain.chars().chain(bus.chars()).all(|c| c.is_ascii_hexdigit()) {
+    if !domain
+        .chars()
+        .chain(bus.chars())
+        .all(|c| c.is_ascii_hexdigit())
+    {
         return None;
     }
     Some((
@@ -104,16 +108,31 @@ mod tests {
         let a = PciAddress::parse("0000:18:00.0").unwrap();
         assert_eq!(PciAddress::parse("00000000:18:00.0"), Some(a));
         assert_eq!(PciAddress::parse("18:00.0"), Some(a));
-        assert_eq!(PciAddress::parse("0000:C3:1f.7").unwrap().nvml(), "00000000:C3:1F.7");
+        assert_eq!(
+            PciAddress::parse("0000:C3:1f.7").unwrap().nvml(),
+            "00000000:C3:1F.7"
+        );
         assert_eq!(a.nvml_legacy(), "0000:18:00.0");
-        assert_eq!(PciAddress::parse("0001:AB:00.0").unwrap().sysfs(), "0001:ab:00.0");
+        assert_eq!(
+            PciAddress::parse("0001:AB:00.0").unwrap().sysfs(),
+            "0001:ab:00.0"
+        );
     }
 
     #[test]
     fn rejects_malformed_addresses() {
         for bad in [
-            "", "18:00", "0000:18:00.8", "0000:18:20.0", "0000:118:00.0", "zz:00.0",
-            "0000:18:00.0.0", "000000000:18:00.0", "0000::00.0", "0000:18:00.", " 0000:18:00.0",
+            "",
+            "18:00",
+            "0000:18:00.8",
+            "0000:18:20.0",
+            "0000:118:00.0",
+            "zz:00.0",
+            "0000:18:00.0.0",
+            "000000000:18:00.0",
+            "0000::00.0",
+            "0000:18:00.",
+            " 0000:18:00.0",
         ] {
             assert_eq!(PciAddress::parse(bad), None, "{bad:?}");
         }
@@ -123,7 +142,13 @@ mod tests {
     fn parses_root_complex_names() {
         assert_eq!(parse_root("pci0000:10"), Some((0, 0x10)));
         assert_eq!(parse_root("pci0001:ab"), Some((1, 0xab)));
-        for bad in ["pci0000:1", "0000:10", "pci00000:10", "pcigggg:10", "pci0000-10"] {
+        for bad in [
+            "pci0000:1",
+            "0000:10",
+            "pci00000:10",
+            "pcigggg:10",
+            "pci0000-10",
+        ] {
             assert_eq!(parse_root(bad), None, "{bad:?}");
         }
     }

@@ -304,6 +304,11 @@ impl Profile {
     }
 }
 
+/// Most GPUs a profile may have (handles carry the index in 8 bits).
+pub const MAX_GPUS: usize = 256;
+/// Most NVSwitches a profile may list.
+pub const MAX_NVSWITCHES: usize = 64;
+
 fn parse_fail(fail: &BTreeMap<String, String>) -> Result<BTreeMap<String, Code>, String> {
     fail.iter()
         .map(|(function, code)| {
@@ -342,7 +347,9 @@ fn apply_overrides(mut model: GpuModel, overrides: Option<&Overrides>) -> Result
     let Some(o) = overrides else { return Ok(model) };
     if let Some(name) = &o.name {
         if name.is_empty() || name.len() >= 96 {
-            return Err(format!("overrides.name {name:?} must have 1 to 95 characters"));
+            return Err(format!(
+                "overrides.name {name:?} must have 1 to 95 characters"
+            ));
         }
         model.name.clone_from(name);
     }
@@ -382,17 +389,25 @@ fn validate_mig_table(table: &MigTable) -> Result<(), String> {
     let mut enums = HashSet::new();
     for p in &table.profiles {
         if !names.insert(&p.name) || !ids.insert(p.id) || !enums.insert(p.nvml_profile) {
-            return Err(format!("profile {}: duplicate name, id or nvmlProfile", p.name));
+            return Err(format!(
+                "profile {}: duplicate name, id or nvmlProfile",
+                p.name
+            ));
         }
         if p.nvml_profile >= nvml_wrapper_sys::bindings::NVML_GPU_INSTANCE_PROFILE_COUNT {
-            return Err(format!("profile {}: nvmlProfile {} out of range", p.name, p.nvml_profile));
+            return Err(format!(
+                "profile {}: nvmlProfile {} out of range",
+                p.name, p.nvml_profile
+            ));
         }
         if p.compute_slices == 0 || p.compute_slices > table.compute_slices {
             return Err(format!("profile {}: computeSlices out of range", p.name));
         }
         if p.placement_size == 0
             || p.placements.is_empty()
-            || p.placements.iter().any(|s| s + p.placement_size > table.memory_slices)
+            || p.placements
+                .iter()
+                .any(|s| s + p.placement_size > table.memory_slices)
         {
             return Err(format!(
                 "profile {}: placements must fit in {} memory slices",
@@ -422,9 +437,24 @@ fn validate(spec: ProfileSpec) -> Result<Profile, String> {
             return Err("nvmlVersion must have 1 to 79 characters".into());
         }
         Some(v) => v.clone(),
-        None => format!("{}.{}", spec.cuda_driver_version / 1000, spec.driver_version),
+        None => format!(
+            "{}.{}",
+            spec.cuda_driver_version / 1000,
+            spec.driver_version
+        ),
     };
     let fail = parse_fail(&spec.fail)?;
+    if spec.gpus.len() > MAX_GPUS {
+        return Err(format!(
+            "gpus: {} GPUs, at most {MAX_GPUS} are supported",
+            spec.gpus.len()
+        ));
+    }
+    if spec.nvswitches.len() > MAX_NVSWITCHES {
+        return Err(format!(
+            "nvswitches: at most {MAX_NVSWITCHES} are supported"
+        ));
+    }
 
     let mut nvswitches = Vec::new();
     for (i, s) in spec.nvswitches.iter().enumerate() {
@@ -440,13 +470,20 @@ fn validate(spec: ProfileSpec) -> Result<Profile, String> {
     let mut gpu_addrs = Vec::new();
     for (i, g) in spec.gpus.iter().enumerate() {
         let addr = PciAddress::parse(&g.pci_bus_id).ok_or_else(|| {
-            format!("gpus[{i}]: pciBusId {:?} is not a PCI address like 0000:18:00.0", g.pci_bus_id)
+            format!(
+                "gpus[{i}]: pciBusId {:?} is not a PCI address like 0000:18:00.0",
+                g.pci_bus_id
+            )
         })?;
         if let Some(j) = gpu_addrs.iter().position(|a| *a == addr) {
-            return Err(format!("gpus[{i}]: pciBusId {addr} is also the address of gpus[{j}]"));
+            return Err(format!(
+                "gpus[{i}]: pciBusId {addr} is also the address of gpus[{j}]"
+            ));
         }
         if nvswitches.contains(&addr) {
-            return Err(format!("gpus[{i}]: pciBusId {addr} is also listed as an NVSwitch"));
+            return Err(format!(
+                "gpus[{i}]: pciBusId {addr} is also listed as an NVSwitch"
+            ));
         }
         gpu_addrs.push(addr);
     }
@@ -459,10 +496,16 @@ fn validate(spec: ProfileSpec) -> Result<Profile, String> {
         let gpu = validate_gpu(g, gpu_addrs[i], &gpu_addrs, &nvswitches, &mut mig_uuids)
             .map_err(|e| format!("gpus[{i}] ({}): {e}", g.uuid))?;
         if !uuids.insert(gpu.uuid.clone()) {
-            return Err(format!("gpus[{i}]: uuid {} is used by another GPU", gpu.uuid));
+            return Err(format!(
+                "gpus[{i}]: uuid {} is used by another GPU",
+                gpu.uuid
+            ));
         }
         if let Some(j) = minors.insert(gpu.minor, i) {
-            return Err(format!("gpus[{i}]: minor {} is also the minor of gpus[{j}]", gpu.minor));
+            return Err(format!(
+                "gpus[{i}]: minor {} is also the minor of gpus[{j}]",
+                gpu.minor
+            ));
         }
         gpus.push(gpu);
     }
@@ -512,13 +555,23 @@ fn validate_gpu(
         ));
     }
     if g.minor >= 255 {
-        return Err(format!("minor {} must be below 255 (255 is /dev/nvidiactl)", g.minor));
+        return Err(format!(
+            "minor {} must be below 255 (255 is /dev/nvidiactl)",
+            g.minor
+        ));
     }
     if g.numa_node < -1 {
-        return Err(format!("numaNode {} must be -1 (unknown) or a node number", g.numa_node));
+        return Err(format!(
+            "numaNode {} must be -1 (unknown) or a node number",
+            g.numa_node
+        ));
     }
-    let (root_domain, _) = pci::parse_root(&g.pcie_root)
-        .ok_or_else(|| format!("pcieRoot {:?} is not a root complex like pci0000:10", g.pcie_root))?;
+    let (root_domain, _) = pci::parse_root(&g.pcie_root).ok_or_else(|| {
+        format!(
+            "pcieRoot {:?} is not a root complex like pci0000:10",
+            g.pcie_root
+        )
+    })?;
     if root_domain != pci.domain {
         return Err(format!(
             "pcieRoot {} is in PCI domain {root_domain:04x} but the GPU is in {:04x}",
@@ -562,7 +615,10 @@ fn validate_gpu(
         let remote = PciAddress::parse(&l.remote)
             .ok_or_else(|| format!("nvlinks[{k}]: remote {:?} is not a PCI address", l.remote))?;
         if remote == pci {
-            return Err(format!("nvlinks[{k}]: link {} points at the GPU itself", l.link));
+            return Err(format!(
+                "nvlinks[{k}]: link {} points at the GPU itself",
+                l.link
+            ));
         }
         if !gpu_addrs.contains(&remote) && !nvswitches.contains(&remote) {
             return Err(format!(
@@ -577,11 +633,17 @@ fn validate_gpu(
     let (mig_current, mig_pending, mig, mig_created) = match &g.mig {
         None => (false, false, MigState::default(), 0),
         Some(spec) => {
-            let table = model.mig.as_ref().ok_or_else(|| {
-                format!("mig: {} is not MIG capable", model.key)
-            })?;
+            let table = model
+                .mig
+                .as_ref()
+                .ok_or_else(|| format!("mig: {} is not MIG capable", model.key))?;
             let (state, created) = build_mig(spec, table, &g.uuid, mig_uuids)?;
-            (spec.current, spec.pending.unwrap_or(spec.current), state, created)
+            (
+                spec.current,
+                spec.pending.unwrap_or(spec.current),
+                state,
+                created,
+            )
         }
     };
 
@@ -627,7 +689,11 @@ fn build_mig(
             .find(|p| p.name == dev.profile)
             .ok_or_else(|| {
                 let known: Vec<&str> = table.profiles.iter().map(|p| p.name.as_str()).collect();
-                at(format!("profile {:?} is not one of {}", dev.profile, known.join(", ")))
+                at(format!(
+                    "profile {:?} is not one of {}",
+                    dev.profile,
+                    known.join(", ")
+                ))
             })?;
         let gi = state
             .create_gpu_instance(table, profile, Some(dev.placement), None, 0)
@@ -637,7 +703,7 @@ fn build_mig(
         let cis: Vec<CiSpec> = match (&dev.compute_instances, &dev.uuid) {
             (Some(_), Some(_)) => {
                 return Err(at(
-                    "uuid belongs on each of computeInstances when they are listed".into()
+                    "uuid belongs on each of computeInstances when they are listed".into(),
                 ));
             }
             (Some(list), None) => list.clone(),
@@ -649,10 +715,17 @@ fn build_mig(
         };
         for (c, ci) in cis.iter().enumerate() {
             let at = |e: String| format!("mig.devices[{d}].computeInstances[{c}]: {e}");
-            let ci_profile = ci_profiles.iter().find(|p| p.name == ci.profile).ok_or_else(|| {
-                let known: Vec<&str> = ci_profiles.iter().map(|p| p.name.as_str()).collect();
-                at(format!("profile {:?} is not one of {}", ci.profile, known.join(", ")))
-            })?;
+            let ci_profile = ci_profiles
+                .iter()
+                .find(|p| p.name == ci.profile)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = ci_profiles.iter().map(|p| p.name.as_str()).collect();
+                    at(format!(
+                        "profile {:?} is not one of {}",
+                        ci.profile,
+                        known.join(", ")
+                    ))
+                })?;
             let uuid = match &ci.uuid {
                 Some(u) if !ids::is_mig_uuid(u) => {
                     return Err(at(format!(
@@ -673,7 +746,15 @@ fn build_mig(
                 return Err(at(format!("uuid {uuid} is used twice")));
             }
             state
-                .create_compute_instance(gi, profile.compute_slices, ci_profile, ci.placement, None, uuid, 0)
+                .create_compute_instance(
+                    gi,
+                    profile.compute_slices,
+                    ci_profile,
+                    ci.placement,
+                    None,
+                    uuid,
+                    0,
+                )
                 .map_err(|e| at(e.to_string()))?;
             created += 1;
         }

@@ -70,7 +70,9 @@ pub fn init(function: &str, library_dir: Option<&std::path::Path>) -> Code {
     }
     let config = match config::resolve(library_dir) {
         Ok(c) => c,
-        Err(e @ Error::NotConfigured) => return fail_init(codes::DRIVER_NOT_LOADED, &e.to_string()),
+        Err(e @ Error::NotConfigured) => {
+            return fail_init(codes::DRIVER_NOT_LOADED, &e.to_string());
+        }
         Err(e) => return fail_init(codes::UNKNOWN, &e.to_string()),
     };
     let digest = match std::fs::read(&config.profile) {

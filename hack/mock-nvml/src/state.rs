@@ -106,10 +106,9 @@ impl StateFile {
             message: format!("cannot encode: {e}"),
         })?;
         text.push('\n');
-        let file_name = path.file_name().map_or_else(
-            || "state".into(),
-            |n| n.to_string_lossy().into_owned(),
-        );
+        let file_name = path
+            .file_name()
+            .map_or_else(|| "state".into(), |n| n.to_string_lossy().into_owned());
         let tmp = path.with_file_name(format!(".{file_name}.{}.tmp", std::process::id()));
         let result = (|| {
             let mut file = std::fs::File::create(&tmp)?;
@@ -164,7 +163,10 @@ mod tests {
         sample().write(&path).unwrap();
         assert_eq!(StateFile::read(&path).unwrap(), Some(sample()));
         // no temporary file left behind
-        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names, ["state.json"]);
     }
 
@@ -174,7 +176,10 @@ mod tests {
         let path = dir.path().join("state.json");
         for (text, expect) in [
             ("{", "not a state file"),
-            ("{\"version\": 1, \"gpus\": [], \"extra\": 1}", "unknown field `extra`"),
+            (
+                "{\"version\": 1, \"gpus\": [], \"extra\": 1}",
+                "unknown field `extra`",
+            ),
             ("{\"version\": 7, \"gpus\": []}", "version 7 is not 1"),
             ("[]", "not a state file"),
         ] {

@@ -34,7 +34,10 @@ pub fn write(profile: &Profile, root: &Path) -> Result<(), Error> {
         let relative = device_path(gpu);
         let dir = root.join(&relative);
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("create sysfs directory", &dir, e))?;
-        let (device, vendor) = (gpu.model.pci_device_id >> 16, gpu.model.pci_device_id & 0xffff);
+        let (device, vendor) = (
+            gpu.model.pci_device_id >> 16,
+            gpu.model.pci_device_id & 0xffff,
+        );
         let (sub_device, sub_vendor) = (
             gpu.model.pci_subsystem_id >> 16,
             gpu.model.pci_subsystem_id & 0xffff,
@@ -42,8 +45,14 @@ pub fn write(profile: &Profile, root: &Path) -> Result<(), Error> {
         write_file(&dir.join("numa_node"), &format!("{}\n", gpu.numa_node))?;
         write_file(&dir.join("vendor"), &format!("0x{vendor:04x}\n"))?;
         write_file(&dir.join("device"), &format!("0x{device:04x}\n"))?;
-        write_file(&dir.join("subsystem_vendor"), &format!("0x{sub_vendor:04x}\n"))?;
-        write_file(&dir.join("subsystem_device"), &format!("0x{sub_device:04x}\n"))?;
+        write_file(
+            &dir.join("subsystem_vendor"),
+            &format!("0x{sub_vendor:04x}\n"),
+        )?;
+        write_file(
+            &dir.join("subsystem_device"),
+            &format!("0x{sub_device:04x}\n"),
+        )?;
         // 3D controller, as data-center GPUs report.
         write_file(&dir.join("class"), "0x030200\n")?;
 
@@ -104,12 +113,24 @@ gpus:
                 .unwrap()
                 .join("devices/pci0000:10/0000:10:01.0/0000:11:00.0/0000:18:00.0")
         );
-        assert_eq!(std::fs::read_to_string(link.join("numa_node")).unwrap(), "-1\n");
-        assert_eq!(std::fs::read_to_string(link.join("device")).unwrap(), "0x1eb8\n");
-        assert_eq!(std::fs::read_to_string(link.join("vendor")).unwrap(), "0x10de\n");
+        assert_eq!(
+            std::fs::read_to_string(link.join("numa_node")).unwrap(),
+            "-1\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(link.join("device")).unwrap(),
+            "0x1eb8\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(link.join("vendor")).unwrap(),
+            "0x10de\n"
+        );
 
         let l4 = root.path().join("bus/pci/devices/0000:af:00.0");
-        assert_eq!(std::fs::read_to_string(l4.join("numa_node")).unwrap(), "1\n");
+        assert_eq!(
+            std::fs::read_to_string(l4.join("numa_node")).unwrap(),
+            "1\n"
+        );
         assert_eq!(
             std::fs::read_link(&l4).unwrap(),
             Path::new("../../../devices/pci0000:ae/0000:af:00.0")

@@ -93,10 +93,22 @@ mod tests {
     fn dgx_a100_levels_follow_the_pcie_tree() {
         let p = load("dgx-a100");
         let g = &p.gpus;
-        assert_eq!(common_ancestor(&g[0], &g[0]), sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_INTERNAL);
-        assert_eq!(common_ancestor(&g[0], &g[1]), sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_MULTIPLE);
-        assert_eq!(common_ancestor(&g[0], &g[2]), sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_NODE);
-        assert_eq!(common_ancestor(&g[0], &g[7]), sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_SYSTEM);
+        assert_eq!(
+            common_ancestor(&g[0], &g[0]),
+            sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_INTERNAL
+        );
+        assert_eq!(
+            common_ancestor(&g[0], &g[1]),
+            sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_MULTIPLE
+        );
+        assert_eq!(
+            common_ancestor(&g[0], &g[2]),
+            sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_NODE
+        );
+        assert_eq!(
+            common_ancestor(&g[0], &g[7]),
+            sys::nvmlGpuLevel_enum_NVML_TOPOLOGY_SYSTEM
+        );
     }
 
     #[test]

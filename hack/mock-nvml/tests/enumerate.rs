@@ -8,16 +8,16 @@
 mod common;
 
 use common::Fake;
+use nvidia_ml::fixture::{BUNDLED_PROFILES, bundled_profile};
+use nvidia_ml::profile::Profile;
 use nvml_wrapper::Device;
+use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::{
     Brand, ComputeMode, P2pCapabilitiesIndex, P2pStatus, TopologyLevel,
 };
-use nvml_wrapper::Nvml;
-use nvml_wrapper_sys::bindings as sys;
 use nvml_wrapper::enums::device::DeviceArchitecture;
 use nvml_wrapper::error::NvmlError;
-use nvidia_ml::fixture::{BUNDLED_PROFILES, bundled_profile};
-use nvidia_ml::profile::Profile;
+use nvml_wrapper_sys::bindings as sys;
 
 /// What the driver reads of every GPU, in one comparable record.
 #[derive(Debug, PartialEq)]
@@ -48,7 +48,11 @@ fn seen(d: &Device<'_>) -> Seen {
 
 /// `nvmlDeviceGetNvLinkRemoteDeviceType`, called directly.
 fn remote_device_type(nvml: &Nvml, d: &Device<'_>, link: u32) -> u32 {
-    let sym = nvml.lib().nvmlDeviceGetNvLinkRemoteDeviceType.as_ref().unwrap();
+    let sym = nvml
+        .lib()
+        .nvmlDeviceGetNvLinkRemoteDeviceType
+        .as_ref()
+        .unwrap();
     let mut kind = sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN;
     // SAFETY: a device handle from this `nvml` and a valid output pointer.
     let rc = unsafe { sym(d.handle(), link, &raw mut kind) };
@@ -65,7 +69,11 @@ fn every_profile_enumerates_as_written() {
         assert_eq!(nvml.sys_driver_version().unwrap(), "580.95.05", "{name}");
         assert_eq!(nvml.sys_cuda_driver_version().unwrap(), 13000, "{name}");
         assert_eq!(nvml.sys_nvml_version().unwrap(), "13.580.95.05", "{name}");
-        assert_eq!(nvml.device_count().unwrap() as usize, profile.gpus.len(), "{name}");
+        assert_eq!(
+            nvml.device_count().unwrap() as usize,
+            profile.gpus.len(),
+            "{name}"
+        );
         for (i, gpu) in profile.gpus.iter().enumerate() {
             let d = nvml.device_by_index(i as u32).unwrap();
             let expected = Seen {
@@ -79,9 +87,18 @@ fn every_profile_enumerates_as_written() {
             };
             assert_eq!(seen(&d), expected, "{name} GPU {i}");
             // the same GPU by UUID and by PCI address, in sysfs spelling
-            assert_eq!(nvml.device_by_uuid(gpu.uuid.as_str()).unwrap().index().unwrap(), i as u32);
             assert_eq!(
-                nvml.device_by_pci_bus_id(gpu.pci.sysfs()).unwrap().index().unwrap(),
+                nvml.device_by_uuid(gpu.uuid.as_str())
+                    .unwrap()
+                    .index()
+                    .unwrap(),
+                i as u32
+            );
+            assert_eq!(
+                nvml.device_by_pci_bus_id(gpu.pci.sysfs())
+                    .unwrap()
+                    .index()
+                    .unwrap(),
                 i as u32
             );
             let numa = d.numa_node_id().unwrap();
@@ -94,10 +111,34 @@ fn every_profile_enumerates_as_written() {
 #[test]
 fn products_report_real_identities() {
     let cases = [
-        ("dgx-h100", "NVIDIA H100 80GB HBM3", DeviceArchitecture::Hopper, (9, 0), 81559),
-        ("dgx-a100", "NVIDIA A100-SXM4-80GB", DeviceArchitecture::Ampere, (8, 0), 81920),
-        ("pcie-a100-bridged", "NVIDIA A100-PCIE-40GB", DeviceArchitecture::Ampere, (8, 0), 40960),
-        ("t4-inference", "Tesla T4", DeviceArchitecture::Turing, (7, 5), 15360),
+        (
+            "dgx-h100",
+            "NVIDIA H100 80GB HBM3",
+            DeviceArchitecture::Hopper,
+            (9, 0),
+            81559,
+        ),
+        (
+            "dgx-a100",
+            "NVIDIA A100-SXM4-80GB",
+            DeviceArchitecture::Ampere,
+            (8, 0),
+            81920,
+        ),
+        (
+            "pcie-a100-bridged",
+            "NVIDIA A100-PCIE-40GB",
+            DeviceArchitecture::Ampere,
+            (8, 0),
+            40960,
+        ),
+        (
+            "t4-inference",
+            "Tesla T4",
+            DeviceArchitecture::Turing,
+            (7, 5),
+            15360,
+        ),
     ];
     for (profile, product, arch, (major, minor), mib) in cases {
         let fake = Fake::bundled(profile);
@@ -138,7 +179,10 @@ fn mig_mode_is_reported_per_gpu() {
     let nvml = fake.nvml();
     let t4 = nvml.device_by_index(0).unwrap();
     assert!(matches!(t4.mig_mode(), Err(NvmlError::NotSupported)));
-    assert!(matches!(t4.mig_device_count(), Err(NvmlError::NotSupported)));
+    assert!(matches!(
+        t4.mig_device_count(),
+        Err(NvmlError::NotSupported)
+    ));
     assert!(matches!(t4.profile_info(0), Err(NvmlError::NotSupported)));
     assert!(!t4.mig_is_mig_device_handle().unwrap());
 }
@@ -157,17 +201,27 @@ fn nvswitch_fabric_connects_every_pair() {
             sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH
         );
         for b in &gpus {
-            assert_eq!(a.p2p_status(b, P2pCapabilitiesIndex::NvLink).unwrap(), P2pStatus::Ok);
+            assert_eq!(
+                a.p2p_status(b, P2pCapabilitiesIndex::NvLink).unwrap(),
+                P2pStatus::Ok
+            );
         }
     }
     // links past the chip's 18 are invalid, not inactive
-    assert!(matches!(gpus[0].link_wrapper_for(18).is_active(), Err(NvmlError::InvalidArg)));
+    assert!(matches!(
+        gpus[0].link_wrapper_for(18).is_active(),
+        Err(NvmlError::InvalidArg)
+    ));
     assert_eq!(
-        gpus[0].topology_common_ancestor(nvml.device_by_index(7).unwrap()).unwrap(),
+        gpus[0]
+            .topology_common_ancestor(nvml.device_by_index(7).unwrap())
+            .unwrap(),
         TopologyLevel::System
     );
     assert_eq!(
-        gpus[0].topology_common_ancestor(nvml.device_by_index(1).unwrap()).unwrap(),
+        gpus[0]
+            .topology_common_ancestor(nvml.device_by_index(1).unwrap())
+            .unwrap(),
         TopologyLevel::Node
     );
 }
@@ -184,9 +238,14 @@ fn nvlink_bridges_join_only_their_pair() {
         remote_device_type(&nvml, &g[0], 0),
         sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU
     );
-    assert_eq!(g[0].p2p_status(&g[1], P2pCapabilitiesIndex::NvLink).unwrap(), P2pStatus::Ok);
     assert_eq!(
-        g[1].p2p_status(&g[2], P2pCapabilitiesIndex::NvLink).unwrap(),
+        g[0].p2p_status(&g[1], P2pCapabilitiesIndex::NvLink)
+            .unwrap(),
+        P2pStatus::Ok
+    );
+    assert_eq!(
+        g[1].p2p_status(&g[2], P2pCapabilitiesIndex::NvLink)
+            .unwrap(),
         P2pStatus::NotSupported
     );
     assert_eq!(
@@ -196,7 +255,10 @@ fn nvlink_bridges_join_only_their_pair() {
     assert_eq!(g[0].numa_node_id().unwrap(), 0);
     assert_eq!(g[3].numa_node_id().unwrap(), 1);
     // links 12..18 do not exist on A100
-    assert!(matches!(g[0].link_wrapper_for(12).is_active(), Err(NvmlError::InvalidArg)));
+    assert!(matches!(
+        g[0].link_wrapper_for(12).is_active(),
+        Err(NvmlError::InvalidArg)
+    ));
 }
 
 #[test]
@@ -205,21 +267,120 @@ fn t4s_have_no_nvlink_and_share_a_switch() {
     let nvml = fake.nvml();
     let a = nvml.device_by_index(0).unwrap();
     let b = nvml.device_by_index(3).unwrap();
-    assert!(matches!(a.link_wrapper_for(0).is_active(), Err(NvmlError::NotSupported)));
-    assert_eq!(a.topology_common_ancestor(b).unwrap(), TopologyLevel::Single);
+    assert!(matches!(
+        a.link_wrapper_for(0).is_active(),
+        Err(NvmlError::NotSupported)
+    ));
+    assert_eq!(
+        a.topology_common_ancestor(b).unwrap(),
+        TopologyLevel::Single
+    );
 }
 
 #[test]
 fn lookups_of_unknown_devices_fail_like_nvml() {
     let fake = Fake::bundled("mixed");
     let nvml = fake.nvml();
-    assert!(matches!(nvml.device_by_index(4), Err(NvmlError::InvalidArg)));
+    assert!(matches!(
+        nvml.device_by_index(4),
+        Err(NvmlError::InvalidArg)
+    ));
     assert!(matches!(
         nvml.device_by_uuid("GPU-00000000-0000-0000-0000-000000000000"),
         Err(NvmlError::NotFound)
     ));
-    assert!(matches!(nvml.device_by_pci_bus_id("0000:99:00.0"), Err(NvmlError::NotFound)));
-    assert!(matches!(nvml.device_by_pci_bus_id("not-an-address"), Err(NvmlError::InvalidArg)));
+    assert!(matches!(
+        nvml.device_by_pci_bus_id("0000:99:00.0"),
+        Err(NvmlError::NotFound)
+    ));
+    assert!(matches!(
+        nvml.device_by_pci_bus_id("not-an-address"),
+        Err(NvmlError::InvalidArg)
+    ));
     // upper case and the 8-digit domain are accepted
-    assert_eq!(nvml.device_by_pci_bus_id("00000000:3C:00.0").unwrap().index().unwrap(), 2);
+    assert_eq!(
+        nvml.device_by_pci_bus_id("00000000:3C:00.0")
+            .unwrap()
+            .index()
+            .unwrap(),
+        2
+    );
+}
+
+#[test]
+fn sysfs_tree_matches_what_nvml_reports() {
+    let profile = Profile::load(&bundled_profile("dgx-a100")).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    profile.write_sysfs(root.path()).unwrap();
+    let devices = std::fs::canonicalize(root.path()).unwrap().join("devices");
+    let fake = Fake::bundled("dgx-a100");
+    let nvml = fake.nvml();
+    for i in 0..8 {
+        let d = nvml.device_by_index(i).unwrap();
+        // NVML's 8-digit domain to sysfs' 4-digit, lower case
+        let bus_id = d.pci_info().unwrap().bus_id;
+        let name = bus_id[4..].to_lowercase();
+        let real = std::fs::canonicalize(root.path().join("bus/pci/devices").join(&name)).unwrap();
+        assert_eq!(real.file_name().unwrap().to_str().unwrap(), name);
+        let numa: u32 = std::fs::read_to_string(real.join("numa_node"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(numa, d.numa_node_id().unwrap(), "GPU {i}");
+        let pcie_root = real
+            .strip_prefix(&devices)
+            .unwrap()
+            .components()
+            .next()
+            .unwrap();
+        assert_eq!(
+            pcie_root.as_os_str().to_str().unwrap(),
+            profile.gpus[i as usize].pcie_root,
+            "GPU {i}"
+        );
+    }
+}
+
+#[test]
+fn addressing_mode_is_reported_only_when_the_profile_sets_it() {
+    let yaml = std::fs::read_to_string(bundled_profile("mixed"))
+        .unwrap()
+        .replacen(
+            "    minor: 0\n",
+            "    minor: 0\n    addressingMode: HMM\n",
+            1,
+        );
+    let fake = Fake::with_yaml(&yaml);
+    let nvml = fake.nvml();
+    let sym = nvml.lib().nvmlDeviceGetAddressingMode.as_ref().unwrap();
+    let mode = |index: u32| {
+        let d = nvml.device_by_index(index).unwrap();
+        let mut mode = sys::nvmlDeviceAddressingMode_t {
+            version: (std::mem::size_of::<sys::nvmlDeviceAddressingMode_v1_t>() as u32) | (1 << 24),
+            value: 99,
+        };
+        // SAFETY: a device handle of this library and a versioned v1 struct.
+        let rc = unsafe { sym(d.handle(), &raw mut mode) };
+        (rc, mode.value)
+    };
+    assert_eq!(
+        mode(0),
+        (
+            0,
+            sys::nvmlDeviceAddressingModeType_t_NVML_DEVICE_ADDRESSING_MODE_HMM
+        )
+    );
+    assert_eq!(mode(1).0, 3, "NOT_SUPPORTED without addressingMode");
+}
+
+#[test]
+fn init_with_flags_works_like_init() {
+    let fake = Fake::bundled("t4-inference");
+    let nvml = Nvml::builder()
+        .lib_path(fake.lib.as_os_str())
+        .flags(nvml_wrapper::bitmasks::InitFlags::NO_GPUS)
+        .init()
+        .unwrap();
+    assert_eq!(nvml.device_count().unwrap(), 4);
 }

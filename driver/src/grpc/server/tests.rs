@@ -9,6 +9,7 @@ use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::*;
+use crate::grpc::dra::{ClaimRef, ClaimResults, PreparedDevice};
 
 fn short_tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
@@ -196,4 +197,92 @@ async fn prepare_through_the_socket_answers_every_claim() {
     assert!(resp.claims["u1"].error.contains("not implemented yet"));
     assert!(resp.claims[""].error.contains("empty"));
     handle.shutdown().await.unwrap();
+}
+
+/// Unprepares slowly, to have a call in flight during shutdown; says when
+/// a call has arrived.
+#[derive(Default)]
+struct Slow {
+    arrived: tokio::sync::Notify,
+}
+
+impl ClaimPreparer for Slow {
+    fn prepare<'a>(
+        &'a self,
+        claims: &'a [ClaimRef],
+    ) -> futures::future::BoxFuture<'a, ClaimResults<Vec<PreparedDevice>>> {
+        NotImplementedPreparer.prepare(claims)
+    }
+
+    fn unprepare<'a>(
+        &'a self,
+        claims: &'a [ClaimRef],
+    ) -> futures::future::BoxFuture<'a, ClaimResults<()>> {
+        Box::pin(async move {
+            self.arrived.notify_one();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            claims.iter().map(|c| (c.uid.clone(), Ok(()))).collect()
+        })
+    }
+}
+
+fn slow_call(
+    mut dra: DraPluginClient<Channel>,
+) -> tokio::task::JoinHandle<
+    Result<tonic::Response<v1::NodeUnprepareResourcesResponse>, tonic::Status>,
+> {
+    tokio::spawn(async move {
+        dra.node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![v1::Claim {
+                namespace: "default".into(),
+                uid: "slow".into(),
+                name: "c".into(),
+            }],
+        })
+        .await
+    })
+}
+
+#[tokio::test]
+async fn shutdown_drains_in_flight_calls_after_deregistering() {
+    let t = short_tempdir();
+    let slow = Arc::new(Slow::default());
+    let services = Services {
+        preparer: slow.clone(),
+        ..Services::default()
+    };
+    let handle = Server::start(config(t.path()), services).await.unwrap();
+    let reg_path = handle.registration_socket().to_owned();
+    let call = slow_call(DraPluginClient::new(channel(handle.dra_socket()).await));
+    slow.arrived.notified().await;
+    let shutdown = tokio::spawn(handle.shutdown());
+    while reg_path.exists() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        !shutdown.is_finished(),
+        "shutdown did not wait for the call"
+    );
+    let resp = call.await.unwrap().unwrap().into_inner();
+    assert_eq!(resp.claims["slow"].error, "");
+    shutdown.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn the_drain_gives_up_at_its_timeout() {
+    let t = short_tempdir();
+    let mut c = config(t.path());
+    c.drain_timeout = Duration::from_millis(100);
+    let slow = Arc::new(Slow::default());
+    let services = Services {
+        preparer: slow.clone(),
+        ..Services::default()
+    };
+    let handle = Server::start(c, services).await.unwrap();
+    let dra_path = handle.dra_socket().to_owned();
+    let _call = slow_call(DraPluginClient::new(channel(&dra_path).await));
+    slow.arrived.notified().await;
+    let e = handle.shutdown().await.unwrap_err();
+    assert!(matches!(e, Error::DrainTimeout { .. }), "{e}");
+    assert!(!dra_path.exists());
 }

@@ -211,7 +211,7 @@ fn taints_lower_the_device_limit_and_are_capped() {
             let mut g = base.clone();
             g.info.minor = i;
             g.info.uuid = format!("GPU-{i}");
-            g.info.pci_bus_id = format!("0000:{:02x}:00.0", i);
+            g.info.pci_bus_id = format!("0000:{i:02x}:00.0");
             g
         })
         .collect();

@@ -785,3 +785,81 @@ async fn wait_for_sees_later_writes() {
         .unwrap_err();
     assert_eq!(timed_out.len(), 1);
 }
+
+#[test]
+fn garbage_collection_needs_every_owner_gone() {
+    let s = store();
+    let a = s
+        .create(Resource::Nodes, None, node("a"), &opts("t"))
+        .unwrap();
+    let b = s
+        .create(Resource::Nodes, None, node("b"), &opts("t"))
+        .unwrap();
+    let owner = |n: &Value| json!({"apiVersion": "v1", "kind": "Node", "name": meta::name(n), "uid": meta::uid(n)});
+    let mut shared = slice("shared", "a");
+    shared["metadata"]["ownerReferences"] = json!([owner(&a), owner(&b)]);
+    s.create(Resource::ResourceSlices, None, shared, &opts("t"))
+        .unwrap();
+    let mut dangling = slice("dangling", "c");
+    dangling["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "v1", "kind": "Node", "name": "c", "uid": "no-such-uid"}]);
+    s.create(Resource::ResourceSlices, None, dangling, &opts("t"))
+        .unwrap();
+
+    s.delete(Resource::Nodes, None, "a", &DeleteOptions::default())
+        .unwrap();
+    assert!(
+        s.get(Resource::ResourceSlices, None, "shared").is_ok(),
+        "b still owns it"
+    );
+    s.delete(Resource::Nodes, None, "b", &DeleteOptions::default())
+        .unwrap();
+    assert!(s.get(Resource::ResourceSlices, None, "shared").is_err());
+    assert!(
+        s.get(Resource::ResourceSlices, None, "dangling").is_ok(),
+        "dangling references are not collected"
+    );
+}
+
+#[test]
+fn status_apply_records_its_manager() {
+    let s = store();
+    s.create(
+        Resource::ResourceClaims,
+        Some("default"),
+        claim("c"),
+        &opts("t"),
+    )
+    .unwrap();
+    let config = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "default"},
+        "spec": {"ignored": true},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}
+        ]}}}
+    });
+    let (applied, created) = s
+        .patch(
+            Resource::ResourceClaims,
+            Some("default"),
+            "c",
+            &PatchBody::Apply(config),
+            true,
+            &opts("scheduler"),
+        )
+        .unwrap();
+    assert!(!created);
+    assert!(applied["spec"].get("ignored").is_none());
+    let entry = applied["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["manager"] == "scheduler")
+        .expect("the status apply is recorded")
+        .clone();
+    assert_eq!(entry["operation"], "Apply");
+    assert_eq!(entry["subresource"], "status");
+    assert!(entry["fieldsV1"]["f:status"]["f:allocation"].is_object());
+    assert!(entry["fieldsV1"].get("f:spec").is_none());
+}

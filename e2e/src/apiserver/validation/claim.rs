@@ -279,7 +279,7 @@ fn validate_selectors(errs: &mut Errors, obj: &Map<String, Value>, path: &Path) 
         match errs.string(cel, "expression", &cp) {
             None | Some("") => errs.required(&cp.child("expression"), ""),
             Some(expr) if expr.len() > MAX_CEL_LEN => {
-                errs.too_long(&cp.child("expression"), MAX_CEL_LEN)
+                errs.too_long(&cp.child("expression"), MAX_CEL_LEN);
             }
             Some(_) => {}
         }
@@ -410,14 +410,14 @@ pub(super) fn validate_claim_status(
     let apath = path.child("allocation");
     let mut allocated = BTreeSet::new();
     if let Some(allocation) = allocation {
-        if let Some(old_allocation) = old_allocation {
-            if *old_allocation != Value::Object(allocation.clone()) {
-                errs.invalid(
-                    &apath,
-                    &Value::Object(allocation.clone()),
-                    "field is immutable",
-                );
-            }
+        if let Some(old_allocation) = old_allocation
+            && *old_allocation != Value::Object(allocation.clone())
+        {
+            errs.invalid(
+                &apath,
+                &Value::Object(allocation.clone()),
+                "field is immutable",
+            );
         }
         if let Some(devices) = errs.object(allocation, "devices", &apath) {
             let dpath = apath.child("devices");

@@ -202,7 +202,11 @@ export! {
 }
 
 /// An `nvmlPciInfo_t` for an address.
-pub(super) fn pci_info(address: PciAddress, device_id: u32, subsystem_id: u32) -> sys::nvmlPciInfo_t {
+pub(super) fn pci_info(
+    address: PciAddress,
+    device_id: u32,
+    subsystem_id: u32,
+) -> sys::nvmlPciInfo_t {
     sys::nvmlPciInfo_t {
         busIdLegacy: fill(&address.nvml_legacy()),
         domain: address.domain,

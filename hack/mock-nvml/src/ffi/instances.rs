@@ -7,8 +7,8 @@ use std::ffi::c_uint;
 use nvml_wrapper_sys::bindings as sys;
 
 use super::{
-    export, fill, handle_of, non_null, pointer_of, read, struct_version, struct_version_of,
-    write, write_array, write_counted,
+    export, fill, handle_of, non_null, pointer_of, read, struct_version, struct_version_of, write,
+    write_array, write_counted,
 };
 use crate::codes::{self, Code};
 use crate::hardware::{CiProfile, GiProfile};
@@ -16,14 +16,22 @@ use crate::machine::{self, Machine};
 use crate::runtime;
 
 /// Resolves a GPU instance handle, applying injected failures of `name`.
-fn gpu_instance(m: &Machine, handle: sys::nvmlGpuInstance_t, name: &str) -> Result<(usize, u32), Code> {
+fn gpu_instance(
+    m: &Machine,
+    handle: sys::nvmlGpuInstance_t,
+    name: &str,
+) -> Result<(usize, u32), Code> {
     let (g, gi) = m.gpu_instance(handle_of(handle))?;
     m.injected(name, Some(g))?;
     Ok((g, gi))
 }
 
 /// Resolves a compute instance handle, applying injected failures of `name`.
-fn compute_instance(m: &Machine, handle: sys::nvmlComputeInstance_t, name: &str) -> Result<(usize, u32, u32), Code> {
+fn compute_instance(
+    m: &Machine,
+    handle: sys::nvmlComputeInstance_t,
+    name: &str,
+) -> Result<(usize, u32, u32), Code> {
     let (g, gi, ci) = m.compute_instance(handle_of(handle))?;
     m.injected(name, Some(g))?;
     Ok((g, gi, ci))
@@ -59,7 +67,12 @@ export! {
 
 /// The compute-instance profile `profile` (`NVML_COMPUTE_INSTANCE_PROFILE_*`)
 /// of a GPU instance, with the GI profile.
-fn ci_profile(m: &Machine, g: usize, gi: u32, profile: c_uint) -> Result<(GiProfile, CiProfile), Code> {
+fn ci_profile(
+    m: &Machine,
+    g: usize,
+    gi: u32,
+    profile: c_uint,
+) -> Result<(GiProfile, CiProfile), Code> {
     if profile >= sys::NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
         return Err(codes::INVALID_ARGUMENT);
     }

@@ -9,8 +9,8 @@ use std::ffi::c_uint;
 use nvml_wrapper_sys::bindings as sys;
 
 use super::{
-    device, export, fill, full_gpu, non_null, pointer_of, read, struct_version,
-    struct_version_of, write, write_array, write_counted,
+    device, export, fill, full_gpu, non_null, pointer_of, read, struct_version, struct_version_of,
+    write, write_array, write_counted,
 };
 use crate::codes::{self, Code};
 use crate::hardware::GiProfile;
@@ -141,7 +141,12 @@ export! {
 
 /// The GI profile with `NVML_GPU_INSTANCE_PROFILE_*` index `profile` on a
 /// MIG-enabled GPU.
-fn profile_by_enum<'m>(m: &'m Machine, handle: sys::nvmlDevice_t, name: &str, profile: c_uint) -> Result<(usize, &'m GiProfile), Code> {
+fn profile_by_enum<'m>(
+    m: &'m Machine,
+    handle: sys::nvmlDevice_t,
+    name: &str,
+    profile: c_uint,
+) -> Result<(usize, &'m GiProfile), Code> {
     if profile >= sys::NVML_GPU_INSTANCE_PROFILE_COUNT {
         return Err(codes::INVALID_ARGUMENT);
     }
@@ -156,7 +161,12 @@ fn profile_by_enum<'m>(m: &'m Machine, handle: sys::nvmlDevice_t, name: &str, pr
 }
 
 /// The GI profile with id `profile_id` (e.g. 19) on a MIG-enabled GPU.
-fn profile_by_id<'m>(m: &'m Machine, handle: sys::nvmlDevice_t, name: &str, profile_id: c_uint) -> Result<(usize, &'m GiProfile), Code> {
+fn profile_by_id<'m>(
+    m: &'m Machine,
+    handle: sys::nvmlDevice_t,
+    name: &str,
+    profile_id: c_uint,
+) -> Result<(usize, &'m GiProfile), Code> {
     let g = full_gpu(m, handle, name)?;
     let p = m
         .mig_enabled_table(g)?
@@ -188,7 +198,10 @@ fn info_v1(p: &GiProfile) -> sys::nvmlGpuInstanceProfileInfo_t {
 /// # Safety
 ///
 /// `info` must be null or valid for writes of the struct its version names.
-unsafe fn write_info_versioned(info: *mut sys::nvmlGpuInstanceProfileInfo_v2_t, p: &GiProfile) -> Result<(), Code> {
+unsafe fn write_info_versioned(
+    info: *mut sys::nvmlGpuInstanceProfileInfo_v2_t,
+    p: &GiProfile,
+) -> Result<(), Code> {
     // SAFETY: every versioned struct starts with its version word.
     let version = unsafe { struct_version(info) }?;
     let name = format!("MIG {}", p.name);
@@ -308,7 +321,9 @@ fn create(
         {
             return Err(codes::INVALID_ARGUMENT);
         }
-        let id = m.mutate(g, |gpu| machine::create_gpu_instance(gpu, profile_id, start.map(|s| s.start)))?;
+        let id = m.mutate(g, |gpu| {
+            machine::create_gpu_instance(gpu, profile_id, start.map(|s| s.start))
+        })?;
         Ok(m.gi_handle(g, m.gi(g, id)?))
     })
 }

@@ -127,7 +127,11 @@ pub(crate) fn non_null<T>(ptr: *const T) -> Result<(), Code> {
 /// # Safety
 ///
 /// `buffer` must be null or valid for writes of `length` bytes.
-pub(crate) unsafe fn write_str(buffer: *mut c_char, length: c_uint, text: &str) -> Result<(), Code> {
+pub(crate) unsafe fn write_str(
+    buffer: *mut c_char,
+    length: c_uint,
+    text: &str,
+) -> Result<(), Code> {
     if buffer.is_null() {
         return Err(codes::INVALID_ARGUMENT);
     }
@@ -153,7 +157,11 @@ pub(crate) unsafe fn write_str(buffer: *mut c_char, length: c_uint, text: &str) 
 ///
 /// `count` must be null or valid for a read and a write of `c_uint`;
 /// `array` null or valid for writes of `*count` elements.
-pub(crate) unsafe fn write_counted<T: Copy>(array: *mut T, count: *mut c_uint, items: &[T]) -> Result<(), Code> {
+pub(crate) unsafe fn write_counted<T: Copy>(
+    array: *mut T,
+    count: *mut c_uint,
+    items: &[T],
+) -> Result<(), Code> {
     // SAFETY: forwarded caller contract for `count`.
     let capacity = unsafe { read(count) }?;
     let n = items.len() as c_uint;
@@ -177,7 +185,11 @@ pub(crate) unsafe fn write_counted<T: Copy>(array: *mut T, count: *mut c_uint, i
 ///
 /// `array` null or valid for writes of `items.len()` elements; `count` null
 /// or valid for a write.
-pub(crate) unsafe fn write_array<T: Copy>(array: *mut T, count: *mut c_uint, items: &[T]) -> Result<(), Code> {
+pub(crate) unsafe fn write_array<T: Copy>(
+    array: *mut T,
+    count: *mut c_uint,
+    items: &[T],
+) -> Result<(), Code> {
     non_null(array)?;
     non_null(count)?;
     // SAFETY: the caller sized the array for the profile's instance count,

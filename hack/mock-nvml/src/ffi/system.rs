@@ -18,10 +18,12 @@ use crate::runtime;
 /// No preconditions; declared unsafe like every NVML entry point.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlInit_v2() -> sys::nvmlReturn_t {
-    guard(|| match runtime::init("nvmlInit_v2", library_dir().as_deref()) {
-        codes::SUCCESS => Ok(()),
-        code => Err(code),
-    })
+    guard(
+        || match runtime::init("nvmlInit_v2", library_dir().as_deref()) {
+            codes::SUCCESS => Ok(()),
+            code => Err(code),
+        },
+    )
 }
 
 /// `nvmlInit_v2` with flags (`NVML_INIT_FLAG_NO_GPUS`, `NVML_INIT_FLAG_NO_ATTACH`),
@@ -33,10 +35,12 @@ pub unsafe extern "C" fn nvmlInit_v2() -> sys::nvmlReturn_t {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlInitWithFlags(flags: c_uint) -> sys::nvmlReturn_t {
     let _ = flags;
-    guard(|| match runtime::init("nvmlInitWithFlags", library_dir().as_deref()) {
-        codes::SUCCESS => Ok(()),
-        code => Err(code),
-    })
+    guard(
+        || match runtime::init("nvmlInitWithFlags", library_dir().as_deref()) {
+            codes::SUCCESS => Ok(()),
+            code => Err(code),
+        },
+    )
 }
 
 /// Drops one reference taken by an init; the machine's state is kept for

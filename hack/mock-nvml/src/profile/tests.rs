@@ -96,7 +96,11 @@ fn dgx_a100_has_the_documented_mig_layout() {
     gpu2.sort_by_key(|(_, start, _)| *start);
     assert_eq!(gpu2, [(14, 0, 1), (15, 2, 0), (9, 4, 2)]);
     assert!(layout[3].is_empty() && p.gpus[3].mig_current);
-    assert!(p.gpus[4..].iter().all(|g| !g.mig_current && g.mig.gpu_instances.is_empty()));
+    assert!(
+        p.gpus[4..]
+            .iter()
+            .all(|g| !g.mig_current && g.mig.gpu_instances.is_empty())
+    );
     assert!(p.gpus.iter().all(|g| g.nvlinks.len() == 12));
     let uuids: HashSet<&str> = p
         .gpus
@@ -115,7 +119,10 @@ fn overrides_replace_table_values() {
     let p = parse(&yaml);
     assert_eq!(p.gpus[1].model.name, "NVIDIA A100 Custom");
     assert_eq!(p.gpus[1].model.memory_mib, 1024);
-    assert_eq!(p.gpus[1].model.brand, nvml_wrapper_sys::bindings::nvmlBrandType_enum_NVML_BRAND_TESLA);
+    assert_eq!(
+        p.gpus[1].model.brand,
+        nvml_wrapper_sys::bindings::nvmlBrandType_enum_NVML_BRAND_TESLA
+    );
     assert_eq!(p.gpus[0].model.memory_mib, 81920);
 }
 
@@ -124,51 +131,114 @@ fn syntax_errors_name_the_place() {
     assert_error("gpus: [", &["profile <inline>", "line"]);
     assert_error("", &["missing field"]);
     assert_error("- 1\n- 2\n", &["invalid type"]);
-    assert_error(&edit("minor: 0", "minor: zero"), &["invalid type", "line 8"]);
-    assert_error(&edit("minor: 0", "minor: -1"), &["gpus[0].minor", "`-1`", "line 8"]);
-    assert_error(&edit("minor: 0", "minor: 99999999999"), &["gpus[0].minor", "99999999999"]);
+    assert_error(
+        &edit("minor: 0", "minor: zero"),
+        &["invalid type", "line 8"],
+    );
+    assert_error(
+        &edit("minor: 0", "minor: -1"),
+        &["gpus[0].minor", "`-1`", "line 8"],
+    );
+    assert_error(
+        &edit("minor: 0", "minor: 99999999999"),
+        &["gpus[0].minor", "99999999999"],
+    );
 }
 
 #[test]
 fn unknown_and_missing_fields_are_errors() {
     assert_error(&format!("{BASE}gpuz: []\n"), &["unknown field `gpuz`"]);
-    assert_error(&edit("numaNode: 0", "numa_node: 0"), &["unknown field `numa_node`"]);
+    assert_error(
+        &edit("numaNode: 0", "numa_node: 0"),
+        &["unknown field `numa_node`"],
+    );
     assert_error(
         &edit("    uuid: GPU-11111111-2222-3333-4444-555555555555\n", ""),
         &["missing field `uuid`"],
     );
-    assert_error(&edit("current: true", "current: true\n      extra: 1"), &["unknown field `extra`"]);
-    assert_error(&edit("placement: 4}", "placement: 4, size: 4}"), &["unknown field `size`"]);
+    assert_error(
+        &edit("current: true", "current: true\n      extra: 1"),
+        &["unknown field `extra`"],
+    );
+    assert_error(
+        &edit("placement: 4}", "placement: 4, size: 4}"),
+        &["unknown field `size`"],
+    );
 }
 
 #[test]
 fn duplicate_identities_are_errors() {
     assert_error(
-        &edit("GPU-11111111-2222-3333-4444-666666666666", "GPU-11111111-2222-3333-4444-555555555555"),
-        &["gpus[1]", "uuid GPU-11111111-2222-3333-4444-555555555555 is used by another GPU"],
+        &edit(
+            "GPU-11111111-2222-3333-4444-666666666666",
+            "GPU-11111111-2222-3333-4444-555555555555",
+        ),
+        &[
+            "gpus[1]",
+            "uuid GPU-11111111-2222-3333-4444-555555555555 is used by another GPU",
+        ],
     );
     // the same address written another way
-    let yaml = edit("pciBusId: \"0000:19:00.0\"", "pciBusId: \"00000000:18:00.0\"");
-    assert_error(&yaml, &["gpus[1]: pciBusId 0000:18:00.0 is also the address of gpus[0]"]);
-    assert_error(&edit("minor: 1", "minor: 0"), &["gpus[1]: minor 0 is also the minor of gpus[0]"]);
+    let yaml = edit(
+        "pciBusId: \"0000:19:00.0\"",
+        "pciBusId: \"00000000:18:00.0\"",
+    );
+    assert_error(
+        &yaml,
+        &["gpus[1]: pciBusId 0000:18:00.0 is also the address of gpus[0]"],
+    );
+    assert_error(
+        &edit("minor: 1", "minor: 0"),
+        &["gpus[1]: minor 0 is also the minor of gpus[0]"],
+    );
 }
 
 #[test]
 fn malformed_identities_are_errors() {
-    assert_error(&edit("GPU-11111111-2222-3333-4444-555555555555", "GPU-1"), &["gpus[0] (GPU-1)", "uuid \"GPU-1\""]);
-    assert_error(&edit("\"0000:18:00.0\"\n", "\"0000:18:00\"\n"), &["pciBusId \"0000:18:00\""]);
-    assert_error(&edit("pcieRoot: pci0000:10\n    mig", "pcieRoot: 0000:10\n    mig"), &["pcieRoot \"0000:10\""]);
     assert_error(
-        &edit("pcieRoot: pci0000:10\n    mig", "pcieRoot: pci0001:10\n    mig"),
+        &edit("GPU-11111111-2222-3333-4444-555555555555", "GPU-1"),
+        &["gpus[0] (GPU-1)", "uuid \"GPU-1\""],
+    );
+    assert_error(
+        &edit("\"0000:18:00.0\"\n", "\"0000:18:00\"\n"),
+        &["pciBusId \"0000:18:00\""],
+    );
+    assert_error(
+        &edit(
+            "pcieRoot: pci0000:10\n    mig",
+            "pcieRoot: 0000:10\n    mig",
+        ),
+        &["pcieRoot \"0000:10\""],
+    );
+    assert_error(
+        &edit(
+            "pcieRoot: pci0000:10\n    mig",
+            "pcieRoot: pci0001:10\n    mig",
+        ),
         &["pcieRoot pci0001:10 is in PCI domain 0001"],
     );
-    assert_error(&edit("minor: 0", "minor: 255"), &["minor 255 must be below 255"]);
-    assert_error(&edit("numaNode: 0", "numaNode: -2"), &["numaNode -2"]);
-    assert_error(&edit("\"580.95.05\"", "\"latest\""), &["driverVersion \"latest\""]);
-    assert_error(&edit("13000", "13"), &["cudaDriverVersion 13"]);
-    assert_error(&edit("model: A100-SXM4-80GB", "model: H200"), &["model \"H200\" is not in the hardware table", "H100-SXM5-80GB"]);
     assert_error(
-        &edit("    minor: 1\n", "    minor: 1\n    pciBridges: [\"0000:18:00.0\"]\n"),
+        &edit("minor: 0", "minor: 255"),
+        &["minor 255 must be below 255"],
+    );
+    assert_error(&edit("numaNode: 0", "numaNode: -2"), &["numaNode -2"]);
+    assert_error(
+        &edit("\"580.95.05\"", "\"latest\""),
+        &["driverVersion \"latest\""],
+    );
+    assert_error(&edit("13000", "13"), &["cudaDriverVersion 13"]);
+    assert_error(
+        &edit("model: A100-SXM4-80GB", "model: H200"),
+        &[
+            "model \"H200\" is not in the hardware table",
+            "H100-SXM5-80GB",
+        ],
+    );
+    assert_error(
+        &edit(
+            "    minor: 1\n",
+            "    minor: 1\n    pciBridges: [\"0000:18:00.0\"]\n",
+        ),
         &["pciBridges[0]: 0000:18:00.0 is the address of a GPU"],
     );
 }
@@ -177,108 +247,206 @@ fn malformed_identities_are_errors() {
 fn nvlink_errors() {
     assert_error(
         &edit("remote: \"0000:19:00.0\"", "remote: \"0000:99:00.0\""),
-        &["gpus[0]", "remote 0000:99:00.0 is neither a GPU of the profile nor an NVSwitch"],
+        &[
+            "gpus[0]",
+            "remote 0000:99:00.0 is neither a GPU of the profile nor an NVSwitch",
+        ],
     );
     assert_error(
-        &edit("      - {link: 0, remote: \"0000:18:00.0\"}\n", "      - {link: 1, remote: \"0000:18:00.0\"}\n      - {link: 2, remote: \"0000:18:00.0\"}\n"),
+        &edit(
+            "      - {link: 0, remote: \"0000:18:00.0\"}\n",
+            "      - {link: 1, remote: \"0000:18:00.0\"}\n      - {link: 2, remote: \"0000:18:00.0\"}\n",
+        ),
         &["gpus[0] has 1 NVLink(s) to gpus[1]", "gpus[1] has 2 back"],
     );
-    assert_error(&edit("{link: 0, remote: \"0000:19:00.0\"}", "{link: 12, remote: \"0000:19:00.0\"}"), &["link 12 does not exist", "links 0-11"]);
-    assert_error(&edit("{link: 0, remote: \"0000:19:00.0\"}", "{link: 0, remote: \"0000:18:00.0\"}"), &["points at the GPU itself"]);
-    let t4 = edit("model: A100-SXM4-80GB\n    uuid: GPU-11111111-2222-3333-4444-666666666666", "model: T4\n    uuid: GPU-11111111-2222-3333-4444-666666666666");
+    assert_error(
+        &edit(
+            "{link: 0, remote: \"0000:19:00.0\"}",
+            "{link: 12, remote: \"0000:19:00.0\"}",
+        ),
+        &["link 12 does not exist", "links 0-11"],
+    );
+    assert_error(
+        &edit(
+            "{link: 0, remote: \"0000:19:00.0\"}",
+            "{link: 0, remote: \"0000:18:00.0\"}",
+        ),
+        &["points at the GPU itself"],
+    );
+    let t4 = edit(
+        "model: A100-SXM4-80GB\n    uuid: GPU-11111111-2222-3333-4444-666666666666",
+        "model: T4\n    uuid: GPU-11111111-2222-3333-4444-666666666666",
+    );
     assert_error(&t4, &["gpus[1]", "T4 has no NVLink"]);
 }
 
 #[test]
 fn mig_errors() {
     assert_error(
-        &edit("- {profile: 3g.40gb, placement: 4}", "- {profile: 3g.40gb, placement: 4}\n        - {profile: 2g.20gb, placement: 4}"),
+        &edit(
+            "- {profile: 3g.40gb, placement: 4}",
+            "- {profile: 3g.40gb, placement: 4}\n        - {profile: 2g.20gb, placement: 4}",
+        ),
         &["mig.devices[1]: 2g.20gb at placement 4 overlaps GPU instance 2 (3g.40gb at 4:4)"],
     );
-    assert_error(&edit("current: true", "current: false"), &["MIG devices exist only while MIG mode is current"]);
-    assert_error(&edit("profile: 3g.40gb", "profile: 3g.20gb"), &["profile \"3g.20gb\" is not one of", "1g.10gb+me"]);
-    assert_error(&edit("placement: 4}", "placement: 3}"), &["placement 3 is not a placement of 3g.40gb (allowed: [0, 4])"]);
     assert_error(
-        &edit("- {profile: 3g.40gb, placement: 4}", "- {profile: 1g.10gb+me, placement: 0}\n        - {profile: 1g.10gb+me, placement: 1}"),
+        &edit("current: true", "current: false"),
+        &["MIG devices exist only while MIG mode is current"],
+    );
+    assert_error(
+        &edit("profile: 3g.40gb", "profile: 3g.20gb"),
+        &["profile \"3g.20gb\" is not one of", "1g.10gb+me"],
+    );
+    assert_error(
+        &edit("placement: 4}", "placement: 3}"),
+        &["placement 3 is not a placement of 3g.40gb (allowed: [0, 4])"],
+    );
+    assert_error(
+        &edit(
+            "- {profile: 3g.40gb, placement: 4}",
+            "- {profile: 1g.10gb+me, placement: 0}\n        - {profile: 1g.10gb+me, placement: 1}",
+        ),
         &["at most 1 instance(s) of 1g.10gb+me"],
     );
     let t4 = "driverVersion: \"580.95.05\"\ncudaDriverVersion: 13000\ngpus:\n  - {model: T4, uuid: GPU-11111111-2222-3333-4444-555555555555, pciBusId: \"18:00.0\", minor: 0, numaNode: 0, pcieRoot: pci0000:10, mig: {current: false}}\n";
     assert_error(t4, &["gpus[0]", "mig: T4 is not MIG capable"]);
     assert_error(
-        &edit("placement: 4}", "placement: 4, computeInstances: [{profile: 1c.3g.40gb}, {profile: 3g.40gb}]}"),
+        &edit(
+            "placement: 4}",
+            "placement: 4, computeInstances: [{profile: 1c.3g.40gb}, {profile: 3g.40gb}]}",
+        ),
         &["computeInstances[1]", "no free placement left for 3g.40gb"],
     );
     assert_error(
-        &edit("placement: 4}", "placement: 4, computeInstances: [{profile: 5c.3g.40gb}]}"),
-        &["computeInstances[0]: profile \"5c.3g.40gb\" is not one of 1c.3g.40gb, 2c.3g.40gb, 3g.40gb"],
+        &edit(
+            "placement: 4}",
+            "placement: 4, computeInstances: [{profile: 5c.3g.40gb}]}",
+        ),
+        &[
+            "computeInstances[0]: profile \"5c.3g.40gb\" is not one of 1c.3g.40gb, 2c.3g.40gb, 3g.40gb",
+        ],
     );
     assert_error(
         &edit("placement: 4}", "placement: 4, uuid: MIG-x}"),
         &["uuid \"MIG-x\" is not like MIG-"],
     );
     assert_error(
-        &edit("placement: 4}", "placement: 4, uuid: MIG-ea8d189c-bcdb-519a-a97e-8a2e7848bc1c, computeInstances: []}"),
+        &edit(
+            "placement: 4}",
+            "placement: 4, uuid: MIG-ea8d189c-bcdb-519a-a97e-8a2e7848bc1c, computeInstances: []}",
+        ),
         &["uuid belongs on each of computeInstances"],
     );
     let same = "{profile: 1g.10gb, placement: 0, uuid: MIG-ea8d189c-bcdb-519a-a97e-8a2e7848bc1c}";
     assert_error(
-        &edit("- {profile: 3g.40gb, placement: 4}", &format!("- {same}\n        - {}", same.replace("placement: 0", "placement: 1"))),
+        &edit(
+            "- {profile: 3g.40gb, placement: 4}",
+            &format!(
+                "- {same}\n        - {}",
+                same.replace("placement: 0", "placement: 1")
+            ),
+        ),
         &["uuid MIG-ea8d189c-bcdb-519a-a97e-8a2e7848bc1c is used twice"],
     );
 }
 
 #[test]
 fn failure_injection_is_checked() {
-    let ok = edit("    minor: 1\n", "    minor: 1\n    fail: {nvmlDeviceGetMemoryInfo: UNKNOWN, nvmlDeviceGetUUID: NVML_ERROR_GPU_IS_LOST}\n");
+    let ok = edit(
+        "    minor: 1\n",
+        "    minor: 1\n    fail: {nvmlDeviceGetMemoryInfo: UNKNOWN, nvmlDeviceGetUUID: NVML_ERROR_GPU_IS_LOST}\n",
+    );
     let p = parse(&ok);
-    assert_eq!(p.gpus[1].fail.get("nvmlDeviceGetMemoryInfo"), Some(&codes::UNKNOWN));
+    assert_eq!(
+        p.gpus[1].fail.get("nvmlDeviceGetMemoryInfo"),
+        Some(&codes::UNKNOWN)
+    );
     assert_eq!(p.gpus[1].fail.get("nvmlDeviceGetUUID"), Some(&15));
     assert_error(
-        &edit("    minor: 1\n", "    minor: 1\n    fail: {nvmlDeviceGetFanSpeed: UNKNOWN}\n"),
-        &["gpus[1]", "fail: \"nvmlDeviceGetFanSpeed\" is not a function of the fake library"],
+        &edit(
+            "    minor: 1\n",
+            "    minor: 1\n    fail: {nvmlDeviceGetFanSpeed: UNKNOWN}\n",
+        ),
+        &[
+            "gpus[1]",
+            "fail: \"nvmlDeviceGetFanSpeed\" is not a function of the fake library",
+        ],
     );
     assert_error(
-        &edit("    minor: 1\n", "    minor: 1\n    fail: {nvmlDeviceGetUUID: BROKEN}\n"),
+        &edit(
+            "    minor: 1\n",
+            "    minor: 1\n    fail: {nvmlDeviceGetUUID: BROKEN}\n",
+        ),
         &["\"BROKEN\" is not an NVML error code", "GPU_IS_LOST"],
     );
     assert_error(
-        &edit("    minor: 1\n", "    minor: 1\n    fail: {nvmlDeviceGetUUID: SUCCESS}\n"),
+        &edit(
+            "    minor: 1\n",
+            "    minor: 1\n    fail: {nvmlDeviceGetUUID: SUCCESS}\n",
+        ),
         &["\"SUCCESS\" is not an NVML error code"],
     );
-    assert_error(&format!("{BASE}fail: {{nvmlErrorString: UNKNOWN}}\n"), &["\"nvmlErrorString\" is not a function"]);
+    assert_error(
+        &format!("{BASE}fail: {{nvmlErrorString: UNKNOWN}}\n"),
+        &["\"nvmlErrorString\" is not a function"],
+    );
 }
 
 #[test]
 fn override_errors() {
     assert_error(
-        &edit("    minor: 1\n", "    minor: 1\n    overrides: {brand: Acme}\n"),
+        &edit(
+            "    minor: 1\n",
+            "    minor: 1\n    overrides: {brand: Acme}\n",
+        ),
         &["overrides.brand \"Acme\""],
     );
     assert_error(
-        &edit("    minor: 1\n", "    minor: 1\n    overrides: {memoryMib: 0}\n"),
+        &edit(
+            "    minor: 1\n",
+            "    minor: 1\n    overrides: {memoryMib: 0}\n",
+        ),
         &["overrides.memoryMib must be positive"],
     );
     let bad_table = "    overrides:\n      migTable:\n        memorySlices: 8\n        computeSlices: 7\n        maxDevices: 7\n        modeChangeNeedsReset: false\n        profiles:\n          - {name: 1g.1gb, nvmlProfile: 0, id: 19, computeSlices: 1, instanceCount: 9, multiprocessors: 1, copyEngines: 1, decoders: 0, encoders: 0, jpegEngines: 0, ofaEngines: 0, memoryMib: 1, placements: [0, 1], placementSize: 1}\n";
     assert_error(
         &edit("    minor: 1\n", &format!("    minor: 1\n{bad_table}")),
-        &["overrides.migTable: profile 1g.1gb: instanceCount must be 1 to the number of placements"],
+        &[
+            "overrides.migTable: profile 1g.1gb: instanceCount must be 1 to the number of placements",
+        ],
     );
 }
 
 #[test]
 fn hostile_documents_fail_fast() {
     // an alias bomb must not expand into gigabytes
-    let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+    let mut lines = vec!["a0: &a0 [x, x, x, x, x, x, x, x, x, x]".to_owned()];
     for i in 1..12 {
-        let prev = if i == 1 { "a".to_string() } else { format!("a{}", i - 1) };
-        bomb.push_str(&format!("a{i}: &a{i} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"));
+        let prev = i - 1;
+        let refs = vec![format!("*a{prev}"); 10].join(", ");
+        lines.push(format!("a{i}: &a{i} [{refs}]"));
     }
+    let bomb = lines.join("\n");
     let started = std::time::Instant::now();
     assert!(Profile::parse(&bomb).is_err());
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
     // deep nesting
     let deep = format!("gpus: {}{}", "[".repeat(10_000), "]".repeat(10_000));
     assert!(Profile::parse(&deep).is_err());
+    // more GPUs than handles can address
+    let gpu = |i: usize| {
+        format!(
+            "  - {{model: T4, uuid: GPU-11111111-2222-3333-4444-{i:012x}, pciBusId: \"{:04x}:{:02x}:00.0\", minor: 0, numaNode: 0, pcieRoot: pci{:04x}:00}}\n",
+            i / 256,
+            i % 256,
+            i / 256
+        )
+    };
+    let many: String = (0..=MAX_GPUS).map(gpu).collect();
+    assert_error(
+        &format!("driverVersion: \"1.2\"\ncudaDriverVersion: 13000\ngpus:\n{many}"),
+        &["257 GPUs, at most 256"],
+    );
     // binary garbage
     assert!(Profile::parse("\u{0}\u{1}\u{2}gpus").is_err());
 }
@@ -288,5 +456,8 @@ fn unreadable_file_is_a_clear_error() {
     let err = Profile::load(Path::new("/nonexistent/mock-nvml/profile.yaml"))
         .unwrap_err()
         .to_string();
-    assert!(err.starts_with("cannot read profile /nonexistent/mock-nvml/profile.yaml:"), "{err}");
+    assert!(
+        err.starts_with("cannot read profile /nonexistent/mock-nvml/profile.yaml:"),
+        "{err}"
+    );
 }

@@ -2,12 +2,12 @@
 //! built library (with its own machine) in a temporary directory and loads
 //! it through nvml-wrapper, so tests run in parallel without sharing NVML's
 //! global state.
-#![allow(dead_code)]
+#![allow(dead_code, unsafe_code)]
 
 use std::path::{Path, PathBuf};
 
-use nvml_wrapper::Nvml;
 use nvidia_ml::fixture;
+use nvml_wrapper::Nvml;
 use tempfile::TempDir;
 
 /// A private library copy; the directory lives as long as the value.
@@ -42,5 +42,76 @@ impl Fake {
             .lib_path(self.lib.as_os_str())
             .init()
             .unwrap_or_else(|e| panic!("init of {}: {e}", self.lib.display()))
+    }
+}
+
+/// Runs one `#[ignore]`d test of the current test binary in a child
+/// process, with a clean NVML environment plus `envs`. The child sees
+/// `MOCK_NVML_CHILD=1`.
+pub fn run_child(test: &str, envs: &[(&str, &std::ffi::OsStr)]) -> std::process::Output {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            test,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env_remove("MOCK_NVML_PROFILE")
+        .env_remove("MOCK_NVML_STATE")
+        .env("MOCK_NVML_CHILD", "1")
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap()
+}
+
+/// Whether this process is a child started by [`run_child`]; child tests
+/// return at once otherwise (they are meaningless on their own).
+pub fn is_child() -> bool {
+    std::env::var_os("MOCK_NVML_CHILD").is_some()
+}
+
+/// nvml-wrapper on the shared build of the library, configured by the
+/// environment (for child processes).
+pub fn nvml_from_env() -> Result<Nvml, nvml_wrapper::error::NvmlError> {
+    let lib = fixture::cdylib_path().unwrap();
+    Nvml::builder().lib_path(lib.as_os_str()).init()
+}
+
+/// Asserts a child process succeeded, showing its output otherwise.
+#[track_caller]
+pub fn assert_success(output: &std::process::Output) {
+    assert!(
+        output.status.success(),
+        "child failed: {}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The library's `mockNvmlLastError`, through a handle that keeps the
+/// library loaded (and its state alive) for as long as it lives.
+pub struct LastError(libloading::Library);
+
+impl LastError {
+    pub fn open(lib: &Path) -> LastError {
+        // SAFETY: loading the fake library runs no initialisers with
+        // preconditions.
+        LastError(unsafe { libloading::Library::new(lib) }.unwrap())
+    }
+
+    pub fn get(&self) -> String {
+        // SAFETY: the symbol has this signature (see the library's ffi
+        // module) and returns a NUL-terminated string valid for the process.
+        unsafe {
+            let f: libloading::Symbol<'_, unsafe extern "C" fn() -> *const std::ffi::c_char> =
+                self.0.get(b"mockNvmlLastError\0").unwrap();
+            std::ffi::CStr::from_ptr(f()).to_string_lossy().into_owned()
+        }
+    }
+
+    pub fn library(&self) -> &libloading::Library {
+        &self.0
     }
 }

@@ -1,0 +1,309 @@
+//! The kubelet simulator against a small in-test plugin (registration and
+//! DRAPlugin v1 on one Unix socket): the `kubelet-sim` binary's
+//! registration, version choice, JSON output and one-line errors, and the
+//! registrar's handling of a second plugin claiming a taken endpoint.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use dra_proto::dra::v1;
+use dra_proto::registration::{
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse, registration_server,
+};
+use gpu_dra_e2e::kubelet::{KubeletSim, RegistrarEvent};
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
+
+/// A plugin that prepares one device per claim; with `drop_claims` it
+/// answers a UID nobody asked for instead.
+#[derive(Clone, Default)]
+struct TestPlugin {
+    versions: Vec<String>,
+    endpoint: String,
+    drop_claims: bool,
+    notified: Arc<Mutex<Vec<(bool, String)>>>,
+}
+
+#[tonic::async_trait]
+impl registration_server::Registration for TestPlugin {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(PluginInfo {
+            r#type: "DRAPlugin".into(),
+            name: "test.example.com".into(),
+            endpoint: self.endpoint.clone(),
+            supported_versions: self.versions.clone(),
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        r: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let r = r.into_inner();
+        self.notified
+            .lock()
+            .unwrap()
+            .push((r.plugin_registered, r.error));
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+#[tonic::async_trait]
+impl v1::dra_plugin_server::DraPlugin for TestPlugin {
+    async fn node_prepare_resources(
+        &self,
+        r: Request<v1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
+        let claims = r
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|c| {
+                let uid = if self.drop_claims {
+                    "other".to_owned()
+                } else {
+                    c.uid.clone()
+                };
+                let device = v1::Device {
+                    request_names: vec!["gpu".into()],
+                    pool_name: "node-a".into(),
+                    device_name: "gpu-0".into(),
+                    cdi_device_ids: vec![format!("k8s.test.example.com/claim={}-gpu-0", c.uid)],
+                    share_id: None,
+                };
+                (
+                    uid,
+                    v1::NodePrepareResourceResponse {
+                        devices: vec![device],
+                        error: String::new(),
+                    },
+                )
+            })
+            .collect();
+        Ok(Response::new(v1::NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        r: Request<v1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
+        let claims = r
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|c| {
+                (
+                    c.uid,
+                    v1::NodeUnprepareResourceResponse {
+                        error: String::new(),
+                    },
+                )
+            })
+            .collect();
+        Ok(Response::new(v1::NodeUnprepareResourcesResponse { claims }))
+    }
+}
+
+struct Served {
+    _dir: tempfile::TempDir,
+    socket: PathBuf,
+    plugin: TestPlugin,
+}
+
+fn serve(plugin: TestPlugin) -> Served {
+    let dir = tempfile::Builder::new()
+        .prefix("k")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let socket = dir.path().join("test.example.com-reg.sock");
+    serve_on(&socket, &plugin);
+    Served {
+        _dir: dir,
+        socket,
+        plugin,
+    }
+}
+
+fn serve_on(socket: &Path, plugin: &TestPlugin) {
+    let listener = UnixListener::bind(socket).unwrap();
+    let router = tonic::transport::Server::builder()
+        .add_service(registration_server::RegistrationServer::new(plugin.clone()))
+        .add_service(v1::dra_plugin_server::DraPluginServer::new(plugin.clone()));
+    tokio::spawn(router.serve_with_incoming(UnixListenerStream::new(listener)));
+}
+
+fn both_versions() -> TestPlugin {
+    TestPlugin {
+        versions: vec!["v1.DRAPlugin".into(), "v1beta1.DRAPlugin".into()],
+        ..TestPlugin::default()
+    }
+}
+
+async fn sim(socket: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(BIN)
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .env_clear()
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn register_prints_the_plugin_and_notifies_it() {
+    let s = serve(both_versions());
+    let (code, out, err) = sim(&s.socket, &["register"]).await;
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["name"], "test.example.com");
+    assert_eq!(v["dra_version"], "v1.DRAPlugin");
+    // Empty endpoint: the registration socket serves DRA too.
+    assert_eq!(v["endpoint"], s.socket.to_str().unwrap());
+    assert_eq!(
+        *s.plugin.notified.lock().unwrap(),
+        vec![(true, String::new())]
+    );
+}
+
+#[tokio::test]
+async fn prepare_and_unprepare_print_per_claim_results() {
+    let s = serve(both_versions());
+    let (code, out, err) = sim(
+        &s.socket,
+        &[
+            "prepare",
+            "--claim",
+            "default/c1/uid-1",
+            "--claim",
+            "ns2/c2/uid-2",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["uid-1"]["devices"][0]["cdi_device_ids"][0],
+        "k8s.test.example.com/claim=uid-1-gpu-0"
+    );
+    assert_eq!(v["uid-2"]["devices"][0]["request_names"][0], "gpu");
+    assert!(v["uid-1"].get("error").is_none());
+
+    let (code, out, err) = sim(&s.socket, &["unprepare", "--claim", "default/c1/uid-1"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap(),
+        serde_json::json!({"uid-1": {}})
+    );
+}
+
+#[tokio::test]
+async fn a_response_with_the_wrong_claims_fails() {
+    let s = serve(TestPlugin {
+        drop_claims: true,
+        ..both_versions()
+    });
+    let (code, out, err) = sim(&s.socket, &["prepare", "--claim", "default/c1/uid-1"]).await;
+    assert_eq!(code, 1);
+    assert!(out.is_empty());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: NodePrepareResources answered the wrong claims"),
+        "{err}"
+    );
+    assert!(
+        err.contains("missing [\"uid-1\"]") && err.contains("unexpected [\"other\"]"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn an_old_kubelet_rejects_a_v1_only_plugin_and_says_why() {
+    let s = serve(TestPlugin {
+        versions: vec!["v1.DRAPlugin".into()],
+        ..TestPlugin::default()
+    });
+    let (code, _, err) = sim(
+        &s.socket,
+        &["--dra-versions", "v1beta1.DRAPlugin", "register"],
+    )
+    .await;
+    assert_eq!(code, 1);
+    assert!(err.starts_with("error: registration of"), "{err}");
+    assert!(err.contains("none of the versions"), "{err}");
+    let notified = s.plugin.notified.lock().unwrap().clone();
+    assert_eq!(notified.len(), 1);
+    assert!(!notified[0].0);
+    assert!(notified[0].1.contains("v1beta1.DRAPlugin"), "{notified:?}");
+}
+
+#[tokio::test]
+async fn bad_input_is_a_clear_error() {
+    let s = serve(both_versions());
+    let (code, _, err) = sim(&s.socket, &["prepare", "--claim", "only/two"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("expected namespace/name/uid"), "{err}");
+    let (code, _, err) = sim(&s.socket, &["--dra-versions", "v9.Nope", "register"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown DRAPlugin version"), "{err}");
+    let missing = s.socket.with_file_name("missing.sock");
+    let (code, _, err) = sim(&missing, &["--wait", "0", "register"]).await;
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with("error: registration socket") && err.contains("did not appear"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"));
+}
+
+#[tokio::test]
+async fn the_registrar_refuses_a_taken_endpoint_and_notices_deletions() {
+    let dir = tempfile::Builder::new()
+        .prefix("k")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let a = dir.path().join("a-reg.sock");
+    let b = dir.path().join("b-reg.sock");
+    let plugin = TestPlugin {
+        endpoint: a.to_str().unwrap().to_owned(),
+        ..both_versions()
+    };
+    serve_on(&a, &plugin);
+    let wait = std::time::Duration::from_secs(10);
+    let mut registrar = KubeletSim::new().watch_registrar(dir.path());
+    let p = registrar
+        .wait_registered("test.example.com", wait)
+        .await
+        .unwrap();
+    assert_eq!(p.registration_socket, a);
+    assert_eq!(p.endpoint, a);
+
+    // A second registration socket advertising the same endpoint.
+    serve_on(&b, &plugin);
+    match registrar.next_event(wait).await.unwrap() {
+        RegistrarEvent::Rejected { socket, reason } => {
+            assert_eq!(socket, b);
+            assert!(reason.contains("already registered"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let notified = plugin.notified.lock().unwrap().clone();
+    assert_eq!(notified.len(), 2);
+    assert!(notified[0].0 && !notified[1].0, "{notified:?}");
+
+    // Deleting a registration socket deregisters its plugin.
+    std::fs::remove_file(&a).unwrap();
+    registrar
+        .wait_deregistered("test.example.com", wait)
+        .await
+        .unwrap();
+    assert!(registrar.plugin("test.example.com").is_none());
+}
