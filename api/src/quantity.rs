@@ -475,11 +475,11 @@ fn canonical(nanos: i128, format: QuantityFormat) -> String {
     let sign = if nanos < 0 { "-" } else { "" };
     let abs = nanos.unsigned_abs();
     let units = 1_000_000_000u128;
-    if format == QuantityFormat::BinarySI && abs % units == 0 && abs / units >= 1024 {
+    if format == QuantityFormat::BinarySI && abs.is_multiple_of(units) && abs / units >= 1024 {
         let mut value = abs / units;
         let mut index = 0;
         const SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
-        while index < 6 && value % 1024 == 0 {
+        while index < 6 && value.is_multiple_of(1024) {
             value /= 1024;
             index += 1;
         }
@@ -488,7 +488,7 @@ fn canonical(nanos: i128, format: QuantityFormat) -> String {
     // Decimal: strip trailing zeros in groups of three.
     let mut mantissa = abs;
     let mut exp3: i32 = -3; // nano-units: 10^-9 = 10^(3 * -3)
-    while mantissa % 1000 == 0 {
+    while mantissa.is_multiple_of(1000) {
         mantissa /= 1000;
         exp3 += 1;
     }

@@ -76,12 +76,11 @@ pub(crate) fn remaining() -> u64 {
 
 /// Charges `units`; fails once the budget is spent.
 pub(crate) fn charge(units: u64) -> Result<(), ExecutionError> {
-    BUDGET.with(|b| match b.get().and_then(|left| left.checked_sub(units)) {
-        Some(left) => {
+    BUDGET.with(|b| {
+        if let Some(left) = b.get().and_then(|left| left.checked_sub(units)) {
             b.set(Some(left));
             Ok(())
-        }
-        None => {
+        } else {
             b.set(None);
             Err(ExecutionError::function_error(
                 "cost",
@@ -107,10 +106,14 @@ pub(crate) fn size_of(value: &dyn Val, cap: u64) -> u64 {
         }
         match v.get_type().kind() {
             Kind::String => {
-                total += v.downcast_ref::<CelString>().map_or(1, |s| bytes_cost(s.len()));
+                total += v
+                    .downcast_ref::<CelString>()
+                    .map_or(1, |s| bytes_cost(s.len()));
             }
             Kind::Bytes => {
-                total += v.downcast_ref::<CelBytes>().map_or(1, |s| bytes_cost(s.len()));
+                total += v
+                    .downcast_ref::<CelBytes>()
+                    .map_or(1, |s| bytes_cost(s.len()));
             }
             Kind::List | Kind::Map => {
                 total += 1;
@@ -123,8 +126,7 @@ pub(crate) fn size_of(value: &dyn Val, cap: u64) -> u64 {
                         }
                         stack.push(item);
                         if v.get_type().kind() == Kind::Map
-                            && let Some(Ok(CowVal::Borrowed(value))) =
-                                indexer.map(|i| i.get(item))
+                            && let Some(Ok(CowVal::Borrowed(value))) = indexer.map(|i| i.get(item))
                         {
                             stack.push(value);
                         }
@@ -139,7 +141,9 @@ pub(crate) fn size_of(value: &dyn Val, cap: u64) -> u64 {
 
 /// `@cost(value, weight)`: charges `weight` plus the size of `value`, and
 /// returns `value`.
-pub(crate) fn cost_fn<'b, 'v>(mut args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
+pub(crate) fn cost_fn<'b, 'v>(
+    mut args: Vec<CowVal<'b, 'v>>,
+) -> Result<CowVal<'b, 'v>, ExecutionError> {
     if args.len() != 2 {
         return Err(ExecutionError::invalid_argument_count(2, args.len()));
     }
@@ -159,8 +163,19 @@ pub(crate) fn cost_fn<'b, 'v>(mut args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b
 /// The direct children of a node.
 pub(crate) fn children(e: &IdedExpr) -> Vec<&IdedExpr> {
     match &e.expr {
-        Expr::Call(call) => call.target.as_deref().into_iter().chain(&call.args).collect(),
-        Expr::Comprehension(c) => vec![&c.iter_range, &c.accu_init, &c.loop_cond, &c.loop_step, &c.result],
+        Expr::Call(call) => call
+            .target
+            .as_deref()
+            .into_iter()
+            .chain(&call.args)
+            .collect(),
+        Expr::Comprehension(c) => vec![
+            &c.iter_range,
+            &c.accu_init,
+            &c.loop_cond,
+            &c.loop_step,
+            &c.result,
+        ],
         Expr::List(list) => list.elements.iter().collect(),
         Expr::Map(map) => map
             .entries
@@ -273,7 +288,11 @@ fn estimate_node(e: &IdedExpr, scope: &mut Vec<(String, Est)>) -> Est {
             }
         }
         Expr::List(list) => {
-            let items: Vec<Est> = list.elements.iter().map(|i| estimate_node(i, scope)).collect();
+            let items: Vec<Est> = list
+                .elements
+                .iter()
+                .map(|i| estimate_node(i, scope))
+                .collect();
             Est {
                 cost: items.iter().fold(1u64, |c, i| c.saturating_add(i.cost)),
                 size: list.elements.len() as u64,
@@ -281,7 +300,10 @@ fn estimate_node(e: &IdedExpr, scope: &mut Vec<(String, Est)>) -> Est {
             }
         }
         Expr::Map(_) | Expr::Struct(_) => {
-            let items: Vec<Est> = children(e).into_iter().map(|i| estimate_node(i, scope)).collect();
+            let items: Vec<Est> = children(e)
+                .into_iter()
+                .map(|i| estimate_node(i, scope))
+                .collect();
             Est {
                 cost: items.iter().fold(1u64, |c, i| c.saturating_add(i.cost)),
                 size: items.len() as u64 / 2 + 1,
@@ -339,7 +361,9 @@ fn estimate_call(call: &CallExpr, scope: &mut Vec<(String, Est)>) -> Est {
     let cost = all().fold(1u64, |c, a| c.saturating_add(a.cost));
     let read = all().fold(0u64, |s, a| s.saturating_add(a.size));
     let name = call.func_name.as_str();
-    let this = target.or_else(|| args.first().copied()).unwrap_or(Est::scalar(1));
+    let this = target
+        .or_else(|| args.first().copied())
+        .unwrap_or(Est::scalar(1));
     let clamp = |v: u64| v.min(MAX_SIZE);
     let (size, elem) = match name {
         operators::ADD => {
@@ -357,9 +381,10 @@ fn estimate_call(call: &CallExpr, scope: &mut Vec<(String, Est)>) -> Est {
             (size, size)
         }
         "join" => {
-            let size = clamp(this.size.saturating_mul(this.elem.saturating_add(
-                args.first().map_or(0, |a| a.size),
-            )));
+            let size = clamp(
+                this.size
+                    .saturating_mul(this.elem.saturating_add(args.first().map_or(0, |a| a.size))),
+            );
             (size, size)
         }
         "findAll" => (this.size, this.size),
@@ -407,9 +432,9 @@ impl Instrumenter {
                     inner,
                     IdedExpr {
                         id: id + 1,
-                        expr: Expr::Literal(LiteralValue::Int(
-                            CelInt::from(i64::try_from(weight).unwrap_or(i64::MAX)),
-                        )),
+                        expr: Expr::Literal(LiteralValue::Int(CelInt::from(
+                            i64::try_from(weight).unwrap_or(i64::MAX),
+                        ))),
                     },
                 ],
             }),
@@ -433,7 +458,11 @@ impl Instrumenter {
             Expr::List(list) => IdedExpr {
                 id: e.id,
                 expr: Expr::List(ListExpr {
-                    elements: list.elements.iter().map(|i| self.instrument(i, locals)).collect(),
+                    elements: list
+                        .elements
+                        .iter()
+                        .map(|i| self.instrument(i, locals))
+                        .collect(),
                     optional_indices: list.optional_indices.clone(),
                 }),
             },
@@ -466,7 +495,11 @@ impl Instrumenter {
                             .target
                             .as_deref()
                             .map(|t| Box::new(self.instrument(t, locals))),
-                        args: call.args.iter().map(|a| self.instrument(a, locals)).collect(),
+                        args: call
+                            .args
+                            .iter()
+                            .map(|a| self.instrument(a, locals))
+                            .collect(),
                     }),
                 };
                 if call.func_name == operators::ADD && !accumulator_append {
@@ -479,7 +512,12 @@ impl Instrumenter {
         }
     }
 
-    fn comprehension(&mut self, id: u64, c: &ComprehensionExpr, locals: &mut Vec<String>) -> IdedExpr {
+    fn comprehension(
+        &mut self,
+        id: u64,
+        c: &ComprehensionExpr,
+        locals: &mut Vec<String>,
+    ) -> IdedExpr {
         let bind = is_bind(c);
         let weight = 1 + node_count(&c.loop_cond) + node_count(&c.loop_step);
         let iter_range = self.instrument(&c.iter_range, locals);
@@ -528,7 +566,10 @@ impl Instrumenter {
         let Expr::Call(call) = &mut step.expr else {
             return false;
         };
-        if call.func_name == operators::CONDITIONAL && call.args.len() == 3 && is_accu(&call.args[2]) {
+        if call.func_name == operators::CONDITIONAL
+            && call.args.len() == 3
+            && is_accu(&call.args[2])
+        {
             let guard = std::mem::take(&mut call.args[0]);
             call.args[0] = self.wrap(guard, weight);
             return true;

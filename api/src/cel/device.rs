@@ -85,7 +85,10 @@ pub struct CelDevice {
 /// Splits a ResourceSlice attribute or capacity name into domain and id: a
 /// name without a domain (`memory`) belongs to the driver's domain,
 /// `<domain>/<id>` to that domain.
-pub fn split_qualified_name<'a>(driver: &'a str, name: &'a str) -> Result<(&'a str, &'a str), DeviceError> {
+pub fn split_qualified_name<'a>(
+    driver: &'a str,
+    name: &'a str,
+) -> Result<(&'a str, &'a str), DeviceError> {
     let invalid = |reason| DeviceError::InvalidName {
         name: name.to_owned(),
         reason,
@@ -178,8 +181,10 @@ fn domains<T>(
     let inner = source
         .iter()
         .map(|(domain, entries)| {
-            let entries: HashMap<CelMapKey<'static>, Box<dyn Val>> =
-                entries.iter().map(|(id, v)| (key(id), convert(v))).collect();
+            let entries: HashMap<CelMapKey<'static>, Box<dyn Val>> = entries
+                .iter()
+                .map(|(id, v)| (key(id), convert(v)))
+                .collect();
             (key(domain), Box::new(CelMap::from(entries)) as Box<dyn Val>)
         })
         .collect::<HashMap<_, _>>();

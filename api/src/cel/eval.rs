@@ -13,8 +13,13 @@ use super::cost;
 use super::device::CelDevice;
 use super::{EvalError, panic_message};
 
-/// Stack of the thread that evaluates unusually deep programs.
-const DEEP_EVAL_STACK: usize = 256 << 20;
+/// Stack of the thread that evaluates unusually deep programs: the
+/// interpreter uses about 35 KiB per tree level in a debug build, and
+/// instrumented programs are at most about twice [`Limits::max_depth`]
+/// levels deep.
+///
+/// [`Limits::max_depth`]: super::Limits::max_depth
+const DEEP_EVAL_STACK: usize = 64 << 20;
 
 /// Evaluates selectors against one device.
 pub struct Evaluator {
@@ -33,13 +38,20 @@ impl std::fmt::Debug for Evaluator {
 impl Evaluator {
     /// Converts `device` for the compiler's environment.
     pub fn new(compiler: &Compiler, device: &CelDevice) -> Self {
-        Evaluator::with_env(Arc::clone(&compiler.env), compiler.limits.runtime_cost_limit, device)
+        Evaluator::with_env(
+            Arc::clone(&compiler.env),
+            compiler.limits.runtime_cost_limit,
+            device,
+        )
     }
 
     fn with_env(env: Arc<Env>, cost_limit: u64, device: &CelDevice) -> Self {
         let mut context = Context::with_env(env);
         context.add_variable_as_val("device", device.to_value());
-        Evaluator { context, cost_limit }
+        Evaluator {
+            context,
+            cost_limit,
+        }
     }
 
     /// Whether the device satisfies `selector`. Errors (a missing attribute,
@@ -54,7 +66,9 @@ impl Evaluator {
                 .name("cel-eval".to_owned())
                 .stack_size(DEEP_EVAL_STACK)
                 .spawn_scoped(scope, || self.evaluate(selector))
-                .map_err(|e| EvalError::Internal(format!("cannot start the evaluation thread: {e}")))?
+                .map_err(|e| {
+                    EvalError::Internal(format!("cannot start the evaluation thread: {e}"))
+                })?
                 .join()
                 .unwrap_or_else(|p| Err(EvalError::Internal(panic_message(p.as_ref()))))
         })
@@ -62,7 +76,10 @@ impl Evaluator {
 
     /// Whether the device satisfies all `selectors` (a DeviceClass's, then a
     /// request's); stops at the first `false` or error.
-    pub fn matches_all<'a>(&self, selectors: impl IntoIterator<Item = &'a Selector>) -> Result<bool, EvalError> {
+    pub fn matches_all<'a>(
+        &self,
+        selectors: impl IntoIterator<Item = &'a Selector>,
+    ) -> Result<bool, EvalError> {
         for selector in selectors {
             if !self.matches(selector)? {
                 return Ok(false);

@@ -110,7 +110,12 @@ pub(crate) const TYPE_NAMES: &[&str] = &[
 /// The selector environment.
 pub(crate) fn environment() -> Result<Env, DeclarationError> {
     let mut env = Env::stdlib();
-    env.add_overload(COST_FN, "cost_dyn_int", vec![DYN_TYPE, INT_TYPE], cost::cost_fn)?;
+    env.add_overload(
+        COST_FN,
+        "cost_dyn_int",
+        vec![DYN_TYPE, INT_TYPE],
+        cost::cost_fn,
+    )?;
     quantity_library(&mut env)?;
     semver_library(&mut env)?;
     strings_library(&mut env)?;
@@ -128,10 +133,14 @@ fn wrong(function: &str, index: usize, want: &str) -> ExecutionError {
     ExecutionError::function_error(function, format!("argument {index} must be a {want}"))
 }
 
-fn string_arg<'a>(args: &'a [CowVal<'_, '_>], i: usize, function: &str) -> Result<&'a str, ExecutionError> {
+fn string_arg<'a>(
+    args: &'a [CowVal<'_, '_>],
+    i: usize,
+    function: &str,
+) -> Result<&'a str, ExecutionError> {
     args.get(i)
         .and_then(|a| a.downcast_ref::<CelString>())
-        .map(|s| s.inner())
+        .map(CelString::inner)
         .ok_or_else(|| wrong(function, i, "string"))
 }
 
@@ -149,20 +158,32 @@ fn bool_arg(args: &[CowVal<'_, '_>], i: usize, function: &str) -> Result<bool, E
         .ok_or_else(|| wrong(function, i, "bool"))
 }
 
-fn quantity_arg<'a>(args: &'a [CowVal<'_, '_>], i: usize, function: &str) -> Result<&'a Quantity, ExecutionError> {
+fn quantity_arg<'a>(
+    args: &'a [CowVal<'_, '_>],
+    i: usize,
+    function: &str,
+) -> Result<&'a Quantity, ExecutionError> {
     args.get(i)
         .and_then(|a| a.downcast_ref::<CelQuantity>())
         .map(|q| &q.0)
         .ok_or_else(|| wrong(function, i, "quantity"))
 }
 
-fn semver_arg<'a>(args: &'a [CowVal<'_, '_>], i: usize, function: &str) -> Result<&'a CelSemver, ExecutionError> {
+fn semver_arg<'a>(
+    args: &'a [CowVal<'_, '_>],
+    i: usize,
+    function: &str,
+) -> Result<&'a CelSemver, ExecutionError> {
     args.get(i)
         .and_then(|a| a.downcast_ref::<CelSemver>())
         .ok_or_else(|| wrong(function, i, "semver"))
 }
 
-fn list_items<'a, 'v>(value: &'a (dyn Val + 'v), function: &str, index: usize) -> Result<Vec<&'a (dyn Val + 'v)>, ExecutionError> {
+fn list_items<'a, 'v>(
+    value: &'a (dyn Val + 'v),
+    function: &str,
+    index: usize,
+) -> Result<Vec<&'a (dyn Val + 'v)>, ExecutionError> {
     let iterable = value
         .as_iterable()
         .filter(|_| value.get_type().kind() == Kind::List)
@@ -175,14 +196,26 @@ fn list_items<'a, 'v>(value: &'a (dyn Val + 'v), function: &str, index: usize) -
     Ok(items)
 }
 
+#[allow(
+    clippy::unnecessary_wraps,
+    reason = "the result type of every overload"
+)]
 fn boolean<'b, 'v>(b: bool) -> Out<'b, 'v> {
     Ok(CowVal::owned(CelBool::from(b)))
 }
 
+#[allow(
+    clippy::unnecessary_wraps,
+    reason = "the result type of every overload"
+)]
 fn int<'b, 'v>(i: i64) -> Out<'b, 'v> {
     Ok(CowVal::owned(CelInt::from(i)))
 }
 
+#[allow(
+    clippy::unnecessary_wraps,
+    reason = "the result type of every overload"
+)]
 fn string<'b, 'v>(s: String) -> Out<'b, 'v> {
     Ok(CowVal::owned(CelString::from(s)))
 }
@@ -201,18 +234,58 @@ fn ordering(o: Ordering) -> i64 {
 
 fn quantity_library(env: &mut Env) -> Result<(), DeclarationError> {
     let q = || QUANTITY_TYPE.to_owned();
-    env.add_overload("quantity", "string_to_quantity", vec![STRING_TYPE], quantity_fn)?;
-    env.add_overload("isQuantity", "is_quantity_string", vec![STRING_TYPE], is_quantity)?;
+    env.add_overload(
+        "quantity",
+        "string_to_quantity",
+        vec![STRING_TYPE],
+        quantity_fn,
+    )?;
+    env.add_overload(
+        "isQuantity",
+        "is_quantity_string",
+        vec![STRING_TYPE],
+        is_quantity,
+    )?;
     env.add_member_overload("sign", "quantity_sign", q(), vec![], quantity_sign)?;
-    env.add_member_overload("isInteger", "quantity_is_integer", q(), vec![], quantity_is_integer)?;
-    env.add_member_overload("asInteger", "quantity_as_integer", q(), vec![], quantity_as_integer)?;
-    env.add_member_overload("asApproximateFloat", "quantity_as_float", q(), vec![], quantity_as_float)?;
+    env.add_member_overload(
+        "isInteger",
+        "quantity_is_integer",
+        q(),
+        vec![],
+        quantity_is_integer,
+    )?;
+    env.add_member_overload(
+        "asInteger",
+        "quantity_as_integer",
+        q(),
+        vec![],
+        quantity_as_integer,
+    )?;
+    env.add_member_overload(
+        "asApproximateFloat",
+        "quantity_as_float",
+        q(),
+        vec![],
+        quantity_as_float,
+    )?;
     env.add_member_overload("add", "quantity_add_quantity", q(), vec![q()], quantity_add)?;
     env.add_member_overload("add", "quantity_add_int", q(), vec![INT_TYPE], quantity_add)?;
     env.add_member_overload("sub", "quantity_sub_quantity", q(), vec![q()], quantity_sub)?;
     env.add_member_overload("sub", "quantity_sub_int", q(), vec![INT_TYPE], quantity_sub)?;
-    env.add_member_overload("compareTo", "quantity_compare_to", q(), vec![q()], quantity_compare)?;
-    env.add_member_overload("isGreaterThan", "quantity_greater", q(), vec![q()], quantity_greater)?;
+    env.add_member_overload(
+        "compareTo",
+        "quantity_compare_to",
+        q(),
+        vec![q()],
+        quantity_compare,
+    )?;
+    env.add_member_overload(
+        "isGreaterThan",
+        "quantity_greater",
+        q(),
+        vec![q()],
+        quantity_greater,
+    )?;
     env.add_member_overload("isLessThan", "quantity_less", q(), vec![q()], quantity_less)?;
     Ok(())
 }
@@ -237,7 +310,11 @@ fn quantity_sign<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
 }
 
 fn quantity_is_integer<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
-    boolean(quantity_arg(&args, 0, "isInteger")?.as_i64_exact().is_some())
+    boolean(
+        quantity_arg(&args, 0, "isInteger")?
+            .as_i64_exact()
+            .is_some(),
+    )
 }
 
 fn quantity_as_integer<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
@@ -282,17 +359,26 @@ fn quantity_sub<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
 }
 
 fn quantity_compare<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
-    let (a, b) = (quantity_arg(&args, 0, "compareTo")?, quantity_arg(&args, 1, "compareTo")?);
+    let (a, b) = (
+        quantity_arg(&args, 0, "compareTo")?,
+        quantity_arg(&args, 1, "compareTo")?,
+    );
     int(ordering(a.cmp(b)))
 }
 
 fn quantity_greater<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
-    let (a, b) = (quantity_arg(&args, 0, "isGreaterThan")?, quantity_arg(&args, 1, "isGreaterThan")?);
+    let (a, b) = (
+        quantity_arg(&args, 0, "isGreaterThan")?,
+        quantity_arg(&args, 1, "isGreaterThan")?,
+    );
     boolean(a > b)
 }
 
 fn quantity_less<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
-    let (a, b) = (quantity_arg(&args, 0, "isLessThan")?, quantity_arg(&args, 1, "isLessThan")?);
+    let (a, b) = (
+        quantity_arg(&args, 0, "isLessThan")?,
+        quantity_arg(&args, 1, "isLessThan")?,
+    );
     boolean(a < b)
 }
 
@@ -303,14 +389,36 @@ fn quantity_less<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
 fn semver_library(env: &mut Env) -> Result<(), DeclarationError> {
     let s = || SEMVER_TYPE.to_owned();
     env.add_overload("semver", "string_to_semver", vec![STRING_TYPE], semver_fn)?;
-    env.add_overload("semver", "string_bool_to_semver", vec![STRING_TYPE, BOOL_TYPE], semver_fn)?;
+    env.add_overload(
+        "semver",
+        "string_bool_to_semver",
+        vec![STRING_TYPE, BOOL_TYPE],
+        semver_fn,
+    )?;
     env.add_overload("isSemver", "is_semver_string", vec![STRING_TYPE], is_semver)?;
-    env.add_overload("isSemver", "is_semver_string_bool", vec![STRING_TYPE, BOOL_TYPE], is_semver)?;
+    env.add_overload(
+        "isSemver",
+        "is_semver_string_bool",
+        vec![STRING_TYPE, BOOL_TYPE],
+        is_semver,
+    )?;
     env.add_member_overload("major", "semver_major", s(), vec![], semver_major)?;
     env.add_member_overload("minor", "semver_minor", s(), vec![], semver_minor)?;
     env.add_member_overload("patch", "semver_patch", s(), vec![], semver_patch)?;
-    env.add_member_overload("compareTo", "semver_compare_to", s(), vec![s()], semver_compare)?;
-    env.add_member_overload("isGreaterThan", "semver_greater", s(), vec![s()], semver_greater)?;
+    env.add_member_overload(
+        "compareTo",
+        "semver_compare_to",
+        s(),
+        vec![s()],
+        semver_compare,
+    )?;
+    env.add_member_overload(
+        "isGreaterThan",
+        "semver_greater",
+        s(),
+        vec![s()],
+        semver_greater,
+    )?;
     env.add_member_overload("isLessThan", "semver_less", s(), vec![s()], semver_less)?;
     Ok(())
 }
@@ -343,7 +451,10 @@ pub(crate) fn parse_semver(text: &str, normalize: bool) -> Result<semver::Versio
     semver::Version::parse(&format!("{}{rest}", numbers.join("."))).map_err(|e| e.to_string())
 }
 
-fn semver_from_args(args: &[CowVal<'_, '_>], function: &str) -> Result<semver::Version, ExecutionError> {
+fn semver_from_args(
+    args: &[CowVal<'_, '_>],
+    function: &str,
+) -> Result<semver::Version, ExecutionError> {
     let text = string_arg(args, 0, function)?;
     let normalize = if args.len() > 1 {
         bool_arg(args, 1, function)?
@@ -385,17 +496,26 @@ fn semver_patch<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
 }
 
 fn semver_compare<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
-    let (a, b) = (semver_arg(&args, 0, "compareTo")?, semver_arg(&args, 1, "compareTo")?);
+    let (a, b) = (
+        semver_arg(&args, 0, "compareTo")?,
+        semver_arg(&args, 1, "compareTo")?,
+    );
     int(ordering(a.compare(b)))
 }
 
 fn semver_greater<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
-    let (a, b) = (semver_arg(&args, 0, "isGreaterThan")?, semver_arg(&args, 1, "isGreaterThan")?);
+    let (a, b) = (
+        semver_arg(&args, 0, "isGreaterThan")?,
+        semver_arg(&args, 1, "isGreaterThan")?,
+    );
     boolean(a.compare(b) == Ordering::Greater)
 }
 
 fn semver_less<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
-    let (a, b) = (semver_arg(&args, 0, "isLessThan")?, semver_arg(&args, 1, "isLessThan")?);
+    let (a, b) = (
+        semver_arg(&args, 0, "isLessThan")?,
+        semver_arg(&args, 1, "isLessThan")?,
+    );
     boolean(a.compare(b) == Ordering::Less)
 }
 
@@ -408,9 +528,27 @@ fn strings_library(env: &mut Env) -> Result<(), DeclarationError> {
         env.add_member_overload(name, id, STRING_TYPE, args, f)
     };
     member(env, "charAt", "string_char_at_int", vec![INT_TYPE], char_at)?;
-    member(env, "indexOf", "string_index_of_string", vec![STRING_TYPE], index_of)?;
-    member(env, "indexOf", "string_index_of_string_int", vec![STRING_TYPE, INT_TYPE], index_of)?;
-    member(env, "lastIndexOf", "string_last_index_of_string", vec![STRING_TYPE], last_index_of)?;
+    member(
+        env,
+        "indexOf",
+        "string_index_of_string",
+        vec![STRING_TYPE],
+        index_of,
+    )?;
+    member(
+        env,
+        "indexOf",
+        "string_index_of_string_int",
+        vec![STRING_TYPE, INT_TYPE],
+        index_of,
+    )?;
+    member(
+        env,
+        "lastIndexOf",
+        "string_last_index_of_string",
+        vec![STRING_TYPE],
+        last_index_of,
+    )?;
     member(
         env,
         "lastIndexOf",
@@ -420,7 +558,13 @@ fn strings_library(env: &mut Env) -> Result<(), DeclarationError> {
     )?;
     member(env, "lowerAscii", "string_lower_ascii", vec![], lower_ascii)?;
     member(env, "upperAscii", "string_upper_ascii", vec![], upper_ascii)?;
-    member(env, "replace", "string_replace_string_string", vec![STRING_TYPE, STRING_TYPE], replace)?;
+    member(
+        env,
+        "replace",
+        "string_replace_string_string",
+        vec![STRING_TYPE, STRING_TYPE],
+        replace,
+    )?;
     member(
         env,
         "replace",
@@ -428,14 +572,44 @@ fn strings_library(env: &mut Env) -> Result<(), DeclarationError> {
         vec![STRING_TYPE, STRING_TYPE, INT_TYPE],
         replace,
     )?;
-    member(env, "split", "string_split_string", vec![STRING_TYPE], split)?;
-    member(env, "split", "string_split_string_int", vec![STRING_TYPE, INT_TYPE], split)?;
-    member(env, "substring", "string_substring_int", vec![INT_TYPE], substring)?;
-    member(env, "substring", "string_substring_int_int", vec![INT_TYPE, INT_TYPE], substring)?;
+    member(
+        env,
+        "split",
+        "string_split_string",
+        vec![STRING_TYPE],
+        split,
+    )?;
+    member(
+        env,
+        "split",
+        "string_split_string_int",
+        vec![STRING_TYPE, INT_TYPE],
+        split,
+    )?;
+    member(
+        env,
+        "substring",
+        "string_substring_int",
+        vec![INT_TYPE],
+        substring,
+    )?;
+    member(
+        env,
+        "substring",
+        "string_substring_int_int",
+        vec![INT_TYPE, INT_TYPE],
+        substring,
+    )?;
     member(env, "trim", "string_trim", vec![], trim)?;
     member(env, "format", "string_format_list", vec![LIST_TYPE], format)?;
     env.add_member_overload("join", "list_join", LIST_TYPE, vec![], join)?;
-    env.add_member_overload("join", "list_join_string", LIST_TYPE, vec![STRING_TYPE], join)?;
+    env.add_member_overload(
+        "join",
+        "list_join_string",
+        LIST_TYPE,
+        vec![STRING_TYPE],
+        join,
+    )?;
     env.add_overload("strings.quote", "strings_quote", vec![STRING_TYPE], quote)?;
     Ok(())
 }
@@ -467,7 +641,11 @@ fn char_at<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
 fn index_of<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
     let s = string_arg(&args, 0, "indexOf")?;
     let sub = string_arg(&args, 1, "indexOf")?;
-    let offset = if args.len() > 2 { int_arg(&args, 2, "indexOf")? } else { 0 };
+    let offset = if args.len() > 2 {
+        int_arg(&args, 2, "indexOf")?
+    } else {
+        0
+    };
     charge(bytes_cost(s.len() + sub.len()))?;
     if sub.is_empty() {
         return int(offset);
@@ -475,7 +653,10 @@ fn index_of<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
     if offset < 0 {
         return Err(out_of_range("indexOf", offset));
     }
-    let Some(start) = usize::try_from(offset).ok().and_then(|o| byte_offset(s, o)).filter(|&b| b < s.len())
+    let Some(start) = usize::try_from(offset)
+        .ok()
+        .and_then(|o| byte_offset(s, o))
+        .filter(|&b| b < s.len())
     else {
         return int(-1);
     };
@@ -545,7 +726,9 @@ fn replace<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
     let occurrences = s.matches(old).count().min(limit.unwrap_or(usize::MAX));
     let result_len = (s.len() as u128 + occurrences as u128 * new.len() as u128)
         .saturating_sub(occurrences as u128 * old.len() as u128);
-    charge(bytes_cost(usize::try_from(result_len).unwrap_or(usize::MAX)))?;
+    charge(bytes_cost(
+        usize::try_from(result_len).unwrap_or(usize::MAX),
+    ))?;
     string(match limit {
         Some(n) => s.replacen(old, new, n),
         None => s.replace(old, new),
@@ -600,7 +783,11 @@ fn substring<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
     let start = int_arg(&args, 1, "substring")?;
     charge(bytes_cost(s.len()))?;
     let len = s.chars().count() as i64;
-    let end = if args.len() > 2 { int_arg(&args, 2, "substring")? } else { len };
+    let end = if args.len() > 2 {
+        int_arg(&args, 2, "substring")?
+    } else {
+        len
+    };
     if args.len() > 2 && start > end {
         return Err(ExecutionError::function_error(
             "substring",
@@ -625,13 +812,20 @@ fn trim<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
 }
 
 fn join<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
-    let sep = if args.len() > 1 { string_arg(&args, 1, "join")? } else { "" };
+    let sep = if args.len() > 1 {
+        string_arg(&args, 1, "join")?
+    } else {
+        ""
+    };
     let items = list_items(args[0].as_ref(), "join", 0)?;
     let mut parts = Vec::with_capacity(items.len());
     let mut total = 0usize;
     for item in items {
         let s = item.downcast_ref::<CelString>().ok_or_else(|| {
-            ExecutionError::function_error("join", format!("invalid input: {} is not a string", item.get_type().name()))
+            ExecutionError::function_error(
+                "join",
+                format!("invalid input: {} is not a string", item.get_type().name()),
+            )
         })?;
         total = total.saturating_add(s.len()).saturating_add(sep.len());
         parts.push(s.inner());
@@ -670,7 +864,9 @@ fn format<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
     let values = list_items(args[1].as_ref(), "format", 1)?;
     let mut budget = fmt.len();
     for v in &values {
-        budget = budget.saturating_add(usize::try_from(cost::size_of(*v, u64::MAX)).unwrap_or(usize::MAX) * 16);
+        budget = budget.saturating_add(
+            usize::try_from(cost::size_of(*v, u64::MAX)).unwrap_or(usize::MAX) * 16,
+        );
     }
     charge(bytes_cost(budget))?;
     let error = |m: String| ExecutionError::function_error("format", m);
@@ -690,12 +886,18 @@ fn format<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
                 digits.push(d);
                 chars.next();
             }
-            precision = Some(digits.parse().map_err(|_| error("invalid precision".to_owned()))?);
+            precision = Some(
+                digits
+                    .parse()
+                    .map_err(|_| error("invalid precision".to_owned()))?,
+            );
             if precision.is_some_and(|p| p > 64) {
                 return Err(error("precision above 64".to_owned()));
             }
         }
-        let verb = chars.next().ok_or_else(|| error("format ends with '%'".to_owned()))?;
+        let verb = chars
+            .next()
+            .ok_or_else(|| error("format ends with '%'".to_owned()))?;
         if verb == '%' {
             out.push('%');
             continue;
@@ -711,7 +913,12 @@ fn format<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
     string(out)
 }
 
-fn format_value(out: &mut String, verb: char, precision: Option<usize>, v: &dyn Val) -> Result<(), String> {
+fn format_value(
+    out: &mut String,
+    verb: char,
+    precision: Option<usize>,
+    v: &dyn Val,
+) -> Result<(), String> {
     let int_value = v
         .downcast_ref::<CelInt>()
         .map(|i| i128::from(*i.inner()))
@@ -725,19 +932,37 @@ fn format_value(out: &mut String, verb: char, precision: Option<usize>, v: &dyn 
     match verb {
         's' => display(out, v),
         'd' => write!(out, "{}", int_value.ok_or_else(unsupported)?).map_err(|e| e.to_string()),
-        'f' => write!(out, "{:.*}", precision.unwrap_or(6), float_value.ok_or_else(unsupported)?)
-            .map_err(|e| e.to_string()),
+        'f' => write!(
+            out,
+            "{:.*}",
+            precision.unwrap_or(6),
+            float_value.ok_or_else(unsupported)?
+        )
+        .map_err(|e| e.to_string()),
         'e' => {
             // Go's form: a signed exponent of at least two digits (1.5e+03)
-            let text = format!("{:.*e}", precision.unwrap_or(6), float_value.ok_or_else(unsupported)?);
+            let text = format!(
+                "{:.*e}",
+                precision.unwrap_or(6),
+                float_value.ok_or_else(unsupported)?
+            );
             let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
-            let (sign, digits) = exponent.strip_prefix('-').map_or(("+", exponent), |d| ("-", d));
+            let (sign, digits) = exponent
+                .strip_prefix('-')
+                .map_or(("+", exponent), |d| ("-", d));
             write!(out, "{mantissa}e{sign}{digits:0>2}").map_err(|e| e.to_string())
         }
         'b' | 'o' | 'x' | 'X' => {
-            if let Some(s) = v.downcast_ref::<CelString>().filter(|_| matches!(verb, 'x' | 'X')) {
+            if let Some(s) = v
+                .downcast_ref::<CelString>()
+                .filter(|_| matches!(verb, 'x' | 'X'))
+            {
                 for b in s.bytes() {
-                    let _ = if verb == 'x' { write!(out, "{b:02x}") } else { write!(out, "{b:02X}") };
+                    let _ = if verb == 'x' {
+                        write!(out, "{b:02x}")
+                    } else {
+                        write!(out, "{b:02X}")
+                    };
                 }
                 return Ok(());
             }
@@ -776,7 +1001,11 @@ fn display(out: &mut String, v: &dyn Val) -> Result<(), String> {
         out.push_str("null");
     } else if v.get_type().kind() == Kind::List {
         out.push('[');
-        for (i, item) in list_items(v, "format", 1).map_err(|e| e.to_string())?.into_iter().enumerate() {
+        for (i, item) in list_items(v, "format", 1)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .enumerate()
+        {
             if i > 0 {
                 out.push_str(", ");
             }
@@ -815,7 +1044,12 @@ fn regex(pattern: &str, function: &str) -> Result<Rc<regex::Regex>, ExecutionErr
         .size_limit(REGEX_SIZE_LIMIT)
         .dfa_size_limit(REGEX_SIZE_LIMIT)
         .build()
-        .map_err(|e| ExecutionError::function_error(function, format!("invalid regular expression {pattern:?}: {e}")))?;
+        .map_err(|e| {
+            ExecutionError::function_error(
+                function,
+                format!("invalid regular expression {pattern:?}: {e}"),
+            )
+        })?;
     let re = Rc::new(re);
     REGEXES.with(|c| {
         let mut cache = c.borrow_mut();
@@ -833,10 +1067,33 @@ fn charge_match(input: &str, pattern: &str) -> Result<(), ExecutionError> {
 }
 
 fn regex_library(env: &mut Env) -> Result<(), DeclarationError> {
-    env.add_overload("matches", "matches_string", vec![STRING_TYPE, STRING_TYPE], matches)?;
-    env.add_member_overload("matches", "string_matches_string", STRING_TYPE, vec![STRING_TYPE], matches)?;
-    env.add_member_overload("find", "string_find_string", STRING_TYPE, vec![STRING_TYPE], find)?;
-    env.add_member_overload("findAll", "string_find_all_string", STRING_TYPE, vec![STRING_TYPE], find_all)?;
+    env.add_overload(
+        "matches",
+        "matches_string",
+        vec![STRING_TYPE, STRING_TYPE],
+        matches,
+    )?;
+    env.add_member_overload(
+        "matches",
+        "string_matches_string",
+        STRING_TYPE,
+        vec![STRING_TYPE],
+        matches,
+    )?;
+    env.add_member_overload(
+        "find",
+        "string_find_string",
+        STRING_TYPE,
+        vec![STRING_TYPE],
+        find,
+    )?;
+    env.add_member_overload(
+        "findAll",
+        "string_find_all_string",
+        STRING_TYPE,
+        vec![STRING_TYPE],
+        find_all,
+    )?;
     env.add_member_overload(
         "findAll",
         "string_find_all_string_int",
@@ -860,7 +1117,11 @@ fn find<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
     let pattern = string_arg(&args, 1, "find")?;
     let re = regex(pattern, "find")?;
     charge_match(s, pattern)?;
-    string(re.find(s).map(|m| m.as_str().to_owned()).unwrap_or_default())
+    string(
+        re.find(s)
+            .map(|m| m.as_str().to_owned())
+            .unwrap_or_default(),
+    )
 }
 
 fn find_all<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
@@ -887,7 +1148,12 @@ fn find_all<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
 // ---------------------------------------------------------------------------
 
 fn sets_library(env: &mut Env) -> Result<(), DeclarationError> {
-    env.add_overload("sets.contains", "list_sets_contains_list", vec![LIST_TYPE, LIST_TYPE], sets_contains)?;
+    env.add_overload(
+        "sets.contains",
+        "list_sets_contains_list",
+        vec![LIST_TYPE, LIST_TYPE],
+        sets_contains,
+    )?;
     env.add_overload(
         "sets.equivalent",
         "list_sets_equivalent_list",
@@ -904,10 +1170,12 @@ fn sets_library(env: &mut Env) -> Result<(), DeclarationError> {
 }
 
 /// Both lists, after charging for comparing every pair.
+type Pair<'a, 'v> = (Vec<&'a (dyn Val + 'v)>, Vec<&'a (dyn Val + 'v)>);
+
 fn two_lists<'a, 'v>(
     args: &'a [CowVal<'_, 'v>],
     function: &str,
-) -> Result<(Vec<&'a (dyn Val + 'v)>, Vec<&'a (dyn Val + 'v)>), ExecutionError> {
+) -> Result<Pair<'a, 'v>, ExecutionError> {
     let a = list_items(args[0].as_ref(), function, 0)?;
     let b = list_items(args[1].as_ref(), function, 1)?;
     charge(1 + (a.len() as u64).saturating_mul(b.len() as u64) / 4)?;
@@ -915,7 +1183,9 @@ fn two_lists<'a, 'v>(
 }
 
 fn contains_all(haystack: &[&dyn Val], needles: &[&dyn Val]) -> bool {
-    needles.iter().all(|n| haystack.iter().any(|h| h.equals(*n)))
+    needles
+        .iter()
+        .all(|n| haystack.iter().any(|h| h.equals(*n)))
 }
 
 fn sets_contains<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Out<'b, 'v> {
@@ -952,7 +1222,10 @@ fn bind_macro(
         return Ok(None);
     };
     let Expr::Ident(name) = var.expr else {
-        return Err(helper.new_error(var.id, "cel.bind() variable name must be a simple identifier"));
+        return Err(helper.new_error(
+            var.id,
+            "cel.bind() variable name must be a simple identifier",
+        ));
     };
     let bind = ComprehensionExpr {
         iter_range: helper.next_expr(Expr::List(ListExpr::new(Vec::new()))),

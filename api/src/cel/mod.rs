@@ -133,7 +133,9 @@ pub enum CompileError {
         max: usize,
     },
     /// A name that is neither `device` nor a comprehension variable.
-    #[error("undeclared reference to {name:?} at {position}: the only variable is `device`{snippet}")]
+    #[error(
+        "undeclared reference to {name:?} at {position}: the only variable is `device`{snippet}"
+    )]
     UndeclaredVariable {
         /// The name.
         name: String,

@@ -99,11 +99,12 @@ pub fn resolve(
         if opaque.driver != driver {
             continue;
         }
-        let decoded = decode_validated(&opaque.parameters).map_err(|error| ConfigError::InConfig {
-            index,
-            source_kind: config.source,
-            error: Box::new(error),
-        })?;
+        let decoded =
+            decode_validated(&opaque.parameters).map_err(|error| ConfigError::InConfig {
+                index,
+                source_kind: config.source,
+                error: Box::new(error),
+            })?;
         ours.push((&config.requests, decoded));
     }
     let main = request.split_once('/').map(|(main, _)| main);

@@ -18,16 +18,15 @@ fn q(s: &str) -> crate::quantity::Quantity {
 
 /// The error of `decode_validated`, as text.
 fn error_of(v: &Value) -> String {
-    decode_validated(v)
-        .expect_err(&v.to_string())
-        .to_string()
+    decode_validated(v).expect_err(&v.to_string()).to_string()
 }
 
 // --- NVIDIA's example claim template -----------------------------------------
 
 #[test]
 fn nvidia_example_time_slicing_round_trips() {
-    let params = gpu(&json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}));
+    let params =
+        gpu(&json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}));
     let config = decode_validated(&params).unwrap();
     let DeviceConfig::Gpu(gpu_config) = &config else {
         panic!("{config:?}")
@@ -83,7 +82,11 @@ fn normalize_fills_nvidia_defaults() {
             Some(TimeSliceInterval::Default),
             false,
         ),
-        (gpu(&json!({"strategy": "TimeSlicing"})), Some(TimeSliceInterval::Default), false),
+        (
+            gpu(&json!({"strategy": "TimeSlicing"})),
+            Some(TimeSliceInterval::Default),
+            false,
+        ),
         (
             gpu(&json!({"strategy": "TimeSlicing", "timeSlicingConfig": {}})),
             Some(TimeSliceInterval::Default),
@@ -104,17 +107,23 @@ fn normalize_fills_nvidia_defaults() {
     );
 
     let DeviceConfig::Mig(config) =
-        decode_validated(&json!({"apiVersion": NVIDIA_API_VERSION, "kind": "MigDeviceConfig"})).unwrap()
+        decode_validated(&json!({"apiVersion": NVIDIA_API_VERSION, "kind": "MigDeviceConfig"}))
+            .unwrap()
     else {
         panic!()
     };
-    assert_eq!(config.sharing, None, "a MIG device is not shared by default");
-    let DeviceConfig::Mig(config) = decode_validated(&mig(&json!({"strategy": "MPS"}))).unwrap() else {
+    assert_eq!(
+        config.sharing, None,
+        "a MIG device is not shared by default"
+    );
+    let DeviceConfig::Mig(config) = decode_validated(&mig(&json!({"strategy": "MPS"}))).unwrap()
+    else {
         panic!()
     };
     assert_eq!(config.mps(), Some(&MpsConfig::default()));
     // time-slicing is accepted on MIG devices and does nothing
-    let DeviceConfig::Mig(config) = decode_validated(&mig(&json!({"strategy": "TimeSlicing"}))).unwrap()
+    let DeviceConfig::Mig(config) =
+        decode_validated(&mig(&json!({"strategy": "TimeSlicing"}))).unwrap()
     else {
         panic!()
     };
@@ -124,7 +133,8 @@ fn normalize_fills_nvidia_defaults() {
 #[test]
 fn intervals_map_to_nvidia_smi_values() {
     for (name, value) in [("Default", 0), ("Short", 1), ("Medium", 2), ("Long", 3)] {
-        let params = gpu(&json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": name}}));
+        let params =
+            gpu(&json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": name}}));
         let DeviceConfig::Gpu(config) = decode_validated(&params).unwrap() else {
             panic!()
         };
@@ -218,7 +228,9 @@ fn all_invalid_fields_are_reported_together() {
 #[test]
 fn per_device_keys_must_be_indexes_or_uuids() {
     let with_key = |k: &str| {
-        gpu(&json!({"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {k: "1Gi"}}}))
+        gpu(
+            &json!({"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {k: "1Gi"}}}),
+        )
     };
     for good in [
         "0",
@@ -229,7 +241,17 @@ fn per_device_keys_must_be_indexes_or_uuids() {
     ] {
         decode_validated(&with_key(good)).unwrap_or_else(|e| panic!("{good}: {e}"));
     }
-    for bad in ["", "-1", "+1", "1.0", "gpu0", "GPU-", "GPU-a b", "GPU-\u{e9}", "123456789012345678901"] {
+    for bad in [
+        "",
+        "-1",
+        "+1",
+        "1.0",
+        "gpu0",
+        "GPU-",
+        "GPU-a b",
+        "GPU-\u{e9}",
+        "123456789012345678901",
+    ] {
         let err = error_of(&with_key(bad));
         assert!(
             err.contains("must be a device index (0, 1, ...) or a GPU/MIG UUID"),
@@ -247,9 +269,14 @@ fn pinned_limits_apply_default_then_overrides() {
         panic!()
     };
     let mps = config.mps().unwrap();
-    let limits = mps.pinned_memory_limits(&["GPU-a", "GPU-b", "GPU-c"]).unwrap();
+    let limits = mps
+        .pinned_memory_limits(&["GPU-a", "GPU-b", "GPU-c"])
+        .unwrap();
     let expected = [("GPU-a", "2048M"), ("GPU-b", "1536M"), ("GPU-c", "3000M")];
-    assert_eq!(limits, expected.map(|(k, v)| (k.to_owned(), v.to_owned())).into());
+    assert_eq!(
+        limits,
+        expected.map(|(k, v)| (k.to_owned(), v.to_owned())).into()
+    );
 
     // keys must name one of the config's devices
     assert_eq!(
@@ -294,9 +321,15 @@ fn unknown_fields_are_rejected_at_every_level() {
             "metadata",
             "unknown field `metadata`",
         ),
-        (gpu(&json!({"strategy": "MPS", "replicas": 2})), "sharing.replicas", "unknown field `replicas`"),
         (
-            gpu(&json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long", "slice": 1}})),
+            gpu(&json!({"strategy": "MPS", "replicas": 2})),
+            "sharing.replicas",
+            "unknown field `replicas`",
+        ),
+        (
+            gpu(
+                &json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long", "slice": 1}}),
+            ),
             "sharing.timeSlicingConfig.slice",
             "unknown field `slice`",
         ),
@@ -311,11 +344,18 @@ fn unknown_fields_are_rejected_at_every_level() {
             "unknown field `timeSlicingConfig`",
         ),
         // field names are case-sensitive, as in Kubernetes' strict decoder
-        (gpu(&json!({"Strategy": "MPS"})), "sharing.Strategy", "unknown field `Strategy`"),
+        (
+            gpu(&json!({"Strategy": "MPS"})),
+            "sharing.Strategy",
+            "unknown field `Strategy`",
+        ),
     ];
     for (params, path, message) in cases {
         match decode(&params) {
-            Err(ConfigError::Decode { path: p, message: m }) => {
+            Err(ConfigError::Decode {
+                path: p,
+                message: m,
+            }) => {
                 assert_eq!(p, path, "{params}");
                 assert!(m.contains(message), "{params}: {m}");
             }
@@ -329,10 +369,26 @@ fn wrong_types_and_values_are_rejected_with_their_path() {
     let mps = |c: Value| gpu(&json!({"strategy": "MPS", "mpsConfig": c}));
     let cases = [
         (gpu(&json!("MPS")), "sharing", "invalid type: string"),
-        (gpu(&json!({"strategy": 1})), "sharing.strategy", "invalid type: integer"),
-        (gpu(&json!({"strategy": "Fabric"})), "sharing.strategy", "unknown variant `Fabric`"),
-        (gpu(&json!({"strategy": "mps"})), "sharing.strategy", "unknown variant `mps`"),
-        (gpu(&json!({"strategy": null})), "sharing.strategy", "invalid type: null"),
+        (
+            gpu(&json!({"strategy": 1})),
+            "sharing.strategy",
+            "invalid type: integer",
+        ),
+        (
+            gpu(&json!({"strategy": "Fabric"})),
+            "sharing.strategy",
+            "unknown variant `Fabric`",
+        ),
+        (
+            gpu(&json!({"strategy": "mps"})),
+            "sharing.strategy",
+            "unknown variant `mps`",
+        ),
+        (
+            gpu(&json!({"strategy": null})),
+            "sharing.strategy",
+            "invalid type: null",
+        ),
         (gpu(&json!({})), "sharing", "missing field `strategy`"),
         (
             gpu(&json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "VeryLong"}})),
@@ -392,7 +448,10 @@ fn wrong_types_and_values_are_rejected_with_their_path() {
     ];
     for (params, path, message) in cases {
         match decode(&params) {
-            Err(ConfigError::Decode { path: p, message: m }) => {
+            Err(ConfigError::Decode {
+                path: p,
+                message: m,
+            }) => {
                 assert_eq!(p, path, "{params}");
                 assert!(m.contains(message), "{params}: {m}");
             }
@@ -400,7 +459,10 @@ fn wrong_types_and_values_are_rejected_with_their_path() {
         }
     }
     // a bare number is a quantity, as in Kubernetes
-    decode_validated(&mps(json!({"defaultPinnedDeviceMemoryLimit": 1_073_741_824}))).unwrap();
+    decode_validated(&mps(
+        json!({"defaultPinnedDeviceMemoryLimit": 1_073_741_824}),
+    ))
+    .unwrap();
     // null means unset for optional fields
     decode_validated(&gpu(&Value::Null)).unwrap();
 }
@@ -413,7 +475,9 @@ fn type_fields_dispatch_with_precise_errors() {
         (Value::Null, ConfigError::NotAnObject("null")),
         (
             json!({"kind": "GpuConfig"}),
-            ConfigError::MissingTypeField { field: "apiVersion" },
+            ConfigError::MissingTypeField {
+                field: "apiVersion",
+            },
         ),
         (
             json!({"apiVersion": NVIDIA_API_VERSION}),
@@ -460,8 +524,13 @@ fn type_fields_dispatch_with_precise_errors() {
 fn hostile_inputs_are_rejected_without_panicking() {
     // more than 10 KiB, as bytes and as a value
     let padding = "x".repeat(MAX_PARAMETERS_BYTES);
-    let big = gpu(&json!({"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {padding: "1Gi"}}}));
-    assert!(matches!(decode(&big), Err(ConfigError::TooLarge { max: 10240, .. })));
+    let big = gpu(
+        &json!({"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {padding: "1Gi"}}}),
+    );
+    assert!(matches!(
+        decode(&big),
+        Err(ConfigError::TooLarge { max: 10240, .. })
+    ));
     let raw = serde_json::to_vec(&big).unwrap();
     assert!(matches!(
         decode_bytes(&raw),
@@ -470,17 +539,30 @@ fn hostile_inputs_are_rejected_without_panicking() {
 
     // deep nesting, within the size limit
     let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
-    assert!(matches!(decode_bytes(deep.as_bytes()), Err(ConfigError::Malformed(m)) if m.contains("recursion limit")));
+    assert!(
+        matches!(decode_bytes(deep.as_bytes()), Err(ConfigError::Malformed(m)) if m.contains("recursion limit"))
+    );
     let mut value = json!(1);
     for _ in 0..100 {
         value = json!([value]);
     }
     let nested = json!({"apiVersion": NVIDIA_API_VERSION, "kind": "GpuConfig", "sharing": value});
-    assert!(matches!(decode(&nested), Err(ConfigError::Malformed(m)) if m.contains("nesting deeper than 32")));
+    assert!(
+        matches!(decode(&nested), Err(ConfigError::Malformed(m)) if m.contains("nesting deeper than 32"))
+    );
 
     // not JSON at all, or truncated
-    for raw in [&b""[..], b"{", b"\xff\xfe", b"apiVersion: v1", b"{\"kind\": \"GpuConfig\",}"] {
-        assert!(matches!(decode_bytes(raw), Err(ConfigError::Malformed(_))), "{raw:?}");
+    for raw in [
+        &b""[..],
+        b"{",
+        b"\xff\xfe",
+        b"apiVersion: v1",
+        b"{\"kind\": \"GpuConfig\",}",
+    ] {
+        assert!(
+            matches!(decode_bytes(raw), Err(ConfigError::Malformed(_))),
+            "{raw:?}"
+        );
     }
 
     // duplicate fields and duplicate map keys (only visible in the raw bytes)
@@ -504,12 +586,20 @@ fn hostile_inputs_are_rejected_without_panicking() {
     ));
     // trailing garbage after the object
     let trailing = br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig"} {}"#;
-    assert!(matches!(decode_bytes(trailing), Err(ConfigError::Malformed(_))));
+    assert!(matches!(
+        decode_bytes(trailing),
+        Err(ConfigError::Malformed(_))
+    ));
 }
 
 // --- resolution -------------------------------------------------------------------
 
-fn alloc(source: ConfigSource, requests: &[&str], driver: &str, parameters: Value) -> AllocationConfig {
+fn alloc(
+    source: ConfigSource,
+    requests: &[&str],
+    driver: &str,
+    parameters: Value,
+) -> AllocationConfig {
     AllocationConfig {
         source,
         requests: requests.iter().map(|r| (*r).to_owned()).collect(),
@@ -553,11 +643,19 @@ fn foreign_drivers_are_ignored_even_when_broken() {
     use ConfigSource::FromClaim;
     let configs = [
         alloc(FromClaim, &["a"], DRIVER, ts("Short")),
-        alloc(FromClaim, &["a"], "net.example.com", json!({"anything": ["goes"]})),
+        alloc(
+            FromClaim,
+            &["a"],
+            "net.example.com",
+            json!({"anything": ["goes"]}),
+        ),
     ];
     let resolved = resolve(&configs, "a", DRIVER, DeviceKind::Gpu).unwrap();
     assert_eq!(interval_of(resolved), Some(TimeSliceInterval::Short));
-    assert_eq!(resolve(&configs, "a", "other.example.com", DeviceKind::Gpu), Ok(None));
+    assert_eq!(
+        resolve(&configs, "a", "other.example.com", DeviceKind::Gpu),
+        Ok(None)
+    );
 }
 
 #[test]
@@ -565,18 +663,28 @@ fn request_filters_select_configs() {
     use ConfigSource::FromClaim;
     let configs = [
         alloc(FromClaim, &["ts-gpu"], DRIVER, ts("Long")),
-        alloc(FromClaim, &["mps-gpu", "x"], DRIVER, gpu(&json!({"strategy": "MPS"}))),
+        alloc(
+            FromClaim,
+            &["mps-gpu", "x"],
+            DRIVER,
+            gpu(&json!({"strategy": "MPS"})),
+        ),
         alloc(FromClaim, &["pick/big"], DRIVER, ts("Medium")),
     ];
     assert_eq!(
         interval_of(resolve(&configs, "ts-gpu", DRIVER, DeviceKind::Gpu).unwrap()),
         Some(TimeSliceInterval::Long)
     );
-    let Some(DeviceConfig::Gpu(mps)) = resolve(&configs, "mps-gpu", DRIVER, DeviceKind::Gpu).unwrap() else {
+    let Some(DeviceConfig::Gpu(mps)) =
+        resolve(&configs, "mps-gpu", DRIVER, DeviceKind::Gpu).unwrap()
+    else {
         panic!()
     };
     assert!(mps.mps().is_some());
-    assert_eq!(resolve(&configs, "other", DRIVER, DeviceKind::Gpu), Ok(None));
+    assert_eq!(
+        resolve(&configs, "other", DRIVER, DeviceKind::Gpu),
+        Ok(None)
+    );
     // prioritized list: "main/sub" matches a config for "main" or for "main/sub"
     assert_eq!(
         interval_of(resolve(&configs, "ts-gpu/small", DRIVER, DeviceKind::Gpu).unwrap()),
@@ -586,7 +694,10 @@ fn request_filters_select_configs() {
         interval_of(resolve(&configs, "pick/big", DRIVER, DeviceKind::Gpu).unwrap()),
         Some(TimeSliceInterval::Medium)
     );
-    assert_eq!(resolve(&configs, "pick/small", DRIVER, DeviceKind::Gpu), Ok(None));
+    assert_eq!(
+        resolve(&configs, "pick/small", DRIVER, DeviceKind::Gpu),
+        Ok(None)
+    );
     assert_eq!(resolve(&configs, "pick", DRIVER, DeviceKind::Gpu), Ok(None));
 }
 
@@ -607,7 +718,10 @@ fn device_kind_mismatches() {
     let configs = [alloc(FromClaim, &["g"], DRIVER, mig_mps.clone())];
     assert!(matches!(
         resolve(&configs, "g", DRIVER, DeviceKind::Gpu),
-        Err(ConfigError::WrongDeviceKind { config_kind: "MigDeviceConfig", .. })
+        Err(ConfigError::WrongDeviceKind {
+            config_kind: "MigDeviceConfig",
+            ..
+        })
     ));
     // a config for all requests applies only to its own kind, and an earlier
     // one of the right kind is found behind it
@@ -630,7 +744,12 @@ fn broken_configs_of_ours_fail_resolution_with_their_index() {
     use ConfigSource::{FromClaim, FromClass};
     let configs = [
         alloc(FromClaim, &["a"], DRIVER, ts("Short")),
-        alloc(FromClass, &["b"], DRIVER, gpu(&json!({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150}}))),
+        alloc(
+            FromClass,
+            &["b"],
+            DRIVER,
+            gpu(&json!({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150}})),
+        ),
     ];
     let err = resolve(&configs, "a", DRIVER, DeviceKind::Gpu).unwrap_err();
     assert_eq!(

@@ -178,7 +178,10 @@ where
             d.deserialize_map(self)
         }
 
-        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
             let mut out = BTreeMap::new();
             while let Some(key) = map.next_key::<String>()? {
                 if out.contains_key(&key) {
@@ -362,7 +365,10 @@ impl MpsConfig {
     /// wants them (`<N>M`), keyed by device UUID: the default for every
     /// device, then the per-device overrides, whose keys are UUIDs among
     /// `uuids` or indexes into it.
-    pub fn pinned_memory_limits(&self, uuids: &[&str]) -> Result<BTreeMap<String, String>, ConfigError> {
+    pub fn pinned_memory_limits(
+        &self,
+        uuids: &[&str],
+    ) -> Result<BTreeMap<String, String>, ConfigError> {
         let mut limits = BTreeMap::new();
         if let Some(q) = &self.default_pinned_device_memory_limit {
             let limit = mps_memory_limit(q).map_err(|message| {
@@ -417,11 +423,14 @@ fn is_device_key(key: &str) -> bool {
     if !key.is_empty() && key.len() <= 20 && key.bytes().all(|b| b.is_ascii_digit()) {
         return true;
     }
-    let rest = key.strip_prefix("GPU-").or_else(|| key.strip_prefix("MIG-"));
+    let rest = key
+        .strip_prefix("GPU-")
+        .or_else(|| key.strip_prefix("MIG-"));
     rest.is_some_and(|r| {
         !r.is_empty()
             && r.len() <= 128
-            && r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'/')
+            && r.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'/')
     })
 }
 

@@ -93,12 +93,14 @@ fn rejects_garbage_with_the_reason() {
 
 #[test]
 fn rejects_out_of_range_and_overlong() {
-    for text in ["1e30", "1e1000", "999999999999999999999999999999999Ei", "1e100000000"] {
+    for text in [
+        "1e30",
+        "1e1000",
+        "999999999999999999999999999999999Ei",
+        "1e100000000",
+    ] {
         assert!(
-            matches!(
-                Quantity::parse(text),
-                Err(QuantityError::OutOfRange { .. })
-            ),
+            matches!(Quantity::parse(text), Err(QuantityError::OutOfRange { .. })),
             "{text}"
         );
     }

@@ -71,7 +71,9 @@ pub trait GpuBackend: Send + Sync + 'static {
         placement: MigPlacement,
     ) -> Result<MigDevice>;
 
-    /// Destroys the compute instance and then the GPU instance.
+    /// Destroys the compute instance and then the GPU instance. A GPU
+    /// instance (or compute instance) that no longer exists counts as
+    /// destroyed, so a retried unprepare succeeds.
     fn destroy_mig_device(
         &self,
         index: u32,

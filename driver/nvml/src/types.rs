@@ -77,6 +77,8 @@ pub struct MigInfo {
     /// MIG mode after the next GPU reset.
     pub pending_enabled: bool,
     /// GPU instance profiles this GPU supports, with their possible placements.
+    /// Listed whatever the MIG mode (NVML answers profile and placement
+    /// queries on MIG-disabled GPUs; dynamic MIG relies on it).
     pub profiles: Vec<MigProfile>,
     /// MIG devices that exist now (a GPU instance with a compute instance).
     pub devices: Vec<MigDevice>,

@@ -556,8 +556,19 @@ fn mig_disabled_gpu_refuses_instances_until_enabled() {
     let nvml = fake.nvml();
     let gpu = nvml.device_by_index(0).unwrap();
     assert_eq!(create_gi(&nvml, &gpu, 19, None), Err(NOT_SUPPORTED));
-    assert!(matches!(gpu.profile_info(0), Err(NvmlError::NotSupported)));
-    assert_eq!(placements(&nvml, &gpu, 19), Err(NOT_SUPPORTED));
+    // Profile facts answer while MIG is off (dynamic MIG publishes them).
+    assert_eq!(gpu.profile_info(0).unwrap().id, 19);
+    assert_eq!(placements(&nvml, &gpu, 19).unwrap().len(), 7);
+    let mut list = vec![std::ptr::null_mut(); 8];
+    let mut count: c_uint = 0;
+    assert_eq!(
+        call!(
+            nvml,
+            nvmlDeviceGetGpuInstances(handle(&gpu), 19, list.as_mut_ptr(), &raw mut count)
+        ),
+        NOT_SUPPORTED,
+        "instances need MIG mode on"
+    );
     assert!(matches!(
         gpu.mig_device_by_index(0),
         Err(NvmlError::NotSupported)

@@ -32,7 +32,10 @@ fn rate(time: Duration, mut f: impl FnMut()) -> f64 {
 fn cel_eval_rate() {
     let compiler = Compiler::new();
     let device = a100();
-    let selectors: Vec<_> = SELECTORS.iter().map(|s| compiler.compile(s).unwrap()).collect();
+    let selectors: Vec<_> = SELECTORS
+        .iter()
+        .map(|s| compiler.compile(s).unwrap())
+        .collect();
     let evaluator = compiler.evaluator(&device);
     let time = Duration::from_millis(700);
     for (i, selector) in selectors.iter().enumerate() {

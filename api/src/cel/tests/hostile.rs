@@ -18,32 +18,55 @@ fn the_length_limit_applies_before_parsing() {
     let over = format!("{prefix}{}{suffix}", "a".repeat(filler + 1));
     assert_eq!(
         compiler.compile(&over).unwrap_err(),
-        CompileError::TooLong { len: 10241, max: 10240 }
+        CompileError::TooLong {
+            len: 10241,
+            max: 10240
+        }
     );
     // garbage is not even parsed
     assert_eq!(
         compiler.compile(&"(".repeat(10241)).unwrap_err(),
-        CompileError::TooLong { len: 10241, max: 10240 }
+        CompileError::TooLong {
+            len: 10241,
+            max: 10240
+        }
     );
     // the limit is in bytes
     let wide = format!("'{}' == ''", "é".repeat(5200));
-    assert!(matches!(compiler.compile(&wide), Err(CompileError::TooLong { len, .. }) if len > 10240));
+    assert!(
+        matches!(compiler.compile(&wide), Err(CompileError::TooLong { len, .. }) if len > 10240)
+    );
 }
 
 #[test]
 fn deep_nesting_is_rejected_without_overflowing_the_stack() {
     let compiler = Compiler::new();
     for (what, expression) in [
-        ("parentheses", format!("{}true{}", "(".repeat(3000), ")".repeat(3000))),
-        ("lists", format!("{}1{} == 1", "[".repeat(3000), "]".repeat(3000))),
-        ("calls", format!("{}'a'{} == 1", "size(".repeat(1500), ")".repeat(1500))),
+        (
+            "parentheses",
+            format!("{}true{}", "(".repeat(3000), ")".repeat(3000)),
+        ),
+        (
+            "lists",
+            format!("{}1{} == 1", "[".repeat(3000), "]".repeat(3000)),
+        ),
+        (
+            "calls",
+            format!("{}'a'{} == 1", "size(".repeat(1500), ")".repeat(1500)),
+        ),
         ("additions", format!("{} == 1", vec!["1"; 3000].join("+"))),
         ("selects", format!("device{} == 1", ".a".repeat(3000))),
         ("indexes", format!("device{} == 1", "['a']".repeat(1500))),
         ("methods", format!("'a'{} == ''", ".trim()".repeat(1200))),
         ("ternaries", format!("{}true", "true ? true : ".repeat(700))),
-        ("negations", format!("{}1{} == 1", "-(".repeat(2000), ")".repeat(2000))),
-        ("comprehensions", format!("{}true{}", "[1].all(x, ".repeat(600), ")".repeat(600))),
+        (
+            "negations",
+            format!("{}1{} == 1", "-(".repeat(2000), ")".repeat(2000)),
+        ),
+        (
+            "comprehensions",
+            format!("{}true{}", "[1].all(x, ".repeat(600), ")".repeat(600)),
+        ),
     ] {
         match compiler.compile(&expression) {
             Err(CompileError::TooDeep { max: 48, .. }) => {}
@@ -63,7 +86,9 @@ fn programs_deeper_than_the_inline_threshold_evaluate_on_their_own_stack() {
     let selector = compiler.compile(&expression).unwrap();
     assert!(!selector.inline);
     assert_eq!(compiler.evaluator(&h100()).matches(&selector), Ok(true));
-    let shallow = compiler.compile("device.driver == 'gpu.nvidia.com'").unwrap();
+    let shallow = compiler
+        .compile("device.driver == 'gpu.nvidia.com'")
+        .unwrap();
     assert!(shallow.inline);
 }
 
@@ -83,22 +108,37 @@ fn the_static_estimate_rejects_expensive_expressions_at_compile_time() {
             format!("cel.bind(x0, 'abcdefghijklmnop', {e})")
         },
         // a replace chain
-        format!("'aaaaaaaaaa'{} != ''", ".replace('a', 'aaaaaaaaaa')".repeat(12)),
+        format!(
+            "'aaaaaaaaaa'{} != ''",
+            ".replace('a', 'aaaaaaaaaa')".repeat(12)
+        ),
     ] {
         assert!(
-            matches!(compiler.compile(&expression), Err(CompileError::CostTooHigh { limit: 1_000_000, .. })),
+            matches!(
+                compiler.compile(&expression),
+                Err(CompileError::CostTooHigh {
+                    limit: 1_000_000,
+                    ..
+                })
+            ),
             "{expression}"
         );
     }
     // realistic selectors are far below the limit
     let cheap = compiler
-        .compile("device.attributes['gpu.nvidia.com'].productName.lowerAscii().matches('^.*a100.*$')")
+        .compile(
+            "device.attributes['gpu.nvidia.com'].productName.lowerAscii().matches('^.*a100.*$')",
+        )
         .unwrap();
     assert!(cheap.estimated_cost() < 100, "{}", cheap.estimated_cost());
     let loop_over_device = compiler
         .compile("device.attributes['gpu.nvidia.com'].all(k, k.size() < 64)")
         .unwrap();
-    assert!(loop_over_device.estimated_cost() < 5000, "{}", loop_over_device.estimated_cost());
+    assert!(
+        loop_over_device.estimated_cost() < 5000,
+        "{}",
+        loop_over_device.estimated_cost()
+    );
 }
 
 #[test]
@@ -136,13 +176,21 @@ fn the_runtime_meter_stops_growing_strings_before_they_are_built() {
         Err(EvalError::CostLimitExceeded { limit: 1_000_000 })
     );
     // 10^13 bytes through replace
-    let replace = format!("'aaaaaaaaaa'{} != ''", ".replace('a', 'aaaaaaaaaa')".repeat(12));
+    let replace = format!(
+        "'aaaaaaaaaa'{} != ''",
+        ".replace('a', 'aaaaaaaaaa')".repeat(12)
+    );
     assert_eq!(
         eval(&compiler, &h100(), &replace),
         Err(EvalError::CostLimitExceeded { limit: 1_000_000 })
     );
     // lists of lists through comprehensions
-    let lists = format!("{}.map(a, {}.map(b, {})).size() > 0", list(300), list(300), list(300));
+    let lists = format!(
+        "{}.map(a, {}.map(b, {})).size() > 0",
+        list(300),
+        list(300),
+        list(300)
+    );
     assert_eq!(
         eval(&compiler, &h100(), &lists),
         Err(EvalError::CostLimitExceeded { limit: 1_000_000 })
@@ -168,7 +216,10 @@ fn the_runtime_meter_stops_growing_strings_before_they_are_built() {
 fn the_runtime_meter_charges_regex_compilation() {
     let compiler = runtime_only(1_000_000);
     // a different pattern on every iteration: each one is compiled
-    let expression = format!("{}.all(i, !'x'.matches('a{{' + string(i) + '}}'))", list(2000));
+    let expression = format!(
+        "{}.all(i, !'x'.matches('a{{' + string(i) + '}}'))",
+        list(2000)
+    );
     assert_eq!(
         eval(&compiler, &h100(), &expression),
         Err(EvalError::CostLimitExceeded { limit: 1_000_000 })
@@ -181,15 +232,57 @@ fn the_runtime_meter_charges_regex_compilation() {
 #[test]
 fn every_evaluation_gets_a_fresh_budget() {
     let compiler = runtime_only(50_000);
-    let selector = compiler.compile(&format!("{}.all(i, i > 0)", list(1000))).unwrap();
+    let selector = compiler
+        .compile(&format!("{}.all(i, i > 0)", list(1000)))
+        .unwrap();
     let evaluator = compiler.evaluator(&h100());
     for _ in 0..3 {
         assert_eq!(evaluator.matches(&selector), Ok(true));
     }
-    let expensive = compiler.compile(&format!("{}.all(i, {}.all(j, j > 0))", list(300), list(300))).unwrap();
+    let expensive = compiler
+        .compile(&format!(
+            "{}.all(i, {}.all(j, j > 0))",
+            list(300),
+            list(300)
+        ))
+        .unwrap();
     assert_eq!(
         evaluator.matches(&expensive),
         Err(EvalError::CostLimitExceeded { limit: 50_000 })
     );
     assert_eq!(evaluator.matches(&selector), Ok(true));
+}
+
+#[test]
+fn the_deepest_inline_programs_fit_a_two_mebibyte_stack() {
+    let compiler = Compiler::new();
+    // the deepest program of each shape that is still evaluated inline
+    let shapes: [fn(usize) -> String; 4] = [
+        |n| format!("{} == {n}", vec!["1"; n].join(" + ")),
+        |n| format!("{}true{}", "[1].all(x, ".repeat(n), ")".repeat(n)),
+        |n| format!("{}'a'{} == 1", "size(".repeat(n), ")".repeat(n)),
+        |n| format!("device{} == 1", ".a".repeat(n)),
+    ];
+    let mut deepest = Vec::new();
+    for shape in shapes {
+        let n = (1..48)
+            .take_while(|&n| compiler.compile(&shape(n)).is_ok_and(|s| s.inline))
+            .last()
+            .unwrap();
+        deepest.push(compiler.compile(&shape(n)).unwrap());
+    }
+    std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || {
+            let evaluator = compiler.evaluator(&h100());
+            for selector in &deepest {
+                // a result or an error, but no stack overflow
+                let _ = evaluator.matches(selector);
+            }
+            assert_eq!(evaluator.matches(&deepest[0]), Ok(true));
+            assert_eq!(evaluator.matches(&deepest[1]), Ok(true));
+        })
+        .unwrap()
+        .join()
+        .unwrap();
 }

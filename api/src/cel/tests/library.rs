@@ -81,7 +81,10 @@ fn semantic_versions_behave_like_kubernetes() {
     all_fail(&[
         ("semver('1.2').major() == 1", "invalid semantic version"),
         ("semver('1.2.3.4', true).major() == 1", "more than three"),
-        ("semver('1.0.0').isGreaterThan(quantity('1'))", "no matching overload"),
+        (
+            "semver('1.0.0').isGreaterThan(quantity('1'))",
+            "no matching overload",
+        ),
         ("semver('1.0.0') < semver('2.0.0')", ""),
     ]);
 }
@@ -166,5 +169,8 @@ fn sets_bind_and_standard_library() {
         compiler.compile("cel.bind(1, 2, true)"),
         Err(CompileError::Syntax { rendered, .. }) if rendered.contains("simple identifier")
     ));
-    all_fail(&[("1 / 0 == 1", "ivision by zero"), ("9223372036854775807 + 1 > 0", "verflow")]);
+    all_fail(&[
+        ("1 / 0 == 1", "ivision by zero"),
+        ("9223372036854775807 + 1 > 0", "verflow"),
+    ]);
 }

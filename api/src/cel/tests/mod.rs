@@ -5,7 +5,6 @@ mod bench;
 mod hostile;
 mod library;
 mod selectors;
-mod zz_probe;
 
 use super::*;
 use crate::quantity::Quantity;
@@ -53,7 +52,10 @@ pub(super) fn mig(profile: &str, memory: &str) -> CelDevice {
     for (name, value) in [
         ("type", text("mig")),
         ("uuid", text("MIG-5c1f0b8e-7a2d-5e3f-8b9c-1d2e3f4a5b6c")),
-        ("parentUUID", text("GPU-3f2a9a1c-8d4e-4b6a-9f43-0c1d2e3f4a5b")),
+        (
+            "parentUUID",
+            text("GPU-3f2a9a1c-8d4e-4b6a-9f43-0c1d2e3f4a5b"),
+        ),
         ("profile", text(profile)),
         ("productName", text("NVIDIA H100 NVL")),
         ("brand", text("Nvidia")),
@@ -88,7 +90,11 @@ pub(super) fn a100() -> CelDevice {
 }
 
 /// Compiles and evaluates `expression` against `device`.
-pub(super) fn eval(compiler: &Compiler, device: &CelDevice, expression: &str) -> Result<bool, EvalError> {
+pub(super) fn eval(
+    compiler: &Compiler,
+    device: &CelDevice,
+    expression: &str,
+) -> Result<bool, EvalError> {
     let selector = compiler
         .compile(expression)
         .unwrap_or_else(|e| panic!("{expression}: {e}"));

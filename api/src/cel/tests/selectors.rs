@@ -2,11 +2,15 @@ use std::sync::Arc;
 
 use super::*;
 
-const GPU_CLASS: &str = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'";
+const GPU_CLASS: &str =
+    "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'";
 const MIG_1G12: &str = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig' && device.attributes['gpu.nvidia.com'].profile == '1g.12gb'";
-const MEMORY_40GI: &str = "device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity(\"40Gi\"))";
-const A100_NAME: &str = "device.attributes['gpu.nvidia.com'].productName.lowerAscii().matches('^.*a100.*$')";
-const DRIVER_550: &str = "device.attributes[\"gpu.nvidia.com\"].driverVersion.compareTo(semver(\"550.54.15\")) >= 0";
+const MEMORY_40GI: &str =
+    "device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity(\"40Gi\"))";
+const A100_NAME: &str =
+    "device.attributes['gpu.nvidia.com'].productName.lowerAscii().matches('^.*a100.*$')";
+const DRIVER_550: &str =
+    "device.attributes[\"gpu.nvidia.com\"].driverVersion.compareTo(semver(\"550.54.15\")) >= 0";
 
 #[test]
 fn the_five_real_selectors() {
@@ -68,7 +72,11 @@ fn a_missing_attribute_is_an_error_not_false() {
         "'profile' in device.attributes['gpu.nvidia.com'] && device.attributes['gpu.nvidia.com'].profile == '1g.12gb'",
     ] {
         assert_eq!(eval(&compiler, &h100(), guarded), Ok(false), "{guarded}");
-        assert_eq!(eval(&compiler, &mig("1g.12gb", "11Gi"), guarded), Ok(true), "{guarded}");
+        assert_eq!(
+            eval(&compiler, &mig("1g.12gb", "11Gi"), guarded),
+            Ok(true),
+            "{guarded}"
+        );
     }
 }
 
@@ -78,8 +86,14 @@ fn an_unknown_domain_is_an_empty_map() {
     for (expression, want) in [
         ("size(device.attributes['dra.example.com']) == 0", true),
         ("has(device.attributes['dra.example.com'].model)", false),
-        ("device.attributes['dra.example.com'].?model.orValue('none') == 'none'", true),
-        ("device.attributes['dra.example.com'][?'model'].hasValue()", false),
+        (
+            "device.attributes['dra.example.com'].?model.orValue('none') == 'none'",
+            true,
+        ),
+        (
+            "device.attributes['dra.example.com'][?'model'].hasValue()",
+            false,
+        ),
         ("'dra.example.com' in device.attributes", false),
         ("'gpu.nvidia.com' in device.attributes", true),
         ("size(device.capacity['dra.example.com']) == 0", true),
@@ -89,7 +103,11 @@ fn an_unknown_domain_is_an_empty_map() {
     }
     // a direct lookup of an id in it is still an error
     assert_eq!(
-        eval(&compiler, &h100(), "device.attributes['dra.example.com'].model == 'x'"),
+        eval(
+            &compiler,
+            &h100(),
+            "device.attributes['dra.example.com'].model == 'x'"
+        ),
         Err(EvalError::NoSuchKey("model".to_owned()))
     );
 }
@@ -97,8 +115,12 @@ fn an_unknown_domain_is_an_empty_map() {
 #[test]
 fn unqualified_names_belong_to_the_driver_domain() {
     let mut device = CelDevice::new("dra.example.com");
-    device.add_attribute("model", AttrValue::String("LATEST-GPU-MODEL".to_owned())).unwrap();
-    device.add_attribute("gpu.nvidia.com/model", AttrValue::Int(7)).unwrap();
+    device
+        .add_attribute("model", AttrValue::String("LATEST-GPU-MODEL".to_owned()))
+        .unwrap();
+    device
+        .add_attribute("gpu.nvidia.com/model", AttrValue::Int(7))
+        .unwrap();
     device.add_capacity("memory", q("1Gi")).unwrap();
     let compiler = Compiler::new();
     for expression in [
@@ -108,16 +130,32 @@ fn unqualified_names_belong_to_the_driver_domain() {
         "device.driver == 'dra.example.com'",
         "!device.allowMultipleAllocations",
     ] {
-        assert_eq!(eval(&compiler, &device, expression), Ok(true), "{expression}");
+        assert_eq!(
+            eval(&compiler, &device, expression),
+            Ok(true),
+            "{expression}"
+        );
     }
     device.allow_multiple_allocations = true;
-    assert_eq!(eval(&compiler, &device, "device.allowMultipleAllocations"), Ok(true));
+    assert_eq!(
+        eval(&compiler, &device, "device.allowMultipleAllocations"),
+        Ok(true)
+    );
 
-    assert_eq!(split_qualified_name("d.io", "memory"), Ok(("d.io", "memory")));
-    assert_eq!(split_qualified_name("d.io", "x.io/memory"), Ok(("x.io", "memory")));
+    assert_eq!(
+        split_qualified_name("d.io", "memory"),
+        Ok(("d.io", "memory"))
+    );
+    assert_eq!(
+        split_qualified_name("d.io", "x.io/memory"),
+        Ok(("x.io", "memory"))
+    );
     for bad in ["", "/memory", "x.io/", "a/b/c"] {
         assert!(
-            matches!(split_qualified_name("d.io", bad), Err(DeviceError::InvalidName { .. })),
+            matches!(
+                split_qualified_name("d.io", bad),
+                Err(DeviceError::InvalidName { .. })
+            ),
             "{bad:?}"
         );
     }
@@ -139,15 +177,30 @@ fn unqualified_names_belong_to_the_driver_domain() {
 fn optional_syntax() {
     let compiler = Compiler::new();
     for (expression, want) in [
-        ("device.attributes['gpu.nvidia.com'].?profile.orValue('none') == 'none'", true),
-        ("device.attributes['gpu.nvidia.com'].?productName.orValue('') == 'NVIDIA H100 80GB HBM3'", true),
-        ("device.attributes['gpu.nvidia.com'].?profile.hasValue()", false),
-        ("device.attributes['gpu.nvidia.com'][?'index'].value() == 0", true),
+        (
+            "device.attributes['gpu.nvidia.com'].?profile.orValue('none') == 'none'",
+            true,
+        ),
+        (
+            "device.attributes['gpu.nvidia.com'].?productName.orValue('') == 'NVIDIA H100 80GB HBM3'",
+            true,
+        ),
+        (
+            "device.attributes['gpu.nvidia.com'].?profile.hasValue()",
+            false,
+        ),
+        (
+            "device.attributes['gpu.nvidia.com'][?'index'].value() == 0",
+            true,
+        ),
         ("optional.of(1).or(optional.none()).value() == 1", true),
         ("optional.none().orValue(2) == 2", true),
         ("[?optional.none(), ?optional.of(3)] == [3]", true),
         ("{?'a': optional.none(), 'b': 1} == {'b': 1}", true),
-        ("device.capacity['gpu.nvidia.com'].?memory.orValue(quantity('0')).isGreaterThan(quantity('79Gi'))", true),
+        (
+            "device.capacity['gpu.nvidia.com'].?memory.orValue(quantity('0')).isGreaterThan(quantity('79Gi'))",
+            true,
+        ),
     ] {
         assert_eq!(check(&compiler, expression), want, "{expression}");
     }
@@ -159,7 +212,10 @@ fn results_must_be_bool() {
     for (expression, type_name) in [
         ("device.driver", "string"),
         ("device.attributes['gpu.nvidia.com'].index", "int"),
-        ("device.capacity['gpu.nvidia.com'].memory", "kubernetes.Quantity"),
+        (
+            "device.capacity['gpu.nvidia.com'].memory",
+            "kubernetes.Quantity",
+        ),
         ("device.attributes['gpu.nvidia.com']", "map"),
         ("[true]", "list"),
         ("null", "null_type"),
@@ -175,8 +231,11 @@ fn results_must_be_bool() {
 #[test]
 fn parse_errors_carry_positions_and_never_panic() {
     let compiler = Compiler::new();
-    for (expression, line, column) in [("device.driver == ", 1, 18), ("a && (b ||", 1, 11), ("device.driver ==\n  'x' &&", 2, 9)]
-    {
+    for (expression, line, column) in [
+        ("device.driver == ", 1, 18),
+        ("a && (b ||", 1, 11),
+        ("device.driver ==\n  'x' &&", 2, 9),
+    ] {
         match compiler.compile(expression) {
             Err(CompileError::Syntax { errors, rendered }) => {
                 assert_eq!(errors[0].0, Position { line, column }, "{expression}");
@@ -193,12 +252,66 @@ fn parse_errors_carry_positions_and_never_panic() {
     }
     inputs.extend(
         [
-            "", " ", "(", ")", "[", "]", "{", "}", "'", "\"", "'''", "\\", "?", ":", ".", "..", ".?", "?.", "a.?", "[?",
-            "{?", "1..2", "0x", "1e", "1e+", "9223372036854775808", "-9223372036854775809", "18446744073709551616u",
-            "b'\\xff'", "'\\u12'", "'\\z'", "r'", "\u{0}", "\u{feff}device", "#", "$", "@in", "@cost(1, 2)",
-            "device..driver", "device.driver.", "has()", "has(device)", "has(1)", "[1,2].all(1, true)",
-            "[1,2].map(x)", "cel.bind(1, 2, 3)", "cel.bind(x, 1)", "device.driver in", "!", "-", "a ? b",
-            "a ? b :", "x.y(", "Foo{", "Foo{a:}", "{1:}", "{,}", "[,]", "f(,)", "'unterminated",
+            "",
+            " ",
+            "(",
+            ")",
+            "[",
+            "]",
+            "{",
+            "}",
+            "'",
+            "\"",
+            "'''",
+            "\\",
+            "?",
+            ":",
+            ".",
+            "..",
+            ".?",
+            "?.",
+            "a.?",
+            "[?",
+            "{?",
+            "1..2",
+            "0x",
+            "1e",
+            "1e+",
+            "9223372036854775808",
+            "-9223372036854775809",
+            "18446744073709551616u",
+            "b'\\xff'",
+            "'\\u12'",
+            "'\\z'",
+            "r'",
+            "\u{0}",
+            "\u{feff}device",
+            "#",
+            "$",
+            "@in",
+            "@cost(1, 2)",
+            "device..driver",
+            "device.driver.",
+            "has()",
+            "has(device)",
+            "has(1)",
+            "[1,2].all(1, true)",
+            "[1,2].map(x)",
+            "cel.bind(1, 2, 3)",
+            "cel.bind(x, 1)",
+            "device.driver in",
+            "!",
+            "-",
+            "a ? b",
+            "a ? b :",
+            "x.y(",
+            "Foo{",
+            "Foo{a:}",
+            "{1:}",
+            "{,}",
+            "[,]",
+            "f(,)",
+            "'unterminated",
         ]
         .map(str::to_owned),
     );
@@ -211,7 +324,11 @@ fn parse_errors_carry_positions_and_never_panic() {
 fn undeclared_names_are_compile_errors_with_positions() {
     let compiler = Compiler::new();
     match compiler.compile("device.driver == 'x' ||\n  gpu.type == 'gpu'") {
-        Err(CompileError::UndeclaredVariable { name, position, snippet }) => {
+        Err(CompileError::UndeclaredVariable {
+            name,
+            position,
+            snippet,
+        }) => {
             assert_eq!(name, "gpu");
             assert_eq!(position, Position { line: 2, column: 3 });
             assert_eq!(snippet, "\n |   gpu.type == 'gpu'\n | ..^");
@@ -225,13 +342,18 @@ fn undeclared_names_are_compile_errors_with_positions() {
         ("lists.range(3).size() == 3", "range"),
     ] {
         match compiler.compile(expression) {
-            Err(CompileError::UndeclaredFunction { name, .. }) => assert_eq!(name, function, "{expression}"),
+            Err(CompileError::UndeclaredFunction { name, .. }) => {
+                assert_eq!(name, function, "{expression}");
+            }
             other => panic!("{expression}: {other:?}"),
         }
     }
     assert!(matches!(
         compiler.compile("Foo{a: 1} == Foo{a: 1}"),
-        Err(CompileError::Unsupported { what: "message construction", .. })
+        Err(CompileError::Unsupported {
+            what: "message construction",
+            ..
+        })
     ));
     // comprehension variables are declared inside their comprehension only
     assert!(compiler.compile("[1].all(x, x > 0)").is_ok());
@@ -242,7 +364,11 @@ fn undeclared_names_are_compile_errors_with_positions() {
     // namespaced functions, and a variable that shadows a namespace
     assert!(compiler.compile("sets.contains([1, 2], [1])").is_ok());
     assert!(compiler.compile("strings.quote('a') == '\"a\"'").is_ok());
-    assert!(compiler.compile("['a'].all(sets, sets.contains('a'))").is_ok());
+    assert!(
+        compiler
+            .compile("['a'].all(sets, sets.contains('a'))")
+            .is_ok()
+    );
 }
 
 #[test]
@@ -275,7 +401,11 @@ fn compiled_selectors_are_cached() {
     assert!(Arc::ptr_eq(&first, &compiler.compile(GPU_CLASS).unwrap()));
     assert_eq!(compiler.cache_stats().hits, hits + 1);
     compiler.compile(MIG_1G12).unwrap();
-    assert_eq!(compiler.cache_stats().hits, hits + 1, "MIG_1G12 was evicted");
+    assert_eq!(
+        compiler.cache_stats().hits,
+        hits + 1,
+        "MIG_1G12 was evicted"
+    );
     assert_eq!(first.expression(), GPU_CLASS);
 }
 
@@ -287,9 +417,15 @@ fn one_evaluator_serves_many_selectors_and_threads() {
         .map(|s| compiler.compile(s).unwrap())
         .collect();
     let evaluator = compiler.evaluator(&h100());
-    assert_eq!(evaluator.matches_all(selectors.iter().map(AsRef::as_ref)), Ok(true));
+    assert_eq!(
+        evaluator.matches_all(selectors.iter().map(AsRef::as_ref)),
+        Ok(true)
+    );
     let evaluator = compiler.evaluator(&a100());
-    assert_eq!(evaluator.matches_all(selectors.iter().map(AsRef::as_ref)), Ok(false));
+    assert_eq!(
+        evaluator.matches_all(selectors.iter().map(AsRef::as_ref)),
+        Ok(false)
+    );
     // the compiler is shared between threads
     std::thread::scope(|s| {
         for device in [h100(), a100()] {

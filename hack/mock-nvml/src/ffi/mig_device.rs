@@ -1,8 +1,10 @@
 //! MIG on a GPU: MIG mode, MIG device handles and their ids, GPU-instance
 //! profiles, placements and capacity, and creating and listing GPU
-//! instances. On a GPU without MIG these calls are NOT_SUPPORTED; on a
-//! MIG-capable GPU with MIG disabled the profile, placement and instance
-//! calls are NOT_SUPPORTED too, as NVML documents.
+//! instances. On a GPU without MIG these calls are NOT_SUPPORTED. On a
+//! MIG-capable GPU with MIG disabled, profile info and possible placements
+//! still answer (they are hardware facts; NVIDIA's driver reads them on
+//! MIG-disabled Hopper GPUs to publish dynamic MIG devices), while calls on
+//! instances (create, list, remaining capacity) are NOT_SUPPORTED.
 
 use std::ffi::c_uint;
 
@@ -140,7 +142,10 @@ export! {
 }
 
 /// The GI profile with `NVML_GPU_INSTANCE_PROFILE_*` index `profile` on a
-/// MIG-enabled GPU.
+/// MIG-capable GPU. Profile facts (info, possible placements) are hardware
+/// properties that NVML answers whatever the current MIG mode (NVIDIA's own
+/// driver reads them on MIG-disabled Hopper GPUs to publish dynamic MIG
+/// devices); only calls that touch instances need MIG mode on.
 fn profile_by_enum<'m>(
     m: &'m Machine,
     handle: sys::nvmlDevice_t,
@@ -152,7 +157,7 @@ fn profile_by_enum<'m>(
     }
     let g = full_gpu(m, handle, name)?;
     let p = m
-        .mig_enabled_table(g)?
+        .mig_table(g)?
         .profiles
         .iter()
         .find(|p| p.nvml_profile == profile)
@@ -160,7 +165,7 @@ fn profile_by_enum<'m>(
     Ok((g, p))
 }
 
-/// The GI profile with id `profile_id` (e.g. 19) on a MIG-enabled GPU.
+/// The GI profile with id `profile_id` (e.g. 19) on a MIG-capable GPU.
 fn profile_by_id<'m>(
     m: &'m Machine,
     handle: sys::nvmlDevice_t,
@@ -169,7 +174,7 @@ fn profile_by_id<'m>(
 ) -> Result<(usize, &'m GiProfile), Code> {
     let g = full_gpu(m, handle, name)?;
     let p = m
-        .mig_enabled_table(g)?
+        .mig_table(g)?
         .profiles
         .iter()
         .find(|p| p.id == profile_id)
@@ -301,6 +306,7 @@ export! {
     fn nvmlDeviceGetGpuInstanceRemainingCapacity(handle: sys::nvmlDevice_t, profile_id: c_uint, count: *mut c_uint) {
         let n = runtime::with_machine(|m| {
             let (g, p) = profile_by_id(m, handle, NAME, profile_id)?;
+            m.mig_enabled_table(g)?;
             Ok(m.gpus[g].mig.remaining_gi_capacity(m.mig_table(g)?, p))
         })?;
         // SAFETY: output pointer per the contract.
@@ -316,6 +322,7 @@ fn create(
 ) -> Result<u64, Code> {
     runtime::with_machine(|m| {
         let (g, p) = profile_by_id(m, handle, name, profile_id)?;
+        m.mig_enabled_table(g)?;
         if let Some(placement) = start
             && placement.size != p.placement_size
         {
@@ -368,6 +375,7 @@ export! {
     ) {
         let list: Vec<sys::nvmlGpuInstance_t> = runtime::with_machine(|m| {
             let (g, p) = profile_by_id(m, handle, NAME, profile_id)?;
+            m.mig_enabled_table(g)?;
             Ok(m.gpus[g]
                 .mig
                 .gpu_instances
