@@ -6,3 +6,4 @@ pub mod schema;
 pub mod quantity;
 pub mod config;
 pub mod cel;
+pub mod allocator;

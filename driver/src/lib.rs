@@ -7,10 +7,12 @@
 //! - [`grpc`]: registration, DRAPlugin v1/v1beta1 and health services, sockets;
 //! - [`discovery`]: the node's GPUs through the NVML backend, plus sysfs topology;
 //! - [`devices`]: the device model (GPUs, MIG devices, dynamic MIG placements);
-//! - [`slices`]: building and publishing ResourceSlices.
+//! - [`slices`]: building and publishing ResourceSlices;
+//! - [`plugin`]: the whole plugin wired together (start, orderly shutdown).
 
 pub mod devices;
 pub mod discovery;
 pub mod flags;
 pub mod grpc;
+pub mod plugin;
 pub mod slices;

@@ -1,6 +1,8 @@
-//! `gpu-kubelet-plugin` entry point: flags, logging, the metrics endpoint,
-//! the kubelet-facing gRPC servers, and signal handling. Startup errors are
-//! printed as one `error: ...` line with a non-zero exit.
+//! `gpu-kubelet-plugin` entry point: flags, logging, the metrics endpoint
+//! and signal handling around [`Plugin`] (NVML discovery, the kube client,
+//! the kubelet-facing gRPC servers, the ResourceSlice publisher). Startup
+//! errors are printed as one `error: ...` line with a non-zero exit (2 for
+//! bad flags, 1 otherwise); SIGTERM/SIGINT deregister, drain and exit 0.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -9,6 +11,7 @@ use anyhow::Context as _;
 use clap::Parser as _;
 use gpu_kubelet_plugin::flags::{self, Flags, LogFormat};
 use gpu_kubelet_plugin::grpc::{self, metrics::GrpcMetrics};
+use gpu_kubelet_plugin::plugin::Plugin;
 use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -68,48 +71,32 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         None => None,
     };
 
-    // Install the handlers before serving, so a signal during startup is
-    // not lost to the default action.
+    // Install the handlers before starting, so a signal during startup is
+    // not lost to the default action: it is acted on once the plugin runs.
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
 
-    let config = grpc::Config::new(
-        flags.driver_name.clone(),
-        flags.kubelet_registrar_dir.clone(),
-        flags.kubelet_plugins_dir.clone(),
-    );
     let services = grpc::Services {
         metrics,
         ..grpc::Services::default()
     };
-
-    // ---- Discovery and ResourceSlice publication start here. ----
-    // Later issues: build the kube client (flags.kubeconfig, else in-cluster),
-    // run discovery through NVML (flags.discovery, flags.driver_root), publish
-    // the slices for flags.node_name (flags.slices), and feed the device
-    // health list (grpc::health::channel) and the claim preparer into
-    // `services` before the servers start. Nothing here needs NVML or an API
-    // server yet.
-    tracing::info!(node = %flags.node_name, driver = %flags.driver_name, "starting");
-
-    let mut handle = grpc::Server::start(config, services).await?;
+    // NVML and discovery, the kube client, the kubelet sockets, then the
+    // ResourceSlice publisher in the background.
+    let mut plugin = Plugin::start(&flags, services).await?;
     let result = tokio::select! {
         _ = sigterm.recv() => { tracing::info!("SIGTERM received; shutting down"); Ok(()) }
         _ = sigint.recv() => { tracing::info!("SIGINT received; shutting down"); Ok(()) }
-        e = handle.stopped() => Err(e),
+        e = plugin.stopped() => Err(e),
     };
-    let shutdown = handle.shutdown().await;
+    // Registration socket first, then the drain, then the publisher.
+    let shutdown = plugin.shutdown().await;
     stop_metrics.send_replace(true);
     if let Some(task) = metrics_task {
         let _ = task.await;
     }
     result?;
-    match shutdown {
-        // Calls cut off at the drain deadline are logged, not a failed exit:
-        // the plugin did what a SIGTERM asks.
-        Err(grpc::Error::DrainTimeout { .. }) | Ok(()) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    shutdown?;
+    Ok(())
 }
 
 /// Binds the metrics endpoint (failing startup if the address is taken)

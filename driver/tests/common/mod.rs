@@ -1,14 +1,28 @@
 //! Running the real `gpu-kubelet-plugin` binary on short temporary
-//! directories (socket paths must stay under 108 bytes).
+//! directories (socket paths must stay under 108 bytes), each plugin with
+//! what it needs to start: a private copy of the fake libnvidia-ml with a
+//! machine profile, the matching sysfs tree, and a test API server (with the
+//! Node object) reached through a kubeconfig.
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use gpu_dra_e2e::apiserver::{
+    Resource, Selectors, ServerOptions, Store, TestApiServer, ValidationRules, WriteOptions,
+};
+use serde_json::{Value, json};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gpu-kubelet-plugin");
 pub const DRIVER: &str = "gpu.nvidia.com";
+/// The node every harness plugin runs as, unless a test says otherwise.
+pub const NODE: &str = "node-a";
+/// The machine of plugins whose GPUs do not matter to the test: small (4
+/// GPUs), no MIG, no NVLink, so startup is quick.
+pub const SMALL_PROFILE: &str = "t4-inference";
 
 /// A short temporary directory under /tmp.
 pub fn short_dir() -> tempfile::TempDir {
@@ -18,9 +32,321 @@ pub fn short_dir() -> tempfile::TempDir {
         .unwrap()
 }
 
+// ---------------------------------------------------------------------------
+// The test API server, on a thread of its own.
+
+/// A test API server on its own thread and runtime, so that synchronous
+/// tests, and async tests that block their runtime while a plugin runs, can
+/// use it. Stopped and joined on drop.
+pub struct ApiServer {
+    url: String,
+    store: Arc<Store>,
+    kubeconfig_yaml: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ApiServer {
+    /// Starts a server enforcing `rules`.
+    pub fn start(rules: ValidationRules) -> Self {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("test-apiserver".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async move {
+                    let server = TestApiServer::start(ServerOptions {
+                        rules,
+                        ..ServerOptions::default()
+                    })
+                    .await
+                    .unwrap();
+                    ready_tx
+                        .send((
+                            server.url(),
+                            server.store().clone(),
+                            server.kubeconfig_yaml(),
+                        ))
+                        .unwrap();
+                    let _ = stopped.await;
+                    // Dropping the server stops it without waiting for open
+                    // watches of plugins that are still running.
+                    drop(server);
+                });
+            })
+            .unwrap();
+        let (url, store, kubeconfig_yaml) = ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("test API server did not start");
+        Self {
+            url,
+            store,
+            kubeconfig_yaml,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The server's object store (in-process access).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn write_kubeconfig(&self, path: &Path) {
+        std::fs::write(path, &self.kubeconfig_yaml).unwrap();
+    }
+
+    /// Creates the Node object `name`; returns its UID.
+    pub fn create_node(&self, name: &str) -> String {
+        let node = self
+            .store
+            .create(
+                Resource::Nodes,
+                None,
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
+                &WriteOptions::default(),
+            )
+            .unwrap();
+        node["metadata"]["uid"].as_str().unwrap().to_owned()
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// What a plugin runs on.
+
+/// Where the machine profile comes from.
+enum ProfileSource {
+    Bundled(String),
+    Yaml(String),
+}
+
+/// Builds a [`TestEnv`].
+pub struct EnvBuilder {
+    dir: PathBuf,
+    profile: ProfileSource,
+    state: Option<PathBuf>,
+    rules: ValidationRules,
+    node: Option<String>,
+}
+
+impl EnvBuilder {
+    /// A profile shipped in `hack/mock-nvml/profiles`.
+    pub fn bundled(mut self, name: &str) -> Self {
+        self.profile = ProfileSource::Bundled(name.to_owned());
+        self
+    }
+
+    /// A profile given as YAML text.
+    pub fn yaml(mut self, text: &str) -> Self {
+        self.profile = ProfileSource::Yaml(text.to_owned());
+        self
+    }
+
+    /// A fake-NVML state file (`MOCK_NVML_STATE`).
+    pub fn state(mut self, path: &Path) -> Self {
+        self.state = Some(path.to_owned());
+        self
+    }
+
+    /// The API server's ResourceSlice validation rules.
+    pub fn rules(mut self, rules: ValidationRules) -> Self {
+        self.rules = rules;
+        self
+    }
+
+    /// Do not create the Node object.
+    pub fn without_node(mut self) -> Self {
+        self.node = None;
+        self
+    }
+
+    pub fn build(self) -> TestEnv {
+        let root = tempfile::Builder::new()
+            .prefix("env")
+            .tempdir_in(&self.dir)
+            .unwrap()
+            .keep();
+        let nvml_dir = root.join("nvml");
+        let (library, profile) = match &self.profile {
+            ProfileSource::Bundled(name) => {
+                let path = nvidia_ml::fixture::bundled_profile(name);
+                let lib = nvidia_ml::fixture::install(&nvml_dir, &path, self.state.as_deref())
+                    .expect("install the fake NVML");
+                (lib, path)
+            }
+            ProfileSource::Yaml(text) => {
+                let lib = nvidia_ml::fixture::install_yaml(&nvml_dir, text, self.state.as_deref())
+                    .expect("install the fake NVML");
+                (lib, nvml_dir.join("profile.yaml"))
+            }
+        };
+        let sysfs = root.join("sys");
+        // A malformed profile has no sysfs tree: the plugin must fail in
+        // NVML init before it looks there.
+        if let Ok(p) = nvidia_ml::Profile::load(&profile) {
+            p.write_sysfs(&sysfs).expect("write the fake sysfs");
+        }
+        let api = ApiServer::start(self.rules);
+        let node_uid = self.node.as_deref().map(|n| api.create_node(n));
+        let kubeconfig = root.join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig);
+        TestEnv {
+            root,
+            library,
+            profile,
+            sysfs,
+            kubeconfig,
+            node_uid,
+            api,
+        }
+    }
+}
+
+/// A fake machine (NVML copy, profile, sysfs) and an API server.
+pub struct TestEnv {
+    /// Directory holding the pieces (inside the test's directory).
+    pub root: PathBuf,
+    /// The installed fake `libnvidia-ml.so.1`.
+    pub library: PathBuf,
+    /// The machine profile it simulates.
+    pub profile: PathBuf,
+    /// The sysfs tree of that machine.
+    pub sysfs: PathBuf,
+    /// A kubeconfig for the API server.
+    pub kubeconfig: PathBuf,
+    /// UID of the Node object, when created.
+    pub node_uid: Option<String>,
+    pub api: ApiServer,
+}
+
+impl TestEnv {
+    /// Options for an environment in `dir` (default: the small profile, 1.35
+    /// rules, Node `node-a`).
+    pub fn builder(dir: &Path) -> EnvBuilder {
+        EnvBuilder {
+            dir: dir.to_owned(),
+            profile: ProfileSource::Bundled(SMALL_PROFILE.to_owned()),
+            state: None,
+            rules: ValidationRules::V1_35,
+            node: Some(NODE.to_owned()),
+        }
+    }
+
+    /// The default environment in `dir`.
+    pub fn new(dir: &Path) -> Self {
+        Self::builder(dir).build()
+    }
+
+    /// The flags pointing a plugin at this environment.
+    pub fn args(&self) -> Vec<String> {
+        vec![
+            "--nvml-lib".into(),
+            self.library.to_str().unwrap().into(),
+            "--sysfs-root".into(),
+            self.sysfs.to_str().unwrap().into(),
+            "--kubeconfig".into(),
+            self.kubeconfig.to_str().unwrap().into(),
+        ]
+    }
+
+    /// The driver's ResourceSlices of `node` in the store, by name.
+    pub fn slices(&self, node: &str) -> Vec<Value> {
+        let (items, _) =
+            self.api
+                .store()
+                .list(Resource::ResourceSlices, None, &Selectors::default());
+        items
+            .into_iter()
+            .filter(|s| is_pool_slice(s, node))
+            .collect()
+    }
+
+    /// Waits until the pool of `node` is complete (see [`complete_pool`]) and
+    /// returns its slices, by name; panics with the last state after
+    /// `timeout`.
+    pub async fn wait_pool(&self, node: &str, timeout: Duration) -> Vec<Value> {
+        self.wait_slices(timeout, |slices| {
+            complete_pool(&pool_of(slices, node)).is_some()
+        })
+        .await;
+        self.slices(node)
+    }
+
+    /// Waits until `predicate` holds for all ResourceSlices in the store.
+    pub async fn wait_slices(
+        &self,
+        timeout: Duration,
+        predicate: impl FnMut(&[Value]) -> bool,
+    ) -> Vec<Value> {
+        match self
+            .api
+            .store()
+            .wait_for(Resource::ResourceSlices, timeout, predicate)
+            .await
+        {
+            Ok(items) => items,
+            Err(last) => panic!(
+                "ResourceSlices never matched within {timeout:?}; last: {}",
+                serde_json::to_string_pretty(&last).unwrap()
+            ),
+        }
+    }
+}
+
+fn is_pool_slice(slice: &Value, node: &str) -> bool {
+    slice["spec"]["nodeName"] == node && slice["spec"]["driver"] == DRIVER
+}
+
+/// The driver's slices of `node` among `slices`.
+pub fn pool_of(slices: &[Value], node: &str) -> Vec<Value> {
+    slices
+        .iter()
+        .filter(|s| is_pool_slice(s, node))
+        .cloned()
+        .collect()
+}
+
+/// `Some(generation)` when `slices` (one pool) is complete: every slice at
+/// the same, highest generation, as many as their `resourceSliceCount`.
+pub fn complete_pool(slices: &[Value]) -> Option<i64> {
+    let generation = slices
+        .iter()
+        .map(|s| s["spec"]["pool"]["generation"].as_i64())
+        .collect::<Option<Vec<_>>>()?
+        .into_iter()
+        .max()?;
+    let complete = slices.iter().all(|s| {
+        s["spec"]["pool"]["generation"] == generation
+            && s["spec"]["pool"]["resourceSliceCount"].as_u64() == Some(slices.len() as u64)
+    });
+    complete.then_some(generation)
+}
+
+// ---------------------------------------------------------------------------
+// Running the binary.
+
 /// The plugin binary with a clean environment and the given arguments,
-/// stderr going to `stderr`.
-pub fn command(args: &[&str], stderr: &Path) -> Command {
+/// stderr going to `stderr`; nothing else added.
+pub fn bare_command(args: &[&str], stderr: &Path) -> Command {
     let mut c = Command::new(BIN);
     c.env_clear()
         .args(args)
@@ -30,12 +356,43 @@ pub fn command(args: &[&str], stderr: &Path) -> Command {
     c
 }
 
-/// Runs the plugin to completion (for startup failures), with a deadline.
-pub fn run_to_exit(args: &[&str], dir: &Path) -> (ExitStatus, String) {
-    let log = dir.join("run.log");
-    let mut child = command(args, &log).spawn().unwrap();
+/// Like [`bare_command`], with a fresh default [`TestEnv`] (next to
+/// `stderr`) passed through the environment (`NVML_LIB`, `SYSFS_ROOT`,
+/// `KUBECONFIG`), for tests that build the command line themselves. The
+/// environment is leaked: its API server lives until the test process ends.
+pub fn command(args: &[&str], stderr: &Path) -> Command {
+    let env = TestEnv::new(stderr.parent().unwrap());
+    let mut c = bare_command(args, stderr);
+    c.env("NVML_LIB", &env.library)
+        .env("SYSFS_ROOT", &env.sysfs)
+        .env("KUBECONFIG", &env.kubeconfig);
+    std::mem::forget(env);
+    c
+}
+
+/// Runs the plugin with exactly `args` (no fake NVML, no kubeconfig) to
+/// completion, with a deadline. `envs` are added to the clean environment.
+pub fn run_bare(args: &[&str], envs: &[(&str, &str)], dir: &Path) -> (ExitStatus, String) {
+    // A log of its own: a plugin started by `Plugin::start` in the same
+    // directory keeps logging to `run.log`.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let log = dir.join(format!("exit-{n}.log"));
+    let mut c = bare_command(args, &log);
+    c.envs(envs.iter().copied());
+    let mut child = c.spawn().unwrap();
     let status = wait_exit(&mut child, Duration::from_secs(20)).expect("plugin did not exit");
     (status, std::fs::read_to_string(&log).unwrap())
+}
+
+/// Runs the plugin (for startup failures) on a fresh default [`TestEnv`],
+/// to completion, with a deadline.
+pub fn run_to_exit(args: &[&str], dir: &Path) -> (ExitStatus, String) {
+    let env = TestEnv::new(dir);
+    let env_args = env.args();
+    let mut all: Vec<&str> = env_args.iter().map(String::as_str).collect();
+    all.extend_from_slice(args);
+    run_bare(&all, &[], dir)
 }
 
 pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
@@ -70,35 +427,27 @@ pub struct Plugin {
     pub reg_dir: PathBuf,
     pub plugins_dir: PathBuf,
     pub log: PathBuf,
+    /// What it runs on (shared with restarts of the same machine).
+    pub env: Arc<TestEnv>,
 }
 
 impl Plugin {
-    /// Starts the plugin on `<dir>/reg` and `<dir>/plugins` and waits until
-    /// it serves; panics with its stderr if it exits instead.
+    /// Starts the plugin on `<dir>/reg` and `<dir>/plugins` with a fresh
+    /// default [`TestEnv`] and waits until it serves; panics with its stderr
+    /// if it exits instead.
     pub fn start(dir: &Path, extra: &[&str]) -> Self {
         Self::start_named(dir, "run", extra)
     }
 
     pub fn start_named(dir: &Path, name: &str, extra: &[&str]) -> Self {
-        let reg_dir = dir.join("reg");
-        let plugins_dir = dir.join("plugins");
-        let log = dir.join(format!("{name}.log"));
-        let mut args = vec![
-            "--node-name",
-            "node-a",
-            "--kubelet-registrar-dir",
-            reg_dir.to_str().unwrap(),
-            "--kubelet-plugins-dir",
-            plugins_dir.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        let child = command(&args, &log).spawn().unwrap();
-        let mut p = Self {
-            child,
-            reg_dir,
-            plugins_dir,
-            log,
-        };
+        let env = Arc::new(TestEnv::new(dir));
+        Self::launch(&env, dir, name, extra)
+    }
+
+    /// Starts the plugin on `env` (log `<dir>/<name>.log`), waits until it
+    /// serves.
+    pub fn launch(env: &Arc<TestEnv>, dir: &Path, name: &str, extra: &[&str]) -> Self {
+        let mut p = Self::spawn(env, dir, name, extra);
         let deadline = Instant::now() + Duration::from_secs(20);
         // The socket file alone proves nothing (a stale one may be there).
         while !p.stderr().contains("serving kubelet plugin sockets") {
@@ -113,6 +462,32 @@ impl Plugin {
             std::thread::sleep(Duration::from_millis(20));
         }
         p
+    }
+
+    /// Starts the plugin on `env` without waiting for anything.
+    pub fn spawn(env: &Arc<TestEnv>, dir: &Path, name: &str, extra: &[&str]) -> Self {
+        let reg_dir = dir.join("reg");
+        let plugins_dir = dir.join("plugins");
+        let log = dir.join(format!("{name}.log"));
+        let env_args = env.args();
+        let mut args: Vec<&str> = env_args.iter().map(String::as_str).collect();
+        args.extend_from_slice(&[
+            "--node-name",
+            NODE,
+            "--kubelet-registrar-dir",
+            reg_dir.to_str().unwrap(),
+            "--kubelet-plugins-dir",
+            plugins_dir.to_str().unwrap(),
+        ]);
+        args.extend_from_slice(extra);
+        let child = bare_command(&args, &log).spawn().unwrap();
+        Self {
+            child,
+            reg_dir,
+            plugins_dir,
+            log,
+            env: env.clone(),
+        }
     }
 
     pub fn reg_socket(&self) -> PathBuf {
@@ -148,6 +523,12 @@ impl Plugin {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Waits (blocking, up to `timeout`) for the process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        wait_exit(&mut self.child, timeout)
+            .unwrap_or_else(|| panic!("still running: {}", self.stderr()))
     }
 }
 

@@ -286,3 +286,56 @@ fn the_deepest_inline_programs_fit_a_two_mebibyte_stack() {
         .join()
         .unwrap();
 }
+
+#[test]
+fn mutated_selectors_never_panic() {
+    let compiler = Compiler::new();
+    let evaluator = compiler.evaluator(&mig("1g.12gb", "11Gi"));
+    let seeds = [
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
+        "device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity(\"40Gi\"))",
+        "device.attributes['gpu.nvidia.com'].productName.lowerAscii().matches('^.*a100.*$')",
+        "device.attributes[\"gpu.nvidia.com\"].driverVersion.compareTo(semver(\"550.54.15\")) >= 0",
+        "cel.bind(x, [1,2,3].map(i, i * 2), x.exists(y, y > 4) && {'a': 1}.?a.orValue(0) == 1)",
+        "'a,b'.split(',').join('-').replace('-', '+').substring(1) == '+b' ? 1u : -2.5",
+    ];
+    let alphabet: Vec<char> = "()[]{}.,?:!-+*/%<>=&|'\"\\ abcxyz019_@#eEnu"
+        .chars()
+        .collect();
+    // xorshift: the same mutations on every run
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        usize::try_from(state % 1_000_003).unwrap()
+    };
+    let mut compiled = 0;
+    for round in 0..600 {
+        let mut chars: Vec<char> = seeds[round % seeds.len()].chars().collect();
+        for _ in 0..=next() % 3 {
+            let pos = next() % (chars.len() + 1);
+            let c = alphabet[next() % alphabet.len()];
+            match next() % 3 {
+                0 if pos < chars.len() => {
+                    chars.remove(pos);
+                }
+                1 if pos < chars.len() => chars[pos] = c,
+                _ => chars.insert(pos, c),
+            }
+        }
+        let input: String = chars.into_iter().collect();
+        match compiler.compile(&input) {
+            Err(CompileError::Internal(e)) => panic!("{input:?}: {e}"),
+            Err(_) => {}
+            Ok(selector) => {
+                compiled += 1;
+                if let Err(EvalError::Internal(e)) = evaluator.matches(&selector) {
+                    panic!("{input:?}: {e}");
+                }
+            }
+        }
+    }
+    // the mutations leave a fair share valid, so evaluation is exercised too
+    assert!(compiled > 50, "{compiled}");
+}

@@ -163,6 +163,7 @@ fn sets_bind_and_standard_library() {
         "device.attributes['gpu.nvidia.com'].exists(k, k == 'profile') == false",
         "size('héllo') == 5 && 'abc'.startsWith('a') && 'abc'.endsWith('c') && 'abc'.contains('b')",
         "int('12') == 12 && string(12) == '12' && double(1) == 1.0 && type(1) == int",
+        "bool('true') && bytes('a') == b'a' && uint(1) == 1u && dyn(1) == 1 && type('a') == string",
     ]);
     let compiler = Compiler::new();
     assert!(matches!(

@@ -315,8 +315,18 @@ fn parse_errors_carry_positions_and_never_panic() {
         ]
         .map(str::to_owned),
     );
+    // (a panic would be caught and reported as an internal error)
+    let evaluator = compiler.evaluator(&h100());
     for input in &inputs {
-        let _ = compiler.compile(input);
+        match compiler.compile(input) {
+            Err(CompileError::Internal(e)) => panic!("{input:?}: {e}"),
+            Err(_) => {}
+            Ok(selector) => {
+                if let Err(EvalError::Internal(e)) = evaluator.matches(&selector) {
+                    panic!("{input:?}: {e}");
+                }
+            }
+        }
     }
 }
 

@@ -1,0 +1,347 @@
+//! One device of a pool as the allocator sees it: where it is available,
+//! cheap lookups into its published attributes and capacities (used for
+//! memo keys and constraints), and its parsed details (CEL value,
+//! capacities with request policies, counter consumption, taints), parsed
+//! once, on first need.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity};
+
+use crate::cel::{AttrValue, CelDevice, split_qualified_name};
+use crate::quantity::Quantity;
+
+/// Where a device can be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scope<'a> {
+    /// Only on this node.
+    Node(&'a str),
+    /// On every node (`allNodes`, and, simplified, any `nodeSelector`).
+    AnyNode,
+    /// No node selection this allocator knows: never used.
+    Nowhere,
+}
+
+impl Scope<'_> {
+    pub(crate) fn includes(&self, node: Option<&str>) -> bool {
+        match self {
+            Scope::Node(n) => node == Some(*n),
+            Scope::AnyNode => true,
+            Scope::Nowhere => false,
+        }
+    }
+}
+
+/// A raw attribute or capacity value, as a memo key: equal keys give equal
+/// CEL values (the key is finer than CEL equality: `1Gi` and `1024Mi` are
+/// different keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum RawValue<'a> {
+    /// Not published.
+    Missing,
+    /// A string (also the driver name).
+    Str(&'a str),
+    /// An int.
+    Int(i64),
+    /// A bool (also `allowMultipleAllocations`).
+    Bool(bool),
+    /// A version, as text.
+    Version(&'a str),
+    /// A quantity, as text.
+    Quantity(&'a str),
+    /// Not exactly one value set: converting the device will fail.
+    Malformed,
+}
+
+/// Looks up a published attribute or capacity by domain and id: a name
+/// qualified with the driver's domain wins over the bare id, as in
+/// Kubernetes.
+pub(crate) fn lookup<'a, T>(
+    map: Option<&'a BTreeMap<String, T>>,
+    driver: &str,
+    domain: &str,
+    id: &str,
+    qualified: &str,
+) -> Option<&'a T> {
+    let map = map?;
+    if let Some(v) = map.get(qualified) {
+        return Some(v);
+    }
+    if domain == driver { map.get(id) } else { None }
+}
+
+pub(crate) fn raw_attribute(attr: Option<&DeviceAttribute>) -> RawValue<'_> {
+    let Some(a) = attr else {
+        return RawValue::Missing;
+    };
+    match (&a.int, &a.bool, &a.string, &a.version) {
+        (Some(i), None, None, None) => RawValue::Int(*i),
+        (None, Some(b), None, None) => RawValue::Bool(*b),
+        (None, None, Some(s), None) => RawValue::Str(s),
+        (None, None, None, Some(v)) => RawValue::Version(v),
+        // no scalar value: a list attribute (1.36+), invisible to CEL here
+        (None, None, None, None) => RawValue::Missing,
+        _ => RawValue::Malformed,
+    }
+}
+
+pub(crate) fn raw_capacity(cap: Option<&DeviceCapacity>) -> RawValue<'_> {
+    cap.map_or(RawValue::Missing, |c| RawValue::Quantity(&c.value.0))
+}
+
+/// A capacity's request policy, in nano-units.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Policy {
+    pub default: Option<i128>,
+    pub valid_values: Vec<i128>,
+    pub range: Option<Range>,
+}
+
+/// `validRange`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Range {
+    pub min: i128,
+    pub max: Option<i128>,
+    /// Greater than zero.
+    pub step: Option<i128>,
+}
+
+/// A capacity of a device.
+#[derive(Debug, Clone)]
+pub(crate) struct Capacity<'a> {
+    /// The name as published (used in `consumedCapacity`).
+    pub published: &'a str,
+    pub domain: &'a str,
+    pub id: &'a str,
+    /// The value, with the format it was written in.
+    pub quantity: Quantity,
+    pub policy: Option<Policy>,
+}
+
+impl Capacity<'_> {
+    pub(crate) fn value(&self) -> i128 {
+        self.quantity.nanos()
+    }
+}
+
+/// A taint that keeps devices from being allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Taint<'a> {
+    pub key: &'a str,
+    pub value: &'a str,
+    pub effect: &'a str,
+}
+
+/// What parsing a device yields.
+#[derive(Debug)]
+pub(crate) struct Details<'a> {
+    pub cel: CelDevice,
+    pub capacities: Vec<Capacity<'a>>,
+    /// (index into the pool's counters, amount in nano-units)
+    pub consumes: Vec<(usize, i128)>,
+    pub taints: Vec<Taint<'a>>,
+}
+
+impl Details<'_> {
+    /// The attribute a constraint compares, by domain and id.
+    pub(crate) fn attribute(&self, domain: &str, id: &str) -> Option<&AttrValue> {
+        self.cel.attributes.get(domain)?.get(id)
+    }
+}
+
+/// A device of a prepared pool.
+#[derive(Debug)]
+pub(crate) struct PoolDevice<'a> {
+    pub raw: &'a Device,
+    pub scope: Scope<'a>,
+    details: OnceLock<Result<Details<'a>, String>>,
+}
+
+impl<'a> PoolDevice<'a> {
+    pub(crate) fn new(raw: &'a Device, scope: Scope<'a>) -> Self {
+        PoolDevice {
+            raw,
+            scope,
+            details: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn name(&self) -> &'a str {
+        &self.raw.name
+    }
+
+    pub(crate) fn multi(&self) -> bool {
+        self.raw.allow_multiple_allocations.unwrap_or(false)
+    }
+
+    /// The parsed device; `counters` resolves `(counter set, counter)` to
+    /// the pool's counter index.
+    pub(crate) fn details(
+        &self,
+        driver: &'a str,
+        counters: &dyn Fn(&str, &str) -> Option<usize>,
+    ) -> Result<&Details<'a>, &str> {
+        self.details
+            .get_or_init(|| parse_details(self.raw, driver, counters))
+            .as_ref()
+            .map_err(String::as_str)
+    }
+}
+
+fn quantity(text: &str, what: &str) -> Result<Quantity, String> {
+    Quantity::parse(text).map_err(|e| format!("{what}: {e}"))
+}
+
+fn parse_details<'a>(
+    raw: &'a Device,
+    driver: &'a str,
+    counters: &dyn Fn(&str, &str) -> Option<usize>,
+) -> Result<Details<'a>, String> {
+    let mut cel = CelDevice::new(driver);
+    cel.allow_multiple_allocations = raw.allow_multiple_allocations.unwrap_or(false);
+    if let Some(attributes) = &raw.attributes {
+        // names qualified with the driver's domain first: they win over the
+        // bare id
+        let (qualified, bare): (Vec<_>, Vec<_>) = attributes.iter().partition(|(name, _)| name.contains('/'));
+        for (name, attr) in qualified.into_iter().chain(bare) {
+            let value = match raw_attribute(Some(attr)) {
+                RawValue::Int(i) => AttrValue::Int(i),
+                RawValue::Bool(b) => AttrValue::Bool(b),
+                RawValue::Str(s) => AttrValue::String(s.to_owned()),
+                RawValue::Version(v) => AttrValue::version(v).map_err(|e| format!("attribute {name}: {e}"))?,
+                RawValue::Missing => continue,
+                _ => return Err(format!("attribute {name}: more than one of int, bool, string, version is set")),
+            };
+            let (domain, id) = split_qualified_name(driver, name).map_err(|e| e.to_string())?;
+            if cel.attributes.get(domain).is_some_and(|m| m.contains_key(id)) {
+                continue;
+            }
+            cel.add_attribute(name, value).map_err(|e| e.to_string())?;
+        }
+    }
+    let mut capacities: Vec<Capacity<'a>> = Vec::new();
+    if let Some(caps) = &raw.capacity {
+        let (qualified, bare): (Vec<_>, Vec<_>) = caps.iter().partition(|(name, _)| name.contains('/'));
+        for (name, cap) in qualified.into_iter().chain(bare) {
+            let (domain, id) = split_qualified_name(driver, name).map_err(|e| e.to_string())?;
+            if capacities.iter().any(|c| c.domain == domain && c.id == id) {
+                continue;
+            }
+            let value = quantity(&cap.value.0, &format!("capacity {name}"))?;
+            if value.signum() < 0 {
+                return Err(format!("capacity {name} is negative ({})", cap.value.0));
+            }
+            let policy = cap
+                .request_policy
+                .as_ref()
+                .map(|p| parse_policy(p, name))
+                .transpose()?;
+            cel.add_capacity(name, value).map_err(|e| e.to_string())?;
+            capacities.push(Capacity {
+                published: name,
+                domain,
+                id,
+                quantity: value,
+                policy,
+            });
+        }
+    }
+    let mut consumes: Vec<(usize, i128)> = Vec::new();
+    for consumption in raw.consumes_counters.iter().flatten() {
+        for (name, counter) in &consumption.counters {
+            let index = counters(&consumption.counter_set, name)
+                .ok_or_else(|| format!("consumes counter {name} of unknown counter set {}", consumption.counter_set))?;
+            let amount = quantity(&counter.value.0, &format!("counter {}/{name}", consumption.counter_set))?.nanos();
+            if amount < 0 {
+                return Err(format!(
+                    "consumes a negative amount of counter {}/{name} ({})",
+                    consumption.counter_set, counter.value.0
+                ));
+            }
+            match consumes.iter_mut().find(|(i, _)| *i == index) {
+                Some((_, a)) => *a = a.saturating_add(amount),
+                None => consumes.push((index, amount)),
+            }
+        }
+    }
+    let taints = raw
+        .taints
+        .iter()
+        .flatten()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .map(|t| Taint {
+            key: &t.key,
+            value: t.value.as_deref().unwrap_or(""),
+            effect: &t.effect,
+        })
+        .collect();
+    Ok(Details {
+        cel,
+        capacities,
+        consumes,
+        taints,
+    })
+}
+
+fn parse_policy(p: &k8s_openapi::api::resource::v1::CapacityRequestPolicy, name: &str) -> Result<Policy, String> {
+    let q = |text: &str, what: &str| -> Result<i128, String> {
+        let v = quantity(text, &format!("capacity {name} request policy {what}"))?.nanos();
+        if v < 0 {
+            return Err(format!("capacity {name} request policy {what} is negative ({text})"));
+        }
+        Ok(v)
+    };
+    let default = p.default.as_ref().map(|d| q(&d.0, "default")).transpose()?;
+    let valid_values = p
+        .valid_values
+        .iter()
+        .flatten()
+        .map(|v| q(&v.0, "validValues"))
+        .collect::<Result<Vec<_>, _>>()?;
+    if valid_values.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(format!("capacity {name} request policy validValues are not strictly ascending"));
+    }
+    let range = match &p.valid_range {
+        None => None,
+        Some(r) => {
+            let min = q(&r.min.0, "validRange.min")?;
+            let max = r.max.as_ref().map(|m| q(&m.0, "validRange.max")).transpose()?;
+            let step = r.step.as_ref().map(|s| q(&s.0, "validRange.step")).transpose()?;
+            if step == Some(0) {
+                return Err(format!("capacity {name} request policy validRange.step is zero"));
+            }
+            if max.is_some_and(|m| m < min) {
+                return Err(format!("capacity {name} request policy validRange.max is below min"));
+            }
+            Some(Range { min, max, step })
+        }
+    };
+    Ok(Policy {
+        default,
+        valid_values,
+        range,
+    })
+}
+
+/// Whether `toleration` tolerates `taint` (Kubernetes' rules: an empty
+/// effect matches every effect, `Exists` with an empty key every taint,
+/// `Equal` (the default) compares values).
+pub(crate) fn tolerates(toleration: &k8s_openapi::api::resource::v1::DeviceToleration, taint: &Taint<'_>) -> bool {
+    if let Some(effect) = toleration.effect.as_deref()
+        && !effect.is_empty()
+        && effect != taint.effect
+    {
+        return false;
+    }
+    let key = toleration.key.as_deref().unwrap_or("");
+    let operator = toleration.operator.as_deref().unwrap_or("Equal");
+    if !key.is_empty() && key != taint.key {
+        return false;
+    }
+    match operator {
+        "Exists" => true,
+        "Equal" | "" => toleration.value.as_deref().unwrap_or("") == taint.value,
+        _ => false,
+    }
+}

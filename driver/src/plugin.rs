@@ -1,0 +1,397 @@
+//! The whole kubelet plugin as one library call, so that the binary, the
+//! demo and the tests run the very same orchestration.
+//!
+//! [`Plugin::start`] loads NVML (`--nvml-lib`, else the system library),
+//! discovers the GPUs, builds the kube client (`--kubeconfig`, else the
+//! default kubeconfig or the in-cluster configuration), starts the gRPC
+//! servers, and then the ResourceSlice publisher with the inventory. The
+//! publisher starts only once the sockets are bound: binding takes the
+//! instance lock, so a second instance on the same node fails before it
+//! touches the pool. The publisher runs in the background and retries API
+//! errors with backoff, so an unreachable API server never holds up
+//! serving kubelet or shutting down.
+//!
+//! [`PluginHandle::shutdown`] keeps kubelet's order: remove the
+//! registration socket (kubelet deregisters the plugin), drain in-flight
+//! gRPC calls, then stop the publisher, which deletes the node's slices only
+//! with `--delete-slices-on-exit` (see [`crate::slices`] for the policy).
+//!
+//! [`Plugin::start_with`] takes the NVML backend and the kube client ready
+//! made, for callers that run the plugin in-process against their own
+//! backend and API server.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use gpu_nvml::GpuBackend;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::discovery::{self, Inventory};
+use crate::flags::Flags;
+use crate::grpc::{self, ServerHandle};
+use crate::slices::{PublishError, PublishStatus, Publisher, PublisherOptions};
+
+/// Errors starting or stopping the plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// NVML could not be loaded or initialised, or a node-wide NVML query
+    /// failed during discovery (the message names the library).
+    #[error(transparent)]
+    Discovery(#[from] discovery::Error),
+    /// The kubeconfig named by `--kubeconfig` cannot be read or used.
+    #[error("cannot use kubeconfig {path}: {reason}")]
+    Kubeconfig {
+        /// The file given.
+        path: PathBuf,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// No `--kubeconfig`, no default kubeconfig, and not running in a
+    /// cluster.
+    #[error(
+        "no Kubernetes API configuration: pass --kubeconfig (or KUBECONFIG), or run in a cluster ({0})"
+    )]
+    NoKubeConfig(String),
+    /// The kube client could not be built from a configuration.
+    #[error("cannot create the Kubernetes client: {0}")]
+    Client(String),
+    /// The kubelet-facing gRPC servers failed to start or to stop.
+    #[error(transparent)]
+    Grpc(#[from] grpc::Error),
+    /// The publisher failed on exit (deleting the slices with
+    /// `--delete-slices-on-exit`).
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    /// The publisher task panicked.
+    #[error("the ResourceSlice publisher failed: {0}")]
+    PublisherTask(String),
+}
+
+/// What [`Plugin::start_with`] needs besides the flags.
+pub struct Parts {
+    /// The GPUs.
+    pub backend: Arc<dyn GpuBackend>,
+    /// The API server.
+    pub client: kube::Client,
+    /// The gRPC services (claim preparer, health list, metrics).
+    pub services: grpc::Services,
+    /// Timing of the slice publisher.
+    pub publisher: PublisherOptions,
+}
+
+impl std::fmt::Debug for Parts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parts")
+            .field("publisher", &self.publisher)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Entry point of the whole plugin.
+#[derive(Debug)]
+pub struct Plugin;
+
+impl Plugin {
+    /// Starts the plugin from its flags: NVML from `--nvml-lib`, the kube
+    /// client from `--kubeconfig` (else the default kubeconfig or in-cluster
+    /// configuration). Needs a Tokio runtime.
+    pub async fn start(flags: &Flags, services: grpc::Services) -> Result<PluginHandle, Error> {
+        let started = Instant::now();
+        let backend = discovery::open_backend(&flags.discovery)?;
+        tracing::info!(elapsed_us = micros(started), "NVML loaded");
+        let client = kube_client(flags.kubeconfig.as_deref()).await?;
+        tracing::info!(elapsed_us = micros(started), "Kubernetes client ready");
+        Self::start_with(
+            flags,
+            Parts {
+                backend,
+                client,
+                services,
+                publisher: PublisherOptions::default(),
+            },
+        )
+        .await
+    }
+
+    /// Starts the plugin with a ready backend and client: discovers the
+    /// GPUs, binds the kubelet sockets, then starts publishing the pool.
+    pub async fn start_with(flags: &Flags, parts: Parts) -> Result<PluginHandle, Error> {
+        let started = Instant::now();
+        tracing::info!(node = %flags.node_name, driver = %flags.driver_name, "starting");
+        let inventory =
+            discovery::discover(parts.backend.clone(), &flags.discovery.sysfs_root).await?;
+        tracing::info!(
+            elapsed_us = micros(started),
+            gpus = inventory.gpus.len(),
+            "GPU inventory ready"
+        );
+
+        let config = grpc::Config::new(
+            flags.driver_name.clone(),
+            flags.kubelet_registrar_dir.clone(),
+            flags.kubelet_plugins_dir.clone(),
+        );
+        let server = grpc::Server::start(config, parts.services).await?;
+
+        let publisher = Publisher::new(
+            parts.client,
+            flags.node_name.clone(),
+            flags.driver_name.clone(),
+            flags.slices.clone(),
+        )
+        .with_options(parts.publisher);
+        let status = publisher.status();
+        let (inventory_tx, inventory_rx) = watch::channel(inventory);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(publisher.run(inventory_rx, async move {
+            let _ = stopped.await;
+        }));
+        tokio::spawn(log_first_publication(status.clone(), started));
+
+        Ok(PluginHandle {
+            server,
+            publisher: PublisherTask {
+                stop: Some(stop),
+                task: Some(task),
+            },
+            publish_status: status,
+            inventory: inventory_tx,
+            backend: parts.backend,
+        })
+    }
+}
+
+/// Microseconds since `t`, for the startup timing logs.
+fn micros(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Logs, once, how long the first complete publication took.
+async fn log_first_publication(mut status: watch::Receiver<PublishStatus>, started: Instant) {
+    if let Ok(s) = status.wait_for(|s| s.in_sync).await {
+        tracing::info!(
+            elapsed_us = micros(started),
+            generation = s.generation,
+            slices = s.slices,
+            devices = s.devices,
+            "ResourceSlice pool in sync"
+        );
+    }
+}
+
+/// The kube client: from the kubeconfig file when given, else inferred
+/// (`KUBECONFIG`, `~/.kube/config`, then the in-cluster service account).
+/// Building it does not contact the API server.
+pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let bad = |e: &dyn std::error::Error| Error::Kubeconfig {
+                path: path.to_owned(),
+                reason: error_chain(e),
+            };
+            let file = Kubeconfig::read_from(path).map_err(|e| bad(&e))?;
+            kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| bad(&e))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| Error::NoKubeConfig(error_chain(&e)))?,
+    };
+    kube::Client::try_from(config).map_err(|e| Error::Client(error_chain(&e)))
+}
+
+/// An error and its sources on one line, without repeating a source whose
+/// text the outer message already contains.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        let text = src.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        cur = src.source();
+    }
+    s.replace('\n', " ")
+}
+
+/// The publisher's task and its stop signal; dropping it aborts the task
+/// (no deletion on exit: that is for the orderly shutdown only).
+struct PublisherTask {
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), PublishError>>>,
+}
+
+impl PublisherTask {
+    /// Signals the publisher to stop and waits for it.
+    async fn stop(mut self) -> Result<(), Error> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.task.take() {
+            Some(task) => match task.await {
+                Ok(r) => r.map_err(Error::Publish),
+                Err(e) => Err(Error::PublisherTask(e.to_string())),
+            },
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for PublisherTask {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// The running plugin. Dropping it stops everything without the orderly
+/// shutdown; call [`shutdown`](Self::shutdown).
+pub struct PluginHandle {
+    server: ServerHandle,
+    publisher: PublisherTask,
+    publish_status: watch::Receiver<PublishStatus>,
+    inventory: watch::Sender<Inventory>,
+    backend: Arc<dyn GpuBackend>,
+}
+
+impl std::fmt::Debug for PluginHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginHandle")
+            .field("server", &self.server)
+            .field("publish_status", &*self.publish_status.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginHandle {
+    /// The gRPC servers (sockets, kubelet's registration verdict).
+    pub fn server(&self) -> &ServerHandle {
+        &self.server
+    }
+
+    /// The publisher's progress.
+    pub fn publish_status(&self) -> watch::Receiver<PublishStatus> {
+        self.publish_status.clone()
+    }
+
+    /// The inventory being published.
+    pub fn inventory(&self) -> Inventory {
+        self.inventory.borrow().clone()
+    }
+
+    /// The NVML backend the inventory came from.
+    pub fn backend(&self) -> &Arc<dyn GpuBackend> {
+        &self.backend
+    }
+
+    /// Resolves when a gRPC server stops on its own (it should not); for
+    /// `select!` next to the signal handlers. The publisher never stops on
+    /// its own: it retries every error.
+    pub async fn stopped(&mut self) -> Error {
+        Error::Grpc(self.server.stopped().await)
+    }
+
+    /// Deregisters from kubelet (registration socket first), drains the
+    /// gRPC calls, then stops the publisher (deleting the slices only with
+    /// `--delete-slices-on-exit`). Calls cut off at the drain deadline are
+    /// logged, not an error.
+    pub async fn shutdown(self) -> Result<(), Error> {
+        let grpc = match self.server.shutdown().await {
+            Err(grpc::Error::DrainTimeout { .. }) | Ok(()) => Ok(()),
+            Err(e) => Err(Error::Grpc(e)),
+        };
+        let published = self.publisher.stop().await;
+        tracing::info!("plugin stopped");
+        match (grpc, published) {
+            (Err(e), Err(p)) => {
+                tracing::error!(error = %p, "the ResourceSlice publisher failed on exit too");
+                Err(e)
+            }
+            (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
+            (Ok(()), Ok(())) => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer: inner detail")]
+    struct Outer(#[source] Inner);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("inner detail")]
+    struct Inner;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading\nfile")]
+    struct Wrapper(#[source] std::io::Error);
+
+    #[test]
+    fn error_chain_is_one_line_without_repeats() {
+        assert_eq!(error_chain(&Outer(Inner)), "outer: inner detail");
+        let e = Wrapper(std::io::Error::other("denied"));
+        assert_eq!(error_chain(&e), "reading file: denied");
+    }
+
+    #[tokio::test]
+    async fn a_missing_kubeconfig_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nope.yaml");
+        let err = kube_client(Some(&path)).await.unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, Error::Kubeconfig { .. }), "{text}");
+        assert!(
+            text.starts_with(&format!("cannot use kubeconfig {}", path.display())),
+            "{text}"
+        );
+        assert!(text.contains("No such file"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn hostile_kubeconfigs_are_errors_not_panics() {
+        let dir = tempfile::tempdir().unwrap();
+        for (body, needle) in [
+            ("{{{{ not yaml", "kubeconfig"),
+            ("apiVersion: v1\nkind: Config\n", "context"),
+            (
+                "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'http://[bad'}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\nusers: [{name: u, user: {}}]\n",
+                "cluster url",
+            ),
+        ] {
+            let path = dir.path().join("kubeconfig");
+            std::fs::write(&path, body).unwrap();
+            let err = kube_client(Some(&path)).await.unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, Error::Kubeconfig { .. }), "{body}: {text}");
+            assert!(!text.contains('\n'), "{text}");
+            assert!(
+                text.to_lowercase().contains(needle),
+                "{body}: {needle} not in {text}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_valid_kubeconfig_gives_a_client_without_contacting_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubeconfig");
+        // Port 9 (discard) on localhost: nothing is contacted to build a client.
+        std::fs::write(
+            &path,
+            gpu_dra_e2e::apiserver::kubeconfig_yaml("http://127.0.0.1:9"),
+        )
+        .unwrap();
+        let client = kube_client(Some(&path)).await.unwrap();
+        assert_eq!(client.default_namespace(), "default");
+    }
+}

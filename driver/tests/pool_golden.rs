@@ -1,0 +1,322 @@
+//! Golden tests of the published pool: for every shipped machine profile, the
+//! real plugin binary runs on a private fake NVML and its sysfs tree,
+//! publishes to the test API server (which validates every slice on write,
+//! with the 1.35 or 1.34 rules), and the stored pool is compared with a
+//! reviewed snapshot (`tests/snapshots/`) after redacting what the server
+//! makes up (uids, resourceVersions, timestamps, managed fields). Each test
+//! also checks the pool's structure and its agreement with the profile.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{DRIVER, NODE, Plugin, TestEnv, complete_pool, short_dir};
+use gpu_dra_e2e::apiserver::ValidationRules;
+use serde_json::{Map, Value};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Runs the plugin on `profile` with `flags` against a server with `rules`,
+/// checks the complete pool (with full GPUs falling into NVLink domains of
+/// the sizes `nvlink_domains`), and snapshots it as `name`.
+async fn golden(
+    name: &str,
+    profile: &str,
+    rules: ValidationRules,
+    flags: &[&str],
+    nvlink_domains: &[usize],
+) {
+    let dir = short_dir();
+    let env = Arc::new(
+        TestEnv::builder(dir.path())
+            .bundled(profile)
+            .rules(rules)
+            .build(),
+    );
+    let plugin = Plugin::launch(&env, dir.path(), "run", flags);
+    let pool = env.wait_pool(NODE, WAIT).await;
+    check_structure(&env, &pool);
+    let machine = nvidia_ml::Profile::load(&env.profile).unwrap();
+    check_against_profile(&machine, &pool, flags.contains(&"--dynamic-mig"));
+    check_limits(&pool, rules);
+    assert_eq!(domain_sizes(&pool), nvlink_domains, "NVLink domains");
+    assert!(!plugin.stderr().contains("panicked"), "{}", plugin.stderr());
+    insta::assert_json_snapshot!(name, redact(&pool));
+}
+
+/// One pool per node, owned by the Node, complete at one generation.
+fn check_structure(env: &TestEnv, pool: &[Value]) {
+    assert!(!pool.is_empty());
+    let generation = complete_pool(pool).expect("the pool is complete");
+    let node_uid = env.node_uid.as_deref().unwrap();
+    let mut names = BTreeSet::new();
+    for slice in pool {
+        let spec = &slice["spec"];
+        assert_eq!(spec["driver"], DRIVER);
+        assert_eq!(spec["nodeName"], NODE);
+        assert_eq!(spec["pool"]["name"], NODE, "pool name = node name");
+        assert_eq!(spec["pool"]["generation"], generation);
+        assert_eq!(
+            spec["pool"]["resourceSliceCount"].as_u64(),
+            Some(pool.len() as u64)
+        );
+        let owners = slice["metadata"]["ownerReferences"].as_array().unwrap();
+        assert_eq!(owners.len(), 1, "{owners:?}");
+        assert_eq!(owners[0]["apiVersion"], "v1");
+        assert_eq!(owners[0]["kind"], "Node");
+        assert_eq!(owners[0]["name"], NODE);
+        assert_eq!(owners[0]["uid"], node_uid);
+        for device in spec["devices"].as_array().into_iter().flatten() {
+            let name = device["name"].as_str().unwrap();
+            assert!(names.insert(name.to_owned()), "device {name} twice");
+        }
+    }
+}
+
+fn attr<'a>(device: &'a Value, name: &str) -> Option<&'a Value> {
+    let a = &device["attributes"][name];
+    ["string", "int", "bool", "version"]
+        .iter()
+        .find_map(|k| a.get(*k))
+}
+
+fn devices(pool: &[Value]) -> impl Iterator<Item = &Value> {
+    pool.iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
+}
+
+/// Every device belongs to a GPU of the profile; every GPU that is usable
+/// whole (MIG off, or MIG capable and switchable under dynamic MIG) is
+/// published as `gpu-<minor>` with the profile's UUID and PCI address; MIG
+/// devices are published for GPUs with MIG on.
+fn check_against_profile(machine: &nvidia_ml::Profile, pool: &[Value], dynamic_mig: bool) {
+    let by_uuid: BTreeMap<&str, &nvidia_ml::profile::Gpu> =
+        machine.gpus.iter().map(|g| (g.uuid.as_str(), g)).collect();
+    let mut full = BTreeSet::new();
+    let mut mig_parents = BTreeSet::new();
+    for device in devices(pool) {
+        let name = device["name"].as_str().unwrap();
+        match attr(device, "type").and_then(Value::as_str) {
+            Some("gpu") => {
+                let uuid = attr(device, "uuid").and_then(Value::as_str).unwrap();
+                let gpu = by_uuid
+                    .get(uuid)
+                    .unwrap_or_else(|| panic!("{uuid} not in profile"));
+                assert_eq!(name, format!("gpu-{}", gpu.minor));
+                assert_eq!(
+                    attr(device, "resource.kubernetes.io/pciBusID").and_then(Value::as_str),
+                    Some(gpu.pci.sysfs().as_str())
+                );
+                assert_eq!(
+                    attr(device, "resource.kubernetes.io/pcieRoot").and_then(Value::as_str),
+                    Some(gpu.pcie_root.as_str())
+                );
+                full.insert(uuid.to_owned());
+            }
+            Some("mig") => {
+                let parent = attr(device, "parentUUID").and_then(Value::as_str).unwrap();
+                let gpu = by_uuid
+                    .get(parent)
+                    .unwrap_or_else(|| panic!("{parent} not in profile"));
+                assert!(
+                    name.starts_with(&format!("gpu-{}-mig-", gpu.minor)),
+                    "{name} on GPU {}",
+                    gpu.minor
+                );
+                mig_parents.insert(parent.to_owned());
+            }
+            other => panic!("{name}: unexpected type {other:?}"),
+        }
+    }
+    for gpu in &machine.gpus {
+        if !gpu.mig_current {
+            assert!(
+                full.contains(&gpu.uuid),
+                "GPU {} (MIG off) missing",
+                gpu.minor
+            );
+        } else if !dynamic_mig && gpu.mig.mig_devices().next().is_some() {
+            assert!(
+                mig_parents.contains(&gpu.uuid),
+                "MIG devices of GPU {} missing",
+                gpu.minor
+            );
+        }
+    }
+}
+
+/// How many full GPUs share each `nvlinkDomain`, largest first.
+fn domain_sizes(pool: &[Value]) -> Vec<usize> {
+    let mut domains: BTreeMap<&str, usize> = BTreeMap::new();
+    for device in devices(pool) {
+        if attr(device, "type").and_then(Value::as_str) == Some("gpu") {
+            let domain = attr(device, "nvlinkDomain")
+                .and_then(Value::as_str)
+                .unwrap_or_else(|| panic!("{} has no nvlinkDomain", device["name"]));
+            *domains.entry(domain).or_default() += 1;
+        }
+    }
+    let mut sizes: Vec<usize> = domains.into_values().collect();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    sizes
+}
+
+/// The per-slice limits of the rules the server enforced (the server checks
+/// them too; this makes the test fail loudly if the rules were not applied).
+fn check_limits(pool: &[Value], rules: ValidationRules) {
+    for slice in pool {
+        let spec = &slice["spec"];
+        let has_devices = spec["devices"].as_array().is_some_and(|d| !d.is_empty());
+        let has_counters = spec["sharedCounters"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty());
+        if rules == ValidationRules::V1_35 {
+            assert!(
+                !(has_devices && has_counters),
+                "1.35: devices and counters in one slice"
+            );
+        }
+        assert!(spec["devices"].as_array().map_or(0, Vec::len) <= 128);
+    }
+}
+
+/// The pool with server-made values replaced, keys sorted, slices by name.
+fn redact(pool: &[Value]) -> Value {
+    let mut slices: Vec<Value> = pool.to_vec();
+    slices.sort_by(|a, b| {
+        a["metadata"]["name"]
+            .as_str()
+            .cmp(&b["metadata"]["name"].as_str())
+    });
+    for slice in &mut slices {
+        let meta = slice["metadata"].as_object_mut().unwrap();
+        for (key, placeholder) in [
+            ("uid", "[uid]"),
+            ("resourceVersion", "[resourceVersion]"),
+            ("creationTimestamp", "[creationTimestamp]"),
+            ("managedFields", "[managedFields]"),
+        ] {
+            if meta.contains_key(key) {
+                meta.insert(key.into(), Value::from(placeholder));
+            }
+        }
+        if let Some(prefix) = meta
+            .get("generateName")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+        {
+            meta.insert("name".into(), Value::from(format!("{prefix}[suffix]")));
+        }
+        for owner in meta
+            .get_mut("ownerReferences")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            owner["uid"] = Value::from("[node uid]");
+        }
+    }
+    sorted(Value::Array(slices))
+}
+
+/// `v` with every object's keys in order.
+fn sorted(v: Value) -> Value {
+    match v {
+        Value::Object(map) => {
+            let ordered: BTreeMap<String, Value> =
+                map.into_iter().map(|(k, v)| (k, sorted(v))).collect();
+            Value::Object(ordered.into_iter().collect::<Map<_, _>>())
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
+        other => other,
+    }
+}
+
+#[tokio::test]
+async fn dgx_h100() {
+    golden("dgx-h100", "dgx-h100", ValidationRules::V1_35, &[], &[8]).await;
+}
+
+#[tokio::test]
+async fn dgx_a100() {
+    golden("dgx-a100", "dgx-a100", ValidationRules::V1_35, &[], &[4]).await;
+}
+
+#[tokio::test]
+async fn pcie_a100_bridged() {
+    golden(
+        "pcie-a100-bridged",
+        "pcie-a100-bridged",
+        ValidationRules::V1_35,
+        &[],
+        &[2, 2],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn t4_inference() {
+    golden(
+        "t4-inference",
+        "t4-inference",
+        ValidationRules::V1_35,
+        &[],
+        &[1, 1, 1, 1],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn mixed() {
+    golden("mixed", "mixed", ValidationRules::V1_35, &[], &[1, 1, 1]).await;
+}
+
+#[tokio::test]
+async fn dgx_h100_dynamic_mig() {
+    golden(
+        "dgx-h100-dynamic-mig",
+        "dgx-h100",
+        ValidationRules::V1_35,
+        &["--dynamic-mig"],
+        &[8],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn dgx_a100_dynamic_mig() {
+    golden(
+        "dgx-a100-dynamic-mig",
+        "dgx-a100",
+        ValidationRules::V1_35,
+        &["--dynamic-mig"],
+        &[4],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn mixed_dynamic_mig() {
+    golden(
+        "mixed-dynamic-mig",
+        "mixed",
+        ValidationRules::V1_35,
+        &["--dynamic-mig"],
+        &[1, 1, 1, 1],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn dgx_a100_dynamic_mig_under_1_34_rules() {
+    golden(
+        "dgx-a100-dynamic-mig-1.34",
+        "dgx-a100",
+        ValidationRules::V1_34,
+        &["--dynamic-mig", "--slice-rules", "1.34"],
+        &[4],
+    )
+    .await;
+}
