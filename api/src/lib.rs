@@ -2,8 +2,8 @@
 //! controller and the admin CLI alike, so that what the webhook accepts is
 //! exactly what the plugin can prepare.
 
-pub mod schema;
-pub mod quantity;
-pub mod config;
-pub mod cel;
 pub mod allocator;
+pub mod cel;
+pub mod config;
+pub mod quantity;
+pub mod schema;

@@ -44,7 +44,10 @@ fn default_demo_publishes_a_dgx_h100_pool_and_cleans_up() {
     assert_eq!(report["pool"]["counterSets"], 8);
     assert_eq!(report["cleanup"]["slicesLeft"], 0);
     assert_eq!(report["cleanup"]["tempDirRemoved"], true);
-    assert_eq!(report["cleanup"]["socketsLeft"].as_array().unwrap().len(), 0);
+    assert_eq!(
+        report["cleanup"]["socketsLeft"].as_array().unwrap().len(),
+        0
+    );
 }
 
 #[test]
@@ -80,7 +83,10 @@ fn text_output_has_tables_and_the_cleanup_verdict() {
     assert!(text.contains("NVIDIA A100-PCIE-40GB"), "{text}");
     assert!(text.contains("ResourceSlices published"), "{text}");
     assert!(text.contains("nothing left behind"), "{text}");
-    assert!(!text.contains('\u{1b}'), "no colour when stdout is not a terminal");
+    assert!(
+        !text.contains('\u{1b}'),
+        "no colour when stdout is not a terminal"
+    );
 }
 
 #[test]
@@ -88,7 +94,10 @@ fn unknown_profile_is_a_one_line_error() {
     let out = demo(&["--profile", "no-such-machine"]);
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
-    assert!(err.starts_with("error: unknown profile \"no-such-machine\""), "{err}");
+    assert!(
+        err.starts_with("error: unknown profile \"no-such-machine\""),
+        "{err}"
+    );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
 

@@ -204,20 +204,29 @@ pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, Erro
     kube::Client::try_from(config).map_err(|e| Error::Client(error_chain(&e)))
 }
 
-/// An error and its sources on one line, without repeating a source whose
-/// text the outer message already contains.
+/// An error and its sources on one line: the first line of each message
+/// (YAML errors add a multi-line source excerpt), skipping a source whose
+/// text the message so far already contains.
 fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
+    let first_line = |e: &dyn std::error::Error| {
+        e.to_string()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    };
+    let mut s = first_line(e);
     let mut cur = e.source();
     while let Some(src) = cur {
-        let text = src.to_string();
-        if !s.contains(&text) {
+        let text = first_line(src);
+        if !text.is_empty() && !s.contains(&text) {
             s.push_str(": ");
             s.push_str(&text);
         }
         cur = src.source();
     }
-    s.replace('\n', " ")
+    s
 }
 
 /// The publisher's task and its stop signal; dropping it aborts the task
@@ -333,7 +342,7 @@ mod tests {
     struct Inner;
 
     #[derive(Debug, thiserror::Error)]
-    #[error("reading\nfile")]
+    #[error("reading file\n  --> excerpt\n  | ^ here")]
     struct Wrapper(#[source] std::io::Error);
 
     #[test]
@@ -347,7 +356,9 @@ mod tests {
     async fn a_missing_kubeconfig_names_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nope.yaml");
-        let err = kube_client(Some(&path)).await.unwrap_err();
+        let Err(err) = kube_client(Some(&path)).await else {
+            panic!("a client from {}", path.display())
+        };
         let text = err.to_string();
         assert!(matches!(err, Error::Kubeconfig { .. }), "{text}");
         assert!(
@@ -370,7 +381,9 @@ mod tests {
         ] {
             let path = dir.path().join("kubeconfig");
             std::fs::write(&path, body).unwrap();
-            let err = kube_client(Some(&path)).await.unwrap_err();
+            let Err(err) = kube_client(Some(&path)).await else {
+                panic!("a client from {}", path.display())
+            };
             let text = err.to_string();
             assert!(matches!(err, Error::Kubeconfig { .. }), "{body}: {text}");
             assert!(!text.contains('\n'), "{text}");

@@ -50,7 +50,9 @@ pub(crate) fn fit(
             return Ok(Fit::Missing(r.name.clone()));
         };
         if requested[i].is_some() {
-            return Err(format!("capacity {domain}/{id} is requested twice (with and without its domain)"));
+            return Err(format!(
+                "capacity {domain}/{id} is requested twice (with and without its domain)"
+            ));
         }
         requested[i] = Some(r.amount);
     }
@@ -66,7 +68,11 @@ pub(crate) fn fit(
     {
         return Ok(Fit::Policy(c.0.published.to_owned()));
     }
-    if let Some(c) = caps.iter().zip(&consumed).find(|(cap, c)| **c > cap.value()) {
+    if let Some(c) = caps
+        .iter()
+        .zip(&consumed)
+        .find(|(cap, c)| **c > cap.value())
+    {
         return Ok(Fit::TooLarge(c.0.published.to_owned()));
     }
     for (i, (cap, c)) in caps.iter().zip(&consumed).enumerate() {
@@ -98,9 +104,18 @@ pub(crate) fn consumed(req: Option<i128>, cap: &Capacity<'_>) -> Result<i128, St
         return steps
             .checked_mul(step)
             .and_then(|s| s.checked_add(range.min))
-            .ok_or_else(|| format!("capacity {}: rounding the request up to the next step is out of range", cap.published));
+            .ok_or_else(|| {
+                format!(
+                    "capacity {}: rounding the request up to the next step is out of range",
+                    cap.published
+                )
+            });
     }
-    Ok(p.valid_values.iter().copied().find(|v| *v >= r).unwrap_or(r))
+    Ok(p.valid_values
+        .iter()
+        .copied()
+        .find(|v| *v >= r)
+        .unwrap_or(r))
 }
 
 /// Whether consuming `c` breaks `policy` (the default is always allowed).
@@ -166,7 +181,10 @@ mod tests {
             default: Some(q("10Gi")),
             ..Policy::default()
         };
-        assert_eq!(consumed(None, &cap("80Gi", Some(with_default))).unwrap(), q("10Gi"));
+        assert_eq!(
+            consumed(None, &cap("80Gi", Some(with_default))).unwrap(),
+            q("10Gi")
+        );
     }
 
     #[test]
@@ -225,7 +243,13 @@ mod tests {
             Fit::Exhausted("memory".into())
         );
         assert_eq!(
-            fit(&[req("gpu.example.com/memory", "30Gi")], "gpu.example.com", &caps, &half).unwrap(),
+            fit(
+                &[req("gpu.example.com/memory", "30Gi")],
+                "gpu.example.com",
+                &caps,
+                &half
+            )
+            .unwrap(),
             Fit::Fits(vec![q("30Gi")])
         );
         let plain = [cap("8Gi", None)];

@@ -65,6 +65,8 @@ pub(crate) struct Constraint {
     pub attribute: String,
     pub domain: String,
     pub id: String,
+    /// `domain/id`.
+    pub qualified: String,
     /// Requests it applies to; empty means all.
     pub requests: Vec<String>,
 }
@@ -81,7 +83,11 @@ impl Constraint {
             let names: Vec<String> = self.requests.iter().map(|r| format!("`{r}`")).collect();
             format!("requests {}", names.join(", "))
         };
-        format!("{kind} `{}` (constraint {}, {scope})", self.attribute, index + 1)
+        format!(
+            "{kind} `{}` (constraint {}, {scope})",
+            self.attribute,
+            index + 1
+        )
     }
 }
 
@@ -120,7 +126,11 @@ struct Planner<'p> {
 }
 
 impl Planner<'_> {
-    fn compile(&mut self, selector: &DeviceSelector, source: SelectorSource) -> Result<usize, AllocError> {
+    fn compile(
+        &mut self,
+        selector: &DeviceSelector,
+        source: SelectorSource,
+    ) -> Result<usize, AllocError> {
         let Some(cel) = &selector.cel else {
             return Err(AllocError::EmptySelector {
                 location: source.location(),
@@ -136,7 +146,11 @@ impl Planner<'_> {
         Ok(self.table.add(compiled, source))
     }
 
-    fn class_selectors(&mut self, class_name: &str, request: &str) -> Result<Vec<usize>, AllocError> {
+    fn class_selectors(
+        &mut self,
+        class_name: &str,
+        request: &str,
+    ) -> Result<Vec<usize>, AllocError> {
         if let Some(s) = self.table.class(class_name) {
             return Ok(s.to_vec());
         }
@@ -158,9 +172,18 @@ impl Planner<'_> {
         Ok(indices)
     }
 
-    fn variant(&mut self, request: usize, name: String, f: &Fields<'_>, field: &str) -> Result<Variant, AllocError> {
+    fn variant(
+        &mut self,
+        request: usize,
+        name: String,
+        f: &Fields<'_>,
+        field: &str,
+    ) -> Result<Variant, AllocError> {
         if f.class.is_empty() {
-            return Err(invalid(format!("{field}.deviceClassName"), "missing device class name"));
+            return Err(invalid(
+                format!("{field}.deviceClassName"),
+                "missing device class name",
+            ));
         }
         let mut selectors = self.class_selectors(f.class, &name)?;
         for (index, s) in f.selectors.iter().enumerate() {
@@ -174,7 +197,10 @@ impl Planner<'_> {
             "ExactCount" => {
                 let count = f.count.unwrap_or(1);
                 if count <= 0 {
-                    return Err(invalid(format!("{field}.count"), format!("must be greater than zero, got {count}")));
+                    return Err(invalid(
+                        format!("{field}.count"),
+                        format!("must be greater than zero, got {count}"),
+                    ));
                 }
                 let count = usize::try_from(count)
                     .ok()
@@ -211,7 +237,12 @@ impl Planner<'_> {
             }
         }
         let mut capacity = Vec::new();
-        for (cname, q) in f.capacity.and_then(|c| c.requests.as_ref()).into_iter().flatten() {
+        for (cname, q) in f
+            .capacity
+            .and_then(|c| c.requests.as_ref())
+            .into_iter()
+            .flatten()
+        {
             let path = format!("{field}.capacity.requests[{cname}]");
             if split_qualified_name("driver.invalid", cname).is_err() {
                 return Err(invalid(path, "not a capacity name"));
@@ -255,13 +286,21 @@ pub(crate) fn plan(
     let mut requests: Vec<Request> = Vec::new();
     let mut variants: Vec<Variant> = Vec::new();
     let mut min_devices = 0usize;
-    for (ri, r) in devices.and_then(|d| d.requests.as_ref()).into_iter().flatten().enumerate() {
+    for (ri, r) in devices
+        .and_then(|d| d.requests.as_ref())
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         let field = format!("spec.devices.requests[{ri}]");
         if r.name.is_empty() {
             return Err(invalid(format!("{field}.name"), "must not be empty"));
         }
         if requests.iter().any(|x| x.name == r.name) {
-            return Err(invalid(format!("{field}.name"), format!("duplicate request name {:?}", r.name)));
+            return Err(invalid(
+                format!("{field}.name"),
+                format!("duplicate request name {:?}", r.name),
+            ));
         }
         let start = variants.len();
         match (&r.exactly, &r.first_available) {
@@ -275,11 +314,19 @@ pub(crate) fn plan(
                     tolerations: e.tolerations.as_deref().unwrap_or(&[]),
                     capacity: e.capacity.as_ref(),
                 };
-                variants.push(planner.variant(ri, r.name.clone(), &f, &format!("{field}.exactly"))?);
+                variants.push(planner.variant(
+                    ri,
+                    r.name.clone(),
+                    &f,
+                    &format!("{field}.exactly"),
+                )?);
             }
             (None, Some(subs)) => {
                 if subs.is_empty() {
-                    return Err(invalid(format!("{field}.firstAvailable"), "must not be empty"));
+                    return Err(invalid(
+                        format!("{field}.firstAvailable"),
+                        "must not be empty",
+                    ));
                 }
                 for (si, s) in subs.iter().enumerate() {
                     let sfield = format!("{field}.firstAvailable[{si}]");
@@ -301,13 +348,26 @@ pub(crate) fn plan(
                         tolerations: s.tolerations.as_deref().unwrap_or(&[]),
                         capacity: s.capacity.as_ref(),
                     };
-                    variants.push(planner.variant(ri, format!("{}/{}", r.name, s.name), &f, &sfield)?);
+                    variants.push(planner.variant(
+                        ri,
+                        format!("{}/{}", r.name, s.name),
+                        &f,
+                        &sfield,
+                    )?);
                 }
             }
             (Some(_), Some(_)) => {
-                return Err(invalid(field, "exactly one of exactly and firstAvailable may be set, not both"));
+                return Err(invalid(
+                    field,
+                    "exactly one of exactly and firstAvailable may be set, not both",
+                ));
             }
-            (None, None) => return Err(invalid(field, "one of exactly and firstAvailable must be set")),
+            (None, None) => {
+                return Err(invalid(
+                    field,
+                    "one of exactly and firstAvailable must be set",
+                ));
+            }
         }
         min_devices += variants[start..]
             .iter()
@@ -330,29 +390,47 @@ pub(crate) fn plan(
     }
 
     let mut constraints = Vec::new();
-    for (ci, c) in devices.and_then(|d| d.constraints.as_ref()).into_iter().flatten().enumerate() {
+    for (ci, c) in devices
+        .and_then(|d| d.constraints.as_ref())
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         let field = format!("spec.devices.constraints[{ci}]");
         let (kind, attribute, afield) = match (&c.match_attribute, &c.distinct_attribute) {
             (Some(a), None) => (ConstraintKind::Match, a, "matchAttribute"),
             (None, Some(a)) => (ConstraintKind::Distinct, a, "distinctAttribute"),
             (Some(_), Some(_)) => {
-                return Err(invalid(field, "exactly one of matchAttribute and distinctAttribute may be set"));
+                return Err(invalid(
+                    field,
+                    "exactly one of matchAttribute and distinctAttribute may be set",
+                ));
             }
-            (None, None) => return Err(invalid(field, "one of matchAttribute and distinctAttribute must be set")),
+            (None, None) => {
+                return Err(invalid(
+                    field,
+                    "one of matchAttribute and distinctAttribute must be set",
+                ));
+            }
         };
         let (domain, id) = match attribute.split_once('/') {
             Some((d, i)) if !d.is_empty() && !i.is_empty() && !i.contains('/') => (d, i),
             _ => {
                 return Err(invalid(
                     format!("{field}.{afield}"),
-                    format!("{attribute:?} is not a fully qualified attribute name (<domain>/<id>)"),
+                    format!(
+                        "{attribute:?} is not a fully qualified attribute name (<domain>/<id>)"
+                    ),
                 ));
             }
         };
         let names = c.requests.clone().unwrap_or_default();
         for (i, n) in names.iter().enumerate() {
             if !variants.iter().any(|v| v.name == *n) && !requests.iter().any(|r| r.name == *n) {
-                return Err(invalid(format!("{field}.requests[{i}]"), format!("unknown request {n:?}")));
+                return Err(invalid(
+                    format!("{field}.requests[{i}]"),
+                    format!("unknown request {n:?}"),
+                ));
             }
         }
         constraints.push(Constraint {
@@ -360,18 +438,24 @@ pub(crate) fn plan(
             attribute: attribute.clone(),
             domain: domain.to_owned(),
             id: id.to_owned(),
+            qualified: format!("{domain}/{id}"),
             requests: names,
         });
     }
     if constraints.len() > 64 {
-        return Err(invalid("spec.devices.constraints", "more than 64 constraints"));
+        return Err(invalid(
+            "spec.devices.constraints",
+            "more than 64 constraints",
+        ));
     }
     for v in &mut variants {
         let request = &requests[v.request].name;
         v.constraints = constraints
             .iter()
             .enumerate()
-            .filter(|(_, c)| c.requests.is_empty() || c.requests.iter().any(|n| n == request || *n == v.name))
+            .filter(|(_, c)| {
+                c.requests.is_empty() || c.requests.iter().any(|n| n == request || *n == v.name)
+            })
             .map(|(i, _)| i)
             .collect();
     }

@@ -56,7 +56,8 @@ pub(crate) enum RawValue<'a> {
 
 /// Looks up a published attribute or capacity by domain and id: a name
 /// qualified with the driver's domain wins over the bare id, as in
-/// Kubernetes.
+/// Kubernetes. One pass comparing lengths first: a device has at most 32
+/// entries, and this is the allocator's hottest loop.
 pub(crate) fn lookup<'a, T>(
     map: Option<&'a BTreeMap<String, T>>,
     driver: &str,
@@ -64,11 +65,17 @@ pub(crate) fn lookup<'a, T>(
     id: &str,
     qualified: &str,
 ) -> Option<&'a T> {
-    let map = map?;
-    if let Some(v) = map.get(qualified) {
-        return Some(v);
+    let bare = domain == driver;
+    let mut found = None;
+    for (key, value) in map? {
+        if key.len() == qualified.len() && key == qualified {
+            return Some(value);
+        }
+        if bare && key.len() == id.len() && key == id {
+            found = Some(value);
+        }
     }
-    if domain == driver { map.get(id) } else { None }
+    found
 }
 
 pub(crate) fn raw_attribute(attr: Option<&DeviceAttribute>) -> RawValue<'_> {
@@ -133,21 +140,14 @@ pub(crate) struct Taint<'a> {
     pub effect: &'a str,
 }
 
-/// What parsing a device yields.
+/// What allocating a device involves: its capacities, the counters it
+/// consumes, its taints.
 #[derive(Debug)]
 pub(crate) struct Details<'a> {
-    pub cel: CelDevice,
     pub capacities: Vec<Capacity<'a>>,
     /// (index into the pool's counters, amount in nano-units)
     pub consumes: Vec<(usize, i128)>,
     pub taints: Vec<Taint<'a>>,
-}
-
-impl Details<'_> {
-    /// The attribute a constraint compares, by domain and id.
-    pub(crate) fn attribute(&self, domain: &str, id: &str) -> Option<&AttrValue> {
-        self.cel.attributes.get(domain)?.get(id)
-    }
 }
 
 /// A device of a prepared pool.
@@ -156,6 +156,7 @@ pub(crate) struct PoolDevice<'a> {
     pub raw: &'a Device,
     pub scope: Scope<'a>,
     details: OnceLock<Result<Details<'a>, String>>,
+    cel: OnceLock<Result<CelDevice, String>>,
 }
 
 impl<'a> PoolDevice<'a> {
@@ -164,7 +165,16 @@ impl<'a> PoolDevice<'a> {
             raw,
             scope,
             details: OnceLock::new(),
+            cel: OnceLock::new(),
         }
+    }
+
+    /// The device as CEL selectors see it (converted on first need).
+    pub(crate) fn cel(&self, driver: &str) -> Result<&CelDevice, &str> {
+        self.cel
+            .get_or_init(|| parse_cel(self.raw, driver))
+            .as_ref()
+            .map_err(String::as_str)
     }
 
     pub(crate) fn name(&self) -> &'a str {
@@ -189,46 +199,63 @@ impl<'a> PoolDevice<'a> {
     }
 }
 
-fn quantity(text: &str, what: &str) -> Result<Quantity, String> {
-    Quantity::parse(text).map_err(|e| format!("{what}: {e}"))
+/// Parses a quantity; `what` names it in the error (built only then).
+fn quantity(text: &str, what: impl FnOnce() -> String) -> Result<Quantity, String> {
+    Quantity::parse(text).map_err(|e| format!("{}: {e}", what()))
 }
 
-fn parse_details<'a>(
-    raw: &'a Device,
-    driver: &'a str,
-    counters: &dyn Fn(&str, &str) -> Option<usize>,
-) -> Result<Details<'a>, String> {
+fn parse_cel(raw: &Device, driver: &str) -> Result<CelDevice, String> {
     let mut cel = CelDevice::new(driver);
     cel.allow_multiple_allocations = raw.allow_multiple_allocations.unwrap_or(false);
     if let Some(attributes) = &raw.attributes {
         // names qualified with the driver's domain first: they win over the
         // bare id
-        let (qualified, bare): (Vec<_>, Vec<_>) = attributes.iter().partition(|(name, _)| name.contains('/'));
+        let (qualified, bare): (Vec<_>, Vec<_>) =
+            attributes.iter().partition(|(name, _)| name.contains('/'));
         for (name, attr) in qualified.into_iter().chain(bare) {
             let value = match raw_attribute(Some(attr)) {
                 RawValue::Int(i) => AttrValue::Int(i),
                 RawValue::Bool(b) => AttrValue::Bool(b),
                 RawValue::Str(s) => AttrValue::String(s.to_owned()),
-                RawValue::Version(v) => AttrValue::version(v).map_err(|e| format!("attribute {name}: {e}"))?,
+                RawValue::Version(v) => {
+                    AttrValue::version(v).map_err(|e| format!("attribute {name}: {e}"))?
+                }
                 RawValue::Missing => continue,
-                _ => return Err(format!("attribute {name}: more than one of int, bool, string, version is set")),
+                _ => {
+                    return Err(format!(
+                        "attribute {name}: more than one of int, bool, string, version is set"
+                    ));
+                }
             };
             let (domain, id) = split_qualified_name(driver, name).map_err(|e| e.to_string())?;
-            if cel.attributes.get(domain).is_some_and(|m| m.contains_key(id)) {
+            if cel
+                .attributes
+                .get(domain)
+                .is_some_and(|m| m.contains_key(id))
+            {
                 continue;
             }
             cel.add_attribute(name, value).map_err(|e| e.to_string())?;
         }
     }
+    for cap in parse_capacities(raw, driver)? {
+        cel.add_capacity(cap.published, cap.quantity)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(cel)
+}
+
+fn parse_capacities<'a>(raw: &'a Device, driver: &'a str) -> Result<Vec<Capacity<'a>>, String> {
     let mut capacities: Vec<Capacity<'a>> = Vec::new();
     if let Some(caps) = &raw.capacity {
-        let (qualified, bare): (Vec<_>, Vec<_>) = caps.iter().partition(|(name, _)| name.contains('/'));
+        let (qualified, bare): (Vec<_>, Vec<_>) =
+            caps.iter().partition(|(name, _)| name.contains('/'));
         for (name, cap) in qualified.into_iter().chain(bare) {
             let (domain, id) = split_qualified_name(driver, name).map_err(|e| e.to_string())?;
             if capacities.iter().any(|c| c.domain == domain && c.id == id) {
                 continue;
             }
-            let value = quantity(&cap.value.0, &format!("capacity {name}"))?;
+            let value = quantity(&cap.value.0, || format!("capacity {name}"))?;
             if value.signum() < 0 {
                 return Err(format!("capacity {name} is negative ({})", cap.value.0));
             }
@@ -237,7 +264,6 @@ fn parse_details<'a>(
                 .as_ref()
                 .map(|p| parse_policy(p, name))
                 .transpose()?;
-            cel.add_capacity(name, value).map_err(|e| e.to_string())?;
             capacities.push(Capacity {
                 published: name,
                 domain,
@@ -247,12 +273,28 @@ fn parse_details<'a>(
             });
         }
     }
+    Ok(capacities)
+}
+
+fn parse_details<'a>(
+    raw: &'a Device,
+    driver: &'a str,
+    counters: &dyn Fn(&str, &str) -> Option<usize>,
+) -> Result<Details<'a>, String> {
+    let capacities = parse_capacities(raw, driver)?;
     let mut consumes: Vec<(usize, i128)> = Vec::new();
     for consumption in raw.consumes_counters.iter().flatten() {
         for (name, counter) in &consumption.counters {
-            let index = counters(&consumption.counter_set, name)
-                .ok_or_else(|| format!("consumes counter {name} of unknown counter set {}", consumption.counter_set))?;
-            let amount = quantity(&counter.value.0, &format!("counter {}/{name}", consumption.counter_set))?.nanos();
+            let index = counters(&consumption.counter_set, name).ok_or_else(|| {
+                format!(
+                    "consumes counter {name} of unknown counter set {}",
+                    consumption.counter_set
+                )
+            })?;
+            let amount = quantity(&counter.value.0, || {
+                format!("counter {}/{name}", consumption.counter_set)
+            })?
+            .nanos();
             if amount < 0 {
                 return Err(format!(
                     "consumes a negative amount of counter {}/{name} ({})",
@@ -277,18 +319,22 @@ fn parse_details<'a>(
         })
         .collect();
     Ok(Details {
-        cel,
         capacities,
         consumes,
         taints,
     })
 }
 
-fn parse_policy(p: &k8s_openapi::api::resource::v1::CapacityRequestPolicy, name: &str) -> Result<Policy, String> {
+fn parse_policy(
+    p: &k8s_openapi::api::resource::v1::CapacityRequestPolicy,
+    name: &str,
+) -> Result<Policy, String> {
     let q = |text: &str, what: &str| -> Result<i128, String> {
-        let v = quantity(text, &format!("capacity {name} request policy {what}"))?.nanos();
+        let v = quantity(text, || format!("capacity {name} request policy {what}"))?.nanos();
         if v < 0 {
-            return Err(format!("capacity {name} request policy {what} is negative ({text})"));
+            return Err(format!(
+                "capacity {name} request policy {what} is negative ({text})"
+            ));
         }
         Ok(v)
     };
@@ -300,19 +346,33 @@ fn parse_policy(p: &k8s_openapi::api::resource::v1::CapacityRequestPolicy, name:
         .map(|v| q(&v.0, "validValues"))
         .collect::<Result<Vec<_>, _>>()?;
     if valid_values.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(format!("capacity {name} request policy validValues are not strictly ascending"));
+        return Err(format!(
+            "capacity {name} request policy validValues are not strictly ascending"
+        ));
     }
     let range = match &p.valid_range {
         None => None,
         Some(r) => {
             let min = q(&r.min.0, "validRange.min")?;
-            let max = r.max.as_ref().map(|m| q(&m.0, "validRange.max")).transpose()?;
-            let step = r.step.as_ref().map(|s| q(&s.0, "validRange.step")).transpose()?;
+            let max = r
+                .max
+                .as_ref()
+                .map(|m| q(&m.0, "validRange.max"))
+                .transpose()?;
+            let step = r
+                .step
+                .as_ref()
+                .map(|s| q(&s.0, "validRange.step"))
+                .transpose()?;
             if step == Some(0) {
-                return Err(format!("capacity {name} request policy validRange.step is zero"));
+                return Err(format!(
+                    "capacity {name} request policy validRange.step is zero"
+                ));
             }
             if max.is_some_and(|m| m < min) {
-                return Err(format!("capacity {name} request policy validRange.max is below min"));
+                return Err(format!(
+                    "capacity {name} request policy validRange.max is below min"
+                ));
             }
             Some(Range { min, max, step })
         }
@@ -327,7 +387,10 @@ fn parse_policy(p: &k8s_openapi::api::resource::v1::CapacityRequestPolicy, name:
 /// Whether `toleration` tolerates `taint` (Kubernetes' rules: an empty
 /// effect matches every effect, `Exists` with an empty key every taint,
 /// `Equal` (the default) compares values).
-pub(crate) fn tolerates(toleration: &k8s_openapi::api::resource::v1::DeviceToleration, taint: &Taint<'_>) -> bool {
+pub(crate) fn tolerates(
+    toleration: &k8s_openapi::api::resource::v1::DeviceToleration,
+    taint: &Taint<'_>,
+) -> bool {
     if let Some(effect) = toleration.effect.as_deref()
         && !effect.is_empty()
         && effect != taint.effect

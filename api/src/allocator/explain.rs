@@ -4,10 +4,13 @@
 //! constraint stands in the way when every request fits on its own, and a
 //! one-line summary fit for a Kubernetes Event.
 
+use std::fmt::Write as _;
+
 use super::capacity::Fit;
 use super::claim::{Mode, Plan};
 use super::device::RawValue;
 use super::search::{Match, NodeSearch, Slot};
+use super::selectors::Read;
 pub use super::selectors::SelectorSource;
 
 /// Why no node fits.
@@ -20,6 +23,27 @@ pub struct Explanation {
     /// One line, e.g. "0 of 16 devices match selector 2 of request `gpu`:
     /// ...; closest device `gpu-3` has memory 40Gi".
     pub summary: String,
+}
+
+impl Explanation {
+    /// The summary cut to at most `max_bytes` bytes (on a character
+    /// boundary, ending in `...` when cut), for an Event's note (Kubernetes
+    /// allows 1 KiB; selectors can be 10 KiB long).
+    pub fn event_note(&self, max_bytes: usize) -> String {
+        truncate(&self.summary, max_bytes)
+    }
+}
+
+fn truncate(text: &str, max_bytes: usize) -> String {
+    if text.len() <= max_bytes {
+        return text.to_owned();
+    }
+    let keep = max_bytes.saturating_sub(3);
+    let end = (0..=keep)
+        .rev()
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(0);
+    format!("{}...", &text[..end])
 }
 
 /// Why the claim does not fit one node.
@@ -190,6 +214,34 @@ fn show(raw: RawValue<'_>) -> Option<String> {
     }
 }
 
+/// The quantity literal of a selector, from its text: the argument of the
+/// first `quantity('...')`.
+fn quantity_literal(expression: &str) -> Option<i128> {
+    let rest = &expression[expression.find("quantity(")? + "quantity(".len()..];
+    let quote = rest.chars().next().filter(|c| *c == '\'' || *c == '"')?;
+    let text = &rest[1..];
+    let end = text.find(quote)?;
+    crate::quantity::Quantity::parse(&text[..end])
+        .ok()
+        .map(|q| q.nanos())
+}
+
+/// For a selector reading one capacity and comparing it to a quantity
+/// literal: how far the device's capacity is from that literal (smaller is
+/// closer). Breaks ties between devices failing the same selector.
+fn quantity_distance(search: &NodeSearch<'_, '_>, selector: usize, d: usize) -> Option<i128> {
+    let entry = &search.table.entries[selector];
+    let [read @ Read::Capacity(_)] = entry.mentions.as_slice() else {
+        return None;
+    };
+    let target = quantity_literal(entry.selector.expression())?;
+    let RawValue::Quantity(text) = read.raw(search.devs[d].device.raw, search.driver(d)) else {
+        return None;
+    };
+    let value = crate::quantity::Quantity::parse(text).ok()?.nanos();
+    Some(value.abs_diff(target).try_into().unwrap_or(i128::MAX))
+}
+
 fn variant_report(search: &mut NodeSearch<'_, '_>, v: usize) -> VariantReport {
     let plan = search.plan;
     let variant = &plan.variants[v];
@@ -225,7 +277,8 @@ fn variant_report(search: &mut NodeSearch<'_, '_>, v: usize) -> VariantReport {
         fits_alone: false,
         closest: None,
     };
-    let mut best: Option<(usize, usize)> = None;
+    // (selectors passed, device, distance to the failing selector's quantity)
+    let mut best: Option<(usize, usize, Option<i128>)> = None;
     let mut multi_available = false;
     for d in 0..search.devs.len() {
         let reached = match search.verdict(v, d) {
@@ -235,7 +288,10 @@ fn variant_report(search: &mut NodeSearch<'_, '_>, v: usize) -> VariantReport {
                 report.selector_errors += 1;
                 if report.first_error.is_none() {
                     let source = &search.table.entries[selectors[k]].source;
-                    report.first_error = Some(format!("{source} on device `{}`: {e}", search.devs[d].device.name()));
+                    report.first_error = Some(format!(
+                        "{source} on device `{}`: {e}",
+                        search.devs[d].device.name()
+                    ));
                 }
                 k
             }
@@ -248,8 +304,15 @@ fn variant_report(search: &mut NodeSearch<'_, '_>, v: usize) -> VariantReport {
             stage.passed += 1;
         }
         if reached < selectors.len() {
-            if best.is_none_or(|(r, _)| reached > r) {
-                best = Some((reached, d));
+            match best {
+                Some((r, _, _)) if reached < r => {}
+                Some((r, _, distance)) if reached == r => {
+                    let mine = quantity_distance(search, selectors[reached], d);
+                    if mine.is_some_and(|m| distance.is_none_or(|b| m < b)) {
+                        best = Some((reached, d, mine));
+                    }
+                }
+                _ => best = Some((reached, d, quantity_distance(search, selectors[reached], d))),
             }
             continue;
         }
@@ -275,16 +338,17 @@ fn variant_report(search: &mut NodeSearch<'_, '_>, v: usize) -> VariantReport {
                     continue;
                 }
             }
-            if let Some(pool) = search.pools[dev.pool].prepared
+            let node_pool = &search.pools[dev.pool];
+            if let Some(pool) = node_pool.prepared
                 && !dev.counters_consumed()
-                && !NodeSearch::counters_fit(details, &pool.base_available)
+                && !NodeSearch::counters_fit(details, node_pool.base)
             {
                 report.counters_exhausted += 1;
                 if report.counter_shortage.is_none()
                     && let Some(&(c, _)) = details
                         .consumes
                         .iter()
-                        .find(|&&(c, amount)| pool.base_available.get(c).is_none_or(|a| *a < amount))
+                        .find(|&&(c, amount)| node_pool.base.get(c).is_none_or(|a| *a < amount))
                 {
                     let counter = &pool.counters[c];
                     report.counter_shortage = Some(format!("{}/{}", counter.set, counter.name));
@@ -299,7 +363,7 @@ fn variant_report(search: &mut NodeSearch<'_, '_>, v: usize) -> VariantReport {
         report.available += 1;
         multi_available |= dev.device.multi();
     }
-    if let Some((stage, d)) = best {
+    if let Some((stage, d, _)) = best {
         let dev = search.devs[d];
         let driver = search.driver(d);
         let entry = &search.table.entries[selectors[stage]];
@@ -319,7 +383,8 @@ fn variant_report(search: &mut NodeSearch<'_, '_>, v: usize) -> VariantReport {
         Needed::Count(n) => report.available >= n || (multi_available && report.available > 0),
         Needed::All => {
             let taken = report.matching - report.capacity_unsuitable - report.capacity_exhausted;
-            let blocked = report.in_use + report.counters_exhausted + report.tainted + report.malformed;
+            let blocked =
+                report.in_use + report.counters_exhausted + report.tainted + report.malformed;
             taken > 0 && blocked == 0 && taken <= super::MAX_RESULTS_PER_CLAIM
         }
     };
@@ -344,21 +409,32 @@ fn diagnose(search: &mut NodeSearch<'_, '_>) -> FailureReason {
     match run(search, all) {
         Ok(true) => {}
         Ok(false) => return FailureReason::Combination,
-        Err(e) => return FailureReason::Undetermined { reason: e.to_string() },
+        Err(e) => {
+            return FailureReason::Undetermined {
+                reason: e.to_string(),
+            };
+        }
     }
     let mut blamed = Vec::new();
     for c in 0..n {
         match run(search, all & !(1 << c)) {
             Ok(true) => {}
             Ok(false) => blamed.push(c),
-            Err(e) => return FailureReason::Undetermined { reason: e.to_string() },
+            Err(e) => {
+                return FailureReason::Undetermined {
+                    reason: e.to_string(),
+                };
+            }
         }
     }
     if blamed.is_empty() {
         blamed = (0..n).collect();
     }
     FailureReason::Constraints {
-        descriptions: blamed.iter().map(|&c| plan.constraints[c].describe(c)).collect(),
+        descriptions: blamed
+            .iter()
+            .map(|&c| plan.constraints[c].describe(c))
+            .collect(),
         constraints: blamed,
     }
 }
@@ -371,13 +447,23 @@ pub(crate) fn explain_node(search: &mut NodeSearch<'_, '_>) -> NodeExplanation {
         .iter()
         .map(|r| RequestReport {
             request: r.name.clone(),
-            variants: r.variants.clone().map(|v| variant_report(search, v)).collect(),
+            variants: r
+                .variants
+                .clone()
+                .map(|v| variant_report(search, v))
+                .collect(),
         })
         .collect();
-    let has_invalid = search.order.iter().any(|s| matches!(s, Slot::InvalidPool(_)));
+    let has_invalid = search
+        .order
+        .iter()
+        .any(|s| matches!(s, Slot::InvalidPool(_)));
     let reason = if search.devs.is_empty() && !has_invalid {
         FailureReason::NoDevices
-    } else if let Some(r) = requests.iter().find(|r| !r.variants.iter().any(|v| v.fits_alone)) {
+    } else if let Some(r) = requests
+        .iter()
+        .find(|r| !r.variants.iter().any(|v| v.fits_alone))
+    {
         FailureReason::Request {
             request: r.request.clone(),
         }
@@ -420,7 +506,10 @@ fn unavailable_reasons(v: &VariantReport) -> String {
         (v.in_use, "in use by other claims"),
         (v.counters_exhausted, "without enough free shared counters"),
         (v.capacity_exhausted, "without enough free capacity"),
-        (v.capacity_unsuitable, "whose capacity cannot serve the request"),
+        (
+            v.capacity_unsuitable,
+            "whose capacity cannot serve the request",
+        ),
         (v.tainted, "with taints the request does not tolerate"),
         (v.malformed, "malformed"),
     ]
@@ -430,7 +519,7 @@ fn unavailable_reasons(v: &VariantReport) -> String {
     .collect();
     let mut text = reasons.join(", ");
     if let Some(c) = &v.counter_shortage {
-        text.push_str(&format!("; short of counter {c}"));
+        let _ = write!(text, "; short of counter {c}");
     }
     text
 }
@@ -440,20 +529,39 @@ pub(crate) fn variant_summary(v: &VariantReport) -> String {
     if v.considered == 0 {
         return format!("no devices for request `{}`", v.name);
     }
+    if let Needed::Count(n) = v.needed
+        && v.considered < n
+    {
+        return format!(
+            "request `{}` needs {}, but the node has only {} ({} match its selectors)",
+            v.name,
+            plural(n, "device", "devices"),
+            plural(v.considered, "device", "devices"),
+            v.matching
+        );
+    }
     if let Some(k) = failing_stage(v) {
         let stage = &v.stages[k];
         let source = stage_source(stage, &v.name);
         let mut text = if stage.passed == 0 {
-            format!("0 of {} match {source}", plural(v.considered, "device", "devices"))
+            format!(
+                "0 of {} match {source}",
+                plural(v.considered, "device", "devices")
+            )
         } else {
             let need = match v.needed {
                 Needed::Count(n) => n,
                 Needed::All => 1,
             };
             format!(
-                "only {} of {} match {source} ({need} needed)",
+                "only {} of {} {} {source} ({need} needed)",
                 stage.passed,
-                plural(v.considered, "device", "devices")
+                plural(v.considered, "device", "devices"),
+                if stage.passed == 1 {
+                    "matches"
+                } else {
+                    "match"
+                }
             )
         };
         text.push_str(": ");
@@ -463,21 +571,23 @@ pub(crate) fn variant_summary(v: &VariantReport) -> String {
             text.push_str(&c.describe());
         }
         if let Some(e) = &v.first_error {
-            text.push_str(&format!(
+            let _ = write!(
+                text,
                 " ({} failed with an error, first: {e})",
                 plural(v.selector_errors, "device", "devices")
-            ));
+            );
         }
         return text;
     }
     let unavailable = v.matching - v.available;
     match v.needed {
         Needed::Count(n) => format!(
-            "request `{}` needs {}: {} of {} match its selectors, but {} available ({})",
+            "request `{}` needs {}: {} of {} {} its selectors, but {} available ({})",
             v.name,
             plural(n, "device", "devices"),
             v.matching,
             plural(v.considered, "device", "devices"),
+            if v.matching == 1 { "matches" } else { "match" },
             match v.available {
                 0 => "none is".to_owned(),
                 1 => "only 1 is".to_owned(),
@@ -504,7 +614,11 @@ fn request_summary(r: &RequestReport) -> String {
         .iter()
         .map(|v| format!("`{}`: {}", v.name, variant_summary(v)))
         .collect();
-    format!("no alternative of request `{}` fits: {}", r.request, parts.join("; "))
+    format!(
+        "no alternative of request `{}` fits: {}",
+        r.request,
+        parts.join("; ")
+    )
 }
 
 fn node_summary(n: &NodeExplanation) -> String {
@@ -533,7 +647,11 @@ fn progress(n: &NodeExplanation, plan: &Plan) -> (u8, usize, usize) {
     match &n.reason {
         FailureReason::NoDevices => (0, 0, 0),
         FailureReason::Request { request } => {
-            let index = plan.requests.iter().position(|r| r.name == *request).unwrap_or(0);
+            let index = plan
+                .requests
+                .iter()
+                .position(|r| r.name == *request)
+                .unwrap_or(0);
             let best = n
                 .requests
                 .get(index)
@@ -549,7 +667,9 @@ fn progress(n: &NodeExplanation, plan: &Plan) -> (u8, usize, usize) {
 }
 
 fn node_name(n: &NodeExplanation) -> String {
-    n.node.as_deref().map_or_else(|| "(any node)".to_owned(), |x| format!("`{x}`"))
+    n.node
+        .as_deref()
+        .map_or_else(|| "(any node)".to_owned(), |x| format!("`{x}`"))
 }
 
 /// When every node fails at the same selector of the same single-variant
@@ -566,7 +686,13 @@ fn aggregated(nodes: &[NodeExplanation]) -> Option<String> {
         if n.reason != nodes[0].reason {
             return None;
         }
-        let [v] = n.requests.iter().find(|r| r.request == *request)?.variants.as_slice() else {
+        let [v] = n
+            .requests
+            .iter()
+            .find(|r| r.request == *request)?
+            .variants
+            .as_slice()
+        else {
             return None;
         };
         let k = failing_stage(v)?;
@@ -593,7 +719,7 @@ fn aggregated(nodes: &[NodeExplanation]) -> Option<String> {
         text.push_str("; ");
         text.push_str(&c.describe());
         if let Some(node) = &c.node {
-            text.push_str(&format!(" (node `{node}`)"));
+            let _ = write!(text, " (node `{node}`)");
         }
     }
     Some(text)
@@ -602,7 +728,8 @@ fn aggregated(nodes: &[NodeExplanation]) -> Option<String> {
 /// The explanation over all simulated nodes.
 pub(crate) fn explanation(nodes: Vec<NodeExplanation>, plan: &Plan) -> Explanation {
     let summary = match nodes.as_slice() {
-        [] => "no node to simulate: no ResourceSlice publishes devices for a node or for all nodes".to_owned(),
+        [] => "no node to simulate: no ResourceSlice publishes devices for a node or for all nodes"
+            .to_owned(),
         [n] => match &n.node {
             Some(node) => format!("node `{node}`: {}", n.summary),
             None => n.summary.clone(),

@@ -2,6 +2,7 @@
 //! each request, shaped like `status.allocation.devices.results`.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
@@ -115,7 +116,10 @@ fn share_id(claim_key: &str, index: usize, device: &str) -> String {
     bytes[8..].copy_from_slice(&half(2).to_be_bytes());
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = bytes.iter().fold(String::with_capacity(32), |mut hex, b| {
+        let _ = write!(hex, "{b:02x}");
+        hex
+    });
     format!(
         "{}-{}-{}-{}-{}",
         &hex[0..8],
@@ -140,7 +144,10 @@ pub(crate) fn node_allocation(search: &NodeSearch<'_, '_>) -> NodeAllocation {
             let mut consumed_capacity = BTreeMap::new();
             if let (Some(consumed), Ok(details)) = (&pick.capacity, search.details(pick.dev)) {
                 for (cap, amount) in details.capacities.iter().zip(consumed) {
-                    let zero = cap.quantity.checked_sub(&cap.quantity).unwrap_or(Quantity::from_nanos(0));
+                    let zero = cap
+                        .quantity
+                        .checked_sub(&cap.quantity)
+                        .unwrap_or(Quantity::from_nanos(0));
                     let value = zero
                         .checked_add(&Quantity::from_nanos(*amount))
                         .unwrap_or(Quantity::from_nanos(*amount));
@@ -153,7 +160,8 @@ pub(crate) fn node_allocation(search: &NodeSearch<'_, '_>) -> NodeAllocation {
                 pool: pool.name.to_owned(),
                 device: dev.device.name().to_owned(),
                 admin_access: variant.admin,
-                share_id: multi.then(|| share_id(&search.plan.claim_key, index, &search.device_id(pick.dev))),
+                share_id: multi
+                    .then(|| share_id(&search.plan.claim_key, index, &search.device_id(pick.dev))),
                 consumed_capacity,
                 tolerations: variant.tolerations.clone(),
                 node_local: matches!(dev.device.scope, Scope::Node(_)),

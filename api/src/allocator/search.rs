@@ -3,19 +3,19 @@
 //! counters and capacity consumed, constraint values), and the
 //! backtracking first-fit over requests, sub-requests and devices.
 
-use std::collections::HashMap;
-
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::capacity::{self, Fit};
 use super::claim::{self, ConstraintKind, Mode, Plan};
-use super::device::{Details, PoolDevice, tolerates};
+use super::device::{Details, PoolDevice, RawValue, lookup, raw_attribute, tolerates};
 use super::explain;
 use super::output::{self, NodeAllocation};
-use super::selectors::{Memo, SelectorTable};
+use super::selectors::{FastMap, Memo, Recall, SelectorTable};
+use std::sync::Arc;
+
 use super::snapshot::{Existing, Pool, PreparedPool, Snapshot};
 use super::{AllocError, MAX_RESULTS_PER_CLAIM, NodeFilter, Outcome, SimulateOptions};
-use crate::cel::{AttrValue, Compiler, EvalError, Evaluator};
+use crate::cel::{Compiler, EvalError, Evaluator};
 
 pub(crate) fn simulate(
     compiler: &Compiler,
@@ -24,7 +24,7 @@ pub(crate) fn simulate(
     options: &SimulateOptions,
 ) -> Result<Outcome, AllocError> {
     let mut table = SelectorTable::default();
-    let plan = claim::plan(claim, &snapshot.classes, &mut table, compiler)?;
+    let plan = claim::plan(claim, snapshot.classes(), &mut table, compiler)?;
     if plan.requests.is_empty() {
         return Ok(Outcome::Satisfiable(vec![NodeAllocation {
             node: None,
@@ -45,21 +45,42 @@ pub(crate) fn simulate(
     };
     let mut memo = Memo::default();
     let mut found = Vec::new();
+    // the selector verdicts of the nodes that do not fit, for explaining
+    let mut verdicts = Vec::with_capacity(nodes.len());
     for node in &nodes {
-        let mut search = NodeSearch::new(compiler, snapshot, &plan, &table, &mut memo, *node, options.max_search_steps);
+        let mut search = NodeSearch::new(
+            compiler,
+            snapshot,
+            &plan,
+            &table,
+            &mut memo,
+            *node,
+            options.max_search_steps,
+        );
         if search.run()? {
             found.push(output::node_allocation(&search));
             if !options.all_fitting_nodes {
                 break;
             }
+        } else if found.is_empty() {
+            verdicts.push(search.into_verdicts());
         }
     }
     if !found.is_empty() {
         return Ok(Outcome::Satisfiable(found));
     }
     let mut reports = Vec::with_capacity(nodes.len());
-    for node in &nodes {
-        let mut search = NodeSearch::new(compiler, snapshot, &plan, &table, &mut memo, *node, options.max_search_steps);
+    for (node, verdicts) in nodes.iter().zip(verdicts) {
+        let mut search = NodeSearch::new(
+            compiler,
+            snapshot,
+            &plan,
+            &table,
+            &mut memo,
+            *node,
+            options.max_search_steps,
+        );
+        search.matches = verdicts;
         reports.push(explain::explain_node(&mut search));
     }
     Ok(Outcome::Unsatisfiable(explain::explanation(reports, &plan)))
@@ -70,6 +91,10 @@ pub(crate) struct NodePool<'r, 'a> {
     pub pool: &'r Pool<'a>,
     /// `None` for an incomplete pool.
     pub prepared: Option<&'r PreparedPool<'a>>,
+    /// Why the pool cannot be used.
+    pub invalid: Option<String>,
+    /// Counters left by the allocated claims.
+    pub base: &'r [i128],
 }
 
 /// A device of the node.
@@ -77,6 +102,8 @@ pub(crate) struct NodePool<'r, 'a> {
 pub(crate) struct Dev<'r, 'a> {
     /// Index into `NodeSearch::pools`.
     pub pool: usize,
+    /// Index into the pool's devices.
+    pub index: usize,
     pub device: &'r PoolDevice<'a>,
     pub existing: Option<&'r Existing>,
 }
@@ -117,37 +144,49 @@ pub(crate) struct Pick {
     pub variant: usize,
     /// Whether this pick consumed the device's counters.
     counters: bool,
+    /// An admin-access pick (consumes nothing).
+    admin: bool,
     /// Capacity consumed (multi-allocatable devices only).
     pub capacity: Option<Vec<i128>>,
     /// Constraints that counted this device.
     constrained: u64,
 }
 
-enum ConstraintState<'r> {
-    Match { value: Option<&'r AttrValue>, count: usize },
-    Distinct(Vec<&'r AttrValue>),
+enum ConstraintState<'a> {
+    Match {
+        value: Option<RawValue<'a>>,
+        count: usize,
+    },
+    Distinct(Vec<RawValue<'a>>),
 }
 
 pub(crate) struct NodeSearch<'r, 'a> {
     compiler: &'r Compiler,
+    snapshot: &'r Snapshot<'a>,
     pub plan: &'r Plan,
     pub table: &'r SelectorTable,
-    memo: &'r mut Memo<'a>,
+    memo: &'r mut Memo,
     pub node: Option<&'r str>,
     pub pools: Vec<NodePool<'r, 'a>>,
     pub devs: Vec<Dev<'r, 'a>>,
     pub order: Vec<Slot>,
-    matches: Vec<Vec<Match>>,
-    evaluators: HashMap<usize, Evaluator>,
-    unmemoised: HashMap<(usize, usize), Result<bool, EvalError>>,
+    /// Selector verdicts per variant and device.
+    pub matches: Vec<Vec<Match>>,
+    evaluators: FastMap<usize, Evaluator>,
+    unmemoised: FastMap<(usize, usize), Result<bool, EvalError>>,
+    /// Per (node pool, selector): the columns of the values it reads.
+    columns: FastMap<(usize, usize), Vec<Arc<[u32]>>>,
     prechecked: Vec<Option<bool>>,
     all_lists: Vec<Option<Vec<usize>>>,
     // tentative state
+    /// Non-shareable devices allocated in this attempt.
     taken: Vec<bool>,
+    /// Non-admin allocations per device in this attempt (counters are
+    /// consumed by the first).
     active: Vec<u32>,
     counters: Vec<Vec<i128>>,
-    cap_used: HashMap<usize, Vec<i128>>,
-    constraints: Vec<ConstraintState<'r>>,
+    cap_used: FastMap<usize, Vec<i128>>,
+    constraints: Vec<ConstraintState<'a>>,
     pub picks: Vec<Pick>,
     /// Constraints ignored (bit per constraint), for diagnosis.
     pub disabled: u64,
@@ -161,7 +200,7 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         snapshot: &'r Snapshot<'a>,
         plan: &'r Plan,
         table: &'r SelectorTable,
-        memo: &'r mut Memo<'a>,
+        memo: &'r mut Memo,
         node: Option<&'r str>,
         budget: u64,
     ) -> Self {
@@ -169,39 +208,54 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         let mut devs = Vec::new();
         let mut order = Vec::new();
         for index in snapshot.pools_for(node) {
-            let pool = &snapshot.pools[index];
+            let pool = &snapshot.pools()[index];
             if !pool.complete() {
-                pools.push(NodePool { pool, prepared: None });
+                pools.push(NodePool {
+                    pool,
+                    prepared: None,
+                    invalid: None,
+                    base: &[],
+                });
                 continue;
             }
-            let prepared = snapshot.prepared(pool);
+            let prepared = pool.prepared();
             let p = pools.len();
+            let pool_use = match (prepared.invalid.as_deref(), snapshot.pool_use(index)) {
+                (Some(reason), _) | (None, Err(reason)) => {
+                    pools.push(NodePool {
+                        pool,
+                        prepared: Some(prepared),
+                        invalid: Some(reason.to_owned()),
+                        base: &[],
+                    });
+                    order.push(Slot::InvalidPool(p));
+                    continue;
+                }
+                (None, Ok(u)) => u,
+            };
             pools.push(NodePool {
                 pool,
                 prepared: Some(prepared),
+                invalid: None,
+                base: &pool_use.base_available,
             });
-            if prepared.invalid.is_some() {
-                order.push(Slot::InvalidPool(p));
-                continue;
-            }
             for (i, device) in prepared.devices.iter().enumerate() {
                 if device.scope.includes(node) {
                     order.push(Slot::Device(devs.len()));
                     devs.push(Dev {
                         pool: p,
+                        index: i,
                         device,
-                        existing: prepared.existing.get(&i),
+                        existing: pool_use.existing.get(&i),
                     });
                 }
             }
         }
         let variants = plan.variants.len();
-        let counters = pools
-            .iter()
-            .map(|p| p.prepared.map(|pp| pp.base_available.clone()).unwrap_or_default())
-            .collect();
+        let counters = pools.iter().map(|p| p.base.to_vec()).collect();
         NodeSearch {
             compiler,
+            snapshot,
             plan,
             table,
             memo,
@@ -212,18 +266,24 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
             pools,
             devs,
             order,
-            evaluators: HashMap::new(),
-            unmemoised: HashMap::new(),
+            evaluators: FastMap::default(),
+            unmemoised: FastMap::default(),
+            columns: FastMap::default(),
             prechecked: vec![None; variants],
             all_lists: vec![None; variants],
             counters,
-            cap_used: HashMap::new(),
+            cap_used: FastMap::default(),
             constraints: Vec::new(),
             picks: Vec::new(),
             disabled: 0,
             steps: 0,
             budget,
         }
+    }
+
+    /// The selector verdicts gathered (to seed an explanation).
+    pub(crate) fn into_verdicts(self) -> Vec<Vec<Match>> {
+        self.matches
     }
 
     pub(crate) fn node_label(&self) -> String {
@@ -236,7 +296,12 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
 
     pub(crate) fn device_id(&self, d: usize) -> String {
         let pool = self.pools[self.devs[d].pool].pool;
-        format!("{}/{}/{}", pool.driver, pool.name, self.devs[d].device.name())
+        format!(
+            "{}/{}/{}",
+            pool.driver,
+            pool.name,
+            self.devs[d].device.name()
+        )
     }
 
     /// The parsed device.
@@ -245,7 +310,9 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         let pool = &self.pools[dev.pool];
         let prepared = pool.prepared.expect("devices come from prepared pools");
         let lookup = |set: &str, name: &str| prepared.counter(set, name);
-        dev.device.details(pool.pool.driver, &lookup).map_err(str::to_owned)
+        dev.device
+            .details(pool.pool.driver, &lookup)
+            .map_err(str::to_owned)
     }
 
     fn malformed(&self, d: usize, reason: String) -> AllocError {
@@ -260,7 +327,7 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         self.taken.iter_mut().for_each(|t| *t = false);
         self.active.iter_mut().for_each(|a| *a = 0);
         for (p, pool) in self.pools.iter().enumerate() {
-            self.counters[p] = pool.prepared.map(|pp| pp.base_available.clone()).unwrap_or_default();
+            self.counters[p] = pool.base.to_vec();
         }
         self.cap_used.clear();
         self.picks.clear();
@@ -270,7 +337,10 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
             .constraints
             .iter()
             .map(|c| match c.kind {
-                ConstraintKind::Match => ConstraintState::Match { value: None, count: 0 },
+                ConstraintKind::Match => ConstraintState::Match {
+                    value: None,
+                    count: 0,
+                },
                 ConstraintKind::Distinct => ConstraintState::Distinct(Vec::new()),
             })
             .collect();
@@ -320,27 +390,40 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         Ok(false)
     }
 
-    fn slot(&mut self, r: usize, v: usize, n: usize, k: usize, start: usize) -> Result<bool, AllocError> {
-        if k == n {
-            return self.request(r + 1);
+    /// Fills slot `filled` of `count` of variant `variant` of request
+    /// `request`, trying devices from position `start` on.
+    fn slot(
+        &mut self,
+        request: usize,
+        variant: usize,
+        count: usize,
+        filled: usize,
+        start: usize,
+    ) -> Result<bool, AllocError> {
+        if filled == count {
+            return self.request(request + 1);
         }
         if self.picks.len() >= MAX_RESULTS_PER_CLAIM {
             return Ok(false);
         }
-        for i in start..self.order.len() {
-            let d = match self.order[i] {
-                Slot::Device(d) => d,
-                Slot::InvalidPool(p) => return Err(self.invalid_pool(p)),
+        for position in start..self.order.len() {
+            let device = match self.order[position] {
+                Slot::Device(device) => device,
+                Slot::InvalidPool(pool) => return Err(self.invalid_pool(pool)),
             };
             self.step()?;
-            let Some(pick) = self.try_pick(v, d)? else {
+            let Some(pick) = self.try_pick(variant, device)? else {
                 continue;
             };
             // devices of one request in ascending order; a shared device
             // may serve the next slot too
-            let next = if self.devs[d].device.multi() { i } else { i + 1 };
+            let next = if self.devs[device].device.multi() {
+                position
+            } else {
+                position + 1
+            };
             self.apply(pick);
-            if self.slot(r, v, n, k + 1, next)? {
+            if self.slot(request, variant, count, filled + 1, next)? {
                 return Ok(true);
             }
             self.undo();
@@ -356,16 +439,12 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         let mut applied = 0;
         for d in list {
             self.step()?;
-            match self.try_pick(v, d)? {
-                Some(pick) => {
-                    self.apply(pick);
-                    applied += 1;
-                }
-                None => {
-                    (0..applied).for_each(|_| self.undo());
-                    return Ok(false);
-                }
-            }
+            let Some(pick) = self.try_pick(v, d)? else {
+                (0..applied).for_each(|_| self.undo());
+                return Ok(false);
+            };
+            self.apply(pick);
+            applied += 1;
         }
         if self.request(r + 1)? {
             return Ok(true);
@@ -379,7 +458,7 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         AllocError::InvalidPool {
             node: self.node_label(),
             pool: pool.pool.id(),
-            reason: pool.prepared.and_then(|pp| pp.invalid.clone()).unwrap_or_default(),
+            reason: pool.invalid.clone().unwrap_or_default(),
         }
     }
 
@@ -395,7 +474,7 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
                         reason: p.pool.incomplete_reason(),
                     });
                 }
-                Some(pp) if pp.invalid.is_some() => return Err(self.invalid_pool(i)),
+                Some(_) if p.invalid.is_some() => return Err(self.invalid_pool(i)),
                 Some(_) => {}
             }
         }
@@ -462,59 +541,89 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         }
     }
 
+    /// Gathers the columns of the values selector `sel` reads, for node
+    /// pool `p`.
+    fn ensure_columns(&mut self, p: usize, sel: usize) {
+        let snapshot = self.snapshot;
+        let table = self.table;
+        let pool = &self.pools[p];
+        self.columns.entry((p, sel)).or_insert_with(|| {
+            let prepared = pool.prepared.expect("devices come from prepared pools");
+            table.entries[sel]
+                .projection
+                .iter()
+                .flatten()
+                .map(|read| snapshot.index.column(pool.pool, prepared, read))
+                .collect()
+        });
+    }
+
     /// One selector on one device: memoised by the values it reads.
     fn evaluate(&mut self, sel: usize, d: usize) -> Result<Result<bool, EvalError>, String> {
         let table = self.table;
         let entry = &table.entries[sel];
-        let raw = self.devs[d].device.raw;
-        let driver = self.driver(d);
-        let key = match Memo::key(entry, raw, driver) {
-            Some(key) => match self.memo.get(sel, key) {
-                Ok(result) => return Ok(result),
-                Err(key) => Some(key),
-            },
-            None => {
-                if let Some(r) = self.unmemoised.get(&(sel, d)) {
-                    return Ok(r.clone());
-                }
-                None
+        let dev = self.devs[d];
+        let memoised = entry.projection.is_some();
+        if memoised {
+            self.ensure_columns(dev.pool, sel);
+            let columns = &self.columns[&(dev.pool, sel)];
+            if let Recall::Hit(result) = self.memo.recall(sel, columns.iter().map(|c| c[dev.index]))
+            {
+                return Ok(result);
             }
-        };
+        } else if let Some(r) = self.unmemoised.get(&(sel, d)) {
+            return Ok(r.clone());
+        }
         if !self.evaluators.contains_key(&d) {
-            let details = self.details(d)?;
-            self.evaluators.insert(d, self.compiler.evaluator(&details.cel));
+            let cel = dev.device.cel(self.driver(d)).map_err(str::to_owned)?;
+            self.evaluators.insert(d, self.compiler.evaluator(cel));
         }
         let result = self.evaluators[&d].matches(&entry.selector);
         self.memo.evaluations += 1;
-        match key {
-            Some(key) => self.memo.insert(sel, key, result.clone()),
-            None => {
-                self.unmemoised.insert((sel, d), result.clone());
-            }
+        if memoised {
+            self.memo.store(sel, result.clone());
+        } else {
+            self.unmemoised.insert((sel, d), result.clone());
         }
         Ok(result)
     }
 
     /// Capacity fit of device `d` for variant `v`, next to the allocated
     /// claims and (with `tentative`) the allocation in progress.
-    pub(crate) fn fit(&self, v: usize, d: usize, details: &Details<'_>, tentative: bool) -> Result<Fit, AllocError> {
+    pub(crate) fn fit(
+        &self,
+        v: usize,
+        d: usize,
+        details: &Details<'_>,
+        tentative: bool,
+    ) -> Result<Fit, AllocError> {
         let dev = self.devs[d];
         let used = |i: usize| {
-            let existing = dev.existing.and_then(|e| e.capacity.get(i).copied()).unwrap_or(0);
+            let existing = dev
+                .existing
+                .and_then(|e| e.capacity.get(i).copied())
+                .unwrap_or(0);
             let now = if tentative {
-                self.cap_used.get(&d).and_then(|c| c.get(i).copied()).unwrap_or(0)
+                self.cap_used
+                    .get(&d)
+                    .and_then(|c| c.get(i).copied())
+                    .unwrap_or(0)
             } else {
                 0
             };
             existing.saturating_add(now)
         };
         let variant = &self.plan.variants[v];
-        capacity::fit(&variant.capacity, self.driver(d), &details.capacities, &used).map_err(|reason| {
-            AllocError::CapacityRequest {
-                request: variant.name.clone(),
-                device: self.device_id(d),
-                reason,
-            }
+        capacity::fit(
+            &variant.capacity,
+            self.driver(d),
+            &details.capacities,
+            &used,
+        )
+        .map_err(|reason| AllocError::CapacityRequest {
+            request: variant.name.clone(),
+            device: self.device_id(d),
+            reason,
         })
     }
 
@@ -555,7 +664,10 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
                 _ => return Ok(None),
             }
         }
-        let counters = !admin && !details.consumes.is_empty() && !dev.counters_consumed() && self.active[d] == 0;
+        let counters = !admin
+            && !details.consumes.is_empty()
+            && !dev.counters_consumed()
+            && self.active[d] == 0;
         if counters && !Self::counters_fit(details, &self.counters[dev.pool]) {
             return Ok(None);
         }
@@ -567,8 +679,7 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
             if self.disabled & (1 << c) != 0 {
                 continue;
             }
-            let constraint = &self.plan.constraints[c];
-            let Some(value) = details.attribute(&constraint.domain, &constraint.id) else {
+            let Some(value) = self.constraint_value(c, d) else {
                 return Ok(None);
             };
             let ok = match &self.constraints[c] {
@@ -585,9 +696,28 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
             dev: d,
             variant: v,
             counters,
+            admin,
             capacity,
             constrained,
         }))
+    }
+
+    /// The value of constraint `c`'s attribute on device `d`; `None` when
+    /// the device lacks it (or it is malformed). Values compare as
+    /// published, versions as text, as in the scheduler.
+    fn constraint_value(&self, c: usize, d: usize) -> Option<RawValue<'a>> {
+        let constraint = &self.plan.constraints[c];
+        let raw = self.devs[d].device.raw;
+        match raw_attribute(lookup(
+            raw.attributes.as_ref(),
+            self.driver(d),
+            &constraint.domain,
+            &constraint.id,
+            &constraint.qualified,
+        )) {
+            RawValue::Missing | RawValue::Malformed => None,
+            value => Some(value),
+        }
     }
 
     fn apply(&mut self, pick: Pick) {
@@ -596,7 +726,9 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         if !dev.device.multi() {
             self.taken[d] = true;
         }
-        self.active[d] += 1;
+        if !pick.admin {
+            self.active[d] += 1;
+        }
         if pick.counters
             && let Ok(details) = self.details(d)
         {
@@ -605,19 +737,20 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
             }
         }
         if let Some(consumed) = &pick.capacity {
-            let used = self.cap_used.entry(d).or_insert_with(|| vec![0; consumed.len()]);
+            let used = self
+                .cap_used
+                .entry(d)
+                .or_insert_with(|| vec![0; consumed.len()]);
             for (u, c) in used.iter_mut().zip(consumed) {
                 *u += c;
             }
         }
         if pick.constrained != 0 {
-            let details = self.details(d).ok();
             for c in 0..self.constraints.len() {
                 if pick.constrained & (1 << c) == 0 {
                     continue;
                 }
-                let constraint = &self.plan.constraints[c];
-                let Some(value) = details.and_then(|x| x.attribute(&constraint.domain, &constraint.id)) else {
+                let Some(value) = self.constraint_value(c, d) else {
                     continue;
                 };
                 match &mut self.constraints[c] {
@@ -639,7 +772,9 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         let d = pick.dev;
         let dev = self.devs[d];
         self.taken[d] = false;
-        self.active[d] -= 1;
+        if !pick.admin {
+            self.active[d] -= 1;
+        }
         if pick.counters
             && let Ok(details) = self.details(d)
         {
@@ -714,9 +849,12 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
                             Ok(Fit::Fits(_)) | Err(_) => {}
                             Ok(_) => continue,
                         }
+                        // the counters left by allocated claims, not the
+                        // tentative ones: the verdict is cached
+                        let base = self.pools[dev.pool].base;
                         if !dev.counters_consumed()
                             && !details.consumes.is_empty()
-                            && !Self::counters_fit(details, &self.counters[dev.pool])
+                            && !Self::counters_fit(details, base)
                         {
                             continue;
                         }

@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use cel::common::ast::{Expr, IdedExpr, LiteralValue, operators};
@@ -59,8 +60,12 @@ impl SelectorSource {
     /// Kubernetes' form for errors, 0-based: "device class gpu: selector #0".
     pub(crate) fn location(&self) -> String {
         match self {
-            SelectorSource::DeviceClass { class, index } => format!("device class {class}: selector #{index}"),
-            SelectorSource::Request { request, index } => format!("request {request}: selector #{index}"),
+            SelectorSource::DeviceClass { class, index } => {
+                format!("device class {class}: selector #{index}")
+            }
+            SelectorSource::Request { request, index } => {
+                format!("request {request}: selector #{index}")
+            }
         }
     }
 }
@@ -98,9 +103,23 @@ impl Read {
     pub(crate) fn raw<'a>(&self, device: &'a Device, driver: &'a str) -> RawValue<'a> {
         match self {
             Read::Driver => RawValue::Str(driver),
-            Read::AllowMultiple => RawValue::Bool(device.allow_multiple_allocations.unwrap_or(false)),
-            Read::Attribute(k) => raw_attribute(lookup(device.attributes.as_ref(), driver, &k.domain, &k.id, &k.qualified)),
-            Read::Capacity(k) => raw_capacity(lookup(device.capacity.as_ref(), driver, &k.domain, &k.id, &k.qualified)),
+            Read::AllowMultiple => {
+                RawValue::Bool(device.allow_multiple_allocations.unwrap_or(false))
+            }
+            Read::Attribute(k) => raw_attribute(lookup(
+                device.attributes.as_ref(),
+                driver,
+                &k.domain,
+                &k.id,
+                &k.qualified,
+            )),
+            Read::Capacity(k) => raw_capacity(lookup(
+                device.capacity.as_ref(),
+                driver,
+                &k.domain,
+                &k.id,
+                &k.qualified,
+            )),
         }
     }
 
@@ -157,36 +176,93 @@ impl SelectorTable {
     }
 }
 
-/// Results of projectable selectors by (selector, values read).
+/// A fast, non-cryptographic hasher for the memo and the allocator's
+/// indexes. Keys come from ResourceSlices, which drivers publish; a crafted
+/// collision can only slow a simulation down.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct FastHasher(u64);
+
+impl FastHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for FastHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut word = [0u8; 8];
+            word[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A `HashMap` with [`FastHasher`].
+pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+
+/// What the memo knows about a selector on a device.
+pub(crate) enum Recall {
+    /// Seen before.
+    Hit(Result<bool, EvalError>),
+    /// Not seen: evaluate, then [`Memo::store`] the result.
+    Miss,
+}
+
+/// Results of projectable selectors by (selector, ids of the values read).
 #[derive(Debug, Default)]
-pub(crate) struct Memo<'a> {
-    map: HashMap<(usize, Vec<RawValue<'a>>), Result<bool, EvalError>>,
+pub(crate) struct Memo {
+    maps: Vec<FastMap<Vec<u32>, Result<bool, EvalError>>>,
+    /// The key of the last miss.
+    key: Vec<u32>,
     pub hits: u64,
     pub evaluations: u64,
 }
 
-impl<'a> Memo<'a> {
-    /// The memo key of `entry` for a device, if it has one.
-    pub(crate) fn key(entry: &Entry, device: &'a Device, driver: &'a str) -> Option<Vec<RawValue<'a>>> {
-        entry
-            .projection
-            .as_ref()
-            .map(|reads| reads.iter().map(|r| r.raw(device, driver)).collect())
-    }
-
-    pub(crate) fn get(&mut self, selector: usize, key: Vec<RawValue<'a>>) -> Result<Result<bool, EvalError>, Vec<RawValue<'a>>> {
-        let k = (selector, key);
-        match self.map.get(&k) {
+impl Memo {
+    /// Looks up `selector` for a device whose read values have these ids.
+    pub(crate) fn recall(&mut self, selector: usize, ids: impl Iterator<Item = u32>) -> Recall {
+        self.key.clear();
+        self.key.extend(ids);
+        if self.maps.len() <= selector {
+            self.maps.resize_with(selector + 1, FastMap::default);
+        }
+        match self.maps[selector].get(self.key.as_slice()) {
             Some(r) => {
                 self.hits += 1;
-                Ok(r.clone())
+                Recall::Hit(r.clone())
             }
-            None => Err(k.1),
+            None => Recall::Miss,
         }
     }
 
-    pub(crate) fn insert(&mut self, selector: usize, key: Vec<RawValue<'a>>, result: Result<bool, EvalError>) {
-        self.map.insert((selector, key), result);
+    /// Stores the result for the key of the last [`Recall::Miss`].
+    pub(crate) fn store(&mut self, selector: usize, result: Result<bool, EvalError>) {
+        let key = self.key.clone();
+        self.maps[selector].insert(key, result);
     }
 }
 
@@ -224,7 +300,12 @@ fn is_device(e: &IdedExpr) -> bool {
 fn device_field(e: &IdedExpr) -> Option<&str> {
     match &e.expr {
         Expr::Select(s) if !s.test && is_device(&s.operand) => Some(&s.field),
-        Expr::Call(c) if c.func_name == operators::INDEX && c.target.is_none() && c.args.len() == 2 && is_device(&c.args[0]) => {
+        Expr::Call(c)
+            if c.func_name == operators::INDEX
+                && c.target.is_none()
+                && c.args.len() == 2
+                && is_device(&c.args[0]) =>
+        {
             literal(&c.args[1])
         }
         _ => None,
@@ -241,7 +322,9 @@ enum MapKind {
 fn domain_map(e: &IdedExpr) -> Option<(MapKind, &str)> {
     let (operand, domain) = match &e.expr {
         Expr::Select(s) if !s.test => (&*s.operand, s.field.as_str()),
-        Expr::Call(c) if c.func_name == operators::INDEX && c.target.is_none() && c.args.len() == 2 => {
+        Expr::Call(c)
+            if c.func_name == operators::INDEX && c.target.is_none() && c.args.len() == 2 =>
+        {
             (&c.args[0], literal(&c.args[1])?)
         }
         _ => return None,
@@ -276,7 +359,12 @@ impl Walker {
             Expr::Call(c)
                 if c.target.is_none()
                     && c.args.len() == 2
-                    && [operators::INDEX, operators::OPT_INDEX, operators::OPT_SELECT].contains(&c.func_name.as_str()) =>
+                    && [
+                        operators::INDEX,
+                        operators::OPT_INDEX,
+                        operators::OPT_SELECT,
+                    ]
+                    .contains(&c.func_name.as_str()) =>
             {
                 let id = literal(&c.args[1])?;
                 if c.func_name == operators::INDEX && is_device(&c.args[0]) {
@@ -381,29 +469,50 @@ mod tests {
 
     #[test]
     fn nvidia_selectors_are_projectable() {
-        let (p, _) = reads("device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'");
-        assert_eq!(p.unwrap(), vec![Read::Driver, attr("gpu.nvidia.com", "type")]);
-        let (p, _) = reads("device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity('40Gi'))");
+        let (p, _) = reads(
+            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+        );
+        assert_eq!(
+            p.unwrap(),
+            vec![Read::Driver, attr("gpu.nvidia.com", "type")]
+        );
+        let (p, _) =
+            reads("device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity('40Gi'))");
         assert_eq!(p.unwrap(), vec![cap("gpu.nvidia.com", "memory")]);
         let (p, _) = reads(
             "has(device.attributes['gpu.nvidia.com'].profile) && device.attributes['gpu.nvidia.com']['profile'] == '1g.10gb'",
         );
         assert_eq!(p.unwrap(), vec![attr("gpu.nvidia.com", "profile")]);
-        let (p, _) = reads("device.attributes['gpu.nvidia.com'].?index.orValue(0) < 4 && device.allowMultipleAllocations");
-        assert_eq!(p.unwrap(), vec![attr("gpu.nvidia.com", "index"), Read::AllowMultiple]);
+        let (p, _) = reads(
+            "device.attributes['gpu.nvidia.com'].?index.orValue(0) < 4 && device.allowMultipleAllocations",
+        );
+        assert_eq!(
+            p.unwrap(),
+            vec![attr("gpu.nvidia.com", "index"), Read::AllowMultiple]
+        );
         let (p, _) = reads("device['driver'] == 'x' && device['attributes']['x'][?'y'].hasValue()");
         assert_eq!(p.unwrap(), vec![Read::Driver, attr("x", "y")]);
     }
 
     #[test]
     fn whole_maps_and_shadowing_are_not_projectable() {
-        let (p, m) = reads("'type' in device.attributes['gpu.nvidia.com'] && device.attributes['gpu.nvidia.com'].type == 'gpu'");
+        let (p, m) = reads(
+            "'type' in device.attributes['gpu.nvidia.com'] && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+        );
         assert!(p.is_none());
         assert_eq!(m, vec![attr("gpu.nvidia.com", "type")]);
-        assert!(reads("size(device.capacity['gpu.nvidia.com']) > 2").0.is_none());
+        assert!(
+            reads("size(device.capacity['gpu.nvidia.com']) > 2")
+                .0
+                .is_none()
+        );
         assert!(reads("device.attributes.exists(d, d == 'x')").0.is_none());
         assert!(reads("[1, 2].exists(device, device == 2)").0.is_none());
-        assert!(reads("device.attributes['gpu.nvidia.com'][device.driver] == 1").0.is_none());
+        assert!(
+            reads("device.attributes['gpu.nvidia.com'][device.driver] == 1")
+                .0
+                .is_none()
+        );
     }
 
     #[test]

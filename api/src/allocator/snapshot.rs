@@ -1,33 +1,50 @@
 //! The cluster state a simulation runs against: ResourceSlices grouped into
 //! pools (highest generation only, completeness checked), the nodes they
-//! name, the DeviceClasses, and what allocated claims already use. Pools
-//! are validated and their devices indexed lazily, on first use, and the
-//! result is kept, so one snapshot serves many simulations cheaply.
+//! name, the DeviceClasses, and what allocated claims already use.
+//!
+//! The slice-derived part is shared (behind an `Arc`) by every snapshot made
+//! with [`Snapshot::with_allocated`], and everything in it is computed
+//! lazily and kept: a pool is validated and indexed on first visit, and the
+//! values a selector reads are gathered per pool into columns of interned
+//! ids on first use. So a controller that keeps one snapshot per set of
+//! slices pays for each device once, not once per claim.
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 
-use super::device::{PoolDevice, Scope};
+use super::device::{PoolDevice, RawValue, Scope};
+use super::selectors::{FastMap, Read};
 use crate::quantity::Quantity;
 
 /// Devices of one pool used by allocated claims: `(driver, pool)` → device
 /// name → use.
-type AllocatedByPool<'a> = HashMap<(&'a str, &'a str), HashMap<&'a str, AllocatedUse<'a>>>;
+type AllocatedByPool<'a> = FastMap<(&'a str, &'a str), FastMap<&'a str, AllocatedUse<'a>>>;
 
 /// A snapshot of the cluster for simulations. Borrows the objects it was
 /// made from.
 #[derive(Debug)]
 pub struct Snapshot<'a> {
-    pub(crate) pools: Vec<Pool<'a>>,
-    pub(crate) classes: HashMap<&'a str, &'a DeviceClass>,
+    pub(crate) index: Arc<SliceIndex<'a>>,
+    allocated: AllocatedByPool<'a>,
+    /// Per pool: what the allocated claims use of it, computed on first
+    /// visit.
+    uses: Vec<OnceLock<Result<PoolUse, String>>>,
+    allocation_issues: Vec<String>,
+}
+
+/// Everything derived from the slices and classes.
+#[derive(Debug)]
+pub(crate) struct SliceIndex<'a> {
+    pub pools: Vec<Pool<'a>>,
+    pub classes: HashMap<&'a str, &'a DeviceClass>,
     nodes: Vec<&'a str>,
     node_pools: HashMap<&'a str, Vec<usize>>,
     any_node_pools: Vec<usize>,
-    allocated: AllocatedByPool<'a>,
-    allocation_issues: Vec<String>,
+    /// Value ids of the columns.
+    values: Mutex<FastMap<RawValue<'a>, u32>>,
 }
 
 /// What an allocated claim uses of a device.
@@ -67,6 +84,12 @@ pub(crate) struct Pool<'a> {
 }
 
 impl<'a> Pool<'a> {
+    /// The pool validated and indexed (on first call).
+    pub(crate) fn prepared(&self) -> &PreparedPool<'a> {
+        self.prepared
+            .get_or_init(|| prepare(self).unwrap_or_else(PreparedPool::invalid))
+    }
+
     pub(crate) fn id(&self) -> String {
         format!("{}/{}", self.driver, self.name)
     }
@@ -109,20 +132,28 @@ impl Existing {
     }
 }
 
+/// What the allocated claims use of a pool.
+#[derive(Debug, Default)]
+pub(crate) struct PoolUse {
+    /// Device index → use.
+    pub existing: FastMap<usize, Existing>,
+    /// Counters left (may be negative).
+    pub base_available: Vec<i128>,
+}
+
 /// A validated, indexed pool.
 #[derive(Debug)]
 pub(crate) struct PreparedPool<'a> {
     pub invalid: Option<String>,
     pub devices: Vec<PoolDevice<'a>>,
     pub counters: Vec<Counter<'a>>,
-    counter_index: HashMap<&'a str, HashMap<&'a str, usize>>,
-    /// Counters left after the allocated devices (may be negative).
-    pub base_available: Vec<i128>,
-    /// Device index → use by allocated claims.
-    pub existing: HashMap<usize, Existing>,
+    counter_index: FastMap<&'a str, FastMap<&'a str, usize>>,
+    by_name: FastMap<&'a str, usize>,
+    /// What selectors read, per device, as value ids.
+    columns: Mutex<FastMap<Read, Arc<[u32]>>>,
 }
 
-impl<'a> PreparedPool<'a> {
+impl PreparedPool<'_> {
     pub(crate) fn counter(&self, set: &str, name: &str) -> Option<usize> {
         self.counter_index.get(set)?.get(name).copied()
     }
@@ -132,16 +163,20 @@ impl<'a> PreparedPool<'a> {
             invalid: Some(reason),
             devices: Vec::new(),
             counters: Vec::new(),
-            counter_index: HashMap::new(),
-            base_available: Vec::new(),
-            existing: HashMap::new(),
+            counter_index: FastMap::default(),
+            by_name: FastMap::default(),
+            columns: Mutex::new(FastMap::default()),
         }
     }
 }
 
 fn slice_scope(slice: &ResourceSlice) -> Scope<'_> {
     let spec = &slice.spec;
-    scope(spec.node_name.as_deref(), spec.all_nodes, spec.node_selector.is_some())
+    scope(
+        spec.node_name.as_deref(),
+        spec.all_nodes,
+        spec.node_selector.is_some(),
+    )
 }
 
 fn scope(node_name: Option<&str>, all_nodes: Option<bool>, selector: bool) -> Scope<'_> {
@@ -156,18 +191,10 @@ fn per_device(slice: &ResourceSlice) -> bool {
     slice.spec.per_device_node_selection == Some(true)
 }
 
-impl<'a> Snapshot<'a> {
-    /// Groups `slices` into pools, indexes `classes` by name and records
-    /// what the `allocated` claims' `status.allocation` results use.
-    /// Unallocated claims are ignored. Never fails: unusable pools and
-    /// unreadable allocation results are reported by
-    /// [`pool_issues`](Self::pool_issues) and
-    /// [`allocation_issues`](Self::allocation_issues) (a device with an
-    /// unreadable result counts as in use).
-    pub fn new(
+impl<'a> SliceIndex<'a> {
+    fn new(
         slices: impl IntoIterator<Item = &'a ResourceSlice>,
         classes: impl IntoIterator<Item = &'a DeviceClass>,
-        allocated: impl IntoIterator<Item = &'a ResourceClaim>,
     ) -> Self {
         let mut groups: HashMap<(&'a str, &'a str), Vec<&'a ResourceSlice>> = HashMap::new();
         for slice in slices {
@@ -204,7 +231,11 @@ impl<'a> Snapshot<'a> {
             for slice in &slices {
                 if per_device(slice) {
                     for d in slice.spec.devices.iter().flatten() {
-                        add(scope(d.node_name.as_deref(), d.all_nodes, d.node_selector.is_some()));
+                        add(scope(
+                            d.node_name.as_deref(),
+                            d.all_nodes,
+                            d.node_selector.is_some(),
+                        ));
                     }
                 } else if slice.spec.devices.as_ref().is_some_and(|d| !d.is_empty()) {
                     add(slice_scope(slice));
@@ -213,83 +244,235 @@ impl<'a> Snapshot<'a> {
             pools.push(Pool {
                 driver: key.0,
                 name: key.1,
-                expected: slices.first().map_or(0, |s| s.spec.pool.resource_slice_count),
+                expected: slices
+                    .first()
+                    .map_or(0, |s| s.spec.pool.resource_slice_count),
                 slices,
                 prepared: OnceLock::new(),
             });
         }
         let mut nodes: Vec<&'a str> = node_pools.keys().copied().collect();
         nodes.sort_unstable();
-
         let classes = classes
             .into_iter()
             .filter_map(|c| c.metadata.name.as_deref().map(|n| (n, c)))
             .collect();
-
-        let mut allocated_by_pool: AllocatedByPool<'a> = HashMap::new();
-        let mut allocation_issues = Vec::new();
-        for claim in allocated {
-            let Some(results) = claim
-                .status
-                .as_ref()
-                .and_then(|s| s.allocation.as_ref())
-                .and_then(|a| a.devices.as_ref())
-                .and_then(|d| d.results.as_ref())
-            else {
-                continue;
-            };
-            for r in results {
-                if r.admin_access == Some(true) {
-                    continue;
-                }
-                let entry = allocated_by_pool
-                    .entry((r.driver.as_str(), r.pool.as_str()))
-                    .or_default()
-                    .entry(r.device.as_str())
-                    .or_default();
-                if r.share_id.is_none() {
-                    entry.exclusive = true;
-                    continue;
-                }
-                entry.shares += 1;
-                for (name, q) in r.consumed_capacity.iter().flatten() {
-                    match Quantity::parse(&q.0) {
-                        Ok(v) if v.signum() >= 0 => entry.consumed.push((name.as_str(), v)),
-                        _ => {
-                            allocation_issues.push(format!(
-                                "claim {}/{}: consumed capacity {name} = {:?} of device {}/{}/{} is not a valid quantity; the device counts as in use",
-                                claim.metadata.namespace.as_deref().unwrap_or(""),
-                                claim.metadata.name.as_deref().unwrap_or(""),
-                                q.0,
-                                r.driver,
-                                r.pool,
-                                r.device
-                            ));
-                            entry.exclusive = true;
-                        }
-                    }
-                }
-            }
-        }
-        Snapshot {
+        SliceIndex {
             pools,
             classes,
             nodes,
             node_pools,
             any_node_pools,
-            allocated: allocated_by_pool,
+            values: Mutex::new(FastMap::default()),
+        }
+    }
+
+    /// The values `read` takes on the devices of a prepared pool, as ids
+    /// (equal ids, equal values), computed once per pool and read.
+    pub(crate) fn column(
+        &self,
+        pool: &Pool<'a>,
+        prepared: &PreparedPool<'a>,
+        read: &Read,
+    ) -> Arc<[u32]> {
+        let mut columns = prepared
+            .columns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = columns.get(read) {
+            return Arc::clone(c);
+        }
+        let mut values = self.values.lock().unwrap_or_else(PoisonError::into_inner);
+        let column: Arc<[u32]> = prepared
+            .devices
+            .iter()
+            .map(|d| {
+                let value = read.raw(d.raw, pool.driver);
+                let next = u32::try_from(values.len()).unwrap_or(u32::MAX);
+                *values.entry(value).or_insert(next)
+            })
+            .collect();
+        columns.insert(read.clone(), Arc::clone(&column));
+        column
+    }
+}
+
+/// Validates and indexes a pool (slices only).
+fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
+    let mut counters = Vec::new();
+    let mut counter_index: FastMap<&'a str, FastMap<&'a str, usize>> = FastMap::default();
+    for slice in &pool.slices {
+        for set in slice.spec.shared_counters.iter().flatten() {
+            if counter_index.contains_key(set.name.as_str()) {
+                return Err(format!("duplicate counter set name {}", set.name));
+            }
+            let names = counter_index.entry(set.name.as_str()).or_default();
+            for (name, counter) in &set.counters {
+                let total = Quantity::parse(&counter.value.0)
+                    .map_err(|e| format!("counter {}/{name}: {e}", set.name))?
+                    .nanos();
+                if total < 0 {
+                    return Err(format!(
+                        "counter {}/{name} is negative ({})",
+                        set.name, counter.value.0
+                    ));
+                }
+                names.insert(name.as_str(), counters.len());
+                counters.push(Counter {
+                    set: &set.name,
+                    name,
+                    total,
+                });
+            }
+        }
+    }
+    let mut devices = Vec::new();
+    let mut by_name: FastMap<&'a str, usize> = FastMap::default();
+    for slice in &pool.slices {
+        let per_device = per_device(slice);
+        let slice_scope = slice_scope(slice);
+        for d in slice.spec.devices.iter().flatten() {
+            if by_name.insert(d.name.as_str(), devices.len()).is_some() {
+                return Err(format!("duplicate device name {}", d.name));
+            }
+            for consumption in d.consumes_counters.iter().flatten() {
+                let Some(set) = counter_index.get(consumption.counter_set.as_str()) else {
+                    return Err(format!(
+                        "device {} consumes counters of unknown counter set {}",
+                        d.name, consumption.counter_set
+                    ));
+                };
+                if let Some(name) = consumption
+                    .counters
+                    .keys()
+                    .find(|n| !set.contains_key(n.as_str()))
+                {
+                    return Err(format!(
+                        "device {} consumes unknown counter {name} of counter set {}",
+                        d.name, consumption.counter_set
+                    ));
+                }
+            }
+            let s = if per_device {
+                scope(
+                    d.node_name.as_deref(),
+                    d.all_nodes,
+                    d.node_selector.is_some(),
+                )
+            } else {
+                slice_scope
+            };
+            devices.push(PoolDevice::new(d, s));
+        }
+    }
+    Ok(PreparedPool {
+        invalid: None,
+        devices,
+        counters,
+        counter_index,
+        by_name,
+        columns: Mutex::new(FastMap::default()),
+    })
+}
+
+fn read_allocated<'a>(
+    allocated: impl IntoIterator<Item = &'a ResourceClaim>,
+) -> (AllocatedByPool<'a>, Vec<String>) {
+    let mut by_pool: AllocatedByPool<'a> = FastMap::default();
+    let mut issues = Vec::new();
+    for claim in allocated {
+        let Some(results) = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_ref())
+        else {
+            continue;
+        };
+        for r in results {
+            if r.admin_access == Some(true) {
+                continue;
+            }
+            let entry = by_pool
+                .entry((r.driver.as_str(), r.pool.as_str()))
+                .or_default()
+                .entry(r.device.as_str())
+                .or_default();
+            if r.share_id.is_none() {
+                entry.exclusive = true;
+                continue;
+            }
+            entry.shares += 1;
+            for (name, q) in r.consumed_capacity.iter().flatten() {
+                match Quantity::parse(&q.0) {
+                    Ok(v) if v.signum() >= 0 => entry.consumed.push((name.as_str(), v)),
+                    _ => {
+                        issues.push(format!(
+                            "claim {}/{}: consumed capacity {name} = {:?} of device {}/{}/{} is not a valid quantity; the device counts as in use",
+                            claim.metadata.namespace.as_deref().unwrap_or(""),
+                            claim.metadata.name.as_deref().unwrap_or(""),
+                            q.0,
+                            r.driver,
+                            r.pool,
+                            r.device
+                        ));
+                        entry.exclusive = true;
+                    }
+                }
+            }
+        }
+    }
+    (by_pool, issues)
+}
+
+impl<'a> Snapshot<'a> {
+    /// Groups `slices` into pools, indexes `classes` by name and records
+    /// what the `allocated` claims' `status.allocation` results use.
+    /// Unallocated claims are ignored. Never fails: unusable pools and
+    /// unreadable allocation results are reported by
+    /// [`pool_issues`](Self::pool_issues) and
+    /// [`allocation_issues`](Self::allocation_issues) (a device with an
+    /// unreadable result counts as in use).
+    pub fn new(
+        slices: impl IntoIterator<Item = &'a ResourceSlice>,
+        classes: impl IntoIterator<Item = &'a DeviceClass>,
+        allocated: impl IntoIterator<Item = &'a ResourceClaim>,
+    ) -> Self {
+        Snapshot::from_index(Arc::new(SliceIndex::new(slices, classes)), allocated)
+    }
+
+    /// The same slices and classes with other allocated claims. Shares
+    /// everything computed from the slices so far (and from now on).
+    #[must_use]
+    pub fn with_allocated(
+        &self,
+        allocated: impl IntoIterator<Item = &'a ResourceClaim>,
+    ) -> Snapshot<'a> {
+        Snapshot::from_index(Arc::clone(&self.index), allocated)
+    }
+
+    fn from_index(
+        index: Arc<SliceIndex<'a>>,
+        allocated: impl IntoIterator<Item = &'a ResourceClaim>,
+    ) -> Self {
+        let (allocated, allocation_issues) = read_allocated(allocated);
+        Snapshot {
+            uses: (0..index.pools.len()).map(|_| OnceLock::new()).collect(),
+            index,
+            allocated,
             allocation_issues,
         }
     }
 
     /// The nodes named by node-local slices or devices, sorted.
     pub fn nodes(&self) -> &[&'a str] {
-        &self.nodes
+        &self.index.nodes
     }
 
     /// Whether some devices are available on every node.
     pub fn has_cluster_wide_devices(&self) -> bool {
-        !self.any_node_pools.is_empty()
+        !self.index.any_node_pools.is_empty()
     }
 
     /// Allocation results of the allocated claims that could not be read.
@@ -301,118 +484,71 @@ impl<'a> Snapshot<'a> {
     /// simulations otherwise do only for the pools they visit).
     pub fn pool_issues(&self) -> Vec<PoolIssue> {
         let mut issues = Vec::new();
-        for pool in &self.pools {
-            if !pool.complete() {
-                issues.push(PoolIssue {
-                    pool: pool.id(),
-                    reason: format!("incomplete: {}", pool.incomplete_reason()),
-                });
-            } else if let Some(reason) = &self.prepared(pool).invalid {
-                issues.push(PoolIssue {
-                    pool: pool.id(),
-                    reason: format!("invalid: {reason}"),
-                });
-            }
+        for (i, pool) in self.index.pools.iter().enumerate() {
+            let reason = if pool.complete() {
+                match (pool.prepared().invalid.as_deref(), self.pool_use(i)) {
+                    (Some(reason), _) | (None, Err(reason)) => format!("invalid: {reason}"),
+                    (None, Ok(_)) => continue,
+                }
+            } else {
+                format!("incomplete: {}", pool.incomplete_reason())
+            };
+            issues.push(PoolIssue {
+                pool: pool.id(),
+                reason,
+            });
         }
         issues
     }
 
+    pub(crate) fn pools(&self) -> &[Pool<'a>] {
+        &self.index.pools
+    }
+
+    pub(crate) fn classes(&self) -> &HashMap<&'a str, &'a DeviceClass> {
+        &self.index.classes
+    }
+
     /// The pools a node sees, in allocation order (ascending index).
     pub(crate) fn pools_for(&self, node: Option<&str>) -> Vec<usize> {
-        let local = node.and_then(|n| self.node_pools.get(n)).map_or(&[][..], Vec::as_slice);
-        let mut all: Vec<usize> = local.iter().chain(&self.any_node_pools).copied().collect();
+        let local = node
+            .and_then(|n| self.index.node_pools.get(n))
+            .map_or(&[][..], Vec::as_slice);
+        let mut all: Vec<usize> = local
+            .iter()
+            .chain(&self.index.any_node_pools)
+            .copied()
+            .collect();
         all.sort_unstable();
         all.dedup();
         all
     }
 
-    pub(crate) fn prepared<'s>(&'s self, pool: &'s Pool<'a>) -> &'s PreparedPool<'a> {
-        pool.prepared.get_or_init(|| self.prepare(pool))
+    /// What the allocated claims use of pool `i` (complete and valid);
+    /// an error when a used device cannot be read.
+    pub(crate) fn pool_use(&self, i: usize) -> Result<&PoolUse, &str> {
+        self.uses[i]
+            .get_or_init(|| self.compute_use(i))
+            .as_ref()
+            .map_err(String::as_str)
     }
 
-    fn prepare(&self, pool: &Pool<'a>) -> PreparedPool<'a> {
-        match self.try_prepare(pool) {
-            Ok(p) => p,
-            Err(reason) => PreparedPool::invalid(reason),
-        }
-    }
-
-    fn try_prepare(&self, pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
-        let mut counters = Vec::new();
-        let mut counter_index: HashMap<&'a str, HashMap<&'a str, usize>> = HashMap::new();
-        for slice in &pool.slices {
-            for set in slice.spec.shared_counters.iter().flatten() {
-                if counter_index.contains_key(set.name.as_str()) {
-                    return Err(format!("duplicate counter set name {}", set.name));
-                }
-                let names = counter_index.entry(set.name.as_str()).or_default();
-                for (name, counter) in &set.counters {
-                    let total = Quantity::parse(&counter.value.0)
-                        .map_err(|e| format!("counter {}/{name}: {e}", set.name))?
-                        .nanos();
-                    if total < 0 {
-                        return Err(format!("counter {}/{name} is negative ({})", set.name, counter.value.0));
-                    }
-                    names.insert(name.as_str(), counters.len());
-                    counters.push(Counter {
-                        set: &set.name,
-                        name,
-                        total,
-                    });
-                }
-            }
-        }
-        let mut devices = Vec::new();
-        let mut by_name: HashMap<&'a str, usize> = HashMap::new();
-        for slice in &pool.slices {
-            let per_device = per_device(slice);
-            let slice_scope = slice_scope(slice);
-            for d in slice.spec.devices.iter().flatten() {
-                if by_name.insert(d.name.as_str(), devices.len()).is_some() {
-                    return Err(format!("duplicate device name {}", d.name));
-                }
-                for consumption in d.consumes_counters.iter().flatten() {
-                    let Some(set) = counter_index.get(consumption.counter_set.as_str()) else {
-                        return Err(format!(
-                            "device {} consumes counters of unknown counter set {}",
-                            d.name, consumption.counter_set
-                        ));
-                    };
-                    if let Some(name) = consumption.counters.keys().find(|n| !set.contains_key(n.as_str())) {
-                        return Err(format!(
-                            "device {} consumes unknown counter {name} of counter set {}",
-                            d.name, consumption.counter_set
-                        ));
-                    }
-                }
-                let s = if per_device {
-                    scope(d.node_name.as_deref(), d.all_nodes, d.node_selector.is_some())
-                } else {
-                    slice_scope
-                };
-                devices.push(PoolDevice::new(d, s));
-            }
-        }
-        let mut prepared = PreparedPool {
-            invalid: None,
-            base_available: counters.iter().map(|c| c.total).collect(),
-            devices,
-            counters,
-            counter_index,
-            existing: HashMap::new(),
+    fn compute_use(&self, i: usize) -> Result<PoolUse, String> {
+        let pool = &self.index.pools[i];
+        let prepared = pool.prepared();
+        let mut result = PoolUse {
+            existing: FastMap::default(),
+            base_available: prepared.counters.iter().map(|c| c.total).collect(),
         };
         let Some(used) = self.allocated.get(&(pool.driver, pool.name)) else {
-            return Ok(prepared);
+            return Ok(result);
         };
-        let mut existing = HashMap::new();
-        let mut consumed = Vec::new();
+        let lookup = |set: &str, counter: &str| prepared.counter(set, counter);
         for (name, u) in used {
-            let Some(&index) = by_name.get(name) else {
+            let Some(&index) = prepared.by_name.get(name) else {
                 continue;
             };
-            let device = &prepared.devices[index];
-            let lookup = |set: &str, counter: &str| prepared.counter(set, counter);
-            let details = device
+            let details = prepared.devices[index]
                 .details(pool.driver, &lookup)
                 .map_err(|e| format!("device {name}: {e}"))?;
             let mut capacity = vec![0i128; details.capacities.len()];
@@ -420,8 +556,12 @@ impl<'a> Snapshot<'a> {
                 let Ok((domain, id)) = crate::cel::split_qualified_name(pool.driver, cname) else {
                     continue;
                 };
-                if let Some(i) = details.capacities.iter().position(|c| c.domain == domain && c.id == id) {
-                    capacity[i] = capacity[i].saturating_add(q.nanos());
+                if let Some(c) = details
+                    .capacities
+                    .iter()
+                    .position(|c| c.domain == domain && c.id == id)
+                {
+                    capacity[c] = capacity[c].saturating_add(q.nanos());
                 }
             }
             let e = Existing {
@@ -430,14 +570,13 @@ impl<'a> Snapshot<'a> {
                 capacity,
             };
             if e.active() {
-                consumed.extend_from_slice(&details.consumes);
+                for &(counter, amount) in &details.consumes {
+                    result.base_available[counter] =
+                        result.base_available[counter].saturating_sub(amount);
+                }
             }
-            existing.insert(index, e);
+            result.existing.insert(index, e);
         }
-        for (counter, amount) in consumed {
-            prepared.base_available[counter] = prepared.base_available[counter].saturating_sub(amount);
-        }
-        prepared.existing = existing;
-        Ok(prepared)
+        Ok(result)
     }
 }

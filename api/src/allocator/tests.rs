@@ -1,1 +1,152 @@
-//! Unit tests of the allocator (see api/tests/allocator*.rs for the end-to-end ones).
+//! Unit tests of the allocator's internals: the selector memo and the
+//! per-pool value columns. The rules themselves are tested through the
+//! public API in `api/tests/allocator_*.rs`.
+
+use std::hash::{BuildHasher, BuildHasherDefault};
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use serde_json::{Value, json};
+
+use super::claim;
+use super::search::{Match, NodeSearch};
+use super::selectors::{FastHasher, Memo, Read, SelectorTable};
+use super::snapshot::Snapshot;
+use crate::cel::Compiler;
+
+fn node(n: usize, gpus: usize) -> ResourceSlice {
+    let devices: Vec<Value> = (0..gpus)
+        .map(|g| {
+            json!({"name": format!("gpu-{g}"), "attributes": {
+                "type": {"string": "gpu"},
+                "uuid": {"string": format!("GPU-{n}-{g}")},
+                "model": {"string": if g % 2 == 0 { "A100" } else { "H100" }},
+            }, "capacity": {"memory": {"value": "80Gi"}}})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("node-{n}")},
+        "spec": {"driver": "gpu.example.com", "nodeName": format!("node-{n}"),
+                 "pool": {"name": format!("node-{n}"), "generation": 0, "resourceSliceCount": 1},
+                 "devices": devices}
+    }))
+    .unwrap()
+}
+
+fn class() -> DeviceClass {
+    serde_json::from_value(json!({"metadata": {"name": "gpu"}, "spec": {"selectors": [
+        {"cel": {"expression": "device.attributes['gpu.example.com'].type == 'gpu'"}}]}}))
+    .unwrap()
+}
+
+fn claim(selector: &str) -> ResourceClaim {
+    serde_json::from_value(json!({"metadata": {"name": "c"}, "spec": {"devices": {"requests": [
+        {"name": "gpu", "exactly": {"deviceClassName": "gpu", "selectors": [{"cel": {"expression": selector}}]}}]}}}))
+    .unwrap()
+}
+
+/// Verdicts of every device of every node for the claim's first variant;
+/// returns them and the number of CEL evaluations.
+fn verdicts(snapshot: &Snapshot<'_>, claim: &ResourceClaim) -> (Vec<bool>, u64) {
+    let compiler = Compiler::new();
+    let mut table = SelectorTable::default();
+    let plan = claim::plan(claim, snapshot.classes(), &mut table, &compiler).unwrap();
+    let mut memo = Memo::default();
+    let mut out = Vec::new();
+    for n in snapshot.nodes() {
+        let mut search =
+            NodeSearch::new(&compiler, snapshot, &plan, &table, &mut memo, Some(n), 1000);
+        for d in 0..search.devs.len() {
+            out.push(matches!(search.verdict(0, d), Match::Yes));
+        }
+    }
+    (out, memo.evaluations)
+}
+
+#[test]
+fn projectable_selectors_are_evaluated_once_per_distinct_value() {
+    let slices: Vec<ResourceSlice> = (0..50).map(|n| node(n, 8)).collect();
+    let classes = [class()];
+    let snapshot = Snapshot::new(&slices, &classes, &[]);
+    let (matched, evaluations) = verdicts(
+        &snapshot,
+        &claim("device.attributes['gpu.example.com'].model == 'A100'"),
+    );
+    assert_eq!(matched.len(), 400);
+    assert_eq!(matched.iter().filter(|m| **m).count(), 200);
+    // the class selector (one distinct type) and the request selector
+    // (two distinct models)
+    assert_eq!(evaluations, 3);
+}
+
+#[test]
+fn unprojectable_selectors_are_evaluated_per_device_with_the_same_result() {
+    let slices: Vec<ResourceSlice> = (0..5).map(|n| node(n, 4)).collect();
+    let classes = [class()];
+    let snapshot = Snapshot::new(&slices, &classes, &[]);
+    let expr = "device.attributes['gpu.example.com'].exists(k, k == 'model') && device.attributes['gpu.example.com'].model == 'A100'";
+    let (matched, evaluations) = verdicts(&snapshot, &claim(expr));
+    let (memoised, _) = verdicts(
+        &snapshot,
+        &claim("device.attributes['gpu.example.com'].model == 'A100'"),
+    );
+    assert_eq!(matched, memoised);
+    // 1 class evaluation, then one per device for the request selector
+    assert_eq!(evaluations, 1 + 20);
+}
+
+#[test]
+fn selectors_reading_unique_values_still_give_per_device_answers() {
+    let slices: Vec<ResourceSlice> = (0..3).map(|n| node(n, 4)).collect();
+    let classes = [class()];
+    let snapshot = Snapshot::new(&slices, &classes, &[]);
+    let (matched, evaluations) = verdicts(
+        &snapshot,
+        &claim("device.attributes['gpu.example.com'].uuid == 'GPU-1-2'"),
+    );
+    assert_eq!(matched.iter().filter(|m| **m).count(), 1);
+    assert_eq!(evaluations, 1 + 12);
+}
+
+#[test]
+fn columns_are_shared_by_snapshots_with_other_claims() {
+    let slices: Vec<ResourceSlice> = (0..2).map(|n| node(n, 2)).collect();
+    let classes = [class()];
+    let first = Snapshot::new(&slices, &classes, &[]);
+    let second = first.with_allocated(&[]);
+    let pool = &first.pools()[0];
+    let read = Read::Attribute(super::selectors::Key {
+        domain: "gpu.example.com".into(),
+        id: "model".into(),
+        qualified: "gpu.example.com/model".into(),
+    });
+    let a = first.index.column(pool, pool.prepared(), &read);
+    let b = second
+        .index
+        .column(&second.pools()[0], second.pools()[0].prepared(), &read);
+    assert!(Arc::ptr_eq(&a, &b));
+    // equal values, equal ids; different values, different ids
+    assert_eq!(a.len(), 2);
+    assert_ne!(a[0], a[1]);
+    let other = first
+        .index
+        .column(&first.pools()[1], first.pools()[1].prepared(), &read);
+    assert_eq!(&a[..], &other[..]);
+}
+
+#[test]
+fn fast_hasher_separates_nearby_keys() {
+    let build = BuildHasherDefault::<FastHasher>::default();
+    let keys = [
+        "",
+        "a",
+        "b",
+        "ab",
+        "ba",
+        "gpu.example.com/type",
+        "gpu.example.com/typf",
+    ];
+    let hashes: std::collections::HashSet<u64> = keys.iter().map(|k| build.hash_one(k)).collect();
+    assert_eq!(hashes.len(), keys.len());
+    assert_ne!(build.hash_one([1u32, 2]), build.hash_one([2u32, 1]));
+}

@@ -38,7 +38,8 @@ pub fn slice_with(
     if !counters.is_null() {
         spec["sharedCounters"] = counters;
     }
-    serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).expect("valid ResourceSlice")
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec}))
+        .expect("valid ResourceSlice")
 }
 
 /// A GPU with attributes `type: gpu`, `index`, `model` and capacity
@@ -57,15 +58,21 @@ pub fn gpu(name: &str, index: i64, memory: &str) -> Value {
 
 /// A DeviceClass with these selectors.
 pub fn class(name: &str, selectors: &[&str]) -> DeviceClass {
-    let selectors: Vec<Value> = selectors.iter().map(|e| json!({"cel": {"expression": e}})).collect();
-    serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"selectors": selectors}})).expect("valid DeviceClass")
+    let selectors: Vec<Value> = selectors
+        .iter()
+        .map(|e| json!({"cel": {"expression": e}}))
+        .collect();
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"selectors": selectors}}))
+        .expect("valid DeviceClass")
 }
 
 /// The class `gpu`: every device of the test driver with `type == "gpu"`.
 pub fn gpu_class() -> DeviceClass {
     class(
         "gpu",
-        &["device.driver == 'gpu.example.com' && device.attributes['gpu.example.com'].type == 'gpu'"],
+        &[
+            "device.driver == 'gpu.example.com' && device.attributes['gpu.example.com'].type == 'gpu'",
+        ],
     )
 }
 

@@ -447,7 +447,18 @@ impl Plugin {
     /// Starts the plugin on `env` (log `<dir>/<name>.log`), waits until it
     /// serves.
     pub fn launch(env: &Arc<TestEnv>, dir: &Path, name: &str, extra: &[&str]) -> Self {
-        let mut p = Self::spawn(env, dir, name, extra);
+        Self::launch_with(env, dir, name, extra, &[])
+    }
+
+    /// Like [`Self::launch`], with environment variables.
+    pub fn launch_with(
+        env: &Arc<TestEnv>,
+        dir: &Path,
+        name: &str,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Self {
+        let mut p = Self::spawn_with(env, dir, name, extra, envs);
         let deadline = Instant::now() + Duration::from_secs(20);
         // The socket file alone proves nothing (a stale one may be there).
         while !p.stderr().contains("serving kubelet plugin sockets") {
@@ -466,6 +477,17 @@ impl Plugin {
 
     /// Starts the plugin on `env` without waiting for anything.
     pub fn spawn(env: &Arc<TestEnv>, dir: &Path, name: &str, extra: &[&str]) -> Self {
+        Self::spawn_with(env, dir, name, extra, &[])
+    }
+
+    /// Like [`Self::spawn`], with environment variables (e.g. `RUST_LOG`).
+    pub fn spawn_with(
+        env: &Arc<TestEnv>,
+        dir: &Path,
+        name: &str,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Self {
         let reg_dir = dir.join("reg");
         let plugins_dir = dir.join("plugins");
         let log = dir.join(format!("{name}.log"));
@@ -480,7 +502,10 @@ impl Plugin {
             plugins_dir.to_str().unwrap(),
         ]);
         args.extend_from_slice(extra);
-        let child = bare_command(&args, &log).spawn().unwrap();
+        let child = bare_command(&args, &log)
+            .envs(envs.iter().copied())
+            .spawn()
+            .unwrap();
         Self {
             child,
             reg_dir,
