@@ -7,3 +7,4 @@ pub mod cel;
 pub mod config;
 pub mod quantity;
 pub mod schema;
+pub mod validate;

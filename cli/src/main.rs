@@ -1,8 +1,13 @@
-//! `gpu-dra`: the admin CLI. Today it has one subcommand, `demo`, which runs
-//! the node side of the driver on a simulated GPU machine; `lint` and
-//! `simulate` come with the controller work.
+//! `gpu-dra`: the admin CLI. `lint` checks DeviceClass and claim manifests
+//! offline with the webhook's validation engine, `simulate` tells whether a
+//! claim would be allocated (and why not), and `demo` runs the node side of
+//! the driver on a simulated GPU machine.
 
 mod demo;
+mod lint;
+mod manifest;
+mod shipped;
+mod simulate;
 
 use clap::{Parser, Subcommand};
 
@@ -19,12 +24,31 @@ enum Command {
     /// Run the kubelet plugin on a simulated GPU node (fake NVML, API server
     /// stand-in, simulated kubelet) and show what it publishes.
     Demo(demo::Args),
+    /// Validate DeviceClass, ResourceClaim and ResourceClaimTemplate YAML offline, with the
+    /// same engine as the admission webhook. Exit status 1 on errors.
+    Lint(lint::Args),
+    /// Tell which devices on which node a claim would get, or why it cannot be allocated.
+    /// Exit status 1 when it cannot.
+    Simulate(simulate::Args),
+}
+
+/// Output format of `lint` and `simulate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum OutputFormat {
+    /// For people.
+    Text,
+    /// For programs.
+    Json,
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
+        // Exit status 2 when the command itself failed (usage, I/O), so that
+        // 1 keeps meaning "the manifests have errors" / "does not fit".
+        Command::Lint(args) => return report(lint::run(&args)),
+        Command::Simulate(args) => return report(simulate::run(&args)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -33,4 +57,12 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The exit status of `lint` and `simulate`: theirs, or 2 with the error.
+fn report(result: anyhow::Result<std::process::ExitCode>) -> std::process::ExitCode {
+    result.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        std::process::ExitCode::from(2)
+    })
 }

@@ -1,22 +1,118 @@
-//! `gpu-dra-controller`: the cluster-wide half of the driver (admission
-//! webhook, claim lifecycle, ResourceSlice garbage collection). Built in the
-//! controller issue; until then it only parses its flags.
+//! `gpu-dra-controller` entry point: flags, logging, the Kubernetes client,
+//! the DeviceClass cache, the admission webhook and (started at the marked
+//! spot) the claim lifecycle; SIGTERM/SIGINT stop everything gracefully.
+//! Startup errors are one `error: ...` line with a non-zero exit (2 for bad
+//! flags, 1 otherwise).
 
-use clap::Parser;
+use std::process::ExitCode;
+use std::sync::Arc;
 
-/// Flags of the controller.
-#[derive(Debug, Parser)]
-#[command(version, about = "GPU DRA controller (webhook and claim lifecycle)")]
-struct Args {
-    /// Path of a kubeconfig; in-cluster configuration when unset.
-    #[arg(long, env = "KUBECONFIG")]
-    kubeconfig: Option<std::path::PathBuf>,
+use anyhow::Context as _;
+use clap::Parser as _;
+use gpu_dra_api::validate::{ClassLookup, StaticClasses, Validator};
+use gpu_dra_controller::classes::ClusterClasses;
+use gpu_dra_controller::flags::{self, Flags, LogFormat};
+use gpu_dra_controller::metrics::SharedRegistry;
+use gpu_dra_controller::webhook::{Reviewer, WebhookServer};
+use tokio::signal::unix::{SignalKind, signal};
+
+fn main() -> ExitCode {
+    let flags = match Flags::try_parse() {
+        Ok(f) => f,
+        Err(e) if e.use_stderr() => {
+            eprintln!("{}", flags::one_line_error(&e));
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            // --help / --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+    };
+    init_logging(flags.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(flags)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    anyhow::bail!(
-        "gpu-dra-controller is not implemented yet (kubeconfig: {:?})",
-        args.kubeconfig
-    )
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+async fn run(flags: Flags) -> anyhow::Result<()> {
+    // Install the handlers first, so a signal during startup is acted on
+    // once everything runs instead of killing the process mid-way.
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+
+    // Every part registers its metrics here; the webhook serves them.
+    let registry = SharedRegistry::new();
+
+    let client = gpu_dra_controller::client::connect(flags.kubeconfig.as_deref()).await?;
+    if client.is_none() {
+        tracing::warn!(
+            "no kubeconfig and not running in a cluster: no DeviceClass cache, claims are \
+             checked without class information"
+        );
+    }
+
+    let webhook = match flags.webhook.config() {
+        Some(config) => {
+            let (classes, class_watch): (Arc<dyn ClassLookup + Send + Sync>, _) = match &client {
+                Some(client) => {
+                    let (classes, watch) = ClusterClasses::start(client.clone());
+                    (Arc::new(classes), Some(watch))
+                }
+                None => (Arc::new(StaticClasses::default()), None),
+            };
+            let reviewer = Reviewer::new(Validator::new(&flags.driver_name), classes);
+            let server = WebhookServer::start(config, reviewer, &registry).await?;
+            Some((server, class_watch))
+        }
+        None => {
+            tracing::info!("admission webhook disabled (--no-webhook)");
+            None
+        }
+    };
+
+    // ---- claim lifecycle + slice GC: start here ----
+    // Inputs: `client` (Option<kube::Client>), `flags.lifecycle`,
+    // `flags.driver_name`, `registry` (SharedRegistry::register for metrics).
+    // Stop it after the signal below, before the webhook shuts down.
+    let _ = (&client, &flags.lifecycle);
+    // ---- end of claim lifecycle ----
+
+    tokio::select! {
+        _ = sigterm.recv() => tracing::info!("SIGTERM received, stopping"),
+        _ = sigint.recv() => tracing::info!("SIGINT received, stopping"),
+    }
+
+    if let Some((server, class_watch)) = webhook {
+        server.shutdown().await;
+        drop(class_watch);
+    }
+    Ok(())
 }

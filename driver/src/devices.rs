@@ -223,6 +223,22 @@ pub enum Note {
         /// Why.
         reason: String,
     },
+    /// A GPU instance that is not exactly one MIG device (split into several
+    /// compute instances, or with one that does not take all of it) is not
+    /// published: a device name stands for a whole GPU instance.
+    MigInstanceSplit {
+        /// Parent GPU UUID.
+        gpu: String,
+        /// Device minor of the parent GPU.
+        minor: u32,
+        /// GPU instance id.
+        gpu_instance: u32,
+        /// Compute instances in it.
+        compute_instances: usize,
+        /// For a single partial compute instance: its compute slices and the
+        /// GPU instance's.
+        slices: Option<(u32, u32)>,
+    },
     /// Dynamic MIG was asked for, but this GPU is published without it.
     DynamicMigUnavailable {
         /// GPU UUID.
@@ -263,6 +279,26 @@ impl fmt::Display for Note {
             Self::MigSkipped { gpu, what, reason } => {
                 write!(f, "GPU {gpu}: {what} not published: {reason}")
             }
+            Self::MigInstanceSplit {
+                gpu,
+                minor,
+                gpu_instance,
+                compute_instances,
+                slices,
+            } => match slices {
+                Some((ci, gi)) if *compute_instances == 1 => write!(
+                    f,
+                    "GPU instance {gpu_instance} on gpu-{minor} ({gpu}) has one compute instance \
+                     taking {ci} of its {gi} compute slices: not published; publish it by \
+                     recreating it with one compute instance that takes all of it"
+                ),
+                _ => write!(
+                    f,
+                    "GPU instance {gpu_instance} on gpu-{minor} ({gpu}) is split into \
+                     {compute_instances} compute instances: not published; publish it by \
+                     recreating it with one compute instance"
+                ),
+            },
             Self::DynamicMigUnavailable { gpu, reason } => {
                 write!(f, "GPU {gpu}: published without dynamic MIG: {reason}")
             }

@@ -6,7 +6,8 @@
 //! - [`pool`]: turns slice contents into `ResourceSlice` objects (one pool per
 //!   node, pool name = node name, owned by the Node) and decides, from what the
 //!   API server holds, which writes bring the pool to the desired state, with
-//!   consistent generations and no write when nothing changed.
+//!   consistent generations and no write when nothing changed, remembering
+//!   only digests of what it published ([`Digest`]).
 //! - [`publisher`]: the reconcile loop against the API server: watches its own
 //!   slices, repairs deletion and drift, backs off on errors.
 //!
@@ -17,13 +18,16 @@
 //! when it stops (SIGTERM included), which suits uninstalling.
 
 mod backoff;
+mod digest;
 pub mod pool;
 pub mod publisher;
 pub mod split;
+mod wire;
 
 use std::fmt;
 
 pub use backoff::{Backoff, ErrorLog};
+pub use digest::Digest;
 pub use publisher::{PublishError, PublishStatus, Publisher, PublisherOptions};
 
 use crate::devices::GroupLimits;

@@ -115,7 +115,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
-    fn creates_never_panic_and_failures_store_nothing(body in json_value(), which in 0usize..4) {
+    fn creates_never_panic_and_failures_store_nothing(body in json_value(), which in 0usize..Resource::ALL.len()) {
         let store = seeded_store();
         let resource = Resource::ALL[which];
         let before = snapshot(&store);
@@ -174,7 +174,7 @@ proptest! {
     }
 
     #[test]
-    fn selectors_never_panic(selector in "\\PC{0,40}", which in 0usize..4) {
+    fn selectors_never_panic(selector in "\\PC{0,40}", which in 0usize..Resource::ALL.len()) {
         let resource = Resource::ALL[which];
         let fields = FieldSelector::parse(resource, &selector);
         let labels = LabelSelector::parse(&selector);

@@ -31,6 +31,10 @@ pub struct Selector {
     pub(crate) program: IdedExpr,
     pub(crate) inline: bool,
     estimated_cost: u64,
+    /// The tree as parsed, before instrumentation.
+    parsed: IdedExpr,
+    /// Start offset (in characters) of each node of `parsed`.
+    offsets: HashMap<u64, usize>,
 }
 
 impl Selector {
@@ -43,6 +47,52 @@ impl Selector {
     pub fn estimated_cost(&self) -> u64 {
         self.estimated_cost
     }
+
+    /// The expression as parsed (macros expanded, `has()` as a presence
+    /// test, `.?x` and `[?k]` as calls of `_?._` and `_[?_]`), before the
+    /// cost instrumentation: for analyses that walk the expression, such as
+    /// the schema-aware validation. [`Self::offset`] knows its node ids.
+    pub fn parsed(&self) -> &IdedExpr {
+        &self.parsed
+    }
+
+    /// Where node `id` of [`Self::parsed`] was written, in characters from
+    /// the start of the expression (for a field selection, the `.`; for an
+    /// operator or index, the operator). `None` for nodes the parser made
+    /// up (macro expansions).
+    pub fn offset(&self, id: u64) -> Option<usize> {
+        self.offsets.get(&id).copied()
+    }
+
+    /// The position of character `offset` of the expression, and the
+    /// source line it is on with a caret under it.
+    pub fn locate(&self, offset: usize) -> (Position, String) {
+        locate(&self.expression, offset)
+    }
+}
+
+/// The position of character `offset` of `source`, and the line it is on
+/// with a caret under it.
+fn locate(source: &str, offset: usize) -> (Position, String) {
+    let mut line = 1;
+    let mut column = 1;
+    let mut line_text = source.lines().next().unwrap_or("");
+    let mut rest = source;
+    for (i, c) in source.chars().enumerate() {
+        if i == offset {
+            break;
+        }
+        if c == '\n' {
+            line += 1;
+            column = 1;
+            rest = &rest[rest.find('\n').map_or(rest.len(), |n| n + 1)..];
+            line_text = rest.lines().next().unwrap_or("");
+        } else {
+            column += 1;
+        }
+    }
+    let snippet = format!("\n | {line_text}\n | {}^", ".".repeat(column - 1));
+    (Position { line, column }, snippet)
 }
 
 /// Counters of the selector cache.
@@ -241,11 +291,22 @@ impl Compiler {
         }
         let instrumented = Instrumenter::new(root).instrument(root, &mut Vec::new());
         let inline = cost::depth(&instrumented) <= INLINE_EVAL_DEPTH;
+        let info = program.source_info();
+        let mut offsets = HashMap::new();
+        let mut stack = vec![root];
+        while let Some(node) = stack.pop() {
+            if let Some((start, _)) = info.offset_for(node.id) {
+                offsets.insert(node.id, start as usize);
+            }
+            stack.extend(cost::children(node));
+        }
         Ok(Selector {
             expression: expression.to_owned(),
             program: instrumented,
             inline,
             estimated_cost,
+            parsed: root.clone(),
+            offsets,
         })
     }
 }
@@ -263,25 +324,7 @@ impl Checker<'_> {
             .info
             .offset_for(id)
             .map_or(0, |(start, _)| start as usize);
-        let mut line = 1;
-        let mut column = 1;
-        let mut line_text = self.source.lines().next().unwrap_or("");
-        let mut rest = self.source;
-        for (i, c) in self.source.chars().enumerate() {
-            if i == offset {
-                break;
-            }
-            if c == '\n' {
-                line += 1;
-                column = 1;
-                rest = &rest[rest.find('\n').map_or(rest.len(), |n| n + 1)..];
-                line_text = rest.lines().next().unwrap_or("");
-            } else {
-                column += 1;
-            }
-        }
-        let snippet = format!("\n | {line_text}\n | {}^", ".".repeat(column - 1));
-        (Position { line, column }, snippet)
+        locate(self.source, offset)
     }
 
     fn is_local(&self, name: &str) -> bool {

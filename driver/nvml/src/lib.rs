@@ -12,7 +12,8 @@ pub mod types;
 
 pub use backend::{DEFAULT_LIBRARY, NvmlBackend};
 pub use types::{
-    ComputeMode, GpuInfo, MigDevice, MigInfo, MigPlacement, MigProfile, NvLinkInfo, SystemInfo,
+    ComputeMode, ComputeSlices, GpuInfo, MigDevice, MigInfo, MigPlacement, MigProfile, NvLinkInfo,
+    SystemInfo,
 };
 
 /// Errors from the GPU backend.

@@ -123,6 +123,8 @@ pub struct MigPlacement {
 }
 
 /// An existing MIG device: a GPU instance and the compute instance in it.
+/// A GPU instance may hold several compute instances, each its own MIG
+/// device with the same GPU instance id and placement.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigDevice {
     /// `MIG-...` UUID.
@@ -137,4 +139,24 @@ pub struct MigDevice {
     pub placement: MigPlacement,
     /// Memory of the MIG device in bytes.
     pub memory_bytes: u64,
+    /// Compute slices of the GPU instance and of this compute instance, when
+    /// NVML reports them (the MIG device's attributes).
+    #[serde(default)]
+    pub compute_slices: Option<ComputeSlices>,
+}
+
+/// How much of its GPU instance's compute a compute instance takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComputeSlices {
+    /// Compute slices of the GPU instance.
+    pub gpu_instance: u32,
+    /// Compute slices of the compute instance.
+    pub compute_instance: u32,
+}
+
+impl ComputeSlices {
+    /// Whether the compute instance takes all of its GPU instance.
+    pub fn spans_gpu_instance(self) -> bool {
+        self.compute_instance >= self.gpu_instance
+    }
 }

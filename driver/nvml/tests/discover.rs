@@ -194,6 +194,16 @@ fn dgx_a100_every_gpu_mig_table_and_existing_mig_devices() {
         devices[1].compute_instance_id,
         devices[2].compute_instance_id
     );
+    // Each reports how much of its GPU instance it takes: the 2g.20gb's
+    // compute instance all of it, the split 3g.40gb's 1 and 2 of 3 slices.
+    let slices = |d: &gpu_nvml::MigDevice| {
+        let s = d.compute_slices.expect("MIG attributes reported");
+        (s.gpu_instance, s.compute_instance, s.spans_gpu_instance())
+    };
+    assert_eq!(slices(&devices[0]), (2, 2, true));
+    let mut split: Vec<_> = devices[1..].iter().map(slices).collect();
+    split.sort_unstable();
+    assert_eq!(split, [(3, 1, false), (3, 2, false)]);
     // The order is by GPU instance id, then compute instance id.
     let listed = &gpus[2].mig.as_ref().unwrap().devices;
     assert!(

@@ -180,6 +180,38 @@ fn an_unusable_profile_is_an_init_error_not_a_panic() {
 }
 
 #[test]
+fn the_fake_librarys_explanation_is_part_of_the_init_error() {
+    // A MIG device on a GPU that has MIG off: the fake NVML refuses the
+    // profile and says why through `mockNvmlLastError`.
+    let yaml = three_gpus(9, "").replacen(
+        "      current: true\n      devices: [{profile: 7g.80gb, placement: 0}]\n",
+        "      current: false\n      devices: [{profile: 7g.80gb, placement: 0}]\n",
+        1,
+    );
+    let machine = Machine::from_yaml(&yaml);
+    let err = NvmlBackend::open(Some(&machine.library)).unwrap_err();
+    let Error::Init { reason, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(reason.contains("internal driver error"), "{reason}");
+    assert!(reason.contains("gpus[0]"), "{reason}");
+    assert!(reason.contains("MIG"), "{reason}");
+    assert!(!reason.contains('\n'), "{reason}");
+
+    // NVML's own refusal (an injected init code) has no explanation to add
+    // beyond NVML's text, and a good profile opens as before.
+    let yaml =
+        three_gpus(9, "").replacen("gpus:\n", "fail: {nvmlInit: DRIVER_NOT_LOADED}\ngpus:\n", 1);
+    let machine = Machine::from_yaml(&yaml);
+    let err = NvmlBackend::open(Some(&machine.library)).unwrap_err();
+    assert!(
+        err.to_string().contains("kernel driver is not loaded"),
+        "{err}"
+    );
+    Machine::from_yaml(&three_gpus(9, "")).open();
+}
+
+#[test]
 fn a_missing_library_is_an_init_error() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("lib/libnvidia-ml.so.1");

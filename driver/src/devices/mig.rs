@@ -9,7 +9,7 @@
 //! profiles of (per-instance amount x instance count), and for memory at least
 //! the GPU's total memory.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use gpu_dra_api::schema::{self, DeviceAttributes, DeviceKind, counters, names};
 use gpu_nvml::{GpuInfo, MigInfo, MigPlacement, MigProfile};
@@ -95,13 +95,24 @@ fn profile_problem(profile: &MigProfile) -> Option<String> {
 }
 
 /// The MIG devices that exist on a GPU in MIG mode (static mode).
+///
+/// A device is named per GPU instance (profile and placement), so a GPU
+/// instance that is not exactly one MIG device cannot be published: one
+/// split into several compute instances, or whose only compute instance
+/// does not take all of it (when NVML tells). Such a GPU instance is left
+/// out with one [`Note::MigInstanceSplit`].
 pub(super) fn static_devices(
     facts: &GpuFacts<'_>,
     mig: &MigInfo,
     notes: &mut Vec<Note>,
 ) -> Vec<Device> {
     let info = &facts.gpu.info;
+    let mut per_instance: HashMap<u32, usize> = HashMap::new();
+    for dev in &mig.devices {
+        *per_instance.entry(dev.gpu_instance_id).or_default() += 1;
+    }
     let mut seen = HashSet::new();
+    let mut noted = HashSet::new();
     let mut devices = Vec::with_capacity(mig.devices.len());
     for dev in &mig.devices {
         let skip = |reason: String| Note::MigSkipped {
@@ -109,6 +120,20 @@ pub(super) fn static_devices(
             what: format!("MIG device {:?}", dev.uuid),
             reason,
         };
+        let compute_instances = per_instance[&dev.gpu_instance_id];
+        let partial = dev.compute_slices.filter(|s| !s.spans_gpu_instance());
+        if compute_instances > 1 || partial.is_some() {
+            if noted.insert(dev.gpu_instance_id) {
+                notes.push(Note::MigInstanceSplit {
+                    gpu: info.uuid.clone(),
+                    minor: info.minor,
+                    gpu_instance: dev.gpu_instance_id,
+                    compute_instances,
+                    slices: partial.map(|s| (s.compute_instance, s.gpu_instance)),
+                });
+            }
+            continue;
+        }
         let Some(profile) = mig.profiles.iter().find(|p| p.id == dev.profile_id) else {
             notes.push(skip(format!(
                 "unknown GPU instance profile id {}",

@@ -1,7 +1,7 @@
 use super::fixtures::*;
 use super::*;
 use gpu_dra_api::schema::{AttributeValue, Presence, SCHEMA, Section, ValueType};
-use gpu_nvml::{MigDevice, MigPlacement};
+use gpu_nvml::{ComputeSlices, MigDevice, MigPlacement};
 
 #[test]
 fn static_full_gpus_carry_every_attribute() {
@@ -61,6 +61,7 @@ fn static_mig_publishes_existing_devices_and_no_full_gpu() {
             compute_instance_id: 0,
             placement: MigPlacement { start: 4, size: 4 },
             memory_bytes: 40_000 << 20,
+            compute_slices: None,
         },
         MigDevice {
             uuid: "MIG-66666666-2222-3333-4444-555555555555".into(),
@@ -69,6 +70,7 @@ fn static_mig_publishes_existing_devices_and_no_full_gpu() {
             compute_instance_id: 0,
             placement: MigPlacement { start: 0, size: 1 },
             memory_bytes: 9_000 << 20,
+            compute_slices: None,
         },
     ];
     let inv = inventory(vec![gpu(3, HOPPER, Some(mig_info(true, devices)), &[])]);
@@ -113,19 +115,21 @@ fn static_mig_publishes_existing_devices_and_no_full_gpu() {
 
 #[test]
 fn static_mig_skips_unknown_profiles_and_duplicate_placements() {
-    let dev = |uuid: &str, profile_id, start| MigDevice {
+    // Each its own GPU instance (ids as NVML would hand them out).
+    let dev = |uuid: &str, profile_id, start: u32, gpu_instance_id| MigDevice {
         uuid: uuid.into(),
         profile_id,
-        gpu_instance_id: 1,
+        gpu_instance_id,
         compute_instance_id: 0,
         placement: MigPlacement { start, size: 1 },
         memory_bytes: 1 << 30,
+        compute_slices: None,
     };
     let devices = vec![
-        dev("MIG-a", 19, 0),
-        dev("MIG-b", 19, 0),
-        dev("MIG-c", 77, 1),
-        dev(&"M".repeat(65), 19, 2),
+        dev("MIG-a", 19, 0, 7),
+        dev("MIG-b", 19, 0, 8),
+        dev("MIG-c", 77, 1, 9),
+        dev(&"M".repeat(65), 19, 2, 10),
     ];
     let inv = inventory(vec![gpu(0, HOPPER, Some(mig_info(true, devices)), &[])]);
     let model = DeviceModel::build(&inv, &BuildOptions::default());
@@ -140,6 +144,106 @@ fn static_mig_skips_unknown_profiles_and_duplicate_placements() {
         text[1]
     );
     assert!(text[2].contains("UUID"), "{}", text[2]);
+}
+
+/// A MIG device of GPU instance `gi` (3g.40gb at 4) with compute instance
+/// `ci` taking `ci_slices` of the instance's 3 compute slices.
+fn split_part(gi: u32, ci: u32, ci_slices: Option<u32>) -> MigDevice {
+    MigDevice {
+        uuid: format!("MIG-0000000{gi}-000{ci}-3333-4444-555555555555"),
+        profile_id: 9,
+        gpu_instance_id: gi,
+        compute_instance_id: ci,
+        placement: MigPlacement { start: 4, size: 4 },
+        memory_bytes: 40_448 << 20,
+        compute_slices: ci_slices.map(|c| ComputeSlices {
+            gpu_instance: 3,
+            compute_instance: c,
+        }),
+    }
+}
+
+#[test]
+fn a_gpu_instance_split_into_compute_instances_is_not_published() {
+    let whole = MigDevice {
+        uuid: "MIG-whole".into(),
+        profile_id: 14,
+        gpu_instance_id: 3,
+        compute_instance_id: 0,
+        placement: MigPlacement { start: 0, size: 2 },
+        memory_bytes: 20_096 << 20,
+        compute_slices: Some(ComputeSlices {
+            gpu_instance: 2,
+            compute_instance: 2,
+        }),
+    };
+    // With and without NVML telling the slices: two compute instances in
+    // one GPU instance are never one device.
+    for ci_slices in [(Some(1), Some(2)), (None, None)] {
+        let devices = vec![
+            whole.clone(),
+            split_part(2, 0, ci_slices.0),
+            split_part(2, 1, ci_slices.1),
+        ];
+        let inv = inventory(vec![gpu(2, HOPPER, Some(mig_info(true, devices)), &[])]);
+        let model = DeviceModel::build(&inv, &BuildOptions::default());
+        let names: Vec<&str> = model.devices().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["gpu-2-mig-2g20gb-14-0"], "{ci_slices:?}");
+        // One note for the GPU instance, not one per compute instance.
+        assert_eq!(
+            model.notes,
+            [Note::MigInstanceSplit {
+                gpu: "GPU-00000002-aaaa-bbbb-cccc-dddddddddddd".into(),
+                minor: 2,
+                gpu_instance: 2,
+                compute_instances: 2,
+                slices: ci_slices.0.map(|c| (c, 3)),
+            }]
+        );
+        let text = model.notes[0].to_string();
+        assert!(
+            text.starts_with("GPU instance 2 on gpu-2 (GPU-00000002-")
+                && text.contains("is split into 2 compute instances")
+                && text.contains("recreating it with one compute instance"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn a_gpu_instance_whose_only_compute_instance_is_partial_is_not_published() {
+    let inv = inventory(vec![gpu(
+        1,
+        HOPPER,
+        Some(mig_info(true, vec![split_part(2, 0, Some(2))])),
+        &[],
+    )]);
+    let model = DeviceModel::build(&inv, &BuildOptions::default());
+    assert_eq!(model.devices().count(), 0);
+    let [note] = &model.notes[..] else {
+        panic!("{:?}", model.notes)
+    };
+    let text = note.to_string();
+    assert!(
+        text.contains("GPU instance 2 on gpu-1")
+            && text.contains("taking 2 of its 3 compute slices")
+            && text.contains("not published"),
+        "{text}"
+    );
+    // A compute instance that takes all of it is the MIG device.
+    let inv = inventory(vec![gpu(
+        1,
+        HOPPER,
+        Some(mig_info(true, vec![split_part(2, 0, Some(3))])),
+        &[],
+    )]);
+    let model = DeviceModel::build(&inv, &BuildOptions::default());
+    assert!(model.notes.is_empty(), "{:?}", model.notes);
+    let d = model.device("gpu-1-mig-3g40gb-9-4").unwrap();
+    assert_eq!(
+        attr(d, "uuid"),
+        Some(&s("MIG-00000002-0000-3333-4444-555555555555"))
+    );
 }
 
 #[test]
@@ -269,6 +373,7 @@ fn dynamic_mig_ignores_existing_devices_and_non_mig_gpus() {
         compute_instance_id: 0,
         placement: MigPlacement { start: 0, size: 1 },
         memory_bytes: 1,
+        compute_slices: None,
     }];
     let inv = inventory(vec![
         gpu(0, HOPPER, Some(mig_info(true, existing)), &[]),
@@ -498,6 +603,7 @@ fn published_attributes_match_the_schema_exactly() {
         compute_instance_id: 0,
         placement: MigPlacement { start: 0, size: 1 },
         memory_bytes: 1 << 30,
+        compute_slices: None,
     }];
     let mut static_mig = gpu(1, HOPPER, Some(mig_info(true, existing)), &[]);
     static_mig.info.addressing_mode = Some("ATS".into());

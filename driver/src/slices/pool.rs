@@ -13,21 +13,24 @@
 //!   the desired pool (a restart with the same GPUs), it is adopted as is, at
 //!   its generation, without a write.
 //!
-//! A slice counts as in sync when it equals the desired one after
-//! normalisation (quantity spelling, server-set taint times, empty fields), or
-//! when it is still the very object our last write of the same content
-//! returned (same `resourceVersion`): so a server that drops fields it does
-//! not know (a disabled feature gate) does not make the publisher rewrite
-//! forever.
+//! A slice counts as in sync when it is at the plan's generation and equals
+//! the desired one after normalisation (quantity spelling, server-set taint
+//! times, empty fields), or when it is still the very object our last write
+//! of the same content returned (same `resourceVersion`): so a server that
+//! drops fields it does not know (a disabled feature gate) does not make the
+//! publisher rewrite forever.
+//!
+//! Memory: between reconciles only 128-bit digests of the content are kept
+//! ([`PoolState`]), never a copy of the pool; the desired slices are built
+//! for a reconcile and dropped after it.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{ResourcePool, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use serde_json::Value;
-
 use crate::devices::k8s;
 
+use super::digest::{self, Digest};
 use super::split::SliceContent;
 
 /// Who owns the pool: the node, the driver, and the Node object's UID.
@@ -105,125 +108,122 @@ pub fn build_slices(
         .collect()
 }
 
-/// A slice reduced to what matters for comparison: the spec (quantities by
-/// value, taint times dropped, empty fields dropped) and the owners' UIDs.
-pub fn comparable(slice: &ResourceSlice) -> Value {
-    let mut spec = slice.spec.clone();
-    for device in spec.devices.iter_mut().flatten() {
-        for cap in device.capacity.iter_mut().flat_map(|m| m.values_mut()) {
-            normalize_quantity(&mut cap.value.0);
-        }
-        for c in device.consumes_counters.iter_mut().flatten() {
-            for counter in c.counters.values_mut() {
-                normalize_quantity(&mut counter.value.0);
-            }
-        }
-        for t in device.taints.iter_mut().flatten() {
-            t.time_added = None;
-        }
+/// Struct fields [`comparable`] leaves out: the pool generation, which
+/// [`plan`] compares on its own.
+const SKIP: digest::Skip = &[("ResourcePool", "generation")];
+
+/// The digest of what matters of a slice for comparison: the spec
+/// (quantities by value, taint times, empty fields and the pool generation
+/// left out) and the owners' kind, name and UID. Computed in one pass over
+/// the slice, without a copy.
+pub fn comparable(slice: &ResourceSlice) -> Digest {
+    #[derive(serde::Serialize)]
+    struct Comparable<'a> {
+        spec: &'a ResourceSliceSpec,
+        owners: Vec<(&'a str, &'a str, &'a str)>,
     }
-    for set in spec.shared_counters.iter_mut().flatten() {
-        for counter in set.counters.values_mut() {
-            normalize_quantity(&mut counter.value.0);
-        }
-    }
-    let mut owners: Vec<String> = slice
+    let mut owners: Vec<(&str, &str, &str)> = slice
         .metadata
         .owner_references
         .iter()
         .flatten()
-        .map(|o| format!("{}/{}/{}", o.kind, o.name, o.uid))
+        .map(|o| (o.kind.as_str(), o.name.as_str(), o.uid.as_str()))
         .collect();
-    owners.sort();
-    let mut value = serde_json::json!({
-        "spec": serde_json::to_value(&spec).unwrap_or(Value::Null),
-        "owners": owners,
-    });
-    strip_empty(&mut value);
-    value
+    owners.sort_unstable();
+    digest::of(
+        &Comparable {
+            spec: &slice.spec,
+            owners,
+        },
+        SKIP,
+    )
 }
 
-fn normalize_quantity(q: &mut String) {
-    if let Some(nanos) = k8s::quantity_nanos(q) {
-        *q = format!("{nanos}n");
-    }
-}
-
-/// Removes nulls, empty objects and empty arrays, recursively.
-fn strip_empty(v: &mut Value) {
-    match v {
-        Value::Object(map) => {
-            for child in map.values_mut() {
-                strip_empty(child);
-            }
-            map.retain(|_, c| !is_empty(c));
-        }
-        Value::Array(items) => items.iter_mut().for_each(strip_empty),
-        _ => {}
-    }
-}
-
-fn is_empty(v: &Value) -> bool {
-    match v {
-        Value::Null => true,
-        Value::Object(m) => m.is_empty(),
-        Value::Array(a) => a.is_empty(),
-        _ => false,
-    }
-}
-
-/// What the publisher remembers between reconciles.
+/// What the publisher remembers between reconciles: digests, never copies
+/// of the pool.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PoolState {
-    /// The generation being published and the content it stands for.
-    pub published: Option<(i64, Vec<Value>)>,
-    /// Per slice name: the `resourceVersion` our last write returned and the
-    /// comparable form of what we wrote.
-    pub written: BTreeMap<String, (String, Value)>,
+    /// The generation being published and the content it stands for (the
+    /// [`comparable`] digest of each desired slice, in order).
+    pub published: Option<(i64, Vec<Digest>)>,
+    /// Per slice name: what our last write of it returned and held.
+    pub written: BTreeMap<String, Written>,
+}
+
+/// One slice as our last write left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// The `resourceVersion` the API server returned.
+    pub resource_version: String,
+    /// The pool generation written.
+    pub generation: i64,
+    /// The [`comparable`] digest of what we sent.
+    pub content: Digest,
 }
 
 /// One write.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
-    /// Create or update (server-side apply) this slice.
-    Apply(Box<ResourceSlice>),
+    /// Create or update (server-side apply) the desired slice at this index
+    /// (as [`plan`] left it, at the plan's generation).
+    Apply(usize),
     /// Delete the slice of this name.
     Delete(String),
 }
 
-/// The writes of one reconcile.
-#[derive(Debug, Clone, PartialEq)]
+/// The writes of one reconcile, in waves: the writes of one wave do not
+/// depend on each other and may run concurrently; a wave starts when the one
+/// before it has finished.
+///
+/// Waves, in order: deletions of slices that must be created anew
+/// (immutable fields differ); applies of slices without devices (1.35
+/// counter sets, so they exist before the devices that consume them);
+/// applies of slices with devices; deletions of slices the pool no longer
+/// has. Applies come before deletions, so the pool never lacks the new
+/// generation's slices while old ones go away.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     /// The pool generation after the writes.
     pub generation: i64,
-    /// Writes in order: applies first, deletions last, so the pool never
-    /// lacks the new generation's slices while old ones go away.
-    pub ops: Vec<Op>,
+    /// The writes, wave by wave; no wave is empty.
+    pub waves: Vec<Vec<Op>>,
 }
 
-/// The content fingerprint of desired slices (generation left out).
-fn fingerprint(desired: &[ResourceSlice]) -> Vec<Value> {
-    desired
-        .iter()
-        .map(|s| comparable(&with_generation(s, 0)))
-        .collect()
+impl Plan {
+    /// Every write, in order.
+    pub fn ops(&self) -> impl Iterator<Item = &Op> {
+        self.waves.iter().flatten()
+    }
+
+    /// The number of writes.
+    pub fn len(&self) -> usize {
+        self.waves.iter().map(Vec::len).sum()
+    }
+
+    /// Whether there is nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.waves.is_empty()
+    }
 }
 
-fn with_generation(slice: &ResourceSlice, generation: i64) -> ResourceSlice {
-    let mut s = slice.clone();
-    s.spec.pool.generation = generation;
-    s
-}
-
-/// Whether `observed` can be kept as `expected`.
-fn in_sync(observed: &ResourceSlice, expected: &ResourceSlice, state: &PoolState) -> bool {
-    let want = comparable(expected);
-    if comparable(observed) == want {
+/// Whether `observed` can be kept as desired slice `index` at `generation`.
+fn in_sync(
+    observed: &ResourceSlice,
+    content: Digest,
+    generation: i64,
+    name: &str,
+    state: &PoolState,
+) -> bool {
+    if observed.spec.pool.generation == generation && comparable(observed) == content {
         return true;
     }
-    let name = expected.metadata.name.as_deref().unwrap_or_default();
+    // Still the very object our last write of this content returned: the
+    // server dropped or changed fields it does not know, and rewriting would
+    // not help.
     match (state.written.get(name), &observed.metadata.resource_version) {
-        (Some((rv, wrote)), Some(seen)) => rv == seen && *wrote == want,
+        (Some(w), Some(seen)) => {
+            w.resource_version == *seen && w.generation == generation && w.content == content
+        }
         _ => false,
     }
 }
@@ -238,13 +238,18 @@ fn immutable_differs(observed: &ResourceSlice, expected: &ResourceSlice) -> bool
 
 /// Decides the writes that turn `observed` (the API server's slices of this
 /// node and driver) into `desired` (built by [`build_slices`], generation
-/// ignored), and updates `state` with the generation being published.
-pub fn plan(desired: &[ResourceSlice], observed: &[ResourceSlice], state: &mut PoolState) -> Plan {
+/// ignored), sets every desired slice's generation to the plan's, and
+/// updates `state` with the generation being published.
+pub fn plan(
+    desired: &mut [ResourceSlice],
+    observed: &[ResourceSlice],
+    state: &mut PoolState,
+) -> Plan {
     let pool = desired
         .first()
         .map(|s| s.spec.pool.name.clone())
         .unwrap_or_default();
-    let fp = fingerprint(desired);
+    let fp: Vec<Digest> = desired.iter().map(comparable).collect();
     let by_name: BTreeMap<&str, &ResourceSlice> = observed
         .iter()
         .filter_map(|s| s.metadata.name.as_deref().map(|n| (n, s)))
@@ -261,60 +266,73 @@ pub fn plan(desired: &[ResourceSlice], observed: &[ResourceSlice], state: &mut P
             _ => *g,
         },
         Some((g, _)) => (*g).max(observed_max.unwrap_or(0)) + 1,
-        None => adoptable(desired, observed).unwrap_or_else(|| observed_max.map_or(0, |m| m + 1)),
+        None => adoptable(desired, &fp, &by_name)
+            .unwrap_or_else(|| observed_max.map_or(0, |m| m + 1)),
     };
-    state.published = Some((generation, fp));
+    for d in desired.iter_mut() {
+        d.spec.pool.generation = generation;
+    }
 
-    let mut ops = Vec::new();
     let mut recreate = Vec::new();
-    for d in desired {
-        let expected = with_generation(d, generation);
-        let name = expected.metadata.name.as_deref().unwrap_or_default();
+    let mut counters = Vec::new();
+    let mut devices = Vec::new();
+    for (i, (d, content)) in desired.iter().zip(&fp).enumerate() {
+        let name = d.metadata.name.as_deref().unwrap_or_default();
+        let wave = if d.spec.devices.as_ref().is_some_and(|v| !v.is_empty()) {
+            &mut devices
+        } else {
+            &mut counters
+        };
         match by_name.get(name) {
-            Some(o) if immutable_differs(o, &expected) => recreate.push(expected),
-            Some(o) if in_sync(o, &expected, state) => {}
-            _ => ops.push(Op::Apply(Box::new(expected))),
+            Some(o) if immutable_differs(o, d) => {
+                recreate.push(Op::Delete(name.to_owned()));
+                wave.push(Op::Apply(i));
+            }
+            Some(o) if in_sync(o, *content, generation, name, state) => {}
+            _ => wave.push(Op::Apply(i)),
         }
     }
-    for r in recreate {
-        let name = r.metadata.name.clone().unwrap_or_default();
-        ops.push(Op::Delete(name));
-        ops.push(Op::Apply(Box::new(r)));
-    }
-    let wanted: Vec<&str> = desired
-        .iter()
-        .filter_map(|s| s.metadata.name.as_deref())
+    let surplus: Vec<Op> = by_name
+        .keys()
+        .filter(|name| !desired.iter().any(|d| d.metadata.name.as_deref() == Some(**name)))
+        .map(|name| Op::Delete((*name).to_owned()))
         .collect();
-    for name in by_name.keys() {
-        if !wanted.contains(name) {
-            ops.push(Op::Delete((*name).to_owned()));
-        }
+    state.published = Some((generation, fp));
+    Plan {
+        generation,
+        waves: [recreate, counters, devices, surplus]
+            .into_iter()
+            .filter(|w| !w.is_empty())
+            .collect(),
     }
-    Plan { generation, ops }
 }
 
-/// The generation at which `observed` already is exactly `desired`, if so.
-fn adoptable(desired: &[ResourceSlice], observed: &[ResourceSlice]) -> Option<i64> {
+/// The generation at which `observed` already is exactly `desired` (whose
+/// digests are `fp`), if so.
+fn adoptable(
+    desired: &[ResourceSlice],
+    fp: &[Digest],
+    observed: &BTreeMap<&str, &ResourceSlice>,
+) -> Option<i64> {
     if desired.len() != observed.len() {
         return None;
     }
-    let generation = observed.first()?.spec.pool.generation;
-    let by_name: BTreeMap<&str, &ResourceSlice> = observed
-        .iter()
-        .filter_map(|s| s.metadata.name.as_deref().map(|n| (n, s)))
-        .collect();
+    let generation = observed.values().next()?.spec.pool.generation;
     desired
         .iter()
-        .all(|d| {
+        .zip(fp)
+        .all(|(d, content)| {
             let name = d.metadata.name.as_deref().unwrap_or_default();
-            by_name
-                .get(name)
-                .is_some_and(|o| comparable(o) == comparable(&with_generation(d, generation)))
+            observed.get(name).is_some_and(|o| {
+                o.spec.pool.generation == generation
+                    && comparable(o) == *content
+            })
         })
         .then_some(generation)
 }
 
-/// Records that applying slice `name` returned `resource_version`.
+/// Records that applying `applied` returned `resource_version` (`None`:
+/// the answer had none, so nothing is remembered).
 pub fn record_write(
     state: &mut PoolState,
     applied: &ResourceSlice,
@@ -324,8 +342,15 @@ pub fn record_write(
         return;
     };
     match resource_version {
-        Some(rv) => {
-            state.written.insert(name, (rv, comparable(applied)));
+        Some(resource_version) => {
+            state.written.insert(
+                name,
+                Written {
+                    resource_version,
+                    generation: applied.spec.pool.generation,
+                    content: comparable(applied),
+                },
+            );
         }
         None => {
             state.written.remove(&name);

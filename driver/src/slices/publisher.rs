@@ -5,11 +5,17 @@
 //! spec.driver=<driver>`) and reconciles after every change it sees (debounced
 //! by a few milliseconds), after every new inventory or taint set, and every
 //! few minutes as a safety net. A reconcile reads the Node (its UID is the
-//! slices' owner), lists the pool's slices, and writes only what differs
-//! ([`super::pool::plan`]), with server-side apply. API errors are retried
-//! with capped exponential backoff and logged once per distinct error. On
-//! shutdown it stops at once, or first deletes its slices when
-//! `--delete-slices-on-exit` is set.
+//! slices' owner), lists the pool's slices while it builds the desired ones
+//! from the latest inventory, and writes only what differs
+//! ([`super::pool::plan`]), with server-side apply: wave by wave, the writes
+//! of a wave concurrently (at most [`CONCURRENT_WRITES`]), so counter-set
+//! slices exist before the device slices that consume them and deletions
+//! come last. The desired slices are dropped when the reconcile ends; only
+//! digests of them stay ([`PoolState`]). API answers are decoded only as far
+//! as they are read ([`super::wire`]). API errors are retried with capped
+//! exponential backoff and logged once per distinct error. On shutdown it
+//! stops at once, or first deletes its slices when `--delete-slices-on-exit`
+//! is set.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -18,9 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -30,6 +35,7 @@ use crate::discovery::Inventory;
 
 use super::pool::{self, PoolOwner, PoolState};
 use super::split::split;
+use super::wire::{self, SliceMeta};
 use super::{Backoff, ErrorLog, Flags, SliceRules};
 
 /// Field manager of the publisher's server-side applies.
@@ -177,18 +183,15 @@ impl Publisher {
         inventory: watch::Receiver<Inventory>,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), PublishError> {
-        let api: Api<ResourceSlice> = Api::all(self.client.clone());
         let selector = pool::field_selector(&self.node, &self.driver);
         let events = Arc::new(Notify::new());
         let watch_task = AbortOnDrop(tokio::spawn(watch_slices(
-            api.clone(),
+            self.client.clone(),
             selector.clone(),
             events.clone(),
         )));
 
         let mut reconciler = Reconciler {
-            api: api.clone(),
-            nodes: Api::all(self.client.clone()),
             client: self.client.clone(),
             node: self.node.clone(),
             driver: self.driver.clone(),
@@ -196,8 +199,6 @@ impl Publisher {
             flags: self.flags.clone(),
             rules: self.flags.slice_rules.fixed(),
             state: PoolState::default(),
-            desired: None,
-            inputs_version: 0,
             logged_notes: Vec::new(),
             status: self.status.clone(),
         };
@@ -225,7 +226,6 @@ impl Publisher {
                 () = &mut shutdown => break,
                 changed = inventory.changed(), if inventory_open => {
                     if changed.is_ok() {
-                        reconciler.inputs_version += 1;
                         if !failing {
                             schedule(&mut next, Instant::now());
                         }
@@ -235,7 +235,6 @@ impl Publisher {
                 }
                 changed = wait_taints(&mut taints) => {
                     if changed {
-                        reconciler.inputs_version += 1;
                         if !failing {
                             schedule(&mut next, Instant::now());
                         }
@@ -285,7 +284,7 @@ impl Publisher {
 
         if self.flags.delete_slices_on_exit {
             let timeout = self.options.exit_timeout;
-            match tokio::time::timeout(timeout, delete_all(&api, &selector)).await {
+            match tokio::time::timeout(timeout, delete_all(&self.client, &selector)).await {
                 Ok(Ok(n)) => {
                     tracing::info!(slices = n, node = %self.node, "deleted ResourceSlices on exit");
                 }
@@ -343,8 +342,10 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Watches the pool's slices and pokes `events` on every change.
-async fn watch_slices(api: Api<ResourceSlice>, selector: String, events: Arc<Notify>) {
+/// Watches the pool's slices (names and `resourceVersion`s only) and pokes
+/// `events` on every change.
+async fn watch_slices(client: kube::Client, selector: String, events: Arc<Notify>) {
+    let api: Api<SliceMeta> = Api::all(client);
     let config = watcher::Config::default().fields(&selector);
     let mut stream = pin!(watcher(api, config).default_backoff());
     let mut errors = ErrorLog::default();
@@ -363,18 +364,17 @@ async fn watch_slices(api: Api<ResourceSlice>, selector: String, events: Arc<Not
 }
 
 /// Deletes every slice matching `selector`; returns how many.
-async fn delete_all(api: &Api<ResourceSlice>, selector: &str) -> Result<usize, PublishError> {
-    let list = api
-        .list(&ListParams::default().fields(selector))
+async fn delete_all(client: &kube::Client, selector: &str) -> Result<usize, PublishError> {
+    let slices = wire::list_slices(client, selector)
         .await
         .map_err(PublishError::api("list ResourceSlices"))?;
     let mut deleted = 0;
-    for slice in list.items {
+    for slice in slices {
         let Some(name) = slice.metadata.name else {
             continue;
         };
-        match api.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => deleted += 1,
+        match wire::delete_slice(client, &name).await {
+            Ok(()) => deleted += 1,
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(PublishError::api(format!("delete ResourceSlice {name}"))(e)),
         }
@@ -382,10 +382,14 @@ async fn delete_all(api: &Api<ResourceSlice>, selector: &str) -> Result<usize, P
     Ok(deleted)
 }
 
+/// Writes of one wave in flight at once. A dynamic-MIG pool of 8 GPUs has
+/// one counter-set slice and four device slices, so its device slices go in
+/// one round trip; the bound keeps request bodies (about 100 kB each) and the
+/// API server's load in check for larger pools.
+const CONCURRENT_WRITES: usize = 4;
+
 /// The state of the reconcile loop.
 struct Reconciler {
-    api: Api<ResourceSlice>,
-    nodes: Api<Node>,
     client: kube::Client,
     node: String,
     driver: String,
@@ -393,116 +397,98 @@ struct Reconciler {
     flags: Flags,
     rules: Option<SliceRules>,
     state: PoolState,
-    /// The desired slices, with the inputs they were built from.
-    desired: Option<Desired>,
-    /// Bumped on every new inventory or taint set.
-    inputs_version: u64,
     logged_notes: Vec<Note>,
     status: watch::Sender<PublishStatus>,
 }
 
+/// The desired pool of one reconcile; dropped when the reconcile ends.
 struct Desired {
-    inputs_version: u64,
-    node_uid: String,
-    rules: SliceRules,
     slices: Vec<ResourceSlice>,
     devices: usize,
 }
 
-impl Reconciler {
-    /// The rules to split by: fixed by flag, or from the API server's version.
-    async fn rules(&mut self) -> Result<SliceRules, PublishError> {
-        if let Some(rules) = self.rules {
-            return Ok(rules);
-        }
-        let rules = match self.client.apiserver_version().await {
-            Ok(info) => SliceRules::for_server_version(&info.major, &info.minor).unwrap_or_else(|| {
-                tracing::warn!(major = %info.major, minor = %info.minor, "unreadable API server version: using 1.35 slice rules");
-                SliceRules::V1_35
-            }),
-            // The server answered, but without a version: use the default.
-            Err(kube::Error::Api(status)) => {
-                tracing::warn!(code = status.code, message = %status.message, "API server version unknown: using 1.35 slice rules");
-                SliceRules::V1_35
-            }
-            Err(e) => return Err(PublishError::api("read API server version")(e)),
-        };
-        tracing::info!(rules = %rules, "ResourceSlice rules chosen");
-        self.rules = Some(rules);
-        self.status.send_modify(|s| s.rules = Some(rules));
-        Ok(rules)
+/// The slice rules: fixed by flag, or from the API server's version.
+async fn server_rules(
+    client: &kube::Client,
+    fixed: Option<SliceRules>,
+) -> Result<SliceRules, PublishError> {
+    if let Some(rules) = fixed {
+        return Ok(rules);
     }
+    let rules = match client.apiserver_version().await {
+        Ok(info) => SliceRules::for_server_version(&info.major, &info.minor).unwrap_or_else(|| {
+            tracing::warn!(major = %info.major, minor = %info.minor, "unreadable API server version: using 1.35 slice rules");
+            SliceRules::V1_35
+        }),
+        // The server answered, but without a version: use the default.
+        Err(kube::Error::Api(status)) => {
+            tracing::warn!(code = status.code, message = %status.message, "API server version unknown: using 1.35 slice rules");
+            SliceRules::V1_35
+        }
+        Err(e) => return Err(PublishError::api("read API server version")(e)),
+    };
+    tracing::info!(rules = %rules, "ResourceSlice rules chosen");
+    Ok(rules)
+}
 
+impl Reconciler {
     async fn reconcile(
         &mut self,
         inventory: &watch::Receiver<Inventory>,
         taints: Option<&watch::Receiver<BTreeMap<String, Vec<Taint>>>>,
     ) -> Result<(), PublishError> {
-        let rules = self.rules().await?;
-        let node = self
-            .nodes
-            .get(&self.node)
-            .await
-            .map_err(PublishError::api(format!("get Node {}", self.node)))?;
-        let node_uid = node
-            .metadata
-            .uid
-            .filter(|u| !u.is_empty())
-            .ok_or_else(|| PublishError::NodeWithoutUid(self.node.clone()))?;
-
-        let stale = self.desired.as_ref().is_none_or(|d| {
-            d.inputs_version != self.inputs_version || d.node_uid != node_uid || d.rules != rules
-        });
-        if stale {
-            let inv = inventory.borrow().clone();
-            let taints = taints.map(|t| t.borrow().clone()).unwrap_or_default();
-            self.desired = Some(self.build(&inv, &taints, rules, node_uid));
+        // The rules (once) and the Node's UID, in one round trip.
+        let node_uid = async {
+            wire::node_uid(&self.client, &self.node)
+                .await
+                .map_err(PublishError::api(format!("get Node {}", self.node)))?
+                .filter(|u| !u.is_empty())
+                .ok_or_else(|| PublishError::NodeWithoutUid(self.node.clone()))
+        };
+        let (rules, node_uid) =
+            tokio::try_join!(server_rules(&self.client, self.rules), node_uid)?;
+        if self.rules.is_none() {
+            self.rules = Some(rules);
+            self.status.send_modify(|s| s.rules = Some(rules));
         }
-        let desired = self.desired.as_ref().expect("built above");
 
-        let observed = self
-            .api
-            .list(&ListParams::default().fields(&self.selector))
-            .await
-            .map_err(PublishError::api("list ResourceSlices"))?
-            .items;
-        let plan = pool::plan(&desired.slices, &observed, &mut self.state);
+        // The pool on the server, and meanwhile the desired pool.
+        let list = async {
+            wire::list_slices(&self.client, &self.selector)
+                .await
+                .map_err(PublishError::api("list ResourceSlices"))
+        };
+        let build = async {
+            let taints = taints.map(|t| t.borrow().clone()).unwrap_or_default();
+            let inventory = inventory.borrow();
+            build(
+                &inventory,
+                &taints,
+                &self.flags,
+                rules,
+                &PoolOwner {
+                    node: self.node.clone(),
+                    driver: self.driver.clone(),
+                    node_uid,
+                },
+            )
+        };
+        let (observed, (mut desired, notes)) = tokio::join!(list, build);
+        self.log_notes(notes);
+        let plan = pool::plan(&mut desired.slices, &observed?, &mut self.state);
+
         let (slices, devices) = (desired.slices.len(), desired.devices);
-        if !plan.ops.is_empty() {
+        if !plan.is_empty() {
             tracing::info!(
                 generation = plan.generation,
-                writes = plan.ops.len(),
+                writes = plan.len(),
                 slices,
                 devices,
                 "publishing ResourceSlices"
             );
         }
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        for op in plan.ops {
-            match op {
-                pool::Op::Apply(slice) => {
-                    let name = slice.metadata.name.clone().unwrap_or_default();
-                    let written = self
-                        .api
-                        .patch(&name, &params, &Patch::Apply(&*slice))
-                        .await
-                        .map_err(PublishError::api(format!("apply ResourceSlice {name}")))?;
-                    pool::record_write(&mut self.state, &slice, written.metadata.resource_version);
-                }
-                pool::Op::Delete(name) => {
-                    match self.api.delete(&name, &DeleteParams::default()).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(s)) if s.code == 404 => {}
-                        Err(e) => {
-                            return Err(PublishError::api(format!("delete ResourceSlice {name}"))(
-                                e,
-                            ));
-                        }
-                    }
-                    pool::record_delete(&mut self.state, &name);
-                }
-            }
-            self.status.send_modify(|s| s.writes += 1);
+        for wave in &plan.waves {
+            self.write_wave(wave, &desired.slices).await?;
         }
         self.status.send_modify(|s| {
             s.generation = Some(plan.generation);
@@ -514,43 +500,92 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Builds the desired slices and logs what the device model left out
-    /// (each note once, while it persists).
-    fn build(
+    /// Runs the writes of one wave, at most [`CONCURRENT_WRITES`] at once,
+    /// and records each that succeeded. Fails with the first error, after
+    /// the writes already in flight have finished.
+    async fn write_wave(
         &mut self,
-        inventory: &Inventory,
-        taints: &BTreeMap<String, Vec<Taint>>,
-        rules: SliceRules,
-        node_uid: String,
-    ) -> Desired {
-        let mut model = DeviceModel::build(
-            inventory,
-            &BuildOptions {
-                dynamic_mig: self.flags.dynamic_mig,
-                group_limits: rules.group_limits(),
-            },
-        );
-        model.set_taints(taints);
-        for note in model
-            .notes
-            .iter()
-            .filter(|n| !self.logged_notes.contains(n))
-        {
+        wave: &[pool::Op],
+        desired: &[ResourceSlice],
+    ) -> Result<(), PublishError> {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let client = &self.client;
+        let results: Vec<Result<Option<String>, PublishError>> = futures::stream::iter(wave)
+            .map(|op| {
+                let params = &params;
+                async move {
+                    match op {
+                        pool::Op::Apply(i) => {
+                            let slice = &desired[*i];
+                            wire::apply_slice(client, slice, params).await.map_err(
+                                PublishError::api(format!(
+                                    "apply ResourceSlice {}",
+                                    slice.metadata.name.as_deref().unwrap_or_default()
+                                )),
+                            )
+                        }
+                        pool::Op::Delete(name) => match wire::delete_slice(client, name).await {
+                            Ok(()) => Ok(None),
+                            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+                            Err(e) => Err(PublishError::api(format!(
+                                "delete ResourceSlice {name}"
+                            ))(e)),
+                        },
+                    }
+                }
+            })
+            .buffered(CONCURRENT_WRITES)
+            .collect()
+            .await;
+        let mut first_error = None;
+        for (op, result) in wave.iter().zip(results) {
+            match (op, result) {
+                (pool::Op::Apply(i), Ok(resource_version)) => {
+                    pool::record_write(&mut self.state, &desired[*i], resource_version);
+                }
+                (pool::Op::Delete(name), Ok(_)) => pool::record_delete(&mut self.state, name),
+                (_, Err(e)) => {
+                    first_error.get_or_insert(e);
+                    continue;
+                }
+            }
+            self.status.send_modify(|s| s.writes += 1);
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Logs what the device model left out (each note once, while it
+    /// persists).
+    fn log_notes(&mut self, notes: Vec<Note>) {
+        for note in notes.iter().filter(|n| !self.logged_notes.contains(n)) {
             tracing::warn!(node = %self.node, "{note}");
         }
-        self.logged_notes.clone_from(&model.notes);
-        let contents = split(&model, &rules.limits());
-        let owner = PoolOwner {
-            node: self.node.clone(),
-            driver: self.driver.clone(),
-            node_uid: node_uid.clone(),
-        };
-        Desired {
-            inputs_version: self.inputs_version,
-            node_uid,
-            rules,
-            slices: pool::build_slices(&owner, &contents, 0),
-            devices: model.devices().count(),
-        }
+        self.logged_notes = notes;
     }
+}
+
+/// Builds the desired slices of `inventory` and returns them with the
+/// device model's notes. The model and the split contents are dropped
+/// before returning: only the slices live on, for one reconcile.
+fn build(
+    inventory: &Inventory,
+    taints: &BTreeMap<String, Vec<Taint>>,
+    flags: &Flags,
+    rules: SliceRules,
+    owner: &PoolOwner,
+) -> (Desired, Vec<Note>) {
+    let mut model = DeviceModel::build(
+        inventory,
+        &BuildOptions {
+            dynamic_mig: flags.dynamic_mig,
+            group_limits: rules.group_limits(),
+        },
+    );
+    model.set_taints(taints);
+    let devices = model.devices().count();
+    let contents = split(&model, &rules.limits());
+    let notes = std::mem::take(&mut model.notes);
+    drop(model);
+    let slices = pool::build_slices(owner, &contents, 0);
+    (Desired { slices, devices }, notes)
 }

@@ -2,7 +2,8 @@
 //! driver's programs use, faithful enough that the kube client cannot tell it from a real one.
 //!
 //! Served: `resource.k8s.io/v1` ResourceSlices, ResourceClaims (with the `status` subresource),
-//! DeviceClasses, and core `v1` Nodes; verbs create, get, list (field and label selectors,
+//! DeviceClasses, core `v1` Nodes, `events.k8s.io/v1` Events (what kube-runtime's event recorder
+//! writes) and `coordination.k8s.io/v1` Leases (leader election); verbs create, get, list (field and label selectors,
 //! `limit`/`continue` paging), watch (resourceVersion resumption, bookmarks, `sendInitialEvents`,
 //! `timeoutSeconds`), update, patch (JSON merge, strategic merge, JSON patch, server-side apply),
 //! delete (preconditions) and deletecollection; discovery (`/api`, `/apis`, ...) and `/version`.

@@ -15,6 +15,10 @@ pub enum Resource {
     DeviceClasses,
     /// core `v1` Node (cluster-scoped).
     Nodes,
+    /// `events.k8s.io/v1` Event (namespaced), what kube-runtime's event recorder writes.
+    Events,
+    /// `coordination.k8s.io/v1` Lease (namespaced), for leader election.
+    Leases,
 }
 
 /// Static facts about one resource.
@@ -94,13 +98,56 @@ const NODES: ResourceInfo = ResourceInfo {
     short_names: &["no"],
 };
 
+const EVENTS: ResourceInfo = ResourceInfo {
+    group: "events.k8s.io",
+    version: "v1",
+    plural: "events",
+    singular: "event",
+    kind: "Event",
+    namespaced: true,
+    status_subresource: false,
+    has_generation: false,
+    // The field labels the events.k8s.io/v1 API converts to the core Event's.
+    field_selectors: &[
+        "regarding.kind",
+        "regarding.namespace",
+        "regarding.name",
+        "regarding.uid",
+        "regarding.apiVersion",
+        "regarding.resourceVersion",
+        "regarding.fieldPath",
+        "reason",
+        "reportingController",
+        "type",
+    ],
+    short_names: &["ev"],
+};
+
+const LEASES: ResourceInfo = ResourceInfo {
+    group: "coordination.k8s.io",
+    version: "v1",
+    plural: "leases",
+    singular: "lease",
+    kind: "Lease",
+    namespaced: true,
+    status_subresource: false,
+    has_generation: false,
+    field_selectors: &[],
+    short_names: &[],
+};
+
+/// The API groups served besides core, in discovery order (all at version `v1`).
+pub(crate) const GROUPS: [&str; 3] = ["resource.k8s.io", "events.k8s.io", "coordination.k8s.io"];
+
 impl Resource {
     /// All served resources.
-    pub const ALL: [Resource; 4] = [
+    pub const ALL: [Resource; 6] = [
         Resource::ResourceSlices,
         Resource::ResourceClaims,
         Resource::DeviceClasses,
         Resource::Nodes,
+        Resource::Events,
+        Resource::Leases,
     ];
 
     /// Static facts about this resource.
@@ -110,6 +157,8 @@ impl Resource {
             Resource::ResourceClaims => &RESOURCE_CLAIMS,
             Resource::DeviceClasses => &DEVICE_CLASSES,
             Resource::Nodes => &NODES,
+            Resource::Events => &EVENTS,
+            Resource::Leases => &LEASES,
         }
     }
 
@@ -203,22 +252,24 @@ pub(crate) fn api_versions(server_address: &str) -> Value {
     })
 }
 
-fn resource_group() -> Value {
+fn group_entry(name: &str) -> Value {
+    let group_version = format!("{name}/v1");
     json!({
-        "name": "resource.k8s.io",
-        "versions": [{"groupVersion": "resource.k8s.io/v1", "version": "v1"}],
-        "preferredVersion": {"groupVersion": "resource.k8s.io/v1", "version": "v1"},
+        "name": name,
+        "versions": [{"groupVersion": group_version, "version": "v1"}],
+        "preferredVersion": {"groupVersion": group_version, "version": "v1"},
     })
 }
 
 /// `GET /apis`: the API groups.
 pub(crate) fn api_group_list() -> Value {
-    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [resource_group()]})
+    let groups: Vec<Value> = GROUPS.into_iter().map(group_entry).collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
-/// `GET /apis/resource.k8s.io`: the group.
-pub(crate) fn api_group() -> Value {
-    let mut group = resource_group();
+/// `GET /apis/<group>` (one of [`GROUPS`]): the group.
+pub(crate) fn api_group(name: &str) -> Value {
+    let mut group = group_entry(name);
     group["kind"] = json!("APIGroup");
     group["apiVersion"] = json!("v1");
     group
@@ -306,6 +357,47 @@ mod tests {
         let core = api_resource_list("");
         assert_eq!(core["groupVersion"], "v1");
         assert_eq!(core["resources"][0]["name"], "nodes");
+    }
+
+    #[test]
+    fn events_and_leases_are_served_in_their_groups() {
+        assert_eq!(
+            Resource::from_group_plural("events.k8s.io", "events"),
+            Some(Resource::Events)
+        );
+        assert_eq!(
+            Resource::from_api_version_kind("coordination.k8s.io/v1", "Lease"),
+            Some(Resource::Leases)
+        );
+        assert_eq!(Resource::from_group_plural("", "events"), None);
+        assert_eq!(Resource::Events.qualified_plural(), "events.events.k8s.io");
+        let groups: Vec<String> = api_group_list()["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                g["preferredVersion"]["groupVersion"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(
+            groups,
+            [
+                "resource.k8s.io/v1",
+                "events.k8s.io/v1",
+                "coordination.k8s.io/v1"
+            ]
+        );
+        assert_eq!(api_group("events.k8s.io")["kind"], "APIGroup");
+        let events = api_resource_list("events.k8s.io");
+        assert_eq!(events["groupVersion"], "events.k8s.io/v1");
+        assert_eq!(events["resources"][0]["name"], "events");
+        assert_eq!(events["resources"][0]["namespaced"], true);
+        let leases = api_resource_list("coordination.k8s.io");
+        assert_eq!(leases["resources"][0]["kind"], "Lease");
+        assert_eq!(leases["resources"].as_array().unwrap().len(), 1);
     }
 
     #[test]

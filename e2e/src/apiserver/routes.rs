@@ -75,19 +75,28 @@ pub(crate) fn parse_path(path: &str, server_address: &str) -> Result<Target, Api
         return Err(ApiError::unknown_path());
     }
     match segs.as_slice() {
-        [] => Ok(Target::Discovery(json!({"paths": [
-            "/api", "/api/v1", "/apis", "/apis/resource.k8s.io", "/apis/resource.k8s.io/v1",
-            "/healthz", "/livez", "/readyz", "/version"
-        ]}))),
+        [] => {
+            let mut paths = vec!["/api".to_owned(), "/api/v1".to_owned(), "/apis".to_owned()];
+            for group in resources::GROUPS {
+                paths.push(format!("/apis/{group}"));
+                paths.push(format!("/apis/{group}/v1"));
+            }
+            paths.extend(["/healthz", "/livez", "/readyz", "/version"].map(str::to_owned));
+            Ok(Target::Discovery(json!({ "paths": paths })))
+        }
         ["api"] => Ok(Target::Discovery(resources::api_versions(server_address))),
         ["api", "v1"] => Ok(Target::Discovery(resources::api_resource_list(""))),
         ["api", "v1", rest @ ..] => resource_path("", rest),
         ["apis"] => Ok(Target::Discovery(resources::api_group_list())),
-        ["apis", "resource.k8s.io"] => Ok(Target::Discovery(resources::api_group())),
-        ["apis", "resource.k8s.io", "v1"] => Ok(Target::Discovery(resources::api_resource_list(
-            "resource.k8s.io",
-        ))),
-        ["apis", "resource.k8s.io", "v1", rest @ ..] => resource_path("resource.k8s.io", rest),
+        ["apis", group] if resources::GROUPS.contains(group) => {
+            Ok(Target::Discovery(resources::api_group(group)))
+        }
+        ["apis", group, "v1"] if resources::GROUPS.contains(group) => {
+            Ok(Target::Discovery(resources::api_resource_list(group)))
+        }
+        ["apis", group, "v1", rest @ ..] if resources::GROUPS.contains(group) => {
+            resource_path(group, rest)
+        }
         ["version"] => Ok(Target::Version),
         ["healthz" | "livez" | "readyz"] => Ok(Target::Health),
         _ => Err(ApiError::unknown_path()),
@@ -685,6 +694,26 @@ mod tests {
                 namespace: None
             }
         );
+        assert_eq!(
+            target("/apis/events.k8s.io/v1/namespaces/ns1/events/e1").unwrap(),
+            Target::Item {
+                resource: Resource::Events,
+                namespace: Some("ns1".into()),
+                name: "e1".into(),
+                status: false
+            }
+        );
+        assert_eq!(
+            target("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases").unwrap(),
+            Target::Collection {
+                resource: Resource::Leases,
+                namespace: Some("kube-system".into())
+            }
+        );
+        assert!(matches!(
+            target("/apis/coordination.k8s.io").unwrap(),
+            Target::Discovery(_)
+        ));
         assert!(matches!(target("/version").unwrap(), Target::Version));
         assert!(matches!(target("/apis").unwrap(), Target::Discovery(_)));
     }
@@ -694,6 +723,9 @@ mod tests {
         for path in [
             "/apis/resource.k8s.io/v1/pods",
             "/apis/apps/v1/deployments",
+            "/apis/events.k8s.io/v1/events/e",
+            "/apis/events.k8s.io/v2/namespaces/x/events",
+            "/apis/coordination.k8s.io/v1/namespaces/x/leases/l/status",
             "/api/v1/namespaces/x/nodes",
             "/apis/resource.k8s.io/v1/resourceclaims/c",
             "/apis/resource.k8s.io/v1/resourceslices/s/status",

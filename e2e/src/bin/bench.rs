@@ -37,6 +37,10 @@ struct Args {
     /// for experiments such as `MALLOC_ARENA_MAX=1`.
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
     envs: Vec<(String, String)>,
+    /// Copy each measured plugin's `/proc/<pid>/smaps` (read with its
+    /// status) into this directory, to see where its resident memory is.
+    #[arg(long, value_name = "DIR")]
+    smaps: Option<PathBuf>,
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -70,6 +74,7 @@ struct Ctx {
     plugin_bin: PathBuf,
     scratch: PathBuf,
     envs: Vec<(String, String)>,
+    smaps: Option<PathBuf>,
 }
 
 /// How a row's samples are judged.
@@ -167,7 +172,11 @@ fn main() -> anyhow::Result<()> {
         plugin_bin,
         scratch: scratch.0.clone(),
         envs: args.envs.clone(),
+        smaps: args.smaps.clone(),
     };
+    if let Some(dir) = &ctx.smaps {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
     eprintln!(
         "bench: plugin {}, {} runs per benchmark, extra environment {:?}",
         ctx.plugin_bin.display(),
@@ -229,6 +238,8 @@ struct StartRun {
     repair_ms: f64,
     slices: usize,
     devices: usize,
+    /// `/proc/<pid>/smaps` at the time of the status, when asked for.
+    smaps: Option<String>,
 }
 
 /// Log messages of the plugin that mark startup phases.
@@ -257,6 +268,10 @@ fn plugin_start(ctx: &Ctx, name: &str, runs: u32, flags: &[&str]) -> anyhow::Res
             .runtime
             .block_on(start_once(ctx, &dir, &library, &sysfs, flags))
             .with_context(|| format!("run {i}"))?;
+        if let (Some(out), Some(smaps)) = (&ctx.smaps, &run.smaps) {
+            let file = out.join(format!("{}-run{i}.smaps", name.replace([' ', ','], "_")));
+            std::fs::write(&file, smaps).with_context(|| format!("writing {}", file.display()))?;
+        }
         measured.push(run);
     }
     let col = |f: fn(&StartRun) -> f64| measured.iter().map(f).collect::<Vec<f64>>();
@@ -406,6 +421,13 @@ async fn start_once(
     tokio::time::sleep(Duration::from_millis(300)).await;
     let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
         .context("reading the plugin's /proc status")?;
+    let smaps = match &ctx.smaps {
+        Some(_) => Some(
+            std::fs::read_to_string(format!("/proc/{}/smaps", child.id()))
+                .context("reading the plugin's /proc smaps")?,
+        ),
+        None => None,
+    };
     let repair_ms = repair(&server, &items).await?;
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -426,6 +448,7 @@ async fn start_once(
         repair_ms,
         slices,
         devices,
+        smaps,
     })
 }
 

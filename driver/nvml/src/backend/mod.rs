@@ -48,17 +48,27 @@ impl std::fmt::Debug for NvmlBackend {
 impl NvmlBackend {
     /// Loads NVML from `lib` (the system's `libnvidia-ml.so.1` when `None`)
     /// and initialises it. A missing library, a library without NVML's entry
-    /// points or a failing `nvmlInit` is an [`Error::Init`] naming the library.
+    /// points or a failing `nvmlInit` is an [`Error::Init`] naming the library;
+    /// when the library explains a failed init itself (the project's fake
+    /// NVML exports `mockNvmlLastError`), the explanation is part of it.
     pub fn open(lib: Option<&Path>) -> Result<Self> {
         let library = lib.map_or_else(|| DEFAULT_LIBRARY.to_owned(), |p| p.display().to_string());
         let path: &OsStr = lib.map_or(OsStr::new(DEFAULT_LIBRARY), Path::as_os_str);
-        let nvml = Nvml::builder()
-            .lib_path(path)
-            .init()
-            .map_err(|e| Error::Init {
+        // Held across init: nvml-wrapper unloads its copy when init fails,
+        // and the explanation lives in the library.
+        let loaded = raw::LoadedLibrary::open(path).ok();
+        let nvml = Nvml::builder().lib_path(path).init().map_err(|e| {
+            let mut reason = init_reason(&e);
+            if let Some(why) = loaded.as_ref().and_then(raw::LoadedLibrary::last_error) {
+                reason.push_str(": ");
+                reason.push_str(&why);
+            }
+            Error::Init {
                 library: library.clone(),
-                reason: init_reason(&e),
-            })?;
+                reason,
+            }
+        })?;
+        drop(loaded);
         tracing::info!(library = %library, "NVML initialised");
         Ok(Self {
             nvml,

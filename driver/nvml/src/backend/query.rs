@@ -13,7 +13,8 @@ use super::call;
 use super::raw::{self, RawDevice};
 use crate::naming;
 use crate::{
-    ComputeMode, Error, GpuInfo, MigDevice, MigInfo, MigPlacement, MigProfile, NvLinkInfo, Result,
+    ComputeMode, ComputeSlices, Error, GpuInfo, MigDevice, MigInfo, MigPlacement, MigProfile,
+    NvLinkInfo, Result,
 };
 
 /// Everything about GPU `index`. Any failing query fails this GPU only.
@@ -249,6 +250,19 @@ pub(super) fn mig_devices(
             .memory_info()
             .map_err(call("nvmlDeviceGetMemoryInfo_v2 (MIG)", index))?
             .total;
+        // Optional: only tells whether the compute instance spans its GPU
+        // instance.
+        let compute_slices = match mig.attributes() {
+            Ok(a) if a.gpu_instance_slice_count > 0 => Some(ComputeSlices {
+                gpu_instance: a.gpu_instance_slice_count,
+                compute_instance: a.compute_instance_slice_count,
+            }),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::debug!(gpu = index, gi = gpu_instance_id, ci = compute_instance_id, error = %e, "MIG device attributes unreadable");
+                None
+            }
+        };
         devices.push(MigDevice {
             uuid,
             profile_id: gi.profile_id,
@@ -259,6 +273,7 @@ pub(super) fn mig_devices(
                 size: gi.size,
             },
             memory_bytes,
+            compute_slices,
         });
     }
     devices.sort_by_key(|d| (d.gpu_instance_id, d.compute_instance_id));

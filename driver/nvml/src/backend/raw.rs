@@ -1,14 +1,17 @@
 //! The raw NVML calls that nvml-wrapper's safe API lacks (GPU and compute
 //! instance management and listing, possible placements, addressing mode),
-//! plus the cached device handle. This is the only module of the workspace's
-//! driver code that contains `unsafe`; every block says why it is sound.
+//! the cached device handle, and the init diagnostics of the project's fake
+//! NVML ([`LoadedLibrary::last_error`]). This is the only module of the
+//! workspace's driver code that contains `unsafe`; every block says why it is
+//! sound.
 //!
 //! Handles returned here borrow the [`Nvml`] they came from, so none of them
 //! can outlive `nvmlShutdown`.
 #![allow(unsafe_code)]
 
+use std::ffi::{CStr, OsStr};
 use std::marker::PhantomData;
-use std::os::raw::c_uint;
+use std::os::raw::{c_char, c_uint};
 
 use nvml_wrapper::Device;
 use nvml_wrapper::Nvml;
@@ -317,4 +320,98 @@ pub(crate) fn destroy_compute_instance(
     let sym = nvml_sym(nvml.lib().nvmlComputeInstanceDestroy.as_ref())?;
     // SAFETY: valid CI handle, never used again (moved in).
     nvml_try(unsafe { sym(ci.handle) })
+}
+
+/// The NVML library loaded a second time, alongside nvml-wrapper's own
+/// handle (the dynamic loader hands out the same loaded object), so that it
+/// stays loaded after a failed `nvmlInit` (nvml-wrapper unloads its copy
+/// then) and its extra symbols can be looked up.
+pub(crate) struct LoadedLibrary(libloading::Library);
+
+/// The symbol of the fake NVML that explains its last init failure:
+/// `const char *mockNvmlLastError(void)`.
+const LAST_ERROR_SYMBOL: &[u8] = b"mockNvmlLastError\0";
+
+/// The longest explanation kept from the library, in bytes.
+const LAST_ERROR_MAX: usize = 1024;
+
+impl LoadedLibrary {
+    /// Loads `path` (a path or a soname, as nvml-wrapper is given it).
+    pub(crate) fn open(path: &OsStr) -> Result<Self, libloading::Error> {
+        // SAFETY: this is the very library nvml-wrapper loads right after
+        // (same path, so the loader returns the same object and runs its
+        // initialisers once); loading it here adds no code that the backend
+        // would not run anyway.
+        unsafe { libloading::Library::new(path) }.map(Self)
+    }
+
+    /// The library's own explanation of its last init failure, when it
+    /// exports `mockNvmlLastError` (the project's fake NVML does; NVIDIA's
+    /// library does not, and gives `None`). One line, at most
+    /// [`LAST_ERROR_MAX`] bytes; `None` when empty.
+    pub(crate) fn last_error(&self) -> Option<String> {
+        // SAFETY: the symbol is looked up with the signature the fake NVML
+        // documents and exports it with (`const char *(void)`, see
+        // hack/mock-nvml/README.md); the returned function pointer is used
+        // only while `self.0` keeps the library loaded.
+        let function = unsafe {
+            self.0
+                .get::<unsafe extern "C" fn() -> *const c_char>(LAST_ERROR_SYMBOL)
+        }
+        .ok()?;
+        // SAFETY: the function takes no arguments and returns a pointer to a
+        // NUL-terminated string that the library keeps valid for the life of
+        // the process (or null, handled below).
+        let text = unsafe { function() };
+        if text.is_null() {
+            return None;
+        }
+        // SAFETY: non-null and NUL-terminated, per the contract above; the
+        // bytes are copied out at once.
+        let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+        one_line(&text, LAST_ERROR_MAX)
+    }
+}
+
+/// `text` on one line (control characters as spaces, runs of spaces
+/// squeezed, trimmed), cut to at most `max` bytes on a character boundary;
+/// `None` when nothing is left.
+fn one_line(text: &str, max: usize) -> Option<String> {
+    let mut out = String::with_capacity(text.len().min(max));
+    for word in text
+        .split(|c: char| c.is_control() || c.is_whitespace())
+        .filter(|w| !w.is_empty())
+    {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(word);
+        if out.len() > max {
+            break;
+        }
+    }
+    if out.len() > max {
+        let mut end = max;
+        while !out.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.truncate(end);
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[test]
+    fn diagnostics_are_cut_to_one_short_line() {
+        assert_eq!(one_line("  a\nb\t c\r\n", 100).as_deref(), Some("a b c"));
+        assert_eq!(one_line(" \n\t", 100), None);
+        assert_eq!(one_line("", 100), None);
+        assert_eq!(one_line("abcdef", 4).as_deref(), Some("abcd"));
+        // Never in the middle of a character.
+        assert_eq!(one_line("aé", 2).as_deref(), Some("a"));
+        assert_eq!(one_line(&"x".repeat(10_000), 1024).unwrap().len(), 1024);
+    }
 }

@@ -45,12 +45,13 @@ impl Store {
         self.rv.to_string()
     }
 
-    fn run(&mut self, plan: &Plan, state: &mut PoolState) {
-        for op in &plan.ops {
+    fn run(&mut self, plan: &Plan, desired: &[ResourceSlice], state: &mut PoolState) {
+        for op in plan.ops() {
             self.writes += 1;
             match op {
-                Op::Apply(s) => {
-                    let rv = self.put((**s).clone());
+                Op::Apply(i) => {
+                    let s = &desired[*i];
+                    let rv = self.put(s.clone());
                     record_write(state, s, Some(rv));
                 }
                 Op::Delete(name) => {
@@ -66,8 +67,13 @@ impl Store {
     }
 
     fn reconcile(&mut self, desired: &[ResourceSlice], state: &mut PoolState) -> Plan {
-        let plan = plan(desired, &self.list(), state);
-        self.run(&plan, state);
+        let mut desired = desired.to_vec();
+        let plan = plan(&mut desired, &self.list(), state);
+        assert!(
+            desired.iter().all(|d| d.spec.pool.generation == plan.generation),
+            "plan sets the generation of every desired slice"
+        );
+        self.run(&plan, &desired, state);
         plan
     }
 
@@ -87,11 +93,11 @@ fn first_publication_then_nothing_to_do() {
     let mut state = PoolState::default();
     let plan = store.reconcile(&want, &mut state);
     assert_eq!(plan.generation, 0);
-    assert_eq!(plan.ops.len(), 5);
+    assert_eq!(plan.len(), 5);
     assert_eq!(store.generations(), vec![(0, 5); 5]);
     // No change: no write.
     let again = store.reconcile(&want, &mut state);
-    assert!(again.ops.is_empty(), "{:?}", again.ops);
+    assert!(again.is_empty(), "{:?}", again.waves);
     assert_eq!(store.writes, 5);
     let names: Vec<&str> = store.objects.keys().map(String::as_str).collect();
     assert_eq!(names[0], "node-a-gpu.nvidia.com-0");
@@ -120,7 +126,7 @@ fn a_restart_with_the_same_gpus_adopts_the_pool() {
 
     let mut fresh = PoolState::default();
     let plan = store.reconcile(&want, &mut fresh);
-    assert!(plan.ops.is_empty(), "{:?}", plan.ops);
+    assert!(plan.is_empty(), "{:?}", plan.waves);
     assert_eq!(plan.generation, 2);
     assert_eq!(store.writes, writes);
     assert_eq!(store.list(), before);
@@ -147,8 +153,7 @@ fn new_content_bumps_every_slice_and_deletes_surplus_last() {
     let plan = store.reconcile(&desired(&dgx_h100(false), false), &mut state);
     assert_eq!(plan.generation, 1);
     let kinds: Vec<&str> = plan
-        .ops
-        .iter()
+        .ops()
         .map(|o| match o {
             Op::Apply(_) => "apply",
             Op::Delete(_) => "delete",
@@ -167,14 +172,16 @@ fn deleted_slices_come_back_at_the_same_generation() {
     store.objects.remove("node-a-gpu.nvidia.com-2");
     let plan = store.reconcile(&want, &mut state);
     assert_eq!(plan.generation, 0);
-    assert_eq!(plan.ops.len(), 1);
-    assert!(
-        matches!(&plan.ops[0], Op::Apply(s) if s.metadata.name.as_deref() == Some("node-a-gpu.nvidia.com-2"))
+    assert_eq!(plan.ops().collect::<Vec<_>>(), [&Op::Apply(2)]);
+    assert_eq!(
+        want[2].metadata.name.as_deref(),
+        Some("node-a-gpu.nvidia.com-2")
     );
+    assert!(store.objects.contains_key("node-a-gpu.nvidia.com-2"));
     // Kubelet restart: everything gone.
     store.objects.clear();
     let plan = store.reconcile(&want, &mut state);
-    assert_eq!((plan.generation, plan.ops.len()), (0, 5));
+    assert_eq!((plan.generation, plan.len()), (0, 5));
 }
 
 #[test]
@@ -188,7 +195,7 @@ fn drift_is_repaired() {
     tampered.spec.devices.as_mut().unwrap().pop();
     store.put(tampered);
     let plan = store.reconcile(&want, &mut state);
-    assert_eq!((plan.generation, plan.ops.len()), (0, 1));
+    assert_eq!((plan.generation, plan.len()), (0, 1));
     assert_eq!(store.objects[&name].spec.devices.as_ref().unwrap().len(), 8);
 
     // Someone raises the generation: we rewrite above it.
@@ -214,7 +221,7 @@ fn foreign_slices_of_the_node_and_driver_are_deleted() {
     // Another pool's generation does not count.
     assert_eq!(plan.generation, 0);
     assert_eq!(
-        plan.ops.last(),
+        plan.ops().last(),
         Some(&Op::Delete("node-a-gpu.nvidia.com-abcde".into()))
     );
     assert_eq!(store.objects.len(), 1);
@@ -229,10 +236,12 @@ fn immutable_differences_are_recreated() {
     store.put(wrong);
     let mut state = PoolState::default();
     let plan = store.reconcile(&want, &mut state);
-    assert!(
-        matches!(&plan.ops[..], [Op::Delete(_), Op::Apply(_)]),
-        "{:?}",
-        plan.ops
+    assert_eq!(
+        plan.waves,
+        [
+            vec![Op::Delete("node-a-gpu.nvidia.com-0".into())],
+            vec![Op::Apply(0)]
+        ]
     );
     assert_eq!(
         store.objects["node-a-gpu.nvidia.com-0"].spec.pool.name,
@@ -275,7 +284,7 @@ fn server_normalisation_is_not_drift() {
     );
     // A fresh state compares by value only.
     let mut fresh = PoolState::default();
-    assert!(store.reconcile(&want, &mut fresh).ops.is_empty());
+    assert!(store.reconcile(&want, &mut fresh).is_empty());
 }
 
 #[test]
@@ -294,14 +303,14 @@ fn dropped_fields_do_not_cause_endless_rewrites() {
     let mut state = PoolState::default();
     store.reconcile(&want, &mut state);
     let writes = store.writes;
-    assert!(store.reconcile(&want, &mut state).ops.is_empty());
+    assert!(store.reconcile(&want, &mut state).is_empty());
     assert_eq!(store.writes, writes);
     // A real change by someone else (new resourceVersion) is still repaired.
     let name = "node-a-gpu.nvidia.com-1".to_owned();
     let mut tampered = store.objects[&name].clone();
     tampered.spec.devices = None;
     store.put(tampered);
-    assert_eq!(store.reconcile(&want, &mut state).ops.len(), 1);
+    assert_eq!(store.reconcile(&want, &mut state).len(), 1);
 }
 
 #[test]
@@ -341,4 +350,88 @@ fn comparable_ignores_spelling_but_not_values() {
     let mut owner_changed = want[0].clone();
     owner_changed.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-2".into();
     assert_ne!(comparable(&owner_changed), comparable(&want[0]));
+}
+
+#[test]
+fn counter_set_slices_come_in_a_wave_before_device_slices() {
+    let want = desired(&dgx_h100(false), true);
+    let mut store = Store::default();
+    let mut state = PoolState::default();
+    let plan = store.reconcile(&want, &mut state);
+    // 1.35: slice 0 holds the 8 counter sets, slices 1-4 the devices.
+    assert!(want[0].spec.devices.is_none() && want[0].spec.shared_counters.is_some());
+    assert_eq!(
+        plan.waves,
+        [
+            vec![Op::Apply(0)],
+            vec![Op::Apply(1), Op::Apply(2), Op::Apply(3), Op::Apply(4)]
+        ]
+    );
+    // 1.34: counter sets travel with their devices, one wave.
+    let rules = SliceRules::V1_34;
+    let model = DeviceModel::build(
+        &dgx_h100(false),
+        &BuildOptions {
+            dynamic_mig: true,
+            group_limits: rules.group_limits(),
+        },
+    );
+    let want = build_slices(&owner(), &split(&model, &rules.limits()), 0);
+    let plan = Store::default().reconcile(&want, &mut PoolState::default());
+    assert_eq!(plan.waves.len(), 1);
+    assert_eq!(plan.len(), want.len());
+}
+
+#[test]
+fn a_slice_at_another_generation_is_not_in_sync() {
+    let want = desired(&pcie_a100_bridged(), false);
+    let mut store = Store::default();
+    let mut state = PoolState::default();
+    store.reconcile(&want, &mut state);
+    // Same content, older generation (someone wrote it back): rewritten.
+    let name = "node-a-gpu.nvidia.com-0".to_owned();
+    let mut old = store.objects[&name].clone();
+    old.spec.pool.generation = -1;
+    store.put(old);
+    let plan = store.reconcile(&want, &mut state);
+    assert_eq!((plan.generation, plan.len()), (0, 1));
+    assert_eq!(store.generations(), [(0, 1)]);
+}
+
+#[test]
+fn the_state_keeps_digests_not_copies() {
+    let want = desired(&dgx_h100(false), true);
+    let mut store = Store::default();
+    let mut state = PoolState::default();
+    store.reconcile(&want, &mut state);
+    let (generation, content) = state.published.as_ref().unwrap();
+    assert_eq!((*generation, content.len()), (0, 5));
+    assert_eq!(content[3], comparable(&want[3]));
+    assert_eq!(state.written.len(), 5);
+    let w = &state.written["node-a-gpu.nvidia.com-1"];
+    assert_eq!((w.generation, w.content), (0, comparable(&want[1])));
+    // The whole state is a few hundred bytes, whatever the pool's size.
+    let bytes = std::mem::size_of::<Digest>() * content.len()
+        + state
+            .written
+            .iter()
+            .map(|(k, w)| k.len() + w.resource_version.len() + std::mem::size_of::<Written>())
+            .sum::<usize>();
+    assert!(bytes < 1024, "{bytes}");
+    // A deletion forgets the write.
+    record_delete(&mut state, "node-a-gpu.nvidia.com-1");
+    assert!(!state.written.contains_key("node-a-gpu.nvidia.com-1"));
+    // An answer without a resourceVersion forgets it too.
+    record_write(&mut state, &want[2], None);
+    assert!(!state.written.contains_key("node-a-gpu.nvidia.com-2"));
+}
+
+#[test]
+fn comparable_ignores_the_generation_only() {
+    let want = desired(&dgx_h100(false), false);
+    let mut other = want[0].clone();
+    other.spec.pool.generation = 12;
+    assert_eq!(comparable(&other), comparable(&want[0]));
+    other.spec.pool.resource_slice_count = 2;
+    assert_ne!(comparable(&other), comparable(&want[0]));
 }

@@ -6,6 +6,8 @@
 //! ResourceSlice rules come in two sets ([`ValidationRules`]): the 1.34 rules and the 1.35+ rules.
 
 mod claim;
+mod event;
+mod lease;
 mod meta;
 pub(crate) mod names;
 mod slice;
@@ -514,6 +516,11 @@ fn validate(
         }
         Resource::DeviceClasses => claim::validate_device_class(&mut errs, map),
         Resource::Nodes => {}
+        Resource::Events => {
+            let namespace = super::meta::namespace(obj).to_owned();
+            event::validate(&mut errs, map, &namespace, old);
+        }
+        Resource::Leases => lease::validate(&mut errs, map),
     }
     errs.into_result(&name)
 }

@@ -1,0 +1,572 @@
+//! `gpu-dra simulate`, run as a binary against pools the real plugin
+//! published (captured in `tests/data/slices/`) and against the test API
+//! server through a kubeconfig: satisfiable claims name their devices,
+//! impossible ones exit 1 with the explanation, bad input exits 2.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gpu_dra_e2e::apiserver::{Resource, ServerOptions, TestApiServer, WriteOptions};
+use serde_json::{Value, json};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+fn example(name: &str) -> PathBuf {
+    repo().join("docs/examples").join(name)
+}
+
+const PCIE: &str = "slices/pcie-a100-bridged.yaml";
+const DGX_A100: &str = "slices/dgx-a100.yaml";
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn simulate<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Run {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .arg("simulate")
+        .args(args)
+        .output()
+        .expect("run gpu-dra");
+    Run {
+        code: out.status.code().expect("exit status"),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+fn simulate_json<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (i32, Value) {
+    let mut all: Vec<std::ffi::OsString> = vec!["--output".into(), "json".into()];
+    all.extend(args.iter().map(|a| a.as_ref().to_owned()));
+    let run = simulate(&all);
+    let report = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", run.stdout, run.stderr));
+    (run.code, report)
+}
+
+/// The results of the first allocation.
+fn results(report: &Value) -> &Vec<Value> {
+    report["allocations"][0]["results"].as_array().unwrap()
+}
+
+fn devices(report: &Value) -> Vec<&str> {
+    results(report)
+        .iter()
+        .map(|r| r["device"].as_str().unwrap())
+        .collect()
+}
+
+/// Every object of a YAML `List` file.
+fn list_items(file: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let list: Value = yaml_serde::from_str(&text).unwrap();
+    list["items"].as_array().unwrap().clone()
+}
+
+#[test]
+fn two_nvlink_gpus_on_a_bridged_server_are_a_linked_pair() {
+    let (code, report) = simulate_json(&[
+        "--slices".as_ref(),
+        data(PCIE).as_os_str(),
+        "--claim".as_ref(),
+        example("nvlink-pair.yaml").as_os_str(),
+    ]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["satisfiable"], true);
+    assert_eq!(report["allocations"][0]["node"], "node-a");
+    let results = results(&report);
+    assert_eq!(results.len(), 2);
+    let domain = |r: &Value| r["attributes"]["nvlinkDomain"].as_str().unwrap().to_owned();
+    assert_eq!(domain(&results[0]), domain(&results[1]));
+    assert_ne!(results[0]["device"], results[1]["device"]);
+    // The scheduler's first fit: the first bridged pair.
+    assert_eq!(devices(&report), ["gpu-0", "gpu-1"]);
+    for r in results {
+        assert_eq!(r["request"], "gpus");
+        assert_eq!(r["driver"], "gpu.nvidia.com");
+        assert_eq!(r["pool"], "node-a");
+    }
+
+    let run = simulate(&[
+        "--slices".as_ref(),
+        data(PCIE).as_os_str(),
+        "--claim".as_ref(),
+        example("nvlink-pair.yaml").as_os_str(),
+    ]);
+    assert_eq!(run.code, 0);
+    assert!(
+        run.stdout
+            .starts_with("ResourceClaimTemplate default/nvlink-pair: can be allocated\nnode node-a:\n"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("gpus     gpu-0   node-a  type=gpu productName=NVIDIA A100-PCIE-40GB memory=40Gi nvlinkDomain="), "{}", run.stdout);
+}
+
+#[test]
+fn an_allocated_claim_pushes_the_pair_to_the_other_bridge() {
+    let (code, report) = simulate_json(&[
+        "--slices".as_ref(),
+        data(PCIE).as_os_str(),
+        data("claims/gpu-0-allocated.yaml").as_os_str(),
+        "--claim".as_ref(),
+        example("nvlink-pair.yaml").as_os_str(),
+    ]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(devices(&report), ["gpu-2", "gpu-3"]);
+}
+
+#[test]
+fn an_impossible_claim_names_the_closest_device() {
+    let run = simulate(&[
+        "--slices".as_ref(),
+        data(PCIE).as_os_str(),
+        "--claim".as_ref(),
+        example("large-memory.yaml").as_os_str(),
+    ]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout
+            .starts_with("ResourceClaim default/large-memory: cannot be allocated\n  why: "),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("closest device `gpu-0`"), "{}", run.stdout);
+    assert!(run.stdout.contains("large-memory.gpu.nvidia.com"), "{}", run.stdout);
+    assert!(run.stdout.contains("quantity('80G')"), "{}", run.stdout);
+
+    let (code, report) = simulate_json(&[
+        "--slices".as_ref(),
+        data(PCIE).as_os_str(),
+        "--claim".as_ref(),
+        example("large-memory.yaml").as_os_str(),
+    ]);
+    assert_eq!(code, 1);
+    assert_eq!(report["satisfiable"], false);
+    assert_eq!(report["allocations"], json!([]));
+    let node = &report["explanation"]["nodes"][0];
+    assert_eq!(node["node"], "node-a");
+    assert_eq!(node["devices"], 4);
+    assert_eq!(node["reason"], json!({"type": "Request", "request": "gpu"}));
+    let variants = node["requests"][0]["variants"].as_array().unwrap();
+    assert_eq!(variants.len(), 2, "both firstAvailable alternatives are reported");
+    let any = &variants[1];
+    assert_eq!(any["name"], "gpu/any");
+    assert_eq!(any["matching"], 0);
+    // The class's type selector passes every GPU, the memory one none.
+    let passed: Vec<u64> = any["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["passed"].as_u64().unwrap())
+        .collect();
+    assert_eq!(passed, [4, 0]);
+    assert_eq!(any["closest"]["device"], "gpu-0");
+    assert_eq!(any["closest"]["failedStage"], 1);
+}
+
+#[test]
+fn three_linked_gpus_fail_on_the_constraint() {
+    let (code, report) = simulate_json(&[
+        "--slices".as_ref(),
+        data(PCIE).as_os_str(),
+        "--claim".as_ref(),
+        data("claims/three-nvlink-gpus.yaml").as_os_str(),
+    ]);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(report["claim"]["namespace"], "team-a");
+    let node = &report["explanation"]["nodes"][0];
+    assert_eq!(node["reason"]["type"], "Constraints", "{report:#}");
+    assert!(
+        report["explanation"]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("nvlinkDomain"),
+        "{report:#}"
+    );
+}
+
+#[test]
+fn two_mig_devices_share_their_parent() {
+    let (code, report) = simulate_json(&[
+        "--slices".as_ref(),
+        data(DGX_A100).as_os_str(),
+        "--claim".as_ref(),
+        example("mig-pair-same-gpu.yaml").as_os_str(),
+    ]);
+    assert_eq!(code, 0, "{report:#}");
+    let results = results(&report);
+    assert_eq!(results.len(), 2);
+    let requests: Vec<&str> = results.iter().map(|r| r["request"].as_str().unwrap()).collect();
+    assert_eq!(requests, ["mig-a", "mig-b"]);
+    for r in results {
+        assert_eq!(r["attributes"]["profile"], "1g.10gb");
+        assert_eq!(r["attributes"]["type"], "mig");
+    }
+    assert_eq!(
+        results[0]["attributes"]["parentUUID"],
+        results[1]["attributes"]["parentUUID"]
+    );
+}
+
+#[test]
+fn first_available_falls_back_to_the_second_alternative() {
+    let (code, report) = simulate_json(&[
+        "--slices".as_ref(),
+        data(DGX_A100).as_os_str(),
+        "--claim".as_ref(),
+        example("large-memory.yaml").as_os_str(),
+    ]);
+    assert_eq!(code, 0, "{report:#}");
+    let r = &results(&report)[0];
+    assert_eq!(r["request"], "gpu/any", "A100s are not Hopper: {report:#}");
+    assert_eq!(r["attributes"]["type"], "gpu");
+    assert_eq!(r["capacity"]["memory"], "85899345920");
+}
+
+#[test]
+fn nvidias_shared_gpus_template_gets_two_gpus() {
+    let (code, report) = simulate_json(&[
+        "--slices".as_ref(),
+        data(PCIE).as_os_str(),
+        "--claim".as_ref(),
+        example("shared-gpus.yaml").as_os_str(),
+    ]);
+    assert_eq!(code, 0, "{report:#}");
+    let requests: Vec<&str> = results(&report)
+        .iter()
+        .map(|r| r["request"].as_str().unwrap())
+        .collect();
+    assert_eq!(requests, ["ts-gpu", "mps-gpu"]);
+}
+
+#[test]
+fn a_node_without_devices_cannot_take_the_claim() {
+    let run = simulate(&[
+        "--slices".as_ref(),
+        data(PCIE).as_os_str(),
+        "--claim".as_ref(),
+        example("gpu.yaml").as_os_str(),
+        "--node".as_ref(),
+        "node-z".as_ref(),
+    ]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("node-z"), "{}", run.stdout);
+}
+
+#[test]
+fn all_nodes_reports_every_fitting_node() {
+    // Two nodes: the captured one and a renamed copy.
+    let dir = tempfile::tempdir().unwrap();
+    let mut items = list_items(&data(PCIE));
+    let mut copy = items.clone();
+    for slice in &mut copy {
+        slice["metadata"]["name"] = json!("node-b-slice");
+        slice["spec"]["nodeName"] = json!("node-b");
+        slice["spec"]["pool"]["name"] = json!("node-b");
+    }
+    items.extend(copy);
+    let file = dir.path().join("two-nodes.yaml");
+    std::fs::write(
+        &file,
+        yaml_serde::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": items})).unwrap(),
+    )
+    .unwrap();
+    let (code, report) = simulate_json(&[
+        "--slices".as_ref(),
+        file.as_os_str(),
+        "--claim".as_ref(),
+        example("gpu.yaml").as_os_str(),
+        "--all-nodes".as_ref(),
+    ]);
+    assert_eq!(code, 0, "{report:#}");
+    let nodes: Vec<&str> = report["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes, ["node-a", "node-b"]);
+}
+
+#[test]
+fn malformed_slices_exit_2_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let claim = example("gpu.yaml");
+
+    let broken_yaml = dir.path().join("broken.yaml");
+    std::fs::write(&broken_yaml, "apiVersion: v1\nkind: List\nitems:\n- {kind: ResourceSlice\n").unwrap();
+    let run = simulate(&["--slices".as_ref(), broken_yaml.as_os_str(), "--claim".as_ref(), claim.as_os_str()]);
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains(&format!("{}:", broken_yaml.display())) && run.stderr.contains("invalid YAML"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stdout.is_empty());
+
+    // A field of the wrong type: the file line and the field are named.
+    let text = std::fs::read_to_string(data(PCIE))
+        .unwrap()
+        .replacen("generation: 0", "generation: zero", 1);
+    let bad_field = dir.path().join("bad-field.yaml");
+    std::fs::write(&bad_field, &text).unwrap();
+    let line = text.lines().position(|l| l.contains("generation: zero")).unwrap() + 1;
+    let run = simulate(&["--slices".as_ref(), bad_field.as_os_str(), "--claim".as_ref(), claim.as_os_str()]);
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains(&format!(
+            "{}:{line} (document 1, items[0]): ResourceSlice `node-a-gpu.nvidia.com-0`: spec.pool.generation: ",
+            bad_field.display()
+        )),
+        "{}",
+        run.stderr
+    );
+
+    // No slices at all.
+    let empty = dir.path().join("empty.yaml");
+    std::fs::write(&empty, "apiVersion: v1\nkind: List\nitems: []\n").unwrap();
+    let run = simulate(&["--slices".as_ref(), empty.as_os_str(), "--claim".as_ref(), claim.as_os_str()]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("no ResourceSlice objects"), "{}", run.stderr);
+
+    // Missing file.
+    let run = simulate(&[
+        "--slices".as_ref(),
+        dir.path().join("nope.yaml").as_os_str(),
+        "--claim".as_ref(),
+        claim.as_os_str(),
+    ]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("nope.yaml"), "{}", run.stderr);
+}
+
+#[test]
+fn bad_claim_files_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let slices = data(PCIE);
+
+    let two = dir.path().join("two.yaml");
+    let text = std::fs::read_to_string(example("gpu.yaml")).unwrap();
+    std::fs::write(&two, format!("{text}---\n{text}")).unwrap();
+    let run = simulate(&["--slices".as_ref(), slices.as_os_str(), "--claim".as_ref(), two.as_os_str()]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("2 claims"), "{}", run.stderr);
+
+    let none = repo().join("deviceclasses/gpu.nvidia.com.yaml");
+    let run = simulate(&["--slices".as_ref(), slices.as_os_str(), "--claim".as_ref(), none.as_os_str()]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("no ResourceClaim"), "{}", run.stderr);
+
+    let unknown = dir.path().join("unknown-class.yaml");
+    std::fs::write(
+        &unknown,
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {deviceClassName: no-such-class}\n",
+    )
+    .unwrap();
+    let run = simulate(&["--slices".as_ref(), slices.as_os_str(), "--claim".as_ref(), unknown.as_os_str()]);
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr.contains("no-such-class") && run.stderr.contains("known classes: 1g.10gb.mig.nvidia.com, gpu.nvidia.com"),
+        "{}",
+        run.stderr
+    );
+
+    let bad_count = dir.path().join("bad-count.yaml");
+    std::fs::write(
+        &bad_count,
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly:\n        deviceClassName: gpu.nvidia.com\n        count: many\n",
+    )
+    .unwrap();
+    let run = simulate(&["--slices".as_ref(), slices.as_os_str(), "--claim".as_ref(), bad_count.as_os_str()]);
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr.contains(&format!("{}:10 ", bad_count.display()))
+            && run.stderr.contains("spec.devices.requests[0].exactly.count"),
+        "{}",
+        run.stderr
+    );
+
+    // Neither --slices nor --kubeconfig.
+    let run = simulate(&["--claim".as_ref(), example("gpu.yaml").as_os_str()]);
+    assert_eq!(run.code, 2);
+}
+
+#[test]
+fn classes_from_files_replace_the_built_in_ones() {
+    // A stricter gpu.nvidia.com that only takes GPUs on NUMA node 1.
+    let dir = tempfile::tempdir().unwrap();
+    let class = dir.path().join("class.yaml");
+    std::fs::write(
+        &class,
+        "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {name: gpu.nvidia.com}\nspec:\n  selectors:\n  - cel: {expression: \"device.attributes['resource.kubernetes.io'].numaNode == 1\"}\n",
+    )
+    .unwrap();
+    let (code, report) = simulate_json(&[
+        "--slices".as_ref(),
+        data(PCIE).as_os_str(),
+        "--classes".as_ref(),
+        class.as_os_str(),
+        "--claim".as_ref(),
+        example("gpu.yaml").as_os_str(),
+    ]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(devices(&report), ["gpu-2"]);
+}
+
+/// The sample slices are the golden pools the real plugin publishes,
+/// without the server's metadata: they must not drift apart.
+#[test]
+fn sample_slices_agree_with_the_golden_snapshots() {
+    for profile in ["pcie-a100-bridged", "dgx-a100"] {
+        let snap = std::fs::read_to_string(
+            repo().join(format!("driver/tests/snapshots/pool_golden__{profile}.snap")),
+        )
+        .unwrap();
+        let body = snap.splitn(3, "---\n").nth(2).expect("snapshot header");
+        let mut golden: Vec<Value> = serde_json::from_str(body).unwrap();
+        for slice in &mut golden {
+            let meta = slice["metadata"].as_object_mut().unwrap();
+            for key in ["uid", "resourceVersion", "creationTimestamp", "managedFields", "ownerReferences"] {
+                meta.remove(key);
+            }
+        }
+        let sample = list_items(&data(&format!("slices/{profile}.yaml")));
+        assert_eq!(sample, golden, "regenerate tests/data/slices/{profile}.yaml from the snapshot");
+    }
+}
+
+/// Seeds a test API server with the captured pool and the shipped classes.
+fn cluster(allocated: bool) -> (tokio::runtime::Runtime, TestApiServer) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = runtime
+        .block_on(TestApiServer::start(ServerOptions::default()))
+        .unwrap();
+    let store = server.store();
+    let opts = WriteOptions::default();
+    for slice in list_items(&data(PCIE)) {
+        store
+            .create(Resource::ResourceSlices, None, slice, &opts)
+            .unwrap();
+    }
+    for file in ["gpu.nvidia.com.yaml", "nvlink.gpu.nvidia.com.yaml"] {
+        let text = std::fs::read_to_string(repo().join("deviceclasses").join(file)).unwrap();
+        let class: Value = yaml_serde::from_str(&text).unwrap();
+        store
+            .create(Resource::DeviceClasses, None, class, &opts)
+            .unwrap();
+    }
+    if allocated {
+        let text = std::fs::read_to_string(data("claims/gpu-0-allocated.yaml")).unwrap();
+        let claim: Value = yaml_serde::from_str(&text).unwrap();
+        let created = store
+            .create(Resource::ResourceClaims, Some("team-b"), claim.clone(), &opts)
+            .unwrap();
+        let mut with_status = created;
+        with_status["status"] = claim["status"].clone();
+        store
+            .update(
+                Resource::ResourceClaims,
+                Some("team-b"),
+                "running-job",
+                with_status,
+                true,
+                &opts,
+            )
+            .unwrap();
+    }
+    (runtime, server)
+}
+
+#[test]
+fn the_cluster_state_comes_through_a_kubeconfig() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let claim = example("nvlink-pair.yaml");
+
+    let (runtime, server) = cluster(false);
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let (code, report) = simulate_json(&[
+        "--kubeconfig".as_ref(),
+        kubeconfig.as_os_str(),
+        "--claim".as_ref(),
+        claim.as_os_str(),
+    ]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(devices(&report), ["gpu-0", "gpu-1"]);
+    // The kubeconfig's namespace is the claim's.
+    assert_eq!(report["claim"]["namespace"], "default");
+    runtime.block_on(server.shutdown()).unwrap();
+
+    let (runtime, server) = cluster(true);
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let (code, report) = simulate_json(&[
+        "--kubeconfig".as_ref(),
+        kubeconfig.as_os_str(),
+        "--claim".as_ref(),
+        claim.as_os_str(),
+    ]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(devices(&report), ["gpu-2", "gpu-3"], "gpu-0 is taken");
+
+    // Only the cluster's classes count: the built-in MIG class is not there.
+    let run = simulate(&[
+        "--kubeconfig".as_ref(),
+        kubeconfig.as_os_str(),
+        "--claim".as_ref(),
+        example("mig-pair-same-gpu.yaml").as_os_str(),
+    ]);
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("1g.10gb.mig.nvidia.com"), "{}", run.stderr);
+    runtime.block_on(server.shutdown()).unwrap();
+}
+
+#[test]
+fn an_unusable_kubeconfig_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let claim = example("gpu.yaml");
+    let run = simulate(&[
+        "--kubeconfig".as_ref(),
+        dir.path().join("missing").as_os_str(),
+        "--claim".as_ref(),
+        claim.as_os_str(),
+    ]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("kubeconfig"), "{}", run.stderr);
+
+    let garbage = dir.path().join("garbage");
+    std::fs::write(&garbage, "clusters: 7\n").unwrap();
+    let run = simulate(&["--kubeconfig".as_ref(), garbage.as_os_str(), "--claim".as_ref(), claim.as_os_str()]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("kubeconfig"), "{}", run.stderr);
+
+    // A server that is not there: a port that was just free.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead = dir.path().join("dead");
+    std::fs::write(
+        &dead,
+        gpu_dra_e2e::apiserver::kubeconfig_yaml(&format!("http://127.0.0.1:{port}")),
+    )
+    .unwrap();
+    let run = simulate(&["--kubeconfig".as_ref(), dead.as_os_str(), "--claim".as_ref(), claim.as_os_str()]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("resourceslices"), "{}", run.stderr);
+}
