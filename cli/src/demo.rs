@@ -235,9 +235,11 @@ async fn demo(
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("kubelet deregistration")?;
-    let (left, _) = server
-        .store()
-        .list(Resource::ResourceSlices, None, &Default::default());
+    let (left, _) = server.store().list(
+        Resource::ResourceSlices,
+        None,
+        &gpu_dra_e2e::apiserver::Selectors::default(),
+    );
     server
         .shutdown()
         .await
@@ -269,7 +271,7 @@ async fn demo(
         "dynamicMig": dynamic_mig,
         "registration": {
             "draVersion": registered.dra_version.as_str(),
-            "healthVersion": registered.health_version.map(|v| v.as_str()),
+            "healthVersion": registered.health_version.map(gpu_dra_e2e::kubelet::HealthVersion::as_str),
             "supportedVersions": registered.supported_versions,
         },
         "publishMs": publish_ms,

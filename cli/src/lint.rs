@@ -185,9 +185,7 @@ fn lint_document(
         return entry;
     }
     if entry.kind.is_empty() {
-        entry
-            .errors
-            .push(whole("object has no `kind`".to_owned()));
+        entry.errors.push(whole("object has no `kind`".to_owned()));
         return entry;
     }
     if !KINDS.contains(&entry.kind.as_str()) {
@@ -351,7 +349,8 @@ mod tests {
 
     #[test]
     fn foreign_api_groups_are_skipped() {
-        let entries = lint_text("apiVersion: example.com/v1\nkind: DeviceClass\nmetadata: {name: x}\n");
+        let entries =
+            lint_text("apiVersion: example.com/v1\nkind: DeviceClass\nmetadata: {name: x}\n");
         assert!(!entries[0].checked);
         assert!(entries[0].errors.is_empty());
         let entries = lint_text("kind: DeviceClass\nmetadata: {name: x}\n");
@@ -373,7 +372,13 @@ mod tests {
     fn text_report_summarises() {
         let entries = lint_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n");
         let text = render_text(&entries, 1);
-        assert!(text.contains("t.yaml:1: note: Pod/p (document 1)"), "{text}");
-        assert!(text.ends_with("ok: 0 objects checked, 1 skipped in 1 file\n"), "{text}");
+        assert!(
+            text.contains("t.yaml:1: note: Pod/p (document 1)"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("ok: 0 objects checked, 1 skipped in 1 file\n"),
+            "{text}"
+        );
     }
 }

@@ -57,8 +57,16 @@ pub struct YamlError {
 impl fmt::Display for YamlError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.column {
-            Some(c) => write!(f, "{}:{}:{c}: invalid YAML: {}", self.file, self.line, self.message),
-            None => write!(f, "{}:{}: invalid YAML: {}", self.file, self.line, self.message),
+            Some(c) => write!(
+                f,
+                "{}:{}:{c}: invalid YAML: {}",
+                self.file, self.line, self.message
+            ),
+            None => write!(
+                f,
+                "{}:{}: invalid YAML: {}",
+                self.file, self.line, self.message
+            ),
         }
     }
 }
@@ -95,13 +103,6 @@ impl Document {
             .unwrap_or("")
     }
 
-    /// `metadata.namespace`, if set.
-    pub fn namespace(&self) -> Option<&str> {
-        self.value
-            .pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-    }
-
     /// Where the document is, for messages: `file:line` plus the document
     /// (and list item) number.
     pub fn position(&self) -> String {
@@ -125,8 +126,7 @@ impl Document {
             steps.insert(0, Step::Index(i));
             steps.insert(0, Step::Key("items".to_owned()));
         }
-        locate_in(&self.source.text, self.source.first_line, &steps)
-            .unwrap_or(self.line)
+        locate_in(&self.source.text, self.source.first_line, &steps).unwrap_or(self.line)
     }
 }
 
@@ -142,7 +142,10 @@ pub fn collect_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
             let before = files.len();
             walk(path, &mut files)?;
             if files.len() == before {
-                anyhow::bail!("{}: no *.yaml or *.yml files in this directory", path.display());
+                anyhow::bail!(
+                    "{}: no *.yaml or *.yml files in this directory",
+                    path.display()
+                );
             }
         } else {
             files.push(path.clone());
@@ -215,9 +218,8 @@ pub fn parse(file: &str, text: &str) -> Parsed {
             text: segment.text.into(),
             first_line: segment.first_line,
         };
-        let line = first_content_line(segment.text).map_or(segment.first_line, |l| {
-            segment.first_line + l
-        });
+        let line =
+            first_content_line(segment.text).map_or(segment.first_line, |l| segment.first_line + l);
         let items = is_list(&value).then(|| value.get("items").and_then(Value::as_array).cloned());
         match items {
             Some(Some(items)) => {
@@ -268,7 +270,9 @@ fn is_list(value: &Value) -> bool {
         .get("kind")
         .and_then(Value::as_str)
         .is_some_and(|k| k.ends_with("List"))
-        && value.get("metadata").is_none_or(|m| m.get("name").is_none())
+        && value
+            .get("metadata")
+            .is_none_or(|m| m.get("name").is_none())
 }
 
 /// One YAML document's text.
@@ -346,7 +350,10 @@ fn is_marker(line: &str, marker: &str) -> bool {
 fn first_content_line(text: &str) -> Option<usize> {
     text.lines().position(|l| {
         let t = l.trim_start();
-        !(t.is_empty() || t.starts_with('#') || l.starts_with('%') || is_marker(l.trim_end(), "---"))
+        !(t.is_empty()
+            || t.starts_with('#')
+            || l.starts_with('%')
+            || is_marker(l.trim_end(), "---"))
     })
 }
 

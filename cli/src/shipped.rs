@@ -56,8 +56,9 @@ mod tests {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deviceclasses");
         let mut on_disk: Vec<String> = std::fs::read_dir(dir)
             .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.ends_with(".yaml") || n.ends_with(".yml"))
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
         on_disk.sort();
         let mut embedded: Vec<String> = FILES.iter().map(|(n, _)| (*n).to_owned()).collect();

@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use gpu_dra_api::allocator::{
-    AllocError, Allocator, Explanation, FailureReason, Needed, NodeAllocation, NodeFilter,
-    Outcome, SimulateOptions, Snapshot, VariantReport,
+    AllocError, Allocator, Explanation, FailureReason, Needed, NodeAllocation, NodeFilter, Outcome,
+    SimulateOptions, Snapshot, VariantReport,
 };
 use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceClaim, ResourceSlice};
 use serde::de::DeserializeOwned;
@@ -103,8 +103,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         read_cluster(kubeconfig, args.context.as_deref(), &mut claim, &mut state)?;
     } else {
         for class in shipped::classes()? {
-            let class: DeviceClass = serde_json::from_value(class)
-                .context("a built-in DeviceClass does not decode")?;
+            let class: DeviceClass =
+                serde_json::from_value(class).context("a built-in DeviceClass does not decode")?;
             insert_class(&mut state, class);
         }
         let docs = load(&args.slices)?;
@@ -122,9 +122,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 let class = decode::<DeviceClass>(&doc)?;
                 insert_class(&mut state, class);
             }
-            other => state
-                .notes
-                .push(format!("{}: {other} in a --classes file: skipped", doc.position())),
+            other => state.notes.push(format!(
+                "{}: {other} in a --classes file: skipped",
+                doc.position()
+            )),
         }
     }
     for doc in claim_docs.iter().filter(|d| d.kind() == "DeviceClass") {
@@ -206,7 +207,10 @@ fn decode<T: DeserializeOwned>(doc: &Document) -> anyhow::Result<T> {
         } else {
             doc.locate(&path)
         };
-        let item = doc.item.map(|i| format!(", items[{i}]")).unwrap_or_default();
+        let item = doc
+            .item
+            .map(|i| format!(", items[{i}]"))
+            .unwrap_or_default();
         anyhow::anyhow!(
             "{}:{line} (document {}{item}): {} `{}`: {}{}",
             doc.file,
@@ -379,7 +383,11 @@ fn read_state(docs: &[Document], state: &mut State) -> anyhow::Result<()> {
             other => state.notes.push(format!(
                 "{}: {} is not cluster state for simulate: skipped",
                 doc.position(),
-                if other.is_empty() { "an object without kind" } else { other }
+                if other.is_empty() {
+                    "an object without kind"
+                } else {
+                    other
+                }
             )),
         }
     }
@@ -685,13 +693,19 @@ fn needed_text(needed: Needed) -> String {
 }
 
 fn render_explanation(out: &mut String, explanation: &Explanation) {
+    let single = explanation.nodes.len() == 1;
     for node in &explanation.nodes {
+        // With one node, the summary above is this node's already.
         let _ = writeln!(
             out,
-            "node {} ({}): {}",
+            "node {} ({}){}",
             node.node.as_deref().unwrap_or("(any node)"),
             plural(node.devices, "device", "devices"),
-            node.summary
+            if single {
+                ":".to_owned()
+            } else {
+                format!(": {}", node.summary)
+            }
         );
         if matches!(node.reason, FailureReason::NoDevices) {
             continue;
@@ -730,6 +744,14 @@ fn render_variant(out: &mut String, v: &VariantReport) {
             .values
             .iter()
             .map(|(k, v)| match v {
+                Some(v) if k == "memory" || k.ends_with("/memory") => {
+                    let shown = memory_text(v);
+                    if shown == *v {
+                        format!("{k} = {v}")
+                    } else {
+                        format!("{k} = {shown} ({v})")
+                    }
+                }
                 Some(v) => format!("{k} = {v}"),
                 None => format!("{k} missing"),
             })
@@ -852,7 +874,9 @@ fn reason_json(reason: &FailureReason) -> Value {
         FailureReason::Constraints {
             constraints,
             descriptions,
-        } => json!({"type": "Constraints", "constraints": constraints, "descriptions": descriptions}),
+        } => {
+            json!({"type": "Constraints", "constraints": constraints, "descriptions": descriptions})
+        }
         FailureReason::Combination => json!({"type": "Combination"}),
         FailureReason::Undetermined { reason } => json!({"type": "Undetermined", "reason": reason}),
     }
@@ -929,7 +953,9 @@ mod tests {
         let device = &slice.spec.devices.unwrap()[0];
         assert_eq!(device.name, "x");
         assert_eq!(
-            device.attributes.as_ref().unwrap()["type"].string.as_deref(),
+            device.attributes.as_ref().unwrap()["type"]
+                .string
+                .as_deref(),
             Some("gpu")
         );
     }
@@ -938,7 +964,12 @@ mod tests {
     fn decode_errors_name_file_line_and_field() {
         let text = "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: s}\nspec:\n  driver: d\n  pool:\n    name: p\n    generation: lots\n    resourceSliceCount: 1\n";
         let parsed = manifest::parse("s.yaml", text);
-        let err = decode::<ResourceSlice>(&parsed.documents[0]).unwrap_err().to_string();
-        assert!(err.starts_with("s.yaml:8 (document 1): ResourceSlice `s`: spec.pool.generation: "), "{err}");
+        let err = decode::<ResourceSlice>(&parsed.documents[0])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("s.yaml:8 (document 1): ResourceSlice `s`: spec.pool.generation: "),
+            "{err}"
+        );
     }
 }

@@ -69,7 +69,10 @@ fn shipped_classes_and_examples_lint_clean() {
     assert_eq!(code, 0);
     // Every file is there, and every DRA object in it was judged as ours
     // (claims reach the shipped classes through the lookup).
-    let files: Vec<&str> = entries.iter().map(|e| e["file"].as_str().unwrap()).collect();
+    let files: Vec<&str> = entries
+        .iter()
+        .map(|e| e["file"].as_str().unwrap())
+        .collect();
     for file in yaml_files(&classes).iter().chain(&yaml_files(&examples)) {
         let file = file.display().to_string();
         assert!(files.contains(&file.as_str()), "{file} not linted");
@@ -174,7 +177,11 @@ fn an_mps_percentage_over_100_is_an_error() {
         "{}",
         run.stdout
     );
-    assert!(run.stdout.contains("defaultActiveThreadPercentage"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("defaultActiveThreadPercentage"),
+        "{}",
+        run.stdout
+    );
     assert!(run.stdout.contains("150"), "{}", run.stdout);
 }
 
@@ -198,8 +205,10 @@ fn bad_yaml_is_reported_with_its_line_and_the_rest_still_checked() {
     );
     let run = lint(&[&file]);
     assert!(
-        run.stdout
-            .contains(&format!("{}:{line}: error: (document 2): invalid YAML", file.display())),
+        run.stdout.contains(&format!(
+            "{}:{line}: error: (document 2): invalid YAML",
+            file.display()
+        )),
         "{}",
         run.stdout
     );
@@ -210,11 +219,21 @@ fn json_output_has_one_entry_per_document() {
     let (code, entries) = lint_json(&[data("broken"), repo().join("docs/examples/gpu.yaml")]);
     assert_eq!(code, 1);
     for e in &entries {
-        for key in ["file", "document", "line", "kind", "name", "checked", "ours", "errors", "warnings"] {
+        for key in [
+            "file", "document", "line", "kind", "name", "checked", "ours", "errors", "warnings",
+        ] {
             assert!(e.get(key).is_some(), "{key} missing in {e}");
         }
-        for f in e["errors"].as_array().unwrap().iter().chain(e["warnings"].as_array().unwrap()) {
-            assert!(f["path"].is_string() && f["line"].is_u64() && f["message"].is_string(), "{f}");
+        for f in e["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .chain(e["warnings"].as_array().unwrap())
+        {
+            assert!(
+                f["path"].is_string() && f["line"].is_u64() && f["message"].is_string(),
+                "{f}"
+            );
         }
     }
     // The Pod of the example is skipped with a note, not an error.
@@ -222,11 +241,20 @@ fn json_output_has_one_entry_per_document() {
     assert_eq!(pod["checked"], false);
     assert!(pod["note"].is_string());
     assert_eq!(pod["errors"], Value::Array(vec![]));
-    // Files in a directory are visited in name order.
-    let files: Vec<&str> = entries.iter().map(|e| e["file"].as_str().unwrap()).collect();
-    let mut sorted = files.clone();
+    // Files in a directory are visited in name order, then the next path.
+    let files: Vec<&str> = entries
+        .iter()
+        .map(|e| e["file"].as_str().unwrap())
+        .collect();
+    let broken: Vec<&str> = files
+        .iter()
+        .copied()
+        .filter(|f| f.contains("broken"))
+        .collect();
+    let mut sorted = broken.clone();
     sorted.sort_unstable();
-    assert_eq!(files, sorted);
+    assert_eq!(broken, sorted);
+    assert!(files.last().unwrap().ends_with("gpu.yaml"));
 }
 
 #[test]
@@ -260,7 +288,12 @@ fn another_driver_name_leaves_our_classes_alone() {
     ]);
     assert_eq!(code, 0);
     assert_eq!(entries[0]["ours"], false);
-    assert!(entries[0]["note"].as_str().unwrap().contains("gpu.example.com"));
+    assert!(
+        entries[0]["note"]
+            .as_str()
+            .unwrap()
+            .contains("gpu.example.com")
+    );
 }
 
 #[test]
@@ -285,4 +318,31 @@ fn usage_and_io_problems_exit_2() {
     let run = lint(&["--output", "xml", "x.yaml"]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("xml"), "{}", run.stderr);
+}
+
+#[test]
+fn warnings_alone_exit_0() {
+    // A MIG device never has an NVLink domain: the selector never matches.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("never.yaml");
+    std::fs::write(
+        &path,
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: w}\nspec:\n  devices:\n    requests:\n    - name: mig\n      exactly:\n        deviceClassName: mig.nvidia.com\n        selectors:\n        - cel:\n            expression: \"has(device.attributes['gpu.nvidia.com'].nvlinkDomain)\"\n",
+    )
+    .unwrap();
+    let run = lint(&[&path]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains(&format!(
+            "{}:12: warning: ResourceClaim/w (document 1): spec.devices.requests[0].exactly.selectors[0].cel.expression:",
+            path.display()
+        )),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("0 errors, 1 warning"), "{}", run.stdout);
+    let (code, entries) = lint_json(&[&path]);
+    assert_eq!(code, 0);
+    assert_eq!(entries[0]["warnings"][0]["line"], 12);
+    assert_eq!(entries[0]["errors"], Value::Array(vec![]));
 }

@@ -105,8 +105,9 @@ fn two_nvlink_gpus_on_a_bridged_server_are_a_linked_pair() {
     ]);
     assert_eq!(run.code, 0);
     assert!(
-        run.stdout
-            .starts_with("ResourceClaimTemplate default/nvlink-pair: can be allocated\nnode node-a:\n"),
+        run.stdout.starts_with(
+            "ResourceClaimTemplate default/nvlink-pair: can be allocated\nnode node-a:\n"
+        ),
         "{}",
         run.stdout
     );
@@ -141,8 +142,16 @@ fn an_impossible_claim_names_the_closest_device() {
         "{}",
         run.stdout
     );
-    assert!(run.stdout.contains("closest device `gpu-0`"), "{}", run.stdout);
-    assert!(run.stdout.contains("large-memory.gpu.nvidia.com"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("closest device `gpu-0`"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("large-memory.gpu.nvidia.com"),
+        "{}",
+        run.stdout
+    );
     assert!(run.stdout.contains("quantity('80G')"), "{}", run.stdout);
 
     let (code, report) = simulate_json(&[
@@ -159,7 +168,11 @@ fn an_impossible_claim_names_the_closest_device() {
     assert_eq!(node["devices"], 4);
     assert_eq!(node["reason"], json!({"type": "Request", "request": "gpu"}));
     let variants = node["requests"][0]["variants"].as_array().unwrap();
-    assert_eq!(variants.len(), 2, "both firstAvailable alternatives are reported");
+    assert_eq!(
+        variants.len(),
+        2,
+        "both firstAvailable alternatives are reported"
+    );
     let any = &variants[1];
     assert_eq!(any["name"], "gpu/any");
     assert_eq!(any["matching"], 0);
@@ -207,7 +220,10 @@ fn two_mig_devices_share_their_parent() {
     assert_eq!(code, 0, "{report:#}");
     let results = results(&report);
     assert_eq!(results.len(), 2);
-    let requests: Vec<&str> = results.iter().map(|r| r["request"].as_str().unwrap()).collect();
+    let requests: Vec<&str> = results
+        .iter()
+        .map(|r| r["request"].as_str().unwrap())
+        .collect();
     assert_eq!(requests, ["mig-a", "mig-b"]);
     for r in results {
         assert_eq!(r["attributes"]["profile"], "1g.10gb");
@@ -279,7 +295,8 @@ fn all_nodes_reports_every_fitting_node() {
     let file = dir.path().join("two-nodes.yaml");
     std::fs::write(
         &file,
-        yaml_serde::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": items})).unwrap(),
+        yaml_serde::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": items}))
+            .unwrap(),
     )
     .unwrap();
     let (code, report) = simulate_json(&[
@@ -305,24 +322,45 @@ fn malformed_slices_exit_2_with_a_clear_message() {
     let claim = example("gpu.yaml");
 
     let broken_yaml = dir.path().join("broken.yaml");
-    std::fs::write(&broken_yaml, "apiVersion: v1\nkind: List\nitems:\n- {kind: ResourceSlice\n").unwrap();
-    let run = simulate(&["--slices".as_ref(), broken_yaml.as_os_str(), "--claim".as_ref(), claim.as_os_str()]);
+    std::fs::write(
+        &broken_yaml,
+        "apiVersion: v1\nkind: List\nitems:\n- {kind: ResourceSlice\n",
+    )
+    .unwrap();
+    let run = simulate(&[
+        "--slices".as_ref(),
+        broken_yaml.as_os_str(),
+        "--claim".as_ref(),
+        claim.as_os_str(),
+    ]);
     assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
     assert!(
-        run.stderr.contains(&format!("{}:", broken_yaml.display())) && run.stderr.contains("invalid YAML"),
+        run.stderr.contains(&format!("{}:", broken_yaml.display()))
+            && run.stderr.contains("invalid YAML"),
         "{}",
         run.stderr
     );
     assert!(run.stdout.is_empty());
 
     // A field of the wrong type: the file line and the field are named.
-    let text = std::fs::read_to_string(data(PCIE))
-        .unwrap()
-        .replacen("generation: 0", "generation: zero", 1);
+    let text = std::fs::read_to_string(data(PCIE)).unwrap().replacen(
+        "generation: 0",
+        "generation: zero",
+        1,
+    );
     let bad_field = dir.path().join("bad-field.yaml");
     std::fs::write(&bad_field, &text).unwrap();
-    let line = text.lines().position(|l| l.contains("generation: zero")).unwrap() + 1;
-    let run = simulate(&["--slices".as_ref(), bad_field.as_os_str(), "--claim".as_ref(), claim.as_os_str()]);
+    let line = text
+        .lines()
+        .position(|l| l.contains("generation: zero"))
+        .unwrap()
+        + 1;
+    let run = simulate(&[
+        "--slices".as_ref(),
+        bad_field.as_os_str(),
+        "--claim".as_ref(),
+        claim.as_os_str(),
+    ]);
     assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
     assert!(
         run.stderr.contains(&format!(
@@ -336,9 +374,18 @@ fn malformed_slices_exit_2_with_a_clear_message() {
     // No slices at all.
     let empty = dir.path().join("empty.yaml");
     std::fs::write(&empty, "apiVersion: v1\nkind: List\nitems: []\n").unwrap();
-    let run = simulate(&["--slices".as_ref(), empty.as_os_str(), "--claim".as_ref(), claim.as_os_str()]);
+    let run = simulate(&[
+        "--slices".as_ref(),
+        empty.as_os_str(),
+        "--claim".as_ref(),
+        claim.as_os_str(),
+    ]);
     assert_eq!(run.code, 2);
-    assert!(run.stderr.contains("no ResourceSlice objects"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("no ResourceSlice objects"),
+        "{}",
+        run.stderr
+    );
 
     // Missing file.
     let run = simulate(&[
@@ -359,12 +406,22 @@ fn bad_claim_files_exit_2() {
     let two = dir.path().join("two.yaml");
     let text = std::fs::read_to_string(example("gpu.yaml")).unwrap();
     std::fs::write(&two, format!("{text}---\n{text}")).unwrap();
-    let run = simulate(&["--slices".as_ref(), slices.as_os_str(), "--claim".as_ref(), two.as_os_str()]);
+    let run = simulate(&[
+        "--slices".as_ref(),
+        slices.as_os_str(),
+        "--claim".as_ref(),
+        two.as_os_str(),
+    ]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("2 claims"), "{}", run.stderr);
 
     let none = repo().join("deviceclasses/gpu.nvidia.com.yaml");
-    let run = simulate(&["--slices".as_ref(), slices.as_os_str(), "--claim".as_ref(), none.as_os_str()]);
+    let run = simulate(&[
+        "--slices".as_ref(),
+        slices.as_os_str(),
+        "--claim".as_ref(),
+        none.as_os_str(),
+    ]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("no ResourceClaim"), "{}", run.stderr);
 
@@ -374,10 +431,18 @@ fn bad_claim_files_exit_2() {
         "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {deviceClassName: no-such-class}\n",
     )
     .unwrap();
-    let run = simulate(&["--slices".as_ref(), slices.as_os_str(), "--claim".as_ref(), unknown.as_os_str()]);
+    let run = simulate(&[
+        "--slices".as_ref(),
+        slices.as_os_str(),
+        "--claim".as_ref(),
+        unknown.as_os_str(),
+    ]);
     assert_eq!(run.code, 2);
     assert!(
-        run.stderr.contains("no-such-class") && run.stderr.contains("known classes: 1g.10gb.mig.nvidia.com, gpu.nvidia.com"),
+        run.stderr.contains("no-such-class")
+            && run
+                .stderr
+                .contains("known classes: 1g.10gb.mig.nvidia.com, gpu.nvidia.com"),
         "{}",
         run.stderr
     );
@@ -388,11 +453,18 @@ fn bad_claim_files_exit_2() {
         "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly:\n        deviceClassName: gpu.nvidia.com\n        count: many\n",
     )
     .unwrap();
-    let run = simulate(&["--slices".as_ref(), slices.as_os_str(), "--claim".as_ref(), bad_count.as_os_str()]);
+    let run = simulate(&[
+        "--slices".as_ref(),
+        slices.as_os_str(),
+        "--claim".as_ref(),
+        bad_count.as_os_str(),
+    ]);
     assert_eq!(run.code, 2);
     assert!(
         run.stderr.contains(&format!("{}:10 ", bad_count.display()))
-            && run.stderr.contains("spec.devices.requests[0].exactly.count"),
+            && run
+                .stderr
+                .contains("spec.devices.requests[0].exactly.count"),
         "{}",
         run.stderr
     );
@@ -424,25 +496,55 @@ fn classes_from_files_replace_the_built_in_ones() {
     assert_eq!(devices(&report), ["gpu-2"]);
 }
 
+/// The golden pool of `profile` as a `kubectl get -o yaml` List, without
+/// the server's metadata.
+fn golden_pool(profile: &str) -> Value {
+    let snap = std::fs::read_to_string(repo().join(format!(
+        "driver/tests/snapshots/pool_golden__{profile}.snap"
+    )))
+    .unwrap();
+    let body = snap.splitn(3, "---\n").nth(2).expect("snapshot header");
+    let mut golden: Vec<Value> = serde_json::from_str(body).unwrap();
+    for slice in &mut golden {
+        let meta = slice["metadata"].as_object_mut().unwrap();
+        for key in [
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "managedFields",
+            "ownerReferences",
+        ] {
+            meta.remove(key);
+        }
+    }
+    json!({"apiVersion": "v1", "kind": "List", "items": golden})
+}
+
 /// The sample slices are the golden pools the real plugin publishes,
-/// without the server's metadata: they must not drift apart.
+/// without the server's metadata: they must not drift apart. Run with
+/// `UPDATE_SAMPLES=1` to rewrite them from the snapshots.
 #[test]
 fn sample_slices_agree_with_the_golden_snapshots() {
     for profile in ["pcie-a100-bridged", "dgx-a100"] {
-        let snap = std::fs::read_to_string(
-            repo().join(format!("driver/tests/snapshots/pool_golden__{profile}.snap")),
-        )
-        .unwrap();
-        let body = snap.splitn(3, "---\n").nth(2).expect("snapshot header");
-        let mut golden: Vec<Value> = serde_json::from_str(body).unwrap();
-        for slice in &mut golden {
-            let meta = slice["metadata"].as_object_mut().unwrap();
-            for key in ["uid", "resourceVersion", "creationTimestamp", "managedFields", "ownerReferences"] {
-                meta.remove(key);
-            }
+        let golden = golden_pool(profile);
+        let path = data(&format!("slices/{profile}.yaml"));
+        if std::env::var_os("UPDATE_SAMPLES").is_some() {
+            let header = format!(
+                "# The ResourceSlices the kubelet plugin publishes for node-a on the fake NVML\n\
+                 # machine profile `{profile}` (hack/mock-nvml/profiles/{profile}.yaml), as\n\
+                 # `kubectl get resourceslices -o yaml` lists them: the reviewed golden snapshot\n\
+                 # driver/tests/snapshots/pool_golden__{profile}.snap without the server-assigned\n\
+                 # metadata. Regenerate: UPDATE_SAMPLES=1 cargo test -p gpu-dra --test simulate\n"
+            );
+            let text = header + &yaml_serde::to_string(&golden).unwrap();
+            std::fs::write(&path, text).unwrap();
         }
-        let sample = list_items(&data(&format!("slices/{profile}.yaml")));
-        assert_eq!(sample, golden, "regenerate tests/data/slices/{profile}.yaml from the snapshot");
+        let sample: Value = yaml_serde::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert!(
+            sample == golden,
+            "{} differs from the golden snapshot; regenerate with UPDATE_SAMPLES=1 cargo test -p gpu-dra --test simulate",
+            path.display()
+        );
     }
 }
 
@@ -474,7 +576,12 @@ fn cluster(allocated: bool) -> (tokio::runtime::Runtime, TestApiServer) {
         let text = std::fs::read_to_string(data("claims/gpu-0-allocated.yaml")).unwrap();
         let claim: Value = yaml_serde::from_str(&text).unwrap();
         let created = store
-            .create(Resource::ResourceClaims, Some("team-b"), claim.clone(), &opts)
+            .create(
+                Resource::ResourceClaims,
+                Some("team-b"),
+                claim.clone(),
+                &opts,
+            )
             .unwrap();
         let mut with_status = created;
         with_status["status"] = claim["status"].clone();
@@ -531,7 +638,11 @@ fn the_cluster_state_comes_through_a_kubeconfig() {
         example("mig-pair-same-gpu.yaml").as_os_str(),
     ]);
     assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
-    assert!(run.stderr.contains("1g.10gb.mig.nvidia.com"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("1g.10gb.mig.nvidia.com"),
+        "{}",
+        run.stderr
+    );
     runtime.block_on(server.shutdown()).unwrap();
 }
 
@@ -550,7 +661,12 @@ fn an_unusable_kubeconfig_exits_2() {
 
     let garbage = dir.path().join("garbage");
     std::fs::write(&garbage, "clusters: 7\n").unwrap();
-    let run = simulate(&["--kubeconfig".as_ref(), garbage.as_os_str(), "--claim".as_ref(), claim.as_os_str()]);
+    let run = simulate(&[
+        "--kubeconfig".as_ref(),
+        garbage.as_os_str(),
+        "--claim".as_ref(),
+        claim.as_os_str(),
+    ]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("kubeconfig"), "{}", run.stderr);
 
@@ -566,7 +682,12 @@ fn an_unusable_kubeconfig_exits_2() {
         gpu_dra_e2e::apiserver::kubeconfig_yaml(&format!("http://127.0.0.1:{port}")),
     )
     .unwrap();
-    let run = simulate(&["--kubeconfig".as_ref(), dead.as_os_str(), "--claim".as_ref(), claim.as_os_str()]);
+    let run = simulate(&[
+        "--kubeconfig".as_ref(),
+        dead.as_os_str(),
+        "--claim".as_ref(),
+        claim.as_os_str(),
+    ]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("resourceslices"), "{}", run.stderr);
 }

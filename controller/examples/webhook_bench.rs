@@ -86,11 +86,7 @@ fn line(name: &str, samples: &mut [Duration]) {
 async fn main() {
     let mut args = std::env::args().skip(1);
     let total: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5000);
-    let connections: usize = args
-        .next()
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(1)
-        .max(1);
+    let connections: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1).max(1);
     let harness = Harness::start().await;
     let cases = cases();
     let bodies: Vec<Vec<u8>> = cases

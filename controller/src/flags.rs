@@ -150,12 +150,14 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
         "s" => Duration::from_secs(n),
         "m" => Duration::from_secs(n.saturating_mul(60)),
         "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => return Err(format!("invalid duration {s:?}: unit must be ms, s, m or h")),
+        _ => {
+            return Err(format!(
+                "invalid duration {s:?}: unit must be ms, s, m or h"
+            ));
+        }
     };
     if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
-        return Err(format!(
-            "duration {s:?} is out of range (100ms to 1h)"
-        ));
+        return Err(format!("duration {s:?} is out of range (100ms to 1h)"));
     }
     Ok(d)
 }
@@ -259,13 +261,22 @@ mod tests {
             (vec!["--tls-cert-file", "c"], "--tls-key-file"),
             (vec!["--tls-key-file", "k"], "--tls-cert-file"),
             (with_tls(&["--bogus"]), "--bogus"),
-            (with_tls(&["--driver-name", "../etc"]), "invalid driver name"),
+            (
+                with_tls(&["--driver-name", "../etc"]),
+                "invalid driver name",
+            ),
             (with_tls(&["--log-format", "xml"]), "xml"),
             (with_tls(&["--webhook-addr", "nowhere"]), "--webhook-addr"),
             (with_tls(&["--tls-reload-interval", "5"]), "unit"),
             (with_tls(&["--tls-reload-interval", "1ms"]), "out of range"),
-            (with_tls(&["--tls-reload-interval", "xs"]), "invalid duration"),
-            (with_tls(&["--webhook-max-body-bytes", "10"]), "--webhook-max-body-bytes"),
+            (
+                with_tls(&["--tls-reload-interval", "xs"]),
+                "invalid duration",
+            ),
+            (
+                with_tls(&["--webhook-max-body-bytes", "10"]),
+                "--webhook-max-body-bytes",
+            ),
         ];
         for (args, needle) in cases {
             let e = parse(&args).unwrap_err();

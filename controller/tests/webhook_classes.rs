@@ -67,16 +67,21 @@ fn misspelled_config_claim() -> Value {
 
 #[tokio::test]
 async fn claims_are_judged_with_the_classes_of_the_cluster() {
-    let server = TestApiServer::start(ServerOptions::default()).await.unwrap();
+    let server = TestApiServer::start(ServerOptions::default())
+        .await
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let client = client_for(&server.kubeconfig_yaml(), dir.path()).await;
     let api: Api<DeviceClass> = Api::all(client.clone());
     let mut classes_json = nvidia_classes();
     let mig = classes_json.pop().unwrap();
     let gpu = classes_json.pop().unwrap();
-    api.create(&PostParams::default(), &serde_json::from_value(gpu).unwrap())
-        .await
-        .unwrap();
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(gpu).unwrap(),
+    )
+    .await
+    .unwrap();
 
     let (classes, _watch) = ClusterClasses::start(client);
     tokio::time::timeout(Duration::from_secs(20), classes.wait_synced())
@@ -105,9 +110,12 @@ async fn claims_are_judged_with_the_classes_of_the_cluster() {
     assert_eq!(before["allowed"], true, "{before}");
 
     // The class appears in the cluster; the watch brings it in.
-    api.create(&PostParams::default(), &serde_json::from_value(mig).unwrap())
-        .await
-        .unwrap();
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(mig).unwrap(),
+    )
+    .await
+    .unwrap();
     let arrived = eventually(Duration::from_secs(20), || async {
         classes.device_class("mig.nvidia.com")
     })
@@ -120,10 +128,7 @@ async fn claims_are_judged_with_the_classes_of_the_cluster() {
         .response();
     assert_eq!(after["allowed"], false, "{after}");
     let message = after["status"]["message"].as_str().unwrap();
-    assert!(
-        message.contains("spec.devices.config[0]"),
-        "{message}"
-    );
+    assert!(message.contains("spec.devices.config[0]"), "{message}");
 }
 
 #[tokio::test]

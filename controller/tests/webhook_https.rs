@@ -6,6 +6,7 @@ mod common;
 
 use common::{Harness, metric, review, review_with_old, streamed, whole};
 use http::StatusCode;
+use futures::StreamExt as _;
 use serde_json::json;
 
 fn other_driver_class() -> serde_json::Value {
@@ -60,8 +61,14 @@ async fn malformed_reviews_get_400_with_a_message_and_the_server_keeps_serving()
         (b"not json".to_vec(), "malformed AdmissionReview"),
         (b"".to_vec(), "malformed AdmissionReview"),
         (b"{\"apiVersion\": 3}".to_vec(), "apiVersion"),
-        (serde_json::to_vec(&wrong_typed).unwrap(), "request.operation"),
-        (serde_json::to_vec(&v1beta1).unwrap(), "admission.k8s.io/v1beta1"),
+        (
+            serde_json::to_vec(&wrong_typed).unwrap(),
+            "request.operation",
+        ),
+        (
+            serde_json::to_vec(&v1beta1).unwrap(),
+            "admission.k8s.io/v1beta1",
+        ),
         (nested.into_bytes(), "malformed AdmissionReview"),
         (vec![0xff, 0xfe, 0x00, 0x7b], "malformed AdmissionReview"),
     ];
@@ -69,10 +76,16 @@ async fn malformed_reviews_get_400_with_a_message_and_the_server_keeps_serving()
     for (body, needle) in cases {
         let answer = conn.validate_raw(body.clone()).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.text());
-        assert!(answer.text().contains(needle), "{needle}: {}", answer.text());
+        assert!(
+            answer.text().contains(needle),
+            "{needle}: {}",
+            answer.text()
+        );
     }
     // Same connection, still fine.
-    let ok = conn.validate(&review("CREATE", &other_driver_class())).await;
+    let ok = conn
+        .validate(&review("CREATE", &other_driver_class()))
+        .await;
     assert_eq!(ok.response()["allowed"], true);
     let metrics = h.client.get("/metrics").await.text();
     assert_eq!(
@@ -113,7 +126,10 @@ async fn oversized_bodies_get_413_whether_declared_or_streamed() {
     assert_eq!(framed.status, StatusCode::PAYLOAD_TOO_LARGE);
 
     // Still serving.
-    let ok = h.client.validate(&review("CREATE", &other_driver_class())).await;
+    let ok = h
+        .client
+        .validate(&review("CREATE", &other_driver_class()))
+        .await;
     assert_eq!(ok.response()["allowed"], true);
     let metrics = h.client.get("/metrics").await.text();
     assert_eq!(
@@ -213,7 +229,9 @@ async fn a_client_that_never_finishes_its_handshake_does_not_block_others() {
 #[tokio::test]
 async fn metrics_are_openmetrics_text_with_review_counters_and_latency() {
     let h = Harness::start().await;
-    h.client.validate(&review("CREATE", &other_driver_class())).await;
+    h.client
+        .validate(&review("CREATE", &other_driver_class()))
+        .await;
     let answer = h.client.get("/metrics").await;
     assert_eq!(answer.status, StatusCode::OK);
     assert!(
@@ -253,4 +271,64 @@ async fn graceful_shutdown_closes_the_listener() {
     h.server.shutdown().await;
     let refused = tokio::net::TcpStream::connect(addr).await;
     assert!(refused.is_err(), "still accepting after shutdown");
+}
+
+/// A class lookup that panics, standing in for a bug in the validation
+/// engine.
+struct PanickingClasses;
+
+impl gpu_dra_api::validate::ClassLookup for PanickingClasses {
+    fn device_class(&self, name: &str) -> Option<serde_json::Value> {
+        panic!("lookup of {name} exploded");
+    }
+}
+
+#[tokio::test]
+async fn a_panic_while_judging_is_a_500_and_the_server_keeps_serving() {
+    let h = Harness::start_with(
+        std::sync::Arc::new(PanickingClasses),
+        gpu_dra_controller::webhook::WebhookConfig::default(),
+    )
+    .await;
+    let claim = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "any"}}]}}
+    });
+    let answer = h.client.validate(&review("CREATE", &claim)).await;
+    assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(answer.text().contains("internal error"), "{}", answer.text());
+    // Classes are not consulted for DeviceClasses: still judged fine.
+    let ok = h.client.validate(&review("CREATE", &other_driver_class())).await;
+    assert_eq!(ok.response()["allowed"], true);
+    let metrics = h.client.get("/metrics").await.text();
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"gpu_dra_controller_webhook_reviews_total{kind="Unknown",result="internal_error"}"#
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_body_that_stops_arriving_gets_408() {
+    let h = Harness::start_with(
+        std::sync::Arc::new(gpu_dra_api::validate::StaticClasses::default()),
+        gpu_dra_controller::webhook::WebhookConfig {
+            client_timeout: std::time::Duration::from_millis(300),
+            ..Default::default()
+        },
+    )
+    .await;
+    let first: Result<hyper::body::Frame<hyper::body::Bytes>, std::convert::Infallible> = Ok(
+        hyper::body::Frame::data(hyper::body::Bytes::from_static(b"{\"apiVersion\":")),
+    );
+    let stalled = futures::stream::iter([first]).chain(futures::stream::pending());
+    let body = http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(stalled));
+    let mut conn = h.client.connect().await;
+    let answer = conn.validate_body(body).await;
+    assert_eq!(answer.status, StatusCode::REQUEST_TIMEOUT, "{}", answer.text());
+    assert_eq!(h.client.get("/healthz").await.status, StatusCode::OK);
 }

@@ -30,7 +30,7 @@ fn main() -> ExitCode {
         }
     };
     init_logging(flags.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

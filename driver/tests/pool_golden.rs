@@ -20,14 +20,15 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// Runs the plugin on `profile` with `flags` against a server with `rules`,
 /// checks the complete pool (with full GPUs falling into NVLink domains of
-/// the sizes `nvlink_domains`), and snapshots it as `name`.
+/// the sizes `nvlink_domains`), and snapshots it as `name`. Returns the pool
+/// and the plugin's log so far.
 async fn golden(
     name: &str,
     profile: &str,
     rules: ValidationRules,
     flags: &[&str],
     nvlink_domains: &[usize],
-) {
+) -> (Vec<Value>, String) {
     let dir = short_dir();
     let env = Arc::new(
         TestEnv::builder(dir.path())
@@ -42,8 +43,14 @@ async fn golden(
     check_against_profile(&machine, &pool, flags.contains(&"--dynamic-mig"));
     check_limits(&pool, rules);
     assert_eq!(domain_sizes(&pool), nvlink_domains, "NVLink domains");
-    assert!(!plugin.stderr().contains("panicked"), "{}", plugin.stderr());
+    let log = plugin.stderr();
+    assert!(!log.contains("panicked"), "{log}");
     insta::assert_json_snapshot!(name, redact(&pool));
+    (pool, log)
+}
+
+fn device_names(pool: &[Value]) -> BTreeSet<&str> {
+    devices(pool).filter_map(|d| d["name"].as_str()).collect()
 }
 
 /// One pool per node, owned by the Node, complete at one generation.
@@ -241,7 +248,28 @@ async fn dgx_h100() {
 
 #[tokio::test]
 async fn dgx_a100() {
-    golden("dgx-a100", "dgx-a100", ValidationRules::V1_35, &[], &[4]).await;
+    let (pool, log) = golden("dgx-a100", "dgx-a100", ValidationRules::V1_35, &[], &[4]).await;
+    // GPU 2's 3g.40gb GPU instance is split into two compute instances: a
+    // device named after the GPU instance cannot stand for either, so it is
+    // left out, with one warning. The GPU's whole 2g.20gb is published.
+    let names = device_names(&pool);
+    assert!(names.contains("gpu-2-mig-2g20gb-14-0"), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n.starts_with("gpu-2-mig-3g40gb")),
+        "{names:?}"
+    );
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("is split into 2 compute instances"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{log}");
+    assert!(
+        warnings[0].contains("WARN")
+            && warnings[0].contains("on gpu-2 (GPU-8e81973e-0bec-47b0-b898-d190f9ebdacc)")
+            && warnings[0].contains("recreating it with one compute instance"),
+        "{}",
+        warnings[0]
+    );
 }
 
 #[tokio::test]
@@ -307,6 +335,38 @@ async fn mixed_dynamic_mig() {
         &[1, 1, 1, 1],
     )
     .await;
+}
+
+#[tokio::test]
+async fn dgx_h100_dynamic_mig_under_1_34_rules() {
+    // MIG-off Hopper GPUs publish every placement; under 1.34 each GPU's
+    // counter set shares a slice with the devices consuming it, and the test
+    // API server's 1.34 validation accepts every slice.
+    let (pool, _) = golden(
+        "dgx-h100-dynamic-mig-1.34",
+        "dgx-h100",
+        ValidationRules::V1_34,
+        &["--dynamic-mig", "--slice-rules", "1.34"],
+        &[8],
+    )
+    .await;
+    assert_eq!(devices(&pool).count(), 8 * 26);
+    for slice in &pool {
+        let spec = &slice["spec"];
+        let sets: BTreeSet<&str> = spec["sharedCounters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|s| s["name"].as_str())
+            .collect();
+        assert!(!sets.is_empty(), "every slice holds counter sets");
+        for device in spec["devices"].as_array().unwrap() {
+            for c in device["consumesCounters"].as_array().unwrap() {
+                let set = c["counterSet"].as_str().unwrap();
+                assert!(sets.contains(set), "{set} not in the device's slice");
+            }
+        }
+    }
 }
 
 #[tokio::test]

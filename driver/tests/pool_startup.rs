@@ -121,21 +121,34 @@ fn a_malformed_profile_fails_nvml_init_with_a_message_naming_the_problem() {
         let dir = short_dir();
         let env = TestEnv::builder(dir.path()).yaml(&broken).build();
         let (status, stderr) = run(dir.path(), &env_args(&env), &[]);
-        // The last line names the library; the mock's own message, just
-        // above it, names the problem.
+        // The plugin's one error line names the library, NVML's code and the
+        // fake library's own explanation (from `mockNvmlLastError`), which
+        // names the problem.
         assert_clean_failure(
             dir.path(),
             status,
             &stderr,
             &format!("cannot initialise NVML from {}", env.library.display()),
         );
+        let error_line = stderr.lines().last().unwrap();
+        assert!(
+            error_line
+                .contains("internal driver error occurred: nvmlInit failed (UNKNOWN): profile "),
+            "{error_line}"
+        );
+        assert!(
+            error_line.contains(problem),
+            "{problem:?} not in {error_line}"
+        );
+        // The same explanation the library printed on its own line.
         let mock_line = stderr
             .lines()
             .find(|l| l.starts_with("mock-nvml: nvmlInit failed"))
             .unwrap_or_else(|| panic!("no mock message: {stderr}"));
+        let explanation = mock_line.strip_prefix("mock-nvml: ").unwrap();
         assert!(
-            mock_line.contains(problem),
-            "{problem:?} not in {mock_line}"
+            error_line.ends_with(explanation),
+            "{explanation:?} not at the end of {error_line}"
         );
         assert!(env.slices(NODE).is_empty());
     }

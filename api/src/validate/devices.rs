@@ -88,7 +88,9 @@ impl DeviceSet {
 
     /// This driver's kinds in the set.
     pub fn kinds(self) -> impl Iterator<Item = DeviceKind> {
-        DeviceKind::ALL.into_iter().filter(move |k| self.contains(*k))
+        DeviceKind::ALL
+            .into_iter()
+            .filter(move |k| self.contains(*k))
     }
 
     /// Every kind in the set, other drivers last.

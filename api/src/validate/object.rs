@@ -16,9 +16,7 @@ use serde_json::Value;
 
 use super::selector;
 use super::suggest::closest;
-use super::{
-    Check, ClassLookup, DeviceSet, Diagnostic, Finding, Report, Severity, Validator,
-};
+use super::{Check, ClassLookup, DeviceSet, Diagnostic, Finding, Report, Severity, Validator};
 use crate::config::{self, ConfigError};
 use crate::schema::{DeviceKind, SCHEMA, Section};
 
@@ -73,11 +71,7 @@ struct Walk<'a> {
 }
 
 /// [`Validator::validate`].
-pub(crate) fn validate(
-    validator: &Validator,
-    object: &Value,
-    classes: &dyn ClassLookup,
-) -> Report {
+pub(crate) fn validate(validator: &Validator, object: &Value, classes: &dyn ClassLookup) -> Report {
     let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or_default().to_owned();
     let kind = text(object.get("kind"));
     let name = match object.pointer("/metadata/name").and_then(Value::as_str) {
@@ -185,7 +179,14 @@ fn join(base: &str, sub: &str) -> String {
 }
 
 impl Walk<'_> {
-    fn push(&mut self, check: Check, severity: Severity, path: String, message: String, hint: Option<String>) {
+    fn push(
+        &mut self,
+        check: Check,
+        severity: Severity,
+        path: String,
+        message: String,
+        hint: Option<String>,
+    ) {
         self.diagnostics.push(Diagnostic {
             check,
             severity,
@@ -199,7 +200,13 @@ impl Walk<'_> {
 
     fn structure(&mut self, path: &str, message: String) {
         self.malformed = true;
-        self.push(Check::Structure, Severity::Error, path.to_owned(), message, None);
+        self.push(
+            Check::Structure,
+            Severity::Error,
+            path.to_owned(),
+            message,
+            None,
+        );
     }
 
     /// The items of the list at `path` (empty if absent), at most `max`.
@@ -291,7 +298,12 @@ impl Walk<'_> {
     /// Checks a list of selectors evaluated one after the other on the
     /// devices of `reach`; returns the devices that pass them all and
     /// whether one of them concerns the driver.
-    fn selectors(&mut self, list: Option<&Value>, path: &str, mut reach: DeviceSet) -> (DeviceSet, bool) {
+    fn selectors(
+        &mut self,
+        list: Option<&Value>,
+        path: &str,
+        mut reach: DeviceSet,
+    ) -> (DeviceSet, bool) {
         let mut mentions = false;
         for (i, item) in self.list(list, path, MAX_SELECTORS).iter().enumerate() {
             let item_path = format!("{path}[{i}]");
@@ -321,7 +333,11 @@ impl Walk<'_> {
     /// the kind of device its parameters say they are for (even if they do
     /// not validate; the errors are reported) and the path of its
     /// parameters.
-    fn opaque(&mut self, entry: &Value, path: &str) -> Option<(Option<config::DeviceKind>, String)> {
+    fn opaque(
+        &mut self,
+        entry: &Value,
+        path: &str,
+    ) -> Option<(Option<config::DeviceKind>, String)> {
         let entry = self.object(Some(entry), path)?;
         let opaque_path = format!("{path}.opaque");
         let opaque = self.object(entry.get("opaque"), &opaque_path)?;
@@ -360,8 +376,17 @@ impl Walk<'_> {
 
     fn config_error(&mut self, path: &str, error: ConfigError) {
         match error {
-            ConfigError::Decode { path: field, message } => {
-                self.push(Check::Config, Severity::Error, join(path, &field), message, None);
+            ConfigError::Decode {
+                path: field,
+                message,
+            } => {
+                self.push(
+                    Check::Config,
+                    Severity::Error,
+                    join(path, &field),
+                    message,
+                    None,
+                );
             }
             ConfigError::Invalid(fields) => {
                 for field in fields {
@@ -374,7 +399,13 @@ impl Walk<'_> {
                     );
                 }
             }
-            other => self.push(Check::Config, Severity::Error, path.to_owned(), other.to_string(), None),
+            other => self.push(
+                Check::Config,
+                Severity::Error,
+                path.to_owned(),
+                other.to_string(),
+                None,
+            ),
         }
     }
 
@@ -446,15 +477,16 @@ impl Walk<'_> {
         if self.resolved.len() >= MAX_CLASSES {
             return None;
         }
-        let info = self.classes.device_class(name).map(|object| {
-            match object.get("spec") {
+        let info = self
+            .classes
+            .device_class(name)
+            .map(|object| match object.get("spec") {
                 Some(spec @ Value::Object(_)) => self.class_spec(spec, "spec", false),
                 _ => ClassInfo {
                     ours: false,
                     reach: DeviceSet::ALL,
                 },
-            }
-        });
+            });
         self.resolved.insert(name.to_owned(), info);
         info
     }
@@ -500,7 +532,11 @@ impl Walk<'_> {
                 }
             } else if let Some(first) = request.get("firstAvailable") {
                 let first_path = format!("{request_path}.firstAvailable");
-                for (j, sub) in self.list(Some(first), &first_path, MAX_SUBREQUESTS).iter().enumerate() {
+                for (j, sub) in self
+                    .list(Some(first), &first_path, MAX_SUBREQUESTS)
+                    .iter()
+                    .enumerate()
+                {
                     let sub_path = format!("{first_path}[{j}]");
                     let Some(sub) = self.object(Some(sub), &sub_path) else {
                         continue;
@@ -521,7 +557,9 @@ impl Walk<'_> {
 
     fn request_body(&mut self, body: &Value, path: &str, name: String) -> Request {
         let class_path = format!("{path}.deviceClassName");
-        let class = self.string(body.get("deviceClassName"), &class_path).map(str::to_owned);
+        let class = self
+            .string(body.get("deviceClassName"), &class_path)
+            .map(str::to_owned);
         let info = class.as_deref().and_then(|c| self.class(c));
         let mut request = Request {
             name,
@@ -547,7 +585,10 @@ impl Walk<'_> {
                         self.capacity_request(key, &join(&capacity_path, key));
                     }
                 }
-                other => self.structure(&capacity_path, format!("must be an object, not {}", type_name(other))),
+                other => self.structure(
+                    &capacity_path,
+                    format!("must be an object, not {}", type_name(other)),
+                ),
             }
         }
         request
@@ -569,9 +610,19 @@ impl Walk<'_> {
         if own_names(Section::Attribute).contains(&name) {
             let _ = write!(message, " (`{name}` is an attribute)");
         }
-        let _ = write!(message, "; its devices have the capacities {}", capacities.join(", "));
+        let _ = write!(
+            message,
+            "; its devices have the capacities {}",
+            capacities.join(", ")
+        );
         let hint = closest(name, capacities.iter().copied()).map(str::to_owned);
-        self.push(Check::Constraint, Severity::Error, path.to_owned(), message, hint);
+        self.push(
+            Check::Constraint,
+            Severity::Error,
+            path.to_owned(),
+            message,
+            hint,
+        );
     }
 
     fn configs(&mut self, devices: &Value, devices_path: &str, requests: &[Request]) {
@@ -589,7 +640,11 @@ impl Walk<'_> {
             };
             has_ours = true;
             self.ours = true;
-            let names = self.request_names(entry.get("requests"), &format!("{entry_path}.requests"), requests);
+            let names = self.request_names(
+                entry.get("requests"),
+                &format!("{entry_path}.requests"),
+                requests,
+            );
             let Some(kind) = config else {
                 continue;
             };
@@ -600,7 +655,8 @@ impl Walk<'_> {
                 .filter(|r| {
                     names.is_empty()
                         || names.iter().any(|n| {
-                            r.name == *n || r.name.split_once('/').is_some_and(|(main, _)| main == n)
+                            r.name == *n
+                                || r.name.split_once('/').is_some_and(|(main, _)| main == n)
                         })
                 })
                 .map(|r| (format!("request `{}`", r.name), r.reach))
@@ -610,7 +666,10 @@ impl Walk<'_> {
                 .map(|r| {
                     (
                         format!("request `{}`", r.name),
-                        r.class.as_ref().map(|c| format!(" (class {c})")).unwrap_or_default(),
+                        r.class
+                            .as_ref()
+                            .map(|c| format!(" (class {c})"))
+                            .unwrap_or_default(),
                     )
                 })
                 .collect();
@@ -622,7 +681,9 @@ impl Walk<'_> {
             for name in &names {
                 let named: Vec<&Request> = requests
                     .iter()
-                    .filter(|r| r.name == *name || r.name.split_once('/').is_some_and(|(m, _)| m == name))
+                    .filter(|r| {
+                        r.name == *name || r.name.split_once('/').is_some_and(|(m, _)| m == name)
+                    })
                     .collect();
                 if !named.is_empty() && named.iter().all(|r| r.info.is_some_and(|i| !i.ours)) {
                     self.push(
@@ -639,7 +700,10 @@ impl Walk<'_> {
             }
         }
         if has_ours {
-            for request in requests.iter().filter(|r| r.info.is_none() && r.class.is_some()) {
+            for request in requests
+                .iter()
+                .filter(|r| r.info.is_none() && r.class.is_some())
+            {
                 let class = request.class.as_deref().unwrap_or_default();
                 self.push(
                     Check::UnknownClass,
@@ -658,7 +722,12 @@ impl Walk<'_> {
 
     /// The request names of a config or constraint, each checked against
     /// the claim's requests.
-    fn request_names(&mut self, list: Option<&Value>, path: &str, requests: &[Request]) -> Vec<String> {
+    fn request_names(
+        &mut self,
+        list: Option<&Value>,
+        path: &str,
+        requests: &[Request],
+    ) -> Vec<String> {
         let mut names = Vec::new();
         let known: Vec<&str> = requests
             .iter()
@@ -711,7 +780,11 @@ impl Walk<'_> {
             let Some(entry) = self.object(Some(entry), &entry_path) else {
                 continue;
             };
-            let names = self.request_names(entry.get("requests"), &format!("{entry_path}.requests"), requests);
+            let names = self.request_names(
+                entry.get("requests"),
+                &format!("{entry_path}.requests"),
+                requests,
+            );
             let (field, attribute) = if let Some(a) = entry.get("matchAttribute") {
                 ("matchAttribute", a)
             } else if let Some(a) = entry.get("distinctAttribute") {
@@ -736,7 +809,8 @@ impl Walk<'_> {
                         })
                 })
                 .collect();
-            if applies.is_empty() || (domain != driver && domain != crate::schema::STANDARD_DOMAIN) {
+            if applies.is_empty() || (domain != driver && domain != crate::schema::STANDARD_DOMAIN)
+            {
                 continue;
             }
             let entry = SCHEMA.iter().find(|e| {
@@ -752,14 +826,21 @@ impl Walk<'_> {
                         (d == domain).then(|| format!("{d}/{id}"))
                     })
                     .collect();
-                let hint = closest(attribute, attributes.iter().map(String::as_str)).map(str::to_owned);
+                let hint =
+                    closest(attribute, attributes.iter().map(String::as_str)).map(str::to_owned);
                 let mut message = format!(
                     "`{attribute}` is not an attribute of {domain}, so no device satisfies the constraint and the claim cannot be allocated"
                 );
                 if let Some(best) = &hint {
                     let _ = write!(message, "; did you mean `{best}`?");
                 }
-                self.push(Check::Constraint, Severity::Error, attribute_path, message, hint);
+                self.push(
+                    Check::Constraint,
+                    Severity::Error,
+                    attribute_path,
+                    message,
+                    hint,
+                );
                 continue;
             };
             if entry.section == Section::Capacity {

@@ -130,7 +130,8 @@ fn compile_diagnostic(expression: &str, error: &CompileError) -> Diagnostic {
     let (check, message, hint) = match error {
         CompileError::Syntax { errors, .. } => syntax(expression, errors),
         CompileError::UndeclaredVariable { name, position, .. } => {
-            let hint = closest(name, ["device"]).and_then(|best| replace_at(expression, *position, name, best));
+            let hint = closest(name, ["device"])
+                .and_then(|best| replace_at(expression, *position, name, best));
             (
                 Check::Undeclared,
                 format!(
@@ -196,7 +197,9 @@ fn syntax(expression: &str, errors: &[(Position, String)]) -> (Check, String, Op
     let hint = offset.and_then(|offset| {
         let chars: Vec<char> = expression.chars().collect();
         let at = |i: usize| chars.get(i).copied();
-        (at(offset) == Some('=') && at(offset + 1) != Some('=') && offset > 0
+        (at(offset) == Some('=')
+            && at(offset + 1) != Some('=')
+            && offset > 0
             && !matches!(at(offset - 1), Some('=' | '!' | '<' | '>')))
         .then(|| {
             message.push_str("\n(`=` is not an operator in CEL: compare with `==`)");

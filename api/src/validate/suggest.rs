@@ -67,7 +67,11 @@ mod tests {
         assert_eq!(distance("memory", "memory"), 0);
         assert_eq!(distance("memry", "memory"), 2);
         assert_eq!(distance("productname", "productName"), 1);
-        assert_eq!(distance("mmeory", "memory"), 2, "a transposition is one edit");
+        assert_eq!(
+            distance("mmeory", "memory"),
+            2,
+            "a transposition is one edit"
+        );
         assert_eq!(distance("", "abc"), 6);
         assert_eq!(distance("abc", ""), 6);
     }

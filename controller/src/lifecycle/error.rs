@@ -25,6 +25,9 @@ pub enum Error {
     /// The settings contradict each other.
     #[error("invalid lifecycle settings: {0}")]
     Settings(String),
+    /// The lifecycle task ended abnormally (it panicked).
+    #[error("the claim lifecycle task failed: {0}")]
+    Stopped(String),
 }
 
 impl Error {
@@ -43,6 +46,7 @@ impl Error {
             Error::CacheGone(_) => "cache",
             Error::SimulatorGone | Error::SpawnSimulator(_) => "simulator",
             Error::Settings(_) => "settings",
+            Error::Stopped(_) => "task",
         }
     }
 }

@@ -42,7 +42,10 @@ pub struct GcSettings {
 
 /// Why a slice is orphaned, judged against `nodes` (name → UID); `None`
 /// when its Node exists.
-pub fn orphan_reason(slice: &ResourceSlice, nodes: &HashMap<String, String>) -> Option<String> {
+pub fn orphan_reason<S: std::hash::BuildHasher>(
+    slice: &ResourceSlice,
+    nodes: &HashMap<String, String, S>,
+) -> Option<String> {
     if let Some(node) = slice.spec.node_name.as_deref().filter(|n| !n.is_empty())
         && !nodes.contains_key(node)
     {

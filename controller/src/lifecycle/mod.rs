@@ -4,7 +4,7 @@
 //! and the leader election that lets only one replica do them
 //! ([`leader`]).
 //!
-//! [`start`] is what the binary calls; [`run`] is the same without the
+//! [`start`] is what the binary calls (and [`Handle::stop`]); [`run`] is the same without the
 //! flags and the shared registry (tests and embedding). While leading,
 //! [`run`] keeps reflector caches of the ResourceSlices, DeviceClasses and
 //! (metadata only) Nodes, a kube-runtime `Controller` over all
@@ -46,16 +46,35 @@ use self::gc::SliceGc;
 use self::leader::LeaderElector;
 use self::simulate::{Simulator, SimulatorStores};
 
+/// The running lifecycle started by [`start`].
+#[derive(Debug)]
+pub struct Handle {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), Error>>,
+}
+
+impl Handle {
+    /// Stops the lifecycle (a leader releases its lease) and waits for it.
+    /// Returns the error it stopped with earlier, if any.
+    pub async fn stop(self) -> Result<(), Error> {
+        let _ = self.stop.send(());
+        match self.task.await {
+            Ok(result) => result,
+            Err(err) if err.is_cancelled() => Ok(()),
+            Err(err) => Err(Error::Stopped(err.to_string())),
+        }
+    }
+}
+
 /// Resolves `flags`, registers the metrics in `registry` and spawns
-/// [`run`] until `shutdown` completes. Call it from within the Tokio
+/// [`run`]; [`Handle::stop`] ends it. Call it from within the Tokio
 /// runtime.
 pub fn start(
     client: Client,
     flags: &Flags,
     driver: &str,
     registry: &crate::metrics::SharedRegistry,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<tokio::task::JoinHandle<Result<(), Error>>, Error> {
+) -> Result<Handle, Error> {
     let settings = flags.settings(driver)?;
     let metrics = Metrics::new();
     registry.register(|r| metrics.register(r));
@@ -65,7 +84,18 @@ pub fn start(
         slice_gc = settings.slice_gc.is_some(),
         "starting the claim lifecycle"
     );
-    Ok(tokio::spawn(run(client, settings, metrics, shutdown)))
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    let task = tokio::spawn(async move {
+        let result = run(client, settings, metrics, shutdown).await;
+        if let Err(err) = &result {
+            tracing::error!(error = %err, "the claim lifecycle and slice GC stopped");
+        }
+        result
+    });
+    Ok(Handle { stop, task })
 }
 
 /// Runs the claim lifecycle and slice GC (under leader election when
@@ -81,7 +111,7 @@ pub async fn run(
     let Some(lease) = settings.leader_election.clone() else {
         metrics.leader.set(1);
         return tokio::select! {
-            result = lead(client, &settings, &metrics) => result,
+            result = Box::pin(lead(client, &settings, &metrics)) => result,
             () = &mut shutdown => Ok(()),
         };
     };
@@ -103,7 +133,7 @@ pub async fn run(
             return Ok(());
         }
         let end = tokio::select! {
-            result = lead(client.clone(), &settings, &metrics) => match result {
+            result = Box::pin(lead(client.clone(), &settings, &metrics)) => match result {
                 Ok(()) => End::Shutdown,
                 Err(err) => End::Failed(err),
             },
@@ -201,10 +231,13 @@ async fn lead(client: Client, settings: &Settings, metrics: &Metrics) -> Result<
         .run(reconcile, error_policy, context)
         .for_each(|result| {
             match result {
-                Ok(_) | Err(kube::runtime::controller::Error::ObjectNotFound(_)) => {}
-                Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {
-                    // error_policy has logged it.
-                }
+                // error_policy has logged failed reconciles; deleted
+                // claims are nothing to report.
+                Ok(_)
+                | Err(
+                    kube::runtime::controller::Error::ObjectNotFound(_)
+                    | kube::runtime::controller::Error::ReconcilerFailed(..),
+                ) => {}
                 Err(err) => tracing::warn!(error = %err, "claim controller"),
             }
             std::future::ready(())

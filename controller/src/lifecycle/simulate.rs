@@ -462,10 +462,11 @@ mod tests {
         let s1 = Arc::new(slice("s1", "1", "40Gi"));
         let s2 = Arc::new(slice("s2", "1", "40Gi"));
         let c = Arc::new(class());
-        let a = fingerprint(&[s1.clone(), s2.clone()], &[c.clone()]);
-        assert_eq!(a, fingerprint(&[s2.clone(), s1.clone()], &[c.clone()]));
+        let classes = std::slice::from_ref(&c);
+        let a = fingerprint(&[s1.clone(), s2.clone()], classes);
+        assert_eq!(a, fingerprint(&[s2.clone(), s1.clone()], classes));
         let s1b = Arc::new(slice("s1", "7", "40Gi"));
-        assert_ne!(a, fingerprint(&[s1b, s2.clone()], &[c.clone()]));
+        assert_ne!(a, fingerprint(&[s1b, s2.clone()], classes));
         assert_ne!(a, fingerprint(&[s1, s2], &[]));
     }
 

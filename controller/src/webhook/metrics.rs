@@ -117,6 +117,10 @@ impl WebhookMetrics {
             duration: Family::new_with_constructor(latency_histogram),
             tls_reloads: Family::default(),
         };
+        // Both reload series exist from the start, at 0.
+        for result in [ReloadResult::success, ReloadResult::error] {
+            let _ = metrics.tls_reloads.get_or_create(&ReloadLabels { result });
+        }
         registry.register(|r| {
             let r = r.sub_registry_with_prefix("webhook");
             r.register(
@@ -188,7 +192,10 @@ mod tests {
 
     #[test]
     fn only_resource_kinds_get_their_own_label() {
-        assert_eq!(Kind::of("resource.k8s.io", "DeviceClass"), Kind::DeviceClass);
+        assert_eq!(
+            Kind::of("resource.k8s.io", "DeviceClass"),
+            Kind::DeviceClass
+        );
         assert_eq!(Kind::of("", "DeviceClass"), Kind::Other);
         assert_eq!(Kind::of("resource.k8s.io", "ResourceSlice"), Kind::Other);
     }

@@ -26,8 +26,7 @@ use std::sync::Arc;
 use gpu_dra_api::validate::{ClassLookup, Finding, Report, Validator};
 use kube::core::DynamicObject;
 use kube::core::admission::{
-    AdmissionRequest, AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND,
-    Operation,
+    AdmissionRequest, AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND, Operation,
 };
 use kube::core::response::{Status, StatusCause, StatusDetails};
 
@@ -55,12 +54,9 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// The response part of [`Verdict::review`].
-    pub fn response(&self) -> &AdmissionResponse {
-        self.review
-            .response
-            .as_ref()
-            .expect("a verdict always carries a response")
+    /// The response part of [`Verdict::review`] (always present).
+    pub fn response(&self) -> Option<&AdmissionResponse> {
+        self.review.response.as_ref()
     }
 }
 
@@ -77,9 +73,22 @@ pub struct Rejection {
 fn reject(kind: Kind, message: impl Into<String>) -> Rejection {
     let mut message = message.into();
     if message.chars().count() > MAX_REJECTION_CHARS {
-        message = message.chars().take(MAX_REJECTION_CHARS).collect::<String>() + "…";
+        message = message
+            .chars()
+            .take(MAX_REJECTION_CHARS)
+            .collect::<String>()
+            + "…";
     }
     Rejection { kind, message }
+}
+
+/// The type fields of a review, read before the rest.
+#[derive(serde::Deserialize)]
+#[serde(rename = "AdmissionReview")]
+struct Head {
+    #[serde(rename = "apiVersion")]
+    api_version: Option<serde_json::Value>,
+    kind: Option<serde_json::Value>,
 }
 
 /// Judges reviews with a [`Validator`] and the cluster's DeviceClasses.
@@ -111,6 +120,27 @@ impl Reviewer {
 
     /// Reads an AdmissionReview from JSON and judges it.
     pub fn review_json(&self, body: &[u8]) -> Result<Verdict, Rejection> {
+        // The type fields first, on their own: the full decode flattens them
+        // and would lose the field name in its error.
+        let head: Head = serde_json::from_slice(body)
+            .map_err(|e| reject(Kind::Unknown, format!("malformed AdmissionReview: {e}")))?;
+        let is = |v: &Option<serde_json::Value>, want: &str| {
+            v.as_ref().and_then(serde_json::Value::as_str) == Some(want)
+        };
+        if !is(&head.api_version, META_API_VERSION_V1) || !is(&head.kind, META_KIND) {
+            let show = |v: Option<serde_json::Value>| {
+                v.map_or_else(|| "nothing".to_owned(), |v| v.to_string())
+            };
+            return Err(reject(
+                Kind::Unknown,
+                format!(
+                    "expected apiVersion {META_API_VERSION_V1:?} kind {META_KIND:?}, got apiVersion \
+                     {} kind {}",
+                    show(head.api_version),
+                    show(head.kind)
+                ),
+            ));
+        }
         let mut de = serde_json::Deserializer::from_slice(body);
         let review: AdmissionReview<DynamicObject> = serde_path_to_error::deserialize(&mut de)
             .map_err(|e| {
@@ -136,8 +166,8 @@ impl Reviewer {
             return Err(reject(
                 Kind::Unknown,
                 format!(
-                    "expected apiVersion {META_API_VERSION_V1} kind {META_KIND}, got apiVersion \
-                     {:?} kind {:?}",
+                    "expected apiVersion {META_API_VERSION_V1:?} kind {META_KIND:?}, got \
+                     apiVersion {:?} kind {:?}",
                     review.types.api_version, review.types.kind
                 ),
             ));
@@ -156,7 +186,10 @@ impl Reviewer {
         };
 
         if matches!(request.operation, Operation::Delete | Operation::Connect)
-            || request.sub_resource.as_deref().is_some_and(|s| !s.is_empty())
+            || request
+                .sub_resource
+                .as_deref()
+                .is_some_and(|s| !s.is_empty())
         {
             return Ok(admit(Outcome::skipped));
         }
@@ -248,11 +281,7 @@ fn denial_status(report: &Report, name: &str, driver: &str) -> Status {
     for (listed, finding) in report.errors.iter().enumerate() {
         let entry = error_entry(finding);
         if message.len() + entry.len() > MAX_MESSAGE_BYTES {
-            let _ = write!(
-                message,
-                "\n- … and {} more error(s) not shown",
-                n - listed
-            );
+            let _ = write!(message, "\n- … and {} more error(s) not shown", n - listed);
             break;
         }
         message.push_str(&entry);
@@ -311,15 +340,20 @@ fn warning_lines(findings: &[Finding]) -> Vec<String> {
             text.push_str(": ");
         }
         text.push_str(finding.message.lines().next().unwrap_or_default());
+        // The hint only if it fits whole: a cut hint would mislead.
         if let Some(hint) = &finding.hint {
-            text.push_str(" (hint: ");
-            text.push_str(hint.lines().next().unwrap_or_default());
-            text.push(')');
+            let with_hint = format!("{text} (hint: {})", hint.lines().next().unwrap_or_default());
+            if one_line(&with_hint, usize::MAX).chars().count() <= MAX_WARNING_CHARS {
+                text = with_hint;
+            }
         }
         let line = one_line(&text, MAX_WARNING_CHARS);
         let chars = line.chars().count();
         if total + chars > MAX_WARNINGS_TOTAL_CHARS - ROOM_FOR_TAIL {
-            out.push(format!("… and {} more warning(s) not shown", findings.len() - i));
+            out.push(format!(
+                "… and {} more warning(s) not shown",
+                findings.len() - i
+            ));
             break;
         }
         total += chars;

@@ -180,18 +180,19 @@ async fn accept_loop(
     builder.http2().timer(TokioTimer::new());
     let handshake_timeout = config.client_timeout;
     loop {
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off a
-                    // little instead of spinning.
-                    tracing::warn!(error = %e, "webhook accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
             _ = stopped.wait_for(|s| *s) => break,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                // Out of file descriptors and the like: back off a little
+                // instead of spinning.
+                tracing::warn!(error = %e, "webhook accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
         };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
@@ -227,7 +228,11 @@ async fn accept_loop(
 }
 
 async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
-    ([(header::CONTENT_TYPE, CONTENT_TYPE)], state.registry.encode()).into_response()
+    (
+        [(header::CONTENT_TYPE, CONTENT_TYPE)],
+        state.registry.encode(),
+    )
+        .into_response()
 }
 
 fn plain(status: StatusCode, message: impl Into<String>) -> Response {
@@ -252,7 +257,8 @@ async fn validate(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
 
 impl AppState {
     async fn validate(&self, headers: &HeaderMap, body: Body) -> (Kind, Outcome, Response) {
-        let bad = |status, message: String| (Kind::Unknown, Outcome::bad_request, plain(status, message));
+        let bad =
+            |status, message: String| (Kind::Unknown, Outcome::bad_request, plain(status, message));
         if let Some(ct) = headers.get(header::CONTENT_TYPE) {
             let ct = ct.to_str().unwrap_or_default();
             let essence = ct.split(';').next().unwrap_or_default().trim();

@@ -77,10 +77,7 @@ impl TlsFiles {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| bad("certificate", e.to_string()))?;
         if chain.is_empty() {
-            return Err(bad(
-                "certificate",
-                "no CERTIFICATE block found".to_owned(),
-            ));
+            return Err(bad("certificate", "no CERTIFICATE block found".to_owned()));
         }
         let key = PrivateKeyDer::from_pem_slice(&contents.key).map_err(|e| {
             bad(
@@ -239,10 +236,7 @@ impl CertReloader {
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
-                changed = stop.wait_for(|s| *s) => {
-                    let _ = changed;
-                    return;
-                }
+                _ = stop.wait_for(|s| *s) => return,
             }
             // Small files, read on a blocking thread all the same.
             let outcome;
@@ -309,7 +303,9 @@ mod tests {
         assert_eq!(loaded.cert.len(), 1);
         assert_eq!(
             loaded.cert[0].as_ref(),
-            CertificateDer::from_pem_slice(cert.as_bytes()).unwrap().as_ref()
+            CertificateDer::from_pem_slice(cert.as_bytes())
+                .unwrap()
+                .as_ref()
         );
     }
 

@@ -9,13 +9,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::body::Bytes;
 use gpu_dra_api::validate::{ClassLookup, StaticClasses, Validator};
 use gpu_dra_controller::metrics::SharedRegistry;
 use gpu_dra_controller::webhook::{Reviewer, TlsFiles, WebhookConfig, WebhookServer};
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt as _, Full, StreamBody};
+use hyper::body::Bytes;
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::{CertificateDer, ServerName};

@@ -214,11 +214,11 @@ impl ser::Serializer for Normaliser {
     }
     fn serialize_bytes(self, v: &[u8]) -> Out {
         // As JSON writes them: a list of numbers.
-        let mut seq = self.serialize_seq(Some(v.len()))?;
+        let mut seq = Seq::new(self);
         for b in v {
-            seq.serialize_element(b)?;
+            seq.push(b)?;
         }
-        SerializeSeq::end(seq)
+        Ok(seq.finish())
     }
     fn serialize_none(self) -> Out {
         Ok(None)

@@ -509,31 +509,11 @@ impl Reconciler {
         desired: &[ResourceSlice],
     ) -> Result<(), PublishError> {
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        let client = &self.client;
-        let results: Vec<Result<Option<String>, PublishError>> = futures::stream::iter(wave)
-            .map(|op| {
-                let params = &params;
-                async move {
-                    match op {
-                        pool::Op::Apply(i) => {
-                            let slice = &desired[*i];
-                            wire::apply_slice(client, slice, params).await.map_err(
-                                PublishError::api(format!(
-                                    "apply ResourceSlice {}",
-                                    slice.metadata.name.as_deref().unwrap_or_default()
-                                )),
-                            )
-                        }
-                        pool::Op::Delete(name) => match wire::delete_slice(client, name).await {
-                            Ok(()) => Ok(None),
-                            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
-                            Err(e) => Err(PublishError::api(format!(
-                                "delete ResourceSlice {name}"
-                            ))(e)),
-                        },
-                    }
-                }
-            })
+        let writes: Vec<_> = wave
+            .iter()
+            .map(|op| write(&self.client, op, desired, &params))
+            .collect();
+        let results: Vec<Result<Option<String>, PublishError>> = futures::stream::iter(writes)
             .buffered(CONCURRENT_WRITES)
             .collect()
             .await;
@@ -561,6 +541,31 @@ impl Reconciler {
             tracing::warn!(node = %self.node, "{note}");
         }
         self.logged_notes = notes;
+    }
+}
+
+/// One write; an apply returns the `resourceVersion` of the answer.
+async fn write(
+    client: &kube::Client,
+    op: &pool::Op,
+    desired: &[ResourceSlice],
+    params: &PatchParams,
+) -> Result<Option<String>, PublishError> {
+    match op {
+        pool::Op::Apply(i) => {
+            let slice = &desired[*i];
+            wire::apply_slice(client, slice, params)
+                .await
+                .map_err(PublishError::api(format!(
+                    "apply ResourceSlice {}",
+                    slice.metadata.name.as_deref().unwrap_or_default()
+                )))
+        }
+        pool::Op::Delete(name) => match wire::delete_slice(client, name).await {
+            Ok(()) => Ok(None),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            Err(e) => Err(PublishError::api(format!("delete ResourceSlice {name}"))(e)),
+        },
     }
 }
 

@@ -344,8 +344,13 @@ impl Analysis<'_> {
                 )
             }
             CauseKind::OtherDriver => {
+                let which = if matches!(read.domain, Dom::Ours | Dom::OursMisspelt) {
+                    "on devices of other drivers"
+                } else {
+                    "on devices of other drivers that lack it"
+                };
                 let message = format!(
-                    "DeviceClass selectors are evaluated on the devices of every driver on the node: on devices of other drivers `{text}` {no_such_key}; test `device.driver` first"
+                    "this selector also sees the devices of other drivers (nothing before it restricts `device.driver`): {which} `{text}` {no_such_key}; test `device.driver` first"
                 );
                 (
                     Check::OtherDriverDevice,
@@ -392,7 +397,9 @@ impl Pass<'_> {
         }
         match &e.expr {
             Expr::Literal(LiteralValue::Boolean(b)) => Out::known(*b.inner()),
-            Expr::Literal(LiteralValue::String(s)) => Out::value(Av::Str(Some(s.inner().to_owned()))),
+            Expr::Literal(LiteralValue::String(s)) => {
+                Out::value(Av::Str(Some(s.inner().to_owned())))
+            }
             Expr::Literal(_) => Out::value(Av::Other),
             Expr::Ident(name) => self
                 .scope
@@ -554,9 +561,11 @@ impl Pass<'_> {
                             | operators::GREATER
                             | operators::GREATER_EQUALS
                     )
-                    || call.target.as_deref().is_some_and(
-                        |t| matches!(&t.expr, Expr::Ident(ns) if ns == "sets"),
-                    ) {
+                    || call
+                        .target
+                        .as_deref()
+                        .is_some_and(|t| matches!(&t.expr, Expr::Ident(ns) if ns == "sets"))
+                {
                     Out::unknown()
                 } else {
                     Out::value(Av::Other)
@@ -705,6 +714,12 @@ impl Pass<'_> {
                 Out::value(Av::Opt(has, Box::new(inner)))
             }
             Access::Value => match present {
+                // another driver's device may lack it
+                Present::Unknown if self.kind == Kind::Other => {
+                    let mut out = value;
+                    out.errs.push(self.cause(e, read, CauseKind::OtherDriver));
+                    out
+                }
                 Present::Yes | Present::Unknown => value,
                 Present::No => {
                     let kind = match (self.kind, &read.domain) {

@@ -1,11 +1,14 @@
 //! The analysis of one compiled selector: a type pass over the parsed tree
-//! ([`types`]: names against the schema, types, literal arguments) and a
+//! ([`types`]: names against the schema and the type of every node, with
+//! [`operators`] and [`functions`] checking what is applied to them) and a
 //! pass per device kind ([`kinds`]: reads that fail at scheduling time,
 //! whether the selector can be true). Findings are collected as
 //! [`Pending`] and written out at the end, when every fix is known, so that
 //! each hint shows the selector with all corrections applied.
 
+mod functions;
 mod kinds;
+mod operators;
 mod refs;
 mod types;
 

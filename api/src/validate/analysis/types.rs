@@ -1,34 +1,30 @@
 //! The type pass: resolves every read of the device against the schema
 //! (unknown names with did-you-mean, attributes read as capacities,
-//! lookups not keyed by domain, misspelt domains), infers types, and
-//! reports operations whose operand types cannot work: comparisons of a
-//! version or quantity with a literal, string functions on non-strings,
-//! non-bool results. Literal arguments of `semver()`, `quantity()` and
-//! regular expressions are checked by evaluating them with the real
-//! engine.
-
-use std::fmt::Write as _;
+//! lookups not keyed by domain, misspelt domains) and infers the type of
+//! every node; operators and functions whose operand types cannot work are
+//! checked in [`super::operators`] and [`super::functions`]. A selector
+//! whose result is not a bool is reported here.
 
 use cel::common::ast::{CallExpr, ComprehensionExpr, EntryExpr, Expr, IdedExpr, LiteralValue};
 use cel::common::ast::{SelectExpr, operators};
 
+use super::Analysis;
+use super::operators::symbol;
 use super::refs::{
-    Access, Dom, Read, Ref, all_entries, domain_entries, field, lookup, read_node,
-    read_text,
+    Access, Dom, Read, Ref, all_entries, domain_entries, field, lookup, read_node, read_text,
 };
-use super::{Analysis, Hint};
-use crate::cel::{CelDevice, EvalError};
-use crate::quantity::Quantity;
-use crate::schema::{self, Entry, STANDARD_DOMAIN, Section, ValueType, device_types};
+use crate::schema::{Entry, STANDARD_DOMAIN, Section, ValueType};
+use crate::validate::Check;
 use crate::validate::suggest::closest;
-use crate::validate::unparse::{call, int, node, quote, string, unparse};
-use crate::validate::{Check, Severity};
-
-/// Literal arguments checked by evaluation per selector, at most.
-const MAX_LITERAL_CHECKS: usize = 16;
+use crate::validate::unparse::{node, quote, string};
 
 /// The fields of `device`.
-const DEVICE_FIELDS: [&str; 4] = ["driver", "attributes", "capacity", "allowMultipleAllocations"];
+const DEVICE_FIELDS: [&str; 4] = [
+    "driver",
+    "attributes",
+    "capacity",
+    "allowMultipleAllocations",
+];
 
 /// The type of an expression, as far as it can be told.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,7 +57,7 @@ pub(super) enum Ty {
 
 /// What kinds of values compare and combine with each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cat {
+pub(super) enum Cat {
     Num,
     Str,
     Bytes,
@@ -76,7 +72,7 @@ enum Cat {
 }
 
 impl Ty {
-    fn of(value_type: ValueType) -> Ty {
+    pub(super) fn of(value_type: ValueType) -> Ty {
         match value_type {
             ValueType::Int => Ty::Int,
             ValueType::Bool => Ty::Bool,
@@ -86,7 +82,7 @@ impl Ty {
         }
     }
 
-    fn describe(&self) -> &'static str {
+    pub(super) fn describe(&self) -> &'static str {
         match self {
             Ty::Dyn => "a value",
             Ty::Bool => "a bool",
@@ -108,7 +104,7 @@ impl Ty {
         }
     }
 
-    fn cat(&self) -> Option<Cat> {
+    pub(super) fn cat(&self) -> Option<Cat> {
         Some(match self {
             Ty::Dyn => return None,
             Ty::Bool => Cat::Bool,
@@ -151,42 +147,9 @@ pub(super) fn is_bind(c: &ComprehensionExpr) -> bool {
     c.iter_var == "#unused" && matches!(&c.iter_range.expr, Expr::List(l) if l.elements.is_empty())
 }
 
-fn symbol(op: &str) -> &str {
-    match op {
-        operators::EQUALS => "==",
-        operators::NOT_EQUALS => "!=",
-        operators::LESS => "<",
-        operators::LESS_EQUALS => "<=",
-        operators::GREATER => ">",
-        operators::GREATER_EQUALS => ">=",
-        operators::ADD => "+",
-        operators::SUBSTRACT => "-",
-        operators::MULTIPLY => "*",
-        operators::DIVIDE => "/",
-        operators::MODULO => "%",
-        operators::LOGICAL_AND => "&&",
-        operators::LOGICAL_OR => "||",
-        operators::LOGICAL_NOT => "!",
-        operators::CONDITIONAL => "?:",
-        other => other,
-    }
-}
-
-/// `a OP b` read as `b OP' a`.
-fn flip(op: &str) -> &'static str {
-    match op {
-        operators::LESS => operators::GREATER,
-        operators::LESS_EQUALS => operators::GREATER_EQUALS,
-        operators::GREATER => operators::LESS,
-        operators::GREATER_EQUALS => operators::LESS_EQUALS,
-        operators::NOT_EQUALS => operators::NOT_EQUALS,
-        _ => operators::EQUALS,
-    }
-}
-
 /// A version string as `semver()` accepts it without normalisation: a
 /// leading `v` dropped, missing parts zero, leading zeros removed.
-fn normalize_version(text: &str) -> Option<String> {
+pub(super) fn normalize_version(text: &str) -> Option<String> {
     if semver::Version::parse(text).is_ok() {
         return Some(text.to_owned());
     }
@@ -225,7 +188,7 @@ impl Analysis<'_> {
         }
     }
 
-    fn local(&self, name: &str) -> Option<&Ty> {
+    pub(super) fn local(&self, name: &str) -> Option<&Ty> {
         self.scope
             .iter()
             .rev()
@@ -233,7 +196,7 @@ impl Analysis<'_> {
             .map(|(_, t)| t)
     }
 
-    fn ty(&mut self, e: &IdedExpr) -> Ty {
+    pub(super) fn ty(&mut self, e: &IdedExpr) -> Ty {
         match &e.expr {
             Expr::Ident(name) => match self.local(name) {
                 Some(t) => t.clone(),
@@ -276,7 +239,14 @@ impl Analysis<'_> {
             }
             return Ty::Bool;
         }
-        self.member(e, &select.operand, operand, &select.field, Access::Value, None)
+        self.member(
+            e,
+            &select.operand,
+            operand,
+            &select.field,
+            Access::Value,
+            None,
+        )
     }
 
     /// `operand.name`, `operand['name']`, or their optional forms.
@@ -380,7 +350,9 @@ impl Analysis<'_> {
                 "no device has the domain `{name}`: the attributes and capacities of this driver's devices are in `{driver}`; did you mean `{driver}`?"
             );
             match key {
-                Some(key) => self.error_with_fix(Check::UnknownDomain, key, message, string(driver)),
+                Some(key) => {
+                    self.error_with_fix(Check::UnknownDomain, key, message, string(driver));
+                }
                 None => self.error(Check::UnknownDomain, e, message, None),
             }
             return Ty::Domain(section, Dom::OursMisspelt, driver.to_owned());
@@ -406,12 +378,9 @@ impl Analysis<'_> {
             .min_by_key(|(entry, _, _)| entry.section != section);
         let written = format!("device.{}[{}]", field(section), quote(key));
         let keyed = format!(
-            "`{written}` looks up the domain `{key}`, which no device has: attributes and capacities are keyed by domain first, so this is an empty map and the selector fails at scheduling time"
+            "`{written}` looks up the domain `{key}`, which no device has: attributes and capacities are keyed by domain first, so this reads an empty map (an error at scheduling time, or never true)"
         );
         if let Some((entry, d, id)) = exact {
-            if d == self.driver {
-                self.mentions_driver = true;
-            }
             let message = format!(
                 "{keyed}. `{id}` is {} of {d}: `{}`",
                 article_section(entry.section),
@@ -442,9 +411,6 @@ impl Analysis<'_> {
         }
         let best = closest(name, entries.iter().map(|(_, _, id)| *id))?;
         let (entry, d, id) = entries.iter().find(|(_, _, id)| *id == best)?;
-        if d == self.driver {
-            self.mentions_driver = true;
-        }
         let message = format!(
             "{keyed}; did you mean {} `{}`?",
             article_section(entry.section),
@@ -582,7 +548,10 @@ impl Analysis<'_> {
             .map(|(_, id)| id)
             .collect();
         let message = if known.is_empty() {
-            format!("`{name}` is not {here}: devices of this driver have no {section_name} in {domain}", section_name = field(section))
+            format!(
+                "`{name}` is not {here}: devices of this driver have no {section_name} in {domain}",
+                section_name = field(section)
+            )
         } else {
             format!(
                 "`{name}` is not {here}: devices of this driver have the {} {} there",
@@ -698,9 +667,7 @@ impl Analysis<'_> {
             (t @ (Ty::Device | Ty::Domains(_) | Ty::Domain(..)), Some(k)) => {
                 self.member(e, operand, t, k, access, Some(key))
             }
-            (Ty::Domains(section), None) => {
-                wrap(Ty::Domain(section, Dom::Unknown, String::new()))
-            }
+            (Ty::Domains(section), None) => wrap(Ty::Domain(section, Dom::Unknown, String::new())),
             (Ty::Optional(_), _) => Ty::Optional(Box::new(Ty::Dyn)),
             (Ty::Device | Ty::Domain(..) | Ty::List | Ty::Map | Ty::Dyn, _) => wrap(Ty::Dyn),
             (other, _) => {
@@ -719,7 +686,7 @@ impl Analysis<'_> {
     }
 
     /// An operand of `&&`, `||`, `!` or a condition.
-    fn bool_operand(&mut self, a: &IdedExpr, op: &str) {
+    pub(super) fn bool_operand(&mut self, a: &IdedExpr, op: &str) {
         let t = self.ty(a);
         if t.cat().is_some_and(|c| c != Cat::Bool) && !self.flagged.contains(&a.id) {
             let text = self.text(a);
@@ -741,310 +708,11 @@ impl Analysis<'_> {
     }
 
     /// The schema entry read by `e`, if it is a read.
-    fn entry_of(&self, e: &IdedExpr) -> Option<&'static Entry> {
+    pub(super) fn entry_of(&self, e: &IdedExpr) -> Option<&'static Entry> {
         match self.refs.get(&e.id) {
             Some(Ref::Read(read)) if read.access == Access::Value => read.entry,
             _ => None,
         }
-    }
-
-    fn compare(&mut self, e: &IdedExpr, op: &str, a: &IdedExpr, b: &IdedExpr, ta: &Ty, tb: &Ty) {
-        self.note_type_value(e, op, a, b);
-        let (Some(ca), Some(cb)) = (ta.cat(), tb.cat()) else {
-            return;
-        };
-        let ordering = !matches!(op, operators::EQUALS | operators::NOT_EQUALS);
-        let fine = if ordering {
-            ca == cb && matches!(ca, Cat::Num | Cat::Str | Cat::Bytes | Cat::Bool)
-        } else {
-            ca == cb || ca == Cat::Null || cb == Cat::Null
-        };
-        if fine {
-            return;
-        }
-        let sym = symbol(op);
-        let (text_a, text_b) = (self.text(a), self.text(b));
-        let outcome = if ordering {
-            format!("`{sym}` between them fails at scheduling time (no such overload)")
-        } else if op == operators::EQUALS {
-            "`==` between them is always false".to_owned()
-        } else {
-            "`!=` between them is always true".to_owned()
-        };
-        // a version or quantity on one side: compareTo()
-        let typed = if matches!(ta, Ty::Version | Ty::Quantity) {
-            Some((a, b, ta, tb, false))
-        } else if matches!(tb, Ty::Version | Ty::Quantity) {
-            Some((b, a, tb, ta, true))
-        } else {
-            None
-        };
-        if let Some((typed, other, tt, ot, flipped)) = typed {
-            let plural = if *tt == Ty::Version {
-                "versions"
-            } else {
-                "quantities"
-            };
-            let mut message = if ca == cb {
-                format!(
-                    "{plural} cannot be compared with `{sym}` (no such overload at scheduling time); compare them with compareTo()"
-                )
-            } else {
-                let typed_text = if flipped { &text_b } else { &text_a };
-                let other_text = if flipped { &text_a } else { &text_b };
-                format!(
-                    "`{typed_text}` is {} and `{other_text}` {}: {outcome}; compare {plural} with compareTo()",
-                    tt.describe(),
-                    ot.describe()
-                )
-            };
-            let converted = self.convert(typed, other, tt, ot, &mut message);
-            let op = if flipped { flip(op) } else { op };
-            match converted {
-                Some(converted) => {
-                    let fix = call(
-                        None,
-                        op,
-                        vec![
-                            call(Some(typed.clone()), "compareTo", vec![converted]),
-                            int(0),
-                        ],
-                    );
-                    self.error_with_fix(Check::TypeMismatch, e, message, fix);
-                }
-                None => self.error(Check::TypeMismatch, e, message, None),
-            }
-            return;
-        }
-        // an optional on one side
-        let optional = match (ta, tb) {
-            (Ty::Optional(_), _) => Some((a, b)),
-            (_, Ty::Optional(_)) => Some((b, a)),
-            _ => None,
-        };
-        if let Some((opt, other)) = optional {
-            let text = self.text(opt);
-            let message = format!(
-                "`{text}` is an optional (from `.?`), not a value: {outcome}; test presence and compare the value"
-            );
-            let fix = Self::unwrap_optional(opt).map(|(has, value)| {
-                let compared = call(None, op, vec![value, other.clone()]);
-                call(None, operators::LOGICAL_AND, vec![has, compared])
-            });
-            match fix {
-                Some(fix) => self.error_with_fix(Check::TypeMismatch, e, message, fix),
-                None => self.error(Check::TypeMismatch, e, message, None),
-            }
-            return;
-        }
-        let message = format!(
-            "`{text_a}` is {} and `{text_b}` {}: {outcome}",
-            ta.describe(),
-            tb.describe()
-        );
-        // a literal of the wrong scalar type
-        let fix = match (ta, &b.expr, tb, &a.expr) {
-            (Ty::Int, Expr::Literal(LiteralValue::String(s)), _, _) => {
-                s.inner().trim().parse::<i64>().ok().map(|n| (b, int(n)))
-            }
-            (Ty::String, Expr::Literal(LiteralValue::Int(n)), _, _) => {
-                Some((b, string(&n.inner().to_string())))
-            }
-            (_, _, Ty::Int, Expr::Literal(LiteralValue::String(s))) => {
-                s.inner().trim().parse::<i64>().ok().map(|n| (a, int(n)))
-            }
-            (_, _, Ty::String, Expr::Literal(LiteralValue::Int(n))) => {
-                Some((a, string(&n.inner().to_string())))
-            }
-            _ => None,
-        };
-        match fix {
-            Some((literal, replacement)) => {
-                self.flagged.insert(e.id);
-                self.fixes.insert(literal.id, replacement);
-                self.report(
-                    Check::TypeMismatch,
-                    Severity::Error,
-                    e,
-                    message,
-                    Hint::Corrected(literal.id),
-                );
-            }
-            None => self.error(Check::TypeMismatch, e, message, None),
-        }
-    }
-
-    /// `has(X.name)` and `X.name` for an optional read `X.?name`.
-    fn unwrap_optional(opt: &IdedExpr) -> Option<(IdedExpr, IdedExpr)> {
-        let Expr::Call(c) = &opt.expr else {
-            return None;
-        };
-        let [operand, key] = c.args.as_slice() else {
-            return None;
-        };
-        let name = literal_str(key)?.to_owned();
-        if c.func_name != operators::OPT_SELECT && c.func_name != operators::OPT_INDEX {
-            return None;
-        }
-        let select = |test| {
-            node(Expr::Select(SelectExpr {
-                operand: Box::new(operand.clone()),
-                field: name.clone(),
-                test,
-            }))
-        };
-        Some((select(true), select(false)))
-    }
-
-    /// `other` turned into the type of `typed` (a version or quantity), for
-    /// a compareTo() hint; notes on units go into `message`.
-    fn convert(
-        &self,
-        typed: &IdedExpr,
-        other: &IdedExpr,
-        tt: &Ty,
-        ot: &Ty,
-        message: &mut String,
-    ) -> Option<IdedExpr> {
-        if ot == tt {
-            return Some(other.clone());
-        }
-        let text = match &other.expr {
-            Expr::Literal(LiteralValue::String(s)) => s.inner().to_owned(),
-            Expr::Literal(LiteralValue::Int(i)) => i.inner().to_string(),
-            Expr::Literal(LiteralValue::UInt(u)) => u.inner().to_string(),
-            Expr::Literal(LiteralValue::Double(d)) => format!("{:?}", d.inner()),
-            _ => return None,
-        };
-        if *tt == Ty::Version {
-            let version = normalize_version(&text)?;
-            return Some(call(None, "semver", vec![string(&version)]));
-        }
-        let is_number = matches!(
-            other.expr,
-            Expr::Literal(LiteralValue::Int(_) | LiteralValue::UInt(_))
-        );
-        let memory = self
-            .entry_of(typed)
-            .is_some_and(|entry| entry.name == schema::names::MEMORY);
-        let number: Option<u64> = text.parse().ok();
-        if memory && is_number {
-            let unit = match number {
-                Some(n) if n <= 1024 => Some(("Gi", "GiB")),
-                Some(n) if n < 1 << 20 => Some(("Mi", "MiB")),
-                _ => None,
-            };
-            if let Some((suffix, words)) = unit {
-                let _ = write!(
-                    message,
-                    " (memory is counted in bytes: {text} would be {text} bytes; the hint reads it as {words})"
-                );
-                return Some(call(None, "quantity", vec![string(&format!("{text}{suffix}"))]));
-            }
-        }
-        Quantity::parse(&text)
-            .ok()
-            .map(|_| call(None, "quantity", vec![string(&text)]))
-    }
-
-    /// `type == 'vfio'`: a value this driver never publishes.
-    fn note_type_value(&mut self, e: &IdedExpr, op: &str, a: &IdedExpr, b: &IdedExpr) {
-        if op != operators::EQUALS && op != operators::NOT_EQUALS {
-            return;
-        }
-        for (read, literal) in [(a, b), (b, a)] {
-            let is_type = self
-                .entry_of(read)
-                .is_some_and(|entry| entry.name == schema::names::TYPE);
-            if let (true, Some(value)) = (is_type, literal_str(literal))
-                && value != device_types::GPU
-                && value != device_types::MIG
-            {
-                let mut message = format!(
-                    "`type` is '{}' or '{}' on the devices of {}, never '{value}'",
-                    device_types::GPU,
-                    device_types::MIG,
-                    self.driver
-                );
-                if value == "vfio" {
-                    message.push_str(" (vfio passthrough devices are not supported by this driver)");
-                }
-                self.impossible_types.push((e.id, message));
-            }
-        }
-    }
-
-    fn arithmetic(&mut self, e: &IdedExpr, op: &str, a: &IdedExpr, b: &IdedExpr) -> Ty {
-        let ta = self.ty(a);
-        let tb = self.ty(b);
-        let sym = symbol(op);
-        for (side, t, other) in [(a, &ta, b), (b, &tb, a)] {
-            match t {
-                Ty::Quantity if !self.flagged.contains(&side.id) => {
-                    let text = self.text(side);
-                    let method = match op {
-                        operators::ADD => Some("add"),
-                        operators::SUBSTRACT => Some("sub"),
-                        _ => None,
-                    };
-                    let message = format!(
-                        "`{text}` is a quantity: quantities have no `{sym}` (no such overload at scheduling time){}",
-                        if method.is_some() {
-                            "; use add() and sub()"
-                        } else {
-                            ""
-                        }
-                    );
-                    match method {
-                        Some(method) if std::ptr::eq(side, a) => {
-                            let fix = call(Some(a.clone()), method, vec![other.clone()]);
-                            self.error_with_fix(Check::TypeMismatch, e, message, fix);
-                        }
-                        _ => self.error(Check::TypeMismatch, e, message, None),
-                    }
-                    return Ty::Dyn;
-                }
-                Ty::Version if !self.flagged.contains(&side.id) => {
-                    let text = self.text(side);
-                    self.error(
-                        Check::TypeMismatch,
-                        e,
-                        format!(
-                            "`{text}` is a version: versions have no `{sym}` (no such overload at scheduling time); use major(), minor(), patch() or compareTo()"
-                        ),
-                        None,
-                    );
-                    return Ty::Dyn;
-                }
-                _ => {}
-            }
-        }
-        let allowed = |t: &Ty| match op {
-            operators::ADD => matches!(
-                t,
-                Ty::Int | Ty::Uint | Ty::Double | Ty::String | Ty::Bytes | Ty::List | Ty::Dyn
-            ),
-            operators::MODULO => matches!(t, Ty::Int | Ty::Uint | Ty::Dyn),
-            _ => matches!(t, Ty::Int | Ty::Uint | Ty::Double | Ty::Dyn),
-        };
-        let known = ta != Ty::Dyn && tb != Ty::Dyn;
-        if !allowed(&ta) || !allowed(&tb) || (known && ta != tb) {
-            if !self.flagged.contains(&a.id) && !self.flagged.contains(&b.id) {
-                let (text_a, text_b) = (self.text(a), self.text(b));
-                self.error(
-                    Check::TypeMismatch,
-                    e,
-                    format!(
-                        "`{text_a}` is {} and `{text_b}` {}: `{sym}` between them fails at scheduling time (no such overload)",
-                        ta.describe(),
-                        tb.describe()
-                    ),
-                    None,
-                );
-            }
-            return Ty::Dyn;
-        }
-        if ta == Ty::Dyn { tb } else { ta }
     }
 
     fn comprehension(&mut self, c: &ComprehensionExpr) -> Ty {
@@ -1068,355 +736,12 @@ impl Analysis<'_> {
             _ => Ty::Dyn,
         }
     }
-
-    /// Checks the receiver of a method; reports and returns false when its
-    /// type cannot work.
-    fn receiver(
-        &mut self,
-        e: &IdedExpr,
-        target: &IdedExpr,
-        t: &Ty,
-        method: &str,
-        want: &[Cat],
-        want_text: &str,
-    ) -> bool {
-        let Some(cat) = t.cat() else {
-            return true;
-        };
-        if want.contains(&cat) || self.flagged.contains(&target.id) {
-            return true;
-        }
-        let text = self.text(target);
-        if let Ty::Optional(_) = t {
-            self.error(
-                Check::TypeMismatch,
-                e,
-                format!(
-                    "`{text}` is an optional (from `.?`): unwrap it with `.orValue(…)` before calling `{method}()`"
-                ),
-                None,
-            );
-            return false;
-        }
-        let message = format!(
-            "`{method}()` needs {want_text}, but `{text}` is {}",
-            t.describe()
-        );
-        if want == [Cat::Str] && matches!(t, Ty::Int | Ty::Uint | Ty::Double | Ty::Bool) {
-            // string(x).startsWith(...)
-            let Expr::Call(c) = &e.expr else {
-                self.error(Check::TypeMismatch, e, message, None);
-                return false;
-            };
-            let fix = node(Expr::Call(CallExpr {
-                func_name: c.func_name.clone(),
-                target: Some(Box::new(call(None, "string", vec![target.clone()]))),
-                args: c.args.clone(),
-            }));
-            self.error_with_fix(Check::TypeMismatch, e, message, fix);
-        } else {
-            self.error(Check::TypeMismatch, e, message, None);
-        }
-        false
-    }
-
-    /// Checks that argument `arg` has a type in `want`.
-    fn argument(&mut self, e: &IdedExpr, method: &str, arg: &IdedExpr, t: &Ty, want: &[Cat], want_text: &str) {
-        if t.cat().is_none_or(|c| want.contains(&c)) || self.flagged.contains(&arg.id) {
-            return;
-        }
-        let text = self.text(arg);
-        self.error(
-            Check::TypeMismatch,
-            e,
-            format!("`{method}()` takes {want_text}, but `{text}` is {}", t.describe()),
-            None,
-        );
-    }
-
-    fn function(&mut self, e: &IdedExpr, c: &CallExpr) -> Ty {
-        let name = c.func_name.as_str();
-        let namespace = match c.target.as_deref().map(|t| &t.expr) {
-            Some(Expr::Ident(ns))
-                if matches!(ns.as_str(), "strings" | "sets" | "optional")
-                    && self.local(ns).is_none() =>
-            {
-                Some(ns.as_str())
-            }
-            _ => None,
-        };
-        let target = match (c.target.as_deref(), namespace) {
-            (Some(t), None) => Some((t, self.ty(t))),
-            _ => None,
-        };
-        let args: Vec<Ty> = c.args.iter().map(|a| self.ty(a)).collect();
-        if let Some(ns) = namespace {
-            return match (ns, name) {
-                ("strings", "quote") => Ty::String,
-                ("sets", _) => Ty::Bool,
-                ("optional", "of" | "ofNonZeroValue") => {
-                    Ty::Optional(Box::new(args.first().cloned().unwrap_or(Ty::Dyn)))
-                }
-                ("optional", _) => Ty::Optional(Box::new(Ty::Dyn)),
-                _ => Ty::Dyn,
-            };
-        }
-        const STR: &[Cat] = &[Cat::Str];
-        match (name, target) {
-            (
-                "contains" | "startsWith" | "endsWith" | "matches" | "find" | "findAll"
-                | "charAt" | "indexOf" | "lastIndexOf" | "lowerAscii" | "upperAscii"
-                | "replace" | "split" | "substring" | "trim" | "format",
-                Some((target, t)),
-            ) => {
-                self.receiver(e, target, &t, name, STR, "a string");
-                if matches!(
-                    name,
-                    "contains" | "startsWith" | "endsWith" | "matches" | "find" | "findAll"
-                        | "indexOf" | "lastIndexOf"
-                ) && let (Some(arg), Some(t)) = (c.args.first(), args.first())
-                {
-                    self.argument(e, name, arg, t, STR, "a string");
-                }
-                if matches!(name, "matches" | "find" | "findAll")
-                    && let Some(pattern) = c.args.first().and_then(literal_str)
-                {
-                    self.check_regex(e, pattern);
-                }
-                match name {
-                    "contains" | "startsWith" | "endsWith" | "matches" => Ty::Bool,
-                    "findAll" | "split" => Ty::List,
-                    "indexOf" | "lastIndexOf" => Ty::Int,
-                    _ => Ty::String,
-                }
-            }
-            ("matches", None) => {
-                if let (Some(arg), Some(t)) = (c.args.first(), args.first()) {
-                    self.argument(e, name, arg, t, STR, "a string");
-                }
-                if let Some(pattern) = c.args.get(1).and_then(literal_str) {
-                    self.check_regex(e, pattern);
-                }
-                Ty::Bool
-            }
-            ("size", target) => {
-                let (subject, t) = match (target, c.args.first(), args.first()) {
-                    (Some((target, t)), _, _) => (target, t),
-                    (None, Some(arg), Some(t)) => (arg, t.clone()),
-                    _ => return Ty::Int,
-                };
-                self.receiver(
-                    e,
-                    subject,
-                    &t,
-                    name,
-                    &[Cat::Str, Cat::Bytes, Cat::List, Cat::Map],
-                    "a string, bytes, a list or a map",
-                );
-                Ty::Int
-            }
-            ("sign" | "isInteger" | "asInteger" | "asApproximateFloat" | "add" | "sub", Some((target, t))) => {
-                self.receiver(e, target, &t, name, &[Cat::Quantity], "a quantity");
-                if matches!(name, "add" | "sub")
-                    && let (Some(arg), Some(t)) = (c.args.first(), args.first())
-                {
-                    self.argument(e, name, arg, t, &[Cat::Quantity, Cat::Num], "a quantity or an int");
-                }
-                match name {
-                    "isInteger" => Ty::Bool,
-                    "asApproximateFloat" => Ty::Double,
-                    "add" | "sub" => Ty::Quantity,
-                    _ => Ty::Int,
-                }
-            }
-            ("major" | "minor" | "patch", Some((target, t))) => {
-                self.receiver(e, target, &t, name, &[Cat::Version], "a version");
-                Ty::Int
-            }
-            ("compareTo" | "isGreaterThan" | "isLessThan", Some((target, t))) => {
-                if self.receiver(
-                    e,
-                    target,
-                    &t,
-                    name,
-                    &[Cat::Version, Cat::Quantity],
-                    "a version or a quantity",
-                ) && matches!(t, Ty::Version | Ty::Quantity)
-                    && let (Some(arg), Some(at)) = (c.args.first(), args.first())
-                    && at.cat().is_some_and(|c| Some(c) != t.cat())
-                    && !self.flagged.contains(&arg.id)
-                {
-                    let text = self.text(arg);
-                    let mut message = format!(
-                        "`{name}()` of {} takes {}, but `{text}` is {}",
-                        t.describe(),
-                        t.describe(),
-                        at.describe()
-                    );
-                    match self.convert(target, arg, &t, at, &mut message) {
-                        Some(converted) => {
-                            self.flagged.insert(e.id);
-                            self.fixes.insert(arg.id, converted);
-                            self.report(
-                                Check::TypeMismatch,
-                                Severity::Error,
-                                e,
-                                message,
-                                Hint::Corrected(arg.id),
-                            );
-                        }
-                        None => self.error(Check::TypeMismatch, e, message, None),
-                    }
-                }
-                if name == "compareTo" { Ty::Int } else { Ty::Bool }
-            }
-            ("semver" | "isSemver" | "quantity" | "isQuantity", None) => {
-                self.constructor(e, c, &args);
-                match name {
-                    "semver" => Ty::Version,
-                    "quantity" => Ty::Quantity,
-                    _ => Ty::Bool,
-                }
-            }
-            ("orValue" | "value" | "hasValue" | "or", Some((target, t))) => {
-                let inner = match &t {
-                    Ty::Optional(inner) => (**inner).clone(),
-                    Ty::Dyn => Ty::Dyn,
-                    other => {
-                        if !self.flagged.contains(&target.id) {
-                            let text = self.text(target);
-                            self.error(
-                                Check::TypeMismatch,
-                                e,
-                                format!(
-                                    "`{name}()` is a function of optionals (from `.?x` or `[?k]`), but `{text}` is {}",
-                                    other.describe()
-                                ),
-                                None,
-                            );
-                        }
-                        return Ty::Dyn;
-                    }
-                };
-                match name {
-                    "hasValue" => Ty::Bool,
-                    "or" => t,
-                    "orValue" => match args.first() {
-                        Some(a) if *a == inner || inner == Ty::Dyn => a.clone(),
-                        _ if inner != Ty::Dyn => inner,
-                        _ => Ty::Dyn,
-                    },
-                    _ => inner,
-                }
-            }
-            ("join", Some(_)) | ("string", None) => Ty::String,
-            ("int", None) => Ty::Int,
-            ("uint", None) => Ty::Uint,
-            ("double", None) => Ty::Double,
-            ("bool", None) => Ty::Bool,
-            ("bytes", None) => Ty::Bytes,
-            ("type", None) => Ty::Type,
-            _ => Ty::Dyn,
-        }
-    }
-
-    /// `semver(s[, normalize])`, `isSemver`, `quantity(s)`, `isQuantity`.
-    fn constructor(&mut self, e: &IdedExpr, c: &CallExpr, args: &[Ty]) {
-        let name = c.func_name.as_str();
-        let (Some(arg), Some(t)) = (c.args.first(), args.first()) else {
-            return;
-        };
-        if matches!(t, Ty::Version | Ty::Quantity) && !self.flagged.contains(&arg.id) {
-            let text = self.text(arg);
-            let message = format!(
-                "`{name}()` takes a string, but `{text}` is already {}",
-                t.describe()
-            );
-            if matches!(name, "semver" | "quantity") {
-                self.error_with_fix(Check::TypeMismatch, e, message, arg.clone());
-            } else {
-                self.error(Check::TypeMismatch, e, message, None);
-            }
-            return;
-        }
-        self.argument(e, name, arg, t, &[Cat::Str], "a string");
-        let Some(text) = literal_str(arg) else {
-            return;
-        };
-        if !matches!(name, "semver" | "quantity") {
-            return;
-        }
-        let literal_args = c
-            .args
-            .iter()
-            .all(|a| matches!(a.expr, Expr::Literal(_)));
-        let Some(written) = unparse(e).filter(|_| literal_args) else {
-            return;
-        };
-        let Some(failure) = self.evaluate_literal(&format!("{written} == {written}")) else {
-            return;
-        };
-        let message = format!("`{written}` fails on every device: {failure}");
-        let fix = if name == "semver" {
-            normalize_version(text)
-                .filter(|v| v != text)
-                .map(|v| call(None, "semver", vec![string(&v)]))
-        } else {
-            binary_suffix(text).map(|q| call(None, "quantity", vec![string(&q)]))
-        };
-        match fix {
-            Some(fix) => self.error_with_fix(Check::InvalidLiteral, e, message, fix),
-            None => self.error(Check::InvalidLiteral, e, message, None),
-        }
-    }
-
-    fn check_regex(&mut self, e: &IdedExpr, pattern: &str) {
-        if let Some(failure) = self.evaluate_literal(&format!("''.matches({})", quote(pattern))) {
-            self.error(
-                Check::InvalidLiteral,
-                e,
-                format!("the regular expression {} fails on every device: {failure}", quote(pattern)),
-                None,
-            );
-        }
-    }
-
-    /// Evaluates a device-independent probe with the real engine; the
-    /// runtime error it fails with, if any.
-    fn evaluate_literal(&mut self, probe: &str) -> Option<String> {
-        if self.literal_checks >= MAX_LITERAL_CHECKS {
-            return None;
-        }
-        self.literal_checks += 1;
-        let selector = self.compiler.compile(probe).ok()?;
-        let device = CelDevice::new(self.driver);
-        match self.compiler.evaluator(&device).matches(&selector) {
-            Err(EvalError::Runtime(message)) => Some(message),
-            _ => None,
-        }
-    }
 }
 
 /// `an attribute` or `a capacity`.
-fn article_section(section: Section) -> &'static str {
+pub(super) fn article_section(section: Section) -> &'static str {
     match section {
         Section::Attribute => "an attribute",
         Section::Capacity => "a capacity",
     }
-}
-
-/// `40GB` → `40Gi` (a unit written the way memory sizes are usually
-/// written, which quantities do not accept).
-fn binary_suffix(text: &str) -> Option<String> {
-    let stripped = text.strip_suffix(['B', 'b'])?;
-    let unit = stripped.chars().last()?;
-    if !"kKmMgGtTpPeE".contains(unit) {
-        return None;
-    }
-    let candidate = format!(
-        "{}{}i",
-        &stripped[..stripped.len() - unit.len_utf8()],
-        unit.to_ascii_uppercase()
-    );
-    Quantity::parse(&candidate).ok().map(|_| candidate)
 }

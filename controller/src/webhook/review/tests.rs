@@ -62,7 +62,10 @@ fn malformed_reviews_are_rejections_with_a_path() {
         (b"{".to_vec(), "malformed AdmissionReview"),
         (b"[]".to_vec(), "malformed AdmissionReview"),
         (b"null".to_vec(), "malformed AdmissionReview"),
-        (b"{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\"} x".to_vec(), "trailing"),
+        (
+            b"{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\"} x".to_vec(),
+            "trailing",
+        ),
         (
             b"{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\"}".to_vec(),
             "has no request",
@@ -70,9 +73,18 @@ fn malformed_reviews_are_rejections_with_a_path() {
         (serde_json::to_vec(&wrong_uid).unwrap(), "request.uid"),
         (serde_json::to_vec(&wrong_op).unwrap(), "request.operation"),
         (serde_json::to_vec(&no_user).unwrap(), "userInfo"),
-        (serde_json::to_vec(&old_version).unwrap(), "admission.k8s.io/v1beta1"),
-        (serde_json::to_vec(&empty_uid).unwrap(), "request.uid is empty"),
-        (serde_json::to_vec(&no_object).unwrap(), "request.object is missing"),
+        (
+            serde_json::to_vec(&old_version).unwrap(),
+            "admission.k8s.io/v1beta1",
+        ),
+        (
+            serde_json::to_vec(&empty_uid).unwrap(),
+            "request.uid is empty",
+        ),
+        (
+            serde_json::to_vec(&no_object).unwrap(),
+            "request.object is missing",
+        ),
     ];
     for (body, needle) in cases {
         let err = reviewer().review_json(&body).unwrap_err();
@@ -111,21 +123,32 @@ fn rejection_messages_are_bounded_even_for_huge_offending_values() {
 #[test]
 fn delete_connect_subresources_and_other_kinds_are_admitted_untouched() {
     let obj = json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "x"}});
-    let mut status = review_of("ResourceClaim", "UPDATE", Some(obj.clone()), Some(obj.clone()));
+    let mut status = review_of(
+        "ResourceClaim",
+        "UPDATE",
+        Some(obj.clone()),
+        Some(obj.clone()),
+    );
     status["request"]["subResource"] = json!("status");
     let pod = review_of("Pod", "CREATE", Some(json!({"kind": "Pod"})), None);
     let mut core_pod = pod.clone();
     core_pod["request"]["kind"]["group"] = json!("");
     for (review, outcome) in [
-        (review_of("DeviceClass", "DELETE", None, Some(obj.clone())), Outcome::skipped),
-        (review_of("DeviceClass", "CONNECT", None, None), Outcome::skipped),
+        (
+            review_of("DeviceClass", "DELETE", None, Some(obj.clone())),
+            Outcome::skipped,
+        ),
+        (
+            review_of("DeviceClass", "CONNECT", None, None),
+            Outcome::skipped,
+        ),
         (status, Outcome::skipped),
         (pod, Outcome::not_ours),
         (core_pod, Outcome::not_ours),
     ] {
         let verdict = run(&review).unwrap();
         assert_eq!(verdict.outcome, outcome, "{review}");
-        let response = verdict.response();
+        let response = verdict.response().unwrap();
         assert!(response.allowed);
         assert_eq!(response.uid, "705ab4f5-6393-11e8-b7cc-42010a800002");
         assert!(response.warnings.is_none());
@@ -145,7 +168,7 @@ fn an_update_that_leaves_the_spec_alone_is_admitted_without_judging() {
     new["metadata"]["finalizers"] = json!([]);
     let verdict = run(&review_of("DeviceClass", "UPDATE", Some(new), Some(old))).unwrap();
     assert_eq!(verdict.outcome, Outcome::skipped);
-    assert!(verdict.response().allowed);
+    assert!(verdict.response().unwrap().allowed);
 }
 
 #[test]
@@ -154,7 +177,10 @@ fn the_response_is_a_v1_review_echoing_the_uid() {
     let out = serde_json::to_value(&verdict.review).unwrap();
     assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
     assert_eq!(out["kind"], "AdmissionReview");
-    assert_eq!(out["response"]["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+    assert_eq!(
+        out["response"]["uid"],
+        "705ab4f5-6393-11e8-b7cc-42010a800002"
+    );
     assert_eq!(out["response"]["allowed"], true);
     assert!(out.get("request").is_none());
 }
@@ -171,7 +197,11 @@ fn a_denial_lists_every_error_with_path_and_hint_as_422_invalid() {
                 "unknown attribute productname\ndevice.attributes[\"gpu.nvidia.com\"].productname\n        ^",
                 Some("productName"),
             ),
-            finding("spec.devices.config[0].opaque.parameters", "unknown field `sharng`", None),
+            finding(
+                "spec.devices.config[0].opaque.parameters",
+                "unknown field `sharng`",
+                None,
+            ),
         ],
         warnings: vec![],
     };
@@ -197,14 +227,23 @@ fn a_denial_lists_every_error_with_path_and_hint_as_422_invalid() {
     assert_eq!(details.kind, "ResourceClaim");
     assert_eq!(details.group, "resource.k8s.io");
     assert_eq!(details.causes.len(), 2);
-    assert_eq!(details.causes[1].field, "spec.devices.config[0].opaque.parameters");
+    assert_eq!(
+        details.causes[1].field,
+        "spec.devices.config[0].opaque.parameters"
+    );
     assert!(details.causes[0].message.ends_with("(hint: productName)"));
 }
 
 #[test]
 fn a_denial_with_thousands_of_errors_stays_bounded_and_counts_the_rest() {
     let errors: Vec<Finding> = (0..5000)
-        .map(|i| finding(&format!("spec.selectors[{i}].cel.expression"), &"bad ".repeat(20), None))
+        .map(|i| {
+            finding(
+                &format!("spec.selectors[{i}].cel.expression"),
+                &"bad ".repeat(20),
+                None,
+            )
+        })
         .collect();
     let report = Report {
         ours: true,
@@ -230,12 +269,25 @@ fn a_denial_with_thousands_of_errors_stays_bounded_and_counts_the_rest() {
 #[test]
 fn warnings_are_single_lines_within_the_api_server_limits() {
     let mut findings = vec![
-        finding("spec.selectors[0].cel.expression", "always true\nsnippet\n ^", Some("drop it")),
+        finding(
+            "spec.selectors[0].cel.expression",
+            "always true\nsnippet\n ^",
+            Some("drop it"),
+        ),
         finding("", "tab\there\u{7}bell", None),
         finding("p", &"é".repeat(1000), None),
+        finding("q", &"m".repeat(200), Some(&"h".repeat(100))),
     ];
     let lines = warning_lines(&findings);
-    assert_eq!(lines[0], "spec.selectors[0].cel.expression: always true (hint: drop it)");
+    assert_eq!(
+        lines[3],
+        format!("q: {}", "m".repeat(200)),
+        "a hint that does not fit is left out"
+    );
+    assert_eq!(
+        lines[0],
+        "spec.selectors[0].cel.expression: always true (hint: drop it)"
+    );
     assert_eq!(lines[1], "tab here bell");
     assert_eq!(lines[2].chars().count(), MAX_WARNING_CHARS);
     assert!(lines[2].ends_with('…'));
