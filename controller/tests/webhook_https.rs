@@ -5,8 +5,8 @@
 mod common;
 
 use common::{Harness, metric, review, review_with_old, streamed, whole};
-use http::StatusCode;
 use futures::StreamExt as _;
+use http::StatusCode;
 use serde_json::json;
 
 fn other_driver_class() -> serde_json::Value {
@@ -297,9 +297,16 @@ async fn a_panic_while_judging_is_a_500_and_the_server_keeps_serving() {
     });
     let answer = h.client.validate(&review("CREATE", &claim)).await;
     assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(answer.text().contains("internal error"), "{}", answer.text());
+    assert!(
+        answer.text().contains("internal error"),
+        "{}",
+        answer.text()
+    );
     // Classes are not consulted for DeviceClasses: still judged fine.
-    let ok = h.client.validate(&review("CREATE", &other_driver_class())).await;
+    let ok = h
+        .client
+        .validate(&review("CREATE", &other_driver_class()))
+        .await;
     assert_eq!(ok.response()["allowed"], true);
     let metrics = h.client.get("/metrics").await.text();
     assert_eq!(
@@ -329,6 +336,11 @@ async fn a_body_that_stops_arriving_gets_408() {
     let body = http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(stalled));
     let mut conn = h.client.connect().await;
     let answer = conn.validate_body(body).await;
-    assert_eq!(answer.status, StatusCode::REQUEST_TIMEOUT, "{}", answer.text());
+    assert_eq!(
+        answer.status,
+        StatusCode::REQUEST_TIMEOUT,
+        "{}",
+        answer.text()
+    );
     assert_eq!(h.client.get("/healthz").await.status, StatusCode::OK);
 }

@@ -303,7 +303,7 @@ async fn mixed() {
 
 #[tokio::test]
 async fn dgx_h100_dynamic_mig() {
-    golden(
+    let (pool, _) = golden(
         "dgx-h100-dynamic-mig",
         "dgx-h100",
         ValidationRules::V1_35,
@@ -311,6 +311,23 @@ async fn dgx_h100_dynamic_mig() {
         &[8],
     )
     .await;
+    // 1.35: the counter sets' slice was written (and answered) before any
+    // slice of devices consuming them.
+    let version = |s: &Value| -> u64 {
+        s["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .expect("numeric resourceVersion")
+    };
+    let (counters, with_devices): (Vec<&Value>, Vec<&Value>) =
+        pool.iter().partition(|s| s["spec"]["devices"].is_null());
+    assert_eq!((counters.len(), with_devices.len()), (1, 4));
+    let last_counters = counters.iter().map(|s| version(s)).max().unwrap();
+    let first_devices = with_devices.iter().map(|s| version(s)).min().unwrap();
+    assert!(
+        last_counters < first_devices,
+        "{last_counters} >= {first_devices}"
+    );
 }
 
 #[tokio::test]

@@ -40,9 +40,14 @@ pub struct WebhookConfig {
     /// Reviews judged at the same time; more wait their turn (bounds the
     /// CPU and memory a flood of large reviews can take).
     pub max_concurrent_reviews: usize,
-    /// Longest time for a client to finish the TLS handshake, to send its
-    /// request headers, and to send its request body.
+    /// Longest time for a client to finish the TLS handshake and to send a
+    /// request body.
     pub client_timeout: Duration,
+    /// Longest time an HTTP/1.1 connection may wait for (the headers of) its
+    /// next request. Longer than the API server's idle-connection timeout
+    /// (Go's 90 s), so that it is the client that closes idle connections:
+    /// a server-side close racing a new request would fail that review.
+    pub idle_timeout: Duration,
     /// How long a graceful shutdown waits for open connections to finish.
     pub shutdown_grace: Duration,
 }
@@ -58,6 +63,7 @@ impl Default for WebhookConfig {
                 .map_or(2, std::num::NonZeroUsize::get)
                 * 2,
             client_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
             shutdown_grace: Duration::from_secs(10),
         }
     }

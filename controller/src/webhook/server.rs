@@ -176,7 +176,7 @@ async fn accept_loop(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(config.client_timeout);
+        .header_read_timeout(config.idle_timeout);
     builder.http2().timer(TokioTimer::new());
     let handshake_timeout = config.client_timeout;
     loop {

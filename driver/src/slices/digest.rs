@@ -115,15 +115,19 @@ impl Node {
     }
 }
 
-fn leaf(tag: Tag, bytes: &[u8]) -> Option<Digest> {
+fn leaf(tag: Tag, bytes: &[u8]) -> Digest {
     let mut node = Node::new(tag);
     node.write(&(bytes.len() as u64).to_le_bytes());
     node.write(bytes);
-    Some(node.finish())
+    node.finish()
 }
 
-fn int(v: i128) -> Option<Digest> {
+fn int(v: i128) -> Digest {
     leaf(Tag::Int, &v.to_le_bytes())
+}
+
+fn text(v: &str) -> Digest {
+    leaf(Tag::Str, v.as_bytes())
 }
 
 /// Why a value could not be digested.
@@ -165,52 +169,52 @@ impl ser::Serializer for Normaliser {
     type SerializeStructVariant = Variant<Map>;
 
     fn serialize_bool(self, v: bool) -> Out {
-        Ok(leaf(Tag::Bool, &[u8::from(v)]))
+        Ok(Some(leaf(Tag::Bool, &[u8::from(v)])))
     }
     fn serialize_i8(self, v: i8) -> Out {
-        Ok(int(v.into()))
+        Ok(Some(int(v.into())))
     }
     fn serialize_i16(self, v: i16) -> Out {
-        Ok(int(v.into()))
+        Ok(Some(int(v.into())))
     }
     fn serialize_i32(self, v: i32) -> Out {
-        Ok(int(v.into()))
+        Ok(Some(int(v.into())))
     }
     fn serialize_i64(self, v: i64) -> Out {
-        Ok(int(v.into()))
+        Ok(Some(int(v.into())))
     }
     fn serialize_i128(self, v: i128) -> Out {
-        Ok(int(v))
+        Ok(Some(int(v)))
     }
     fn serialize_u8(self, v: u8) -> Out {
-        Ok(int(v.into()))
+        Ok(Some(int(v.into())))
     }
     fn serialize_u16(self, v: u16) -> Out {
-        Ok(int(v.into()))
+        Ok(Some(int(v.into())))
     }
     fn serialize_u32(self, v: u32) -> Out {
-        Ok(int(v.into()))
+        Ok(Some(int(v.into())))
     }
     fn serialize_u64(self, v: u64) -> Out {
-        Ok(int(v.into()))
+        Ok(Some(int(v.into())))
     }
     fn serialize_u128(self, v: u128) -> Out {
-        Ok(match i128::try_from(v) {
-            Ok(v) => int(v),
-            Err(_) => leaf(Tag::BigUint, &v.to_le_bytes()),
-        })
+        match i128::try_from(v) {
+            Ok(v) => Ok(Some(int(v))),
+            Err(_) => Ok(Some(leaf(Tag::BigUint, &v.to_le_bytes()))),
+        }
     }
     fn serialize_f32(self, v: f32) -> Out {
         self.serialize_f64(v.into())
     }
     fn serialize_f64(self, v: f64) -> Out {
-        Ok(leaf(Tag::Float, &v.to_bits().to_le_bytes()))
+        Ok(Some(leaf(Tag::Float, &v.to_bits().to_le_bytes())))
     }
     fn serialize_char(self, v: char) -> Out {
         self.serialize_str(v.encode_utf8(&mut [0; 4]))
     }
     fn serialize_str(self, v: &str) -> Out {
-        Ok(leaf(Tag::Str, v.as_bytes()))
+        Ok(Some(text(v)))
     }
     fn serialize_bytes(self, v: &[u8]) -> Out {
         // As JSON writes them: a list of numbers.
@@ -240,11 +244,11 @@ impl ser::Serializer for Normaliser {
             // Server-set timestamps.
             "Time" | "MicroTime" => Ok(None),
             "Quantity" => {
-                let text = value.serialize(StrOnly)?;
-                Ok(match crate::devices::k8s::quantity_nanos(&text) {
-                    Some(nanos) => leaf(Tag::Quantity, &nanos.to_le_bytes()),
-                    None => leaf(Tag::Str, text.as_bytes()),
-                })
+                let quantity = value.serialize(StrOnly)?;
+                match crate::devices::k8s::quantity_nanos(&quantity) {
+                    Some(nanos) => Ok(Some(leaf(Tag::Quantity, &nanos.to_le_bytes()))),
+                    None => Ok(Some(text(&quantity))),
+                }
             }
             _ => value.serialize(self),
         }
@@ -277,7 +281,7 @@ impl ser::Serializer for Normaliser {
         _: usize,
     ) -> Result<Variant<Seq>, DigestError> {
         Ok(Variant {
-            variant,
+            name: variant,
             inner: Seq::new(self),
             ser: self,
         })
@@ -296,7 +300,7 @@ impl ser::Serializer for Normaliser {
         _: usize,
     ) -> Result<Variant<Map>, DigestError> {
         Ok(Variant {
-            variant,
+            name: variant,
             inner: Map::new(self, None),
             ser: self,
         })
@@ -375,8 +379,9 @@ struct Map {
     name: Option<&'static str>,
     node: Node,
     entries: u64,
-    /// The key of a map entry whose value comes next.
-    key: Option<Option<Digest>>,
+    /// The key of a map entry whose value comes next (an empty key, such
+    /// as `()`, as the digest of nothing).
+    key: Option<Digest>,
 }
 
 impl Map {
@@ -391,12 +396,12 @@ impl Map {
     }
 
     fn entry(&mut self, key: &str, value: Option<Digest>) {
-        self.keyed_entry(leaf(Tag::Str, key.as_bytes()), value);
+        self.keyed_entry(text(key), value);
     }
 
-    fn keyed_entry(&mut self, key: Option<Digest>, value: Option<Digest>) {
+    fn keyed_entry(&mut self, key: Digest, value: Option<Digest>) {
         if value.is_some() {
-            self.node.child(key);
+            self.node.child(Some(key));
             self.node.child(value);
             self.entries += 1;
         }
@@ -415,7 +420,8 @@ impl SerializeMap for Map {
     type Ok = Option<Digest>;
     type Error = DigestError;
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), DigestError> {
-        self.key = Some(key.serialize(self.ser)?);
+        let key = key.serialize(self.ser)?;
+        self.key = Some(key.unwrap_or_else(|| Node::new(Tag::Empty).finish()));
         Ok(())
     }
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), DigestError> {
@@ -456,7 +462,7 @@ impl SerializeStruct for Map {
 
 /// An enum variant with content: hashed as `{variant: content}`, like JSON.
 struct Variant<T> {
-    variant: &'static str,
+    name: &'static str,
     inner: T,
     ser: Normaliser,
 }
@@ -476,7 +482,7 @@ impl SerializeTupleVariant for Variant<Seq> {
         self.inner.push(value)
     }
     fn end(self) -> Out {
-        Ok(Self::wrap(self.variant, self.ser, self.inner.finish()))
+        Ok(Self::wrap(self.name, self.ser, self.inner.finish()))
     }
 }
 
@@ -491,7 +497,7 @@ impl SerializeStructVariant for Variant<Map> {
         SerializeStruct::serialize_field(&mut self.inner, key, value)
     }
     fn end(self) -> Out {
-        Ok(Self::wrap(self.variant, self.ser, self.inner.finish()))
+        Ok(Self::wrap(self.name, self.ser, self.inner.finish()))
     }
 }
 

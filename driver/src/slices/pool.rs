@@ -20,15 +20,17 @@
 //! drops fields it does not know (a disabled feature gate) does not make the
 //! publisher rewrite forever.
 //!
-//! Memory: between reconciles only 128-bit digests of the content are kept
-//! ([`PoolState`]), never a copy of the pool; the desired slices are built
-//! for a reconcile and dropped after it.
+//! Memory: slices are compared by 128-bit digests of their content
+//! ([`comparable`]). The API server's slices are reduced to [`Observed`]
+//! summaries as they are decoded, the desired ones to [`Wanted`]; between
+//! reconciles only digests are kept ([`PoolState`]), never a copy of the
+//! pool.
 
 use std::collections::BTreeMap;
 
+use crate::devices::k8s;
 use k8s_openapi::api::resource::v1::{ResourcePool, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use crate::devices::k8s;
 
 use super::digest::{self, Digest};
 use super::split::SliceContent;
@@ -206,23 +208,86 @@ impl Plan {
     }
 }
 
-/// Whether `observed` can be kept as desired slice `index` at `generation`.
-fn in_sync(
-    observed: &ResourceSlice,
-    content: Digest,
-    generation: i64,
-    name: &str,
-    state: &PoolState,
-) -> bool {
-    if observed.spec.pool.generation == generation && comparable(observed) == content {
+/// A slice on the API server, reduced to what [`plan`] compares: no copy
+/// of its content, just its digest. Listing the pool decodes each slice
+/// straight into this.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// Object name.
+    pub name: String,
+    /// `metadata.resourceVersion`.
+    pub resource_version: Option<String>,
+    /// `spec.driver` (immutable).
+    pub driver: String,
+    /// `spec.nodeName` (immutable).
+    pub node_name: Option<String>,
+    /// `spec.pool.name` (immutable).
+    pub pool: String,
+    /// `spec.pool.generation`.
+    pub generation: i64,
+    /// [`comparable`] digest.
+    pub content: Digest,
+}
+
+impl Observed {
+    /// The summary of `slice`; `None` when it has no name.
+    pub fn of(slice: &ResourceSlice) -> Option<Self> {
+        Some(Self {
+            name: slice.metadata.name.clone()?,
+            resource_version: slice.metadata.resource_version.clone(),
+            driver: slice.spec.driver.clone(),
+            node_name: slice.spec.node_name.clone(),
+            pool: slice.spec.pool.name.clone(),
+            generation: slice.spec.pool.generation,
+            content: comparable(slice),
+        })
+    }
+}
+
+/// A desired slice, reduced to what [`plan_wanted`] compares. The
+/// publisher keeps these for the pool it published, so a reconcile that
+/// finds the pool in sync needs no desired slices at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wanted {
+    /// Object name.
+    pub name: String,
+    /// `spec.driver`.
+    pub driver: String,
+    /// `spec.nodeName`.
+    pub node_name: Option<String>,
+    /// `spec.pool.name`.
+    pub pool: String,
+    /// Whether it holds devices (else counter sets only, or nothing).
+    pub has_devices: bool,
+    /// [`comparable`] digest.
+    pub content: Digest,
+}
+
+impl Wanted {
+    /// The summary of desired slice `slice`.
+    pub fn of(slice: &ResourceSlice) -> Self {
+        Self {
+            name: slice.metadata.name.clone().unwrap_or_default(),
+            driver: slice.spec.driver.clone(),
+            node_name: slice.spec.node_name.clone(),
+            pool: slice.spec.pool.name.clone(),
+            has_devices: slice.spec.devices.as_ref().is_some_and(|d| !d.is_empty()),
+            content: comparable(slice),
+        }
+    }
+}
+
+/// Whether `observed` can be kept as `wanted` at `generation`.
+fn in_sync(observed: &Observed, wanted: &Wanted, generation: i64, state: &PoolState) -> bool {
+    if observed.generation == generation && observed.content == wanted.content {
         return true;
     }
     // Still the very object our last write of this content returned: the
     // server dropped or changed fields it does not know, and rewriting would
     // not help.
-    match (state.written.get(name), &observed.metadata.resource_version) {
+    match (state.written.get(&wanted.name), &observed.resource_version) {
         (Some(w), Some(seen)) => {
-            w.resource_version == *seen && w.generation == generation && w.content == content
+            w.resource_version == *seen && w.generation == generation && w.content == wanted.content
         }
         _ => false,
     }
@@ -230,34 +295,37 @@ fn in_sync(
 
 /// Whether a slice's immutable fields differ from the desired ones, so it
 /// must be deleted and created again rather than updated.
-fn immutable_differs(observed: &ResourceSlice, expected: &ResourceSlice) -> bool {
-    observed.spec.driver != expected.spec.driver
-        || observed.spec.node_name != expected.spec.node_name
-        || observed.spec.pool.name != expected.spec.pool.name
+fn immutable_differs(observed: &Observed, wanted: &Wanted) -> bool {
+    observed.driver != wanted.driver
+        || observed.node_name != wanted.node_name
+        || observed.pool != wanted.pool
 }
 
 /// Decides the writes that turn `observed` (the API server's slices of this
 /// node and driver) into `desired` (built by [`build_slices`], generation
 /// ignored), sets every desired slice's generation to the plan's, and
-/// updates `state` with the generation being published.
-pub fn plan(
-    desired: &mut [ResourceSlice],
-    observed: &[ResourceSlice],
-    state: &mut PoolState,
-) -> Plan {
-    let pool = desired
-        .first()
-        .map(|s| s.spec.pool.name.clone())
-        .unwrap_or_default();
-    let fp: Vec<Digest> = desired.iter().map(comparable).collect();
-    let by_name: BTreeMap<&str, &ResourceSlice> = observed
-        .iter()
-        .filter_map(|s| s.metadata.name.as_deref().map(|n| (n, s)))
-        .collect();
+/// updates `state` with the generation being published. [`Op::Apply`]
+/// indexes `desired`.
+pub fn plan(desired: &mut [ResourceSlice], observed: &[Observed], state: &mut PoolState) -> Plan {
+    let wanted: Vec<Wanted> = desired.iter().map(Wanted::of).collect();
+    let plan = plan_wanted(&wanted, observed, state);
+    for d in desired.iter_mut() {
+        d.spec.pool.generation = plan.generation;
+    }
+    plan
+}
+
+/// [`plan`] on the summaries of the desired slices ([`Op::Apply`] indexes
+/// `desired`).
+pub fn plan_wanted(desired: &[Wanted], observed: &[Observed], state: &mut PoolState) -> Plan {
+    let pool = desired.first().map(|w| w.pool.as_str()).unwrap_or_default();
+    let fp: Vec<Digest> = desired.iter().map(|w| w.content).collect();
+    let by_name: BTreeMap<&str, &Observed> =
+        observed.iter().map(|o| (o.name.as_str(), o)).collect();
     let observed_max = observed
         .iter()
-        .filter(|s| s.spec.pool.name == pool)
-        .map(|s| s.spec.pool.generation)
+        .filter(|o| o.pool == pool)
+        .map(|o| o.generation)
         .max();
 
     let generation = match &state.published {
@@ -266,35 +334,30 @@ pub fn plan(
             _ => *g,
         },
         Some((g, _)) => (*g).max(observed_max.unwrap_or(0)) + 1,
-        None => adoptable(desired, &fp, &by_name)
-            .unwrap_or_else(|| observed_max.map_or(0, |m| m + 1)),
+        None => adoptable(desired, &by_name).unwrap_or_else(|| observed_max.map_or(0, |m| m + 1)),
     };
-    for d in desired.iter_mut() {
-        d.spec.pool.generation = generation;
-    }
 
     let mut recreate = Vec::new();
     let mut counters = Vec::new();
     let mut devices = Vec::new();
-    for (i, (d, content)) in desired.iter().zip(&fp).enumerate() {
-        let name = d.metadata.name.as_deref().unwrap_or_default();
-        let wave = if d.spec.devices.as_ref().is_some_and(|v| !v.is_empty()) {
+    for (i, w) in desired.iter().enumerate() {
+        let wave = if w.has_devices {
             &mut devices
         } else {
             &mut counters
         };
-        match by_name.get(name) {
-            Some(o) if immutable_differs(o, d) => {
-                recreate.push(Op::Delete(name.to_owned()));
+        match by_name.get(w.name.as_str()) {
+            Some(o) if immutable_differs(o, w) => {
+                recreate.push(Op::Delete(w.name.clone()));
                 wave.push(Op::Apply(i));
             }
-            Some(o) if in_sync(o, *content, generation, name, state) => {}
+            Some(o) if in_sync(o, w, generation, state) => {}
             _ => wave.push(Op::Apply(i)),
         }
     }
     let surplus: Vec<Op> = by_name
         .keys()
-        .filter(|name| !desired.iter().any(|d| d.metadata.name.as_deref() == Some(**name)))
+        .filter(|name| !desired.iter().any(|w| w.name == **name))
         .map(|name| Op::Delete((*name).to_owned()))
         .collect();
     state.published = Some((generation, fp));
@@ -307,26 +370,18 @@ pub fn plan(
     }
 }
 
-/// The generation at which `observed` already is exactly `desired` (whose
-/// digests are `fp`), if so.
-fn adoptable(
-    desired: &[ResourceSlice],
-    fp: &[Digest],
-    observed: &BTreeMap<&str, &ResourceSlice>,
-) -> Option<i64> {
+/// The generation at which `observed` already is exactly `desired`, if so.
+fn adoptable(desired: &[Wanted], observed: &BTreeMap<&str, &Observed>) -> Option<i64> {
     if desired.len() != observed.len() {
         return None;
     }
-    let generation = observed.values().next()?.spec.pool.generation;
+    let generation = observed.values().next()?.generation;
     desired
         .iter()
-        .zip(fp)
-        .all(|(d, content)| {
-            let name = d.metadata.name.as_deref().unwrap_or_default();
-            observed.get(name).is_some_and(|o| {
-                o.spec.pool.generation == generation
-                    && comparable(o) == *content
-            })
+        .all(|w| {
+            observed
+                .get(w.name.as_str())
+                .is_some_and(|o| o.generation == generation && o.content == w.content)
         })
         .then_some(generation)
 }

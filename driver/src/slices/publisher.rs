@@ -199,6 +199,8 @@ impl Publisher {
             flags: self.flags.clone(),
             rules: self.flags.slice_rules.fixed(),
             state: PoolState::default(),
+            published: None,
+            inputs_version: 0,
             logged_notes: Vec::new(),
             status: self.status.clone(),
         };
@@ -226,6 +228,7 @@ impl Publisher {
                 () = &mut shutdown => break,
                 changed = inventory.changed(), if inventory_open => {
                     if changed.is_ok() {
+                        reconciler.inputs_version += 1;
                         if !failing {
                             schedule(&mut next, Instant::now());
                         }
@@ -235,6 +238,7 @@ impl Publisher {
                 }
                 changed = wait_taints(&mut taints) => {
                     if changed {
+                        reconciler.inputs_version += 1;
                         if !failing {
                             schedule(&mut next, Instant::now());
                         }
@@ -370,9 +374,7 @@ async fn delete_all(client: &kube::Client, selector: &str) -> Result<usize, Publ
         .map_err(PublishError::api("list ResourceSlices"))?;
     let mut deleted = 0;
     for slice in slices {
-        let Some(name) = slice.metadata.name else {
-            continue;
-        };
+        let name = slice.name;
         match wire::delete_slice(client, &name).await {
             Ok(()) => deleted += 1,
             Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -397,6 +399,10 @@ struct Reconciler {
     flags: Flags,
     rules: Option<SliceRules>,
     state: PoolState,
+    /// Summaries of the pool last published, and what it was built from.
+    published: Option<Published>,
+    /// Bumped on every new inventory or taint set.
+    inputs_version: u64,
     logged_notes: Vec<Note>,
     status: watch::Sender<PublishStatus>,
 }
@@ -404,6 +410,16 @@ struct Reconciler {
 /// The desired pool of one reconcile; dropped when the reconcile ends.
 struct Desired {
     slices: Vec<ResourceSlice>,
+    devices: usize,
+}
+
+/// The pool last published, as summaries (a few hundred bytes): enough to
+/// tell that the API server still holds it without building it again.
+struct Published {
+    inputs_version: u64,
+    node_uid: String,
+    rules: SliceRules,
+    wanted: Vec<pool::Wanted>,
     devices: usize,
 }
 
@@ -445,20 +461,36 @@ impl Reconciler {
                 .filter(|u| !u.is_empty())
                 .ok_or_else(|| PublishError::NodeWithoutUid(self.node.clone()))
         };
-        let (rules, node_uid) =
-            tokio::try_join!(server_rules(&self.client, self.rules), node_uid)?;
+        let (rules, node_uid) = tokio::try_join!(server_rules(&self.client, self.rules), node_uid)?;
         if self.rules.is_none() {
             self.rules = Some(rules);
             self.status.send_modify(|s| s.rules = Some(rules));
         }
 
-        // The pool on the server, and meanwhile the desired pool.
-        let list = async {
-            wire::list_slices(&self.client, &self.selector)
-                .await
-                .map_err(PublishError::api("list ResourceSlices"))
+        // Inputs unchanged since the last publication: if the server still
+        // holds that pool, there is nothing to build or write.
+        let current = self.published.as_ref().filter(|p| {
+            p.inputs_version == self.inputs_version && p.node_uid == node_uid && p.rules == rules
+        });
+        let listed = match current {
+            Some(published) => {
+                let observed = self.list().await?;
+                let mut trial = self.state.clone();
+                let plan = pool::plan_wanted(&published.wanted, &observed, &mut trial);
+                if plan.is_empty() {
+                    self.state = trial;
+                    let (slices, devices) = (published.wanted.len(), published.devices);
+                    self.mark_in_sync(plan.generation, slices, devices);
+                    return Ok(());
+                }
+                Some(observed)
+            }
+            None => None,
         };
-        let build = async {
+
+        // Build the desired pool (while listing the server's, unless done).
+        let inputs_version = self.inputs_version;
+        let build = || {
             let taints = taints.map(|t| t.borrow().clone()).unwrap_or_default();
             let inventory = inventory.borrow();
             build(
@@ -469,13 +501,21 @@ impl Reconciler {
                 &PoolOwner {
                     node: self.node.clone(),
                     driver: self.driver.clone(),
-                    node_uid,
+                    node_uid: node_uid.clone(),
                 },
             )
         };
-        let (observed, (mut desired, notes)) = tokio::join!(list, build);
+        let (observed, (mut desired, notes)) = if let Some(observed) = listed {
+            (Ok(observed), build())
+        } else {
+            tokio::join!(self.list(), async { build() })
+        };
         self.log_notes(notes);
-        let plan = pool::plan(&mut desired.slices, &observed?, &mut self.state);
+        let wanted: Vec<pool::Wanted> = desired.slices.iter().map(pool::Wanted::of).collect();
+        let plan = pool::plan_wanted(&wanted, &observed?, &mut self.state);
+        for slice in &mut desired.slices {
+            slice.spec.pool.generation = plan.generation;
+        }
 
         let (slices, devices) = (desired.slices.len(), desired.devices);
         if !plan.is_empty() {
@@ -487,17 +527,38 @@ impl Reconciler {
                 "publishing ResourceSlices"
             );
         }
+        // Forget the last publication until this one is written.
+        self.published = None;
         for wave in &plan.waves {
             self.write_wave(wave, &desired.slices).await?;
         }
+        self.published = Some(Published {
+            inputs_version,
+            node_uid,
+            rules,
+            wanted,
+            devices,
+        });
+        drop(desired);
+        self.mark_in_sync(plan.generation, slices, devices);
+        Ok(())
+    }
+
+    /// The pool's slices on the server.
+    async fn list(&self) -> Result<Vec<pool::Observed>, PublishError> {
+        wire::list_slices(&self.client, &self.selector)
+            .await
+            .map_err(PublishError::api("list ResourceSlices"))
+    }
+
+    fn mark_in_sync(&self, generation: i64, slices: usize, devices: usize) {
         self.status.send_modify(|s| {
-            s.generation = Some(plan.generation);
+            s.generation = Some(generation);
             s.slices = slices;
             s.devices = devices;
             s.in_sync = true;
             s.reconciles += 1;
         });
-        Ok(())
     }
 
     /// Runs the writes of one wave, at most [`CONCURRENT_WRITES`] at once,

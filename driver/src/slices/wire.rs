@@ -13,17 +13,28 @@
 //! - a watched slice: name and `resourceVersion` ([`SliceMeta`], enough for
 //!   the watcher to resume).
 //!
+//! A listed slice is reduced to its [`Observed`] summary as soon as it is
+//! decoded, so listing the pool never holds more than one decoded slice, and
+//! every answer body is read into one buffer (the client's own
+//! `request_text` copies it twice).
+//!
 //! Errors are the kube client's, exactly as `kube::Api` reports them (an
 //! `Error::Api` with the server's status for 4xx/5xx answers).
 
 use std::borrow::Cow;
+use std::pin::pin;
+
+use futures::AsyncReadExt as _;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{DeleteParams, GetParams, ListParams, Patch, PatchParams};
 use kube::core::Request;
-use serde::Deserialize;
+use serde::de::{DeserializeOwned, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+
+use super::pool::Observed;
 
 /// The metadata fields the publisher reads.
 #[derive(Debug, Default, Deserialize)]
@@ -66,44 +77,80 @@ struct ListedSlice {
     spec: ResourceSliceSpec,
 }
 
+/// A list of slices, each reduced to [`Observed`] as it is decoded.
 #[derive(Debug, Deserialize)]
-struct List<T> {
-    #[serde(default = "Vec::new")]
-    items: Vec<T>,
+struct ObservedList {
+    #[serde(default)]
+    items: Option<ObservedItems>,
+}
+
+#[derive(Debug)]
+struct ObservedItems(Vec<Observed>);
+
+impl<'de> Deserialize<'de> for ObservedItems {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Items;
+        impl<'de> Visitor<'de> for Items {
+            type Value = ObservedItems;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of ResourceSlices")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ObservedItems, A::Error> {
+                let mut out = Vec::new();
+                while let Some(item) = seq.next_element::<ListedSlice>()? {
+                    let slice = ResourceSlice {
+                        metadata: item.metadata.into(),
+                        spec: item.spec,
+                    };
+                    // Unnamed objects cannot be ours (or written at all).
+                    out.extend(Observed::of(&slice));
+                }
+                Ok(ObservedItems(out))
+            }
+        }
+        d.deserialize_seq(Items)
+    }
+}
+
+/// Sends `request` and decodes the answer from one buffer.
+async fn read_json<T: DeserializeOwned>(
+    client: &kube::Client,
+    request: http::Request<Vec<u8>>,
+) -> kube::Result<T> {
+    let mut body = pin!(client.request_stream(request).await?);
+    let mut bytes = Vec::new();
+    body.read_to_end(&mut bytes)
+        .await
+        .map_err(kube::Error::ReadEvents)?;
+    serde_json::from_slice(&bytes).map_err(kube::Error::SerdeError)
 }
 
 fn path<K: kube::Resource<DynamicType = ()>>() -> String {
     K::url_path(&(), None)
 }
 
-fn build(r: Result<http::Request<Vec<u8>>, kube::core::request::Error>) -> kube::Result<http::Request<Vec<u8>>> {
+fn build(
+    r: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
+) -> kube::Result<http::Request<Vec<u8>>> {
     r.map_err(kube::Error::BuildRequest)
 }
 
 /// The UID of Node `name` (`None` when it has none).
 pub(super) async fn node_uid(client: &kube::Client, name: &str) -> kube::Result<Option<String>> {
     let request = build(Request::new(path::<Node>()).get(name, &GetParams::default()))?;
-    let node: MetaOnly = client.request(request).await?;
+    let node: MetaOnly = read_json(client, request).await?;
     Ok(node.metadata.uid)
 }
 
-/// The slices matching `selector`, with [`Meta`]'s metadata only.
+/// The slices matching `selector`, as [`Observed`] summaries.
 pub(super) async fn list_slices(
     client: &kube::Client,
     selector: &str,
-) -> kube::Result<Vec<ResourceSlice>> {
-    let request = build(
-        Request::new(path::<ResourceSlice>()).list(&ListParams::default().fields(selector)),
-    )?;
-    let list: List<ListedSlice> = client.request(request).await?;
-    Ok(list
-        .items
-        .into_iter()
-        .map(|s| ResourceSlice {
-            metadata: s.metadata.into(),
-            spec: s.spec,
-        })
-        .collect())
+) -> kube::Result<Vec<Observed>> {
+    let request =
+        build(Request::new(path::<ResourceSlice>()).list(&ListParams::default().fields(selector)))?;
+    let list: ObservedList = read_json(client, request).await?;
+    Ok(list.items.map(|i| i.0).unwrap_or_default())
 }
 
 /// Server-side applies `slice` (named, with its type meta); returns the
@@ -114,20 +161,17 @@ pub(super) async fn apply_slice(
     params: &PatchParams,
 ) -> kube::Result<Option<String>> {
     let name = slice.metadata.name.as_deref().unwrap_or_default();
-    let request = build(Request::new(path::<ResourceSlice>()).patch(
-        name,
-        params,
-        &Patch::Apply(slice),
-    ))?;
-    let applied: MetaOnly = client.request(request).await?;
+    let request =
+        build(Request::new(path::<ResourceSlice>()).patch(name, params, &Patch::Apply(slice)))?;
+    let applied: MetaOnly = read_json(client, request).await?;
     Ok(applied.metadata.resource_version)
 }
 
-/// Deletes slice `name`; the answer's body is not decoded.
+/// Deletes slice `name`; of the answer only the metadata is decoded.
 pub(super) async fn delete_slice(client: &kube::Client, name: &str) -> kube::Result<()> {
     let request =
         build(Request::new(path::<ResourceSlice>()).delete(name, &DeleteParams::default()))?;
-    client.request_text(request).await.map(drop)
+    read_json::<MetaOnly>(client, request).await.map(drop)
 }
 
 /// A ResourceSlice as the publisher's watch sees it: name and
@@ -199,11 +243,24 @@ mod tests {
         assert_eq!(meta.metadata.resource_version.as_deref(), Some("42"));
         assert!(meta.metadata.managed_fields.is_none());
 
-        let list: List<ListedSlice> =
-            serde_json::from_str(&format!(r#"{{"kind":"ResourceSliceList","items":[{text}]}}"#))
-                .unwrap();
-        let slice = &list.items[0];
-        assert_eq!(slice.spec.pool.generation, 3);
+        let list: ObservedList = serde_json::from_str(&format!(
+            r#"{{"kind":"ResourceSliceList","items":[{text},{text}]}}"#
+        ))
+        .unwrap();
+        let items = list.items.unwrap().0;
+        assert_eq!(items.len(), 2);
+        assert_eq!(
+            (
+                items[0].name.as_str(),
+                items[0].generation,
+                items[0].resource_version.as_deref()
+            ),
+            ("n-0", 3, Some("42"))
+        );
+        assert_eq!(
+            (items[0].pool.as_str(), items[0].driver.as_str()),
+            ("n", "gpu.nvidia.com")
+        );
         let meta: ObjectMeta = serde_json::from_str::<ListedSlice>(text)
             .unwrap()
             .metadata
@@ -212,10 +269,19 @@ mod tests {
         assert_eq!(meta.uid.as_deref(), Some("u"));
         assert!(meta.managed_fields.is_none());
 
-        // An empty list may leave out `items`; a slice without a spec is an
-        // error, not a silently empty slice.
-        let empty: List<ListedSlice> = serde_json::from_str(r#"{"kind":"List"}"#).unwrap();
-        assert!(empty.items.is_empty());
+        // An empty list may leave out `items` or make it null; an unnamed
+        // slice is left out; a slice without a spec is an error, not a
+        // silently empty slice.
+        for empty in [r#"{"kind":"List"}"#, r#"{"items":null}"#, r#"{"items":[]}"#] {
+            let list: ObservedList = serde_json::from_str(empty).unwrap();
+            assert!(list.items.is_none_or(|i| i.0.is_empty()), "{empty}");
+        }
+        let unnamed = text.replace(r#""name":"n-0","#, "");
+        let list: ObservedList =
+            serde_json::from_str(&format!(r#"{{"items":[{unnamed}]}}"#)).unwrap();
+        assert!(list.items.unwrap().0.is_empty());
         assert!(serde_json::from_str::<ListedSlice>(r#"{"metadata":{}}"#).is_err());
+        assert!(serde_json::from_str::<ObservedList>(r#"{"items":[{"metadata":{}}]}"#).is_err());
+        assert!(serde_json::from_str::<ObservedList>(r#"{"items":{}}"#).is_err());
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo build --release -p gpu-kubelet-plugin -p gpu-dra-e2e -p mock-nvml
-//! target/release/bench [--runs N] [--only SUBSTRING]
+//! target/release/bench [--runs N] [--only SUBSTRING] [--env KEY=VALUE] [--smaps DIR]
 //! ```
 //!
 //! The plugin binary is looked up next to this one (`target/release/`), the

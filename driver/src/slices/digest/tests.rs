@@ -83,7 +83,8 @@ fn empty_and_absent_are_the_same() {
     with_empties.node_name = None;
     assert_eq!(of(&with_empties, NONE), of(&device("80Gi"), NONE));
     // A map whose values are all empty is empty.
-    let nested: BTreeMap<&str, Option<Vec<u8>>> = BTreeMap::from([("a", None), ("b", Some(vec![]))]);
+    let nested: BTreeMap<&str, Option<Vec<u8>>> =
+        BTreeMap::from([("a", None), ("b", Some(vec![]))]);
     assert_eq!(of(&nested, NONE), of(&(), NONE));
     assert_eq!(
         of(&Option::<String>::None, NONE),
@@ -168,7 +169,10 @@ fn enums_hash_like_their_json() {
     );
     assert_eq!(
         of(&E::Struct { a: 1 }, NONE),
-        of(&BTreeMap::from([("Struct", BTreeMap::from([("a", 1)]))]), NONE)
+        of(
+            &BTreeMap::from([("Struct", BTreeMap::from([("a", 1)]))]),
+            NONE
+        )
     );
     assert_eq!(of(&b"ab"[..], NONE), of(&[97_u8, 98], NONE));
 }

@@ -68,9 +68,12 @@ impl Store {
 
     fn reconcile(&mut self, desired: &[ResourceSlice], state: &mut PoolState) -> Plan {
         let mut desired = desired.to_vec();
-        let plan = plan(&mut desired, &self.list(), state);
+        let observed: Vec<Observed> = self.list().iter().filter_map(Observed::of).collect();
+        let plan = plan(&mut desired, &observed, state);
         assert!(
-            desired.iter().all(|d| d.spec.pool.generation == plan.generation),
+            desired
+                .iter()
+                .all(|d| d.spec.pool.generation == plan.generation),
             "plan sets the generation of every desired slice"
         );
         self.run(&plan, &desired, state);
@@ -434,4 +437,48 @@ fn comparable_ignores_the_generation_only() {
     assert_eq!(comparable(&other), comparable(&want[0]));
     other.spec.pool.resource_slice_count = 2;
     assert_ne!(comparable(&other), comparable(&want[0]));
+}
+
+#[test]
+fn summaries_carry_what_the_plan_compares() {
+    let want = desired(&dgx_h100(false), true);
+    let mut on_server = want[1].clone();
+    on_server.metadata.resource_version = Some("7".into());
+    on_server.spec.pool.generation = 4;
+    let o = Observed::of(&on_server).unwrap();
+    assert_eq!(
+        (
+            o.name.as_str(),
+            o.resource_version.as_deref(),
+            o.generation,
+            o.pool.as_str(),
+            o.driver.as_str(),
+            o.node_name.as_deref()
+        ),
+        (
+            "node-a-gpu.nvidia.com-1",
+            Some("7"),
+            4,
+            "node-a",
+            "gpu.nvidia.com",
+            Some("node-a")
+        )
+    );
+    let w = Wanted::of(&want[1]);
+    assert_eq!(o.content, w.content);
+    assert!(w.has_devices && !Wanted::of(&want[0]).has_devices);
+    on_server.metadata.name = None;
+    assert_eq!(Observed::of(&on_server), None);
+    // plan_wanted on summaries decides as plan does on slices.
+    let mut store = Store::default();
+    let mut state = PoolState::default();
+    store.reconcile(&want, &mut state);
+    let observed: Vec<Observed> = store.list().iter().filter_map(Observed::of).collect();
+    let wanted: Vec<Wanted> = want.iter().map(Wanted::of).collect();
+    let mut trial = state.clone();
+    assert!(plan_wanted(&wanted, &observed, &mut trial).is_empty());
+    assert_eq!(trial, state);
+    let fewer = &observed[1..];
+    let p = plan_wanted(&wanted, fewer, &mut state.clone());
+    assert_eq!(p.ops().collect::<Vec<_>>(), [&Op::Apply(0)]);
 }
