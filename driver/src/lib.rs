@@ -15,4 +15,5 @@ pub mod discovery;
 pub mod flags;
 pub mod grpc;
 pub mod plugin;
+pub mod prepare;
 pub mod slices;
