@@ -11,6 +11,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use gpu_dra_cmdline::LogFormat;
+
 use crate::webhook::{DEFAULT_MAX_BODY_BYTES, TlsFiles, WebhookConfig};
 
 /// All flags of `gpu-dra-controller`.
@@ -109,15 +111,6 @@ impl WebhookFlags {
     }
 }
 
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
 /// A DNS subdomain (RFC 1123) of at most 63 characters, the rule for DRA
 /// driver names.
 fn parse_driver_name(s: &str) -> Result<String, String> {
@@ -160,29 +153,6 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
         return Err(format!("duration {s:?} is out of range (100ms to 1h)"));
     }
     Ok(d)
-}
-
-/// Turns a clap error into one line, `error: <what>`, without usage and
-/// tips. Help and version output pass through unchanged.
-pub fn one_line_error(err: &clap::Error) -> String {
-    let rendered = err.render().to_string();
-    let mut parts = Vec::new();
-    for line in rendered.lines() {
-        let line = line.trim();
-        if line.starts_with("Usage:") || line.starts_with("For more information") {
-            break;
-        }
-        if line.is_empty() || line.starts_with("tip:") {
-            continue;
-        }
-        parts.push(line);
-    }
-    let joined = parts.join(" ");
-    if joined.starts_with("error:") {
-        joined
-    } else {
-        format!("error: {joined}")
-    }
 }
 
 #[cfg(test)]
@@ -280,7 +250,7 @@ mod tests {
         ];
         for (args, needle) in cases {
             let e = parse(&args).unwrap_err();
-            let line = one_line_error(&e);
+            let line = gpu_dra_cmdline::one_line_error(&e);
             assert!(line.starts_with("error: "), "{line}");
             assert!(!line.contains('\n'), "{line}");
             assert!(line.contains(needle), "{args:?}: {line}");

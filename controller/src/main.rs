@@ -8,58 +8,20 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use clap::Parser as _;
 use gpu_dra_api::validate::{ClassLookup, StaticClasses, Validator};
 use gpu_dra_controller::classes::ClusterClasses;
-use gpu_dra_controller::flags::{self, Flags, LogFormat};
+use gpu_dra_controller::flags::Flags;
 use gpu_dra_controller::metrics::SharedRegistry;
 use gpu_dra_controller::webhook::{Reviewer, WebhookServer};
 use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> ExitCode {
-    let flags = match Flags::try_parse() {
+    let flags: Flags = match gpu_dra_cmdline::parse_flags() {
         Ok(f) => f,
-        Err(e) if e.use_stderr() => {
-            eprintln!("{}", flags::one_line_error(&e));
-            return ExitCode::from(2);
-        }
-        Err(e) => {
-            // --help / --version.
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
+        Err(code) => return code,
     };
-    init_logging(flags.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(flags)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
+    gpu_dra_cmdline::init_logging(flags.log_format);
+    gpu_dra_cmdline::run(tokio::runtime::Builder::new_multi_thread(), run(flags))
 }
 
 async fn run(flags: Flags) -> anyhow::Result<()> {

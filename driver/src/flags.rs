@@ -5,6 +5,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+pub use gpu_dra_cmdline::LogFormat;
+
 /// All flags of `gpu-kubelet-plugin`.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "gpu-kubelet-plugin", version, about = "GPU DRA kubelet plugin")]
@@ -62,42 +64,10 @@ pub struct Flags {
     pub slices: crate::slices::Flags,
 }
 
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
 fn parse_driver_name(s: &str) -> Result<String, String> {
     crate::grpc::validate_driver_name(s)
         .map(|()| s.to_owned())
         .map_err(|e| e.to_string())
-}
-
-/// Turns a clap error into the plugin's one-line form: `error: <what>`,
-/// without usage and tips. Help and version output pass through unchanged.
-pub fn one_line_error(err: &clap::Error) -> String {
-    let rendered = err.render().to_string();
-    let mut parts = Vec::new();
-    for line in rendered.lines() {
-        let line = line.trim();
-        if line.starts_with("Usage:") || line.starts_with("For more information") {
-            break;
-        }
-        if line.is_empty() || line.starts_with("tip:") {
-            continue;
-        }
-        parts.push(line);
-    }
-    let joined = parts.join(" ");
-    if joined.starts_with("error:") {
-        joined
-    } else {
-        format!("error: {joined}")
-    }
 }
 
 #[cfg(test)]
@@ -144,7 +114,7 @@ mod tests {
             ),
         ] {
             let e = parse(args).unwrap_err();
-            let line = one_line_error(&e);
+            let line = gpu_dra_cmdline::one_line_error(&e);
             assert!(line.starts_with("error: "), "{line}");
             assert!(!line.contains('\n'), "{line}");
             assert!(line.contains(needle), "{args:?}: {line}");

@@ -8,8 +8,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::Parser as _;
-use gpu_kubelet_plugin::flags::{self, Flags, LogFormat};
+use gpu_kubelet_plugin::flags::Flags;
 use gpu_kubelet_plugin::grpc::{self, metrics::GrpcMetrics};
 use gpu_kubelet_plugin::plugin::Plugin;
 use prometheus_client::registry::Registry;
@@ -17,55 +16,18 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 fn main() -> ExitCode {
-    let flags = match Flags::try_parse() {
+    let flags: Flags = match gpu_dra_cmdline::parse_flags() {
         Ok(f) => f,
-        Err(e) if e.use_stderr() => {
-            eprintln!("{}", flags::one_line_error(&e));
-            return ExitCode::from(2);
-        }
-        Err(e) => {
-            // --help / --version.
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
+        Err(code) => return code,
     };
-    init_logging(flags.log_format);
+    gpu_dra_cmdline::init_logging(flags.log_format);
     // One runtime thread: the plugin's async work (kubelet gRPC, the API
     // server) waits on I/O, and NVML calls run on the blocking pool. Each
     // extra worker thread would get its own glibc malloc arena, which keeps
     // the memory of a publication resident (BENCHMARKS.md: with the same
     // publisher, 17.8 MiB resident with the multi-threaded runtime, 16.2
     // MiB with one thread).
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(flags)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
+    gpu_dra_cmdline::run(tokio::runtime::Builder::new_current_thread(), run(flags))
 }
 
 async fn run(flags: Flags) -> anyhow::Result<()> {

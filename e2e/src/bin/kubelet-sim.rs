@@ -18,7 +18,6 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use clap::Parser as _;
 use futures::StreamExt as _;
 use gpu_dra_e2e::kubelet::{Claim, DraVersion, KubeletSim, Plugin};
 
@@ -80,34 +79,11 @@ fn parse_version(s: &str) -> Result<DraVersion, String> {
 }
 
 fn main() -> ExitCode {
-    let args = match Args::try_parse() {
+    let args: Args = match gpu_dra_cmdline::parse_flags() {
         Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
-            ExitCode::FAILURE
-        }
-    }
+    gpu_dra_cmdline::run(tokio::runtime::Builder::new_multi_thread(), run(args))
 }
 
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {

@@ -1,0 +1,180 @@
+//! The per-claim CDI spec: claim-level edits shared by every device of the
+//! claim (driver files, control nodes, hooks, env) and per-device edits
+//! (the device's own nodes), plus the qualified ids handed to the kubelet.
+//!
+//! Env: only `NVIDIA_VISIBLE_DEVICES=void`, as NVIDIA's driver sets, so that
+//! an NVIDIA runtime hook on the node does not inject devices a second time.
+//! No `CUDA_VISIBLE_DEVICES`: the container only has the injected nodes, so
+//! CUDA sees exactly the claimed devices; and a per-device value would be
+//! wrong when a container gets several devices (the last one would win).
+//!
+//! Hooks, only when the driver root has `nvidia-cdi-hook` (arguments as
+//! NVIDIA's toolkit writes them): `create-symlinks --link
+//! libcuda.so.1::<dir>/libcuda.so` and `update-ldcache --folder <dir>` per
+//! library directory, both at `createContainer`.
+
+use super::driver_root::DriverFiles;
+use super::names::{
+    claim_device_name, qualified_id, validate_claim_uid, validate_class, validate_vendor,
+};
+use super::nodes::{ControlNodes, GpuNodes, MigNodes};
+use super::spec::{ContainerEdits, Device, DeviceNode, Hook, Mount, Spec, min_version};
+use super::{CLAIM_CLASS, CdiError, DEFAULT_VENDOR};
+
+/// Mount options of driver files, as NVIDIA's toolkit uses.
+pub const MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind", "rprivate"];
+
+/// A spec being built for one claim.
+#[derive(Clone, Debug)]
+pub struct ClaimSpec {
+    vendor: String,
+    class: String,
+    claim_uid: String,
+    devices: Vec<Device>,
+    ids: Vec<(String, String)>,
+}
+
+/// A finished claim spec and the ids of its devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BuiltClaimSpec {
+    /// The spec, with the lowest sufficient `cdiVersion`.
+    pub spec: Spec,
+    /// `(DRA device name, fully qualified CDI id)` per device, in order added.
+    pub device_ids: Vec<(String, String)>,
+}
+
+impl ClaimSpec {
+    /// A spec for `claim_uid` with NVIDIA's kind `k8s.gpu.nvidia.com/claim`.
+    pub fn new(claim_uid: &str) -> Result<Self, CdiError> {
+        Self::with_kind(DEFAULT_VENDOR, CLAIM_CLASS, claim_uid)
+    }
+
+    /// A spec for `claim_uid` of kind `<vendor>/<class>`.
+    pub fn with_kind(vendor: &str, class: &str, claim_uid: &str) -> Result<Self, CdiError> {
+        validate_vendor(vendor)?;
+        validate_class(class)?;
+        validate_claim_uid(claim_uid)?;
+        Ok(Self {
+            vendor: vendor.to_owned(),
+            class: class.to_owned(),
+            claim_uid: claim_uid.to_owned(),
+            devices: Vec::new(),
+            ids: Vec::new(),
+        })
+    }
+
+    /// The claim UID.
+    pub fn claim_uid(&self) -> &str {
+        &self.claim_uid
+    }
+
+    /// Adds a whole GPU under its DRA device name.
+    pub fn add_gpu(&mut self, device: &str, gpu: &GpuNodes) -> Result<&mut Self, CdiError> {
+        self.add(device, &gpu.nodes)
+    }
+
+    /// Adds a MIG device under its DRA device name.
+    pub fn add_mig(&mut self, device: &str, mig: &MigNodes) -> Result<&mut Self, CdiError> {
+        self.add(device, &mig.nodes)
+    }
+
+    fn add(&mut self, device: &str, nodes: &[DeviceNode]) -> Result<&mut Self, CdiError> {
+        let name = claim_device_name(&self.claim_uid, device)?;
+        if self.devices.iter().any(|d| d.name == name) {
+            return Err(CdiError::DuplicateDevice {
+                claim_uid: self.claim_uid.clone(),
+                device: device.to_owned(),
+            });
+        }
+        let id = qualified_id(&self.vendor, &self.class, &name)?;
+        self.devices.push(Device {
+            name,
+            container_edits: ContainerEdits {
+                device_nodes: nodes.to_vec(),
+                ..ContainerEdits::default()
+            },
+            ..Device::default()
+        });
+        self.ids.push((device.to_owned(), id));
+        Ok(self)
+    }
+
+    /// Finishes the spec with `common` as its claim-level edits (see
+    /// [`claim_edits`]). Fails when no device was added.
+    pub fn build(self, common: ContainerEdits) -> Result<BuiltClaimSpec, CdiError> {
+        if self.devices.is_empty() {
+            return Err(CdiError::NoDevices {
+                claim_uid: self.claim_uid,
+            });
+        }
+        let mut spec = Spec {
+            cdi_version: String::new(),
+            kind: format!("{}/{}", self.vendor, self.class),
+            devices: self.devices,
+            container_edits: common,
+            ..Spec::default()
+        };
+        spec.cdi_version = min_version(&spec).to_owned();
+        Ok(BuiltClaimSpec {
+            spec,
+            device_ids: self.ids,
+        })
+    }
+}
+
+/// The claim-level edits: `NVIDIA_VISIBLE_DEVICES=void`, the control nodes,
+/// the driver files as read-only bind mounts and, when the driver root has
+/// `nvidia-cdi-hook`, the symlink and ldcache hooks.
+pub fn claim_edits(files: &DriverFiles, control: &ControlNodes) -> ContainerEdits {
+    let mounts = files
+        .files
+        .iter()
+        .map(|f| Mount {
+            host_path: f.host_path.clone(),
+            container_path: f.container_path.clone(),
+            options: MOUNT_OPTIONS.iter().map(|&o| o.to_owned()).collect(),
+            mount_type: None,
+        })
+        .collect();
+    let mut hooks = Vec::new();
+    if let Some(hook) = &files.cdi_hook {
+        if let Some(cuda) = files.find("libcuda.so.1") {
+            let dir = cuda
+                .container_path
+                .strip_suffix("/libcuda.so.1")
+                .unwrap_or_default();
+            hooks.push(Hook {
+                hook_name: "createContainer".into(),
+                path: hook.clone(),
+                args: vec![
+                    "nvidia-cdi-hook".into(),
+                    "create-symlinks".into(),
+                    "--link".into(),
+                    format!("libcuda.so.1::{dir}/libcuda.so"),
+                ],
+                ..Hook::default()
+            });
+        }
+        let mut args = vec!["nvidia-cdi-hook".to_owned(), "update-ldcache".to_owned()];
+        for dir in files.library_dirs() {
+            args.push("--folder".into());
+            args.push(dir);
+        }
+        hooks.push(Hook {
+            hook_name: "createContainer".into(),
+            path: hook.clone(),
+            args,
+            ..Hook::default()
+        });
+    }
+    ContainerEdits {
+        env: vec!["NVIDIA_VISIBLE_DEVICES=void".into()],
+        device_nodes: control.nodes.clone(),
+        hooks,
+        mounts,
+        additional_gids: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,339 @@
+//! Device nodes for CDI specs: the GPU node `/dev/nvidia<minor>`, the control
+//! nodes, and for MIG devices the `/dev/nvidia-caps/nvidia-cap<N>` nodes of
+//! the GPU and compute instance, whose minors `N` are read from
+//! `<proc-root>/driver/nvidia/capabilities/gpu<m>/mig/gi<g>[/ci<c>]/access`.
+//!
+//! Nodes are looked up under the dev root (so tests and the demo can use
+//! stand-in files) and named in the spec by their host path. `/dev/nvidiactl`,
+//! the GPU and the capability nodes are required; `/dev/nvidia-uvm` and
+//! `/dev/nvidia-uvm-tools` exist only once the `nvidia-uvm` module is loaded
+//! and are left out (with a warning) when missing, as NVIDIA's tooling does.
+//! No type/major/minor is written: the runtime stats the host path.
+
+use std::fs::File;
+use std::io::{ErrorKind, Read};
+use std::path::{Path, PathBuf};
+
+use super::spec::DeviceNode;
+use super::{CdiError, HostRoot};
+
+/// Largest capability file read (they are a few dozen bytes).
+const MAX_CAP_FILE: u64 = 4096;
+
+/// Control nodes: `(container path, required)`.
+pub const CONTROL_NODES: &[(&str, bool)] = &[
+    ("/dev/nvidiactl", true),
+    ("/dev/nvidia-uvm", false),
+    ("/dev/nvidia-uvm-tools", false),
+];
+
+/// The node-wide control nodes found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ControlNodes {
+    /// The nodes, in [`CONTROL_NODES`] order.
+    pub nodes: Vec<DeviceNode>,
+}
+
+/// The nodes of a whole GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuNodes {
+    /// The GPU's minor number.
+    pub minor: u32,
+    /// `/dev/nvidia<minor>`.
+    pub nodes: Vec<DeviceNode>,
+}
+
+/// The nodes of a MIG device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MigNodes {
+    /// The parent GPU's minor number.
+    pub parent_minor: u32,
+    /// The capability minor of the GPU instance.
+    pub gi_cap_minor: u32,
+    /// The capability minor of the compute instance.
+    pub ci_cap_minor: u32,
+    /// The parent's `/dev/nvidia<minor>` and both capability nodes.
+    pub nodes: Vec<DeviceNode>,
+}
+
+/// Finds device nodes under a dev root and capability minors under a proc root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeLocator {
+    dev_root: HostRoot,
+    proc_root: PathBuf,
+}
+
+impl NodeLocator {
+    /// Nodes under `dev_root` (`/` in production), capabilities under
+    /// `proc_root` (`/proc` in production).
+    pub fn new(dev_root: HostRoot, proc_root: impl Into<PathBuf>) -> Self {
+        Self {
+            dev_root,
+            proc_root: proc_root.into(),
+        }
+    }
+
+    /// The node at container path `path` (absolute), if it exists.
+    fn node(&self, path: &str) -> Result<Option<DeviceNode>, CdiError> {
+        let rel = Path::new(path.trim_start_matches('/'));
+        let local = self.dev_root.local(rel);
+        match std::fs::metadata(&local) {
+            Ok(_) => Ok(Some(DeviceNode {
+                path: path.to_owned(),
+                host_path: Some(self.dev_root.host_path(rel)),
+                ..DeviceNode::default()
+            })),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(CdiError::io("stat", &local, e)),
+        }
+    }
+
+    fn required(&self, path: &str) -> Result<DeviceNode, CdiError> {
+        self.node(path)?.ok_or_else(|| CdiError::DeviceNodeMissing {
+            path: self.dev_root.local(Path::new(path.trim_start_matches('/'))),
+        })
+    }
+
+    /// The control nodes; errors when a required one is missing.
+    pub fn control(&self) -> Result<ControlNodes, CdiError> {
+        let mut nodes = Vec::new();
+        for (path, required) in CONTROL_NODES {
+            if *required {
+                nodes.push(self.required(path)?);
+            } else if let Some(node) = self.node(path)? {
+                nodes.push(node);
+            } else {
+                tracing::warn!(node = path, "optional NVIDIA device node missing; left out");
+            }
+        }
+        Ok(ControlNodes { nodes })
+    }
+
+    /// The nodes of the whole GPU with this minor.
+    pub fn gpu(&self, minor: u32) -> Result<GpuNodes, CdiError> {
+        Ok(GpuNodes {
+            minor,
+            nodes: vec![self.required(&format!("/dev/nvidia{minor}"))?],
+        })
+    }
+
+    /// The nodes of MIG device `gi`/`ci` on the GPU with minor `parent_minor`.
+    pub fn mig(&self, parent_minor: u32, gi: u32, ci: u32) -> Result<MigNodes, CdiError> {
+        let gi_dir = self.proc_root.join(format!(
+            "driver/nvidia/capabilities/gpu{parent_minor}/mig/gi{gi}"
+        ));
+        let gi_cap_minor = read_cap_minor(&gi_dir.join("access"))?;
+        let ci_cap_minor = read_cap_minor(&gi_dir.join(format!("ci{ci}/access")))?;
+        let nodes = vec![
+            self.required(&format!("/dev/nvidia{parent_minor}"))?,
+            self.required(&format!("/dev/nvidia-caps/nvidia-cap{gi_cap_minor}"))?,
+            self.required(&format!("/dev/nvidia-caps/nvidia-cap{ci_cap_minor}"))?,
+        ];
+        Ok(MigNodes {
+            parent_minor,
+            gi_cap_minor,
+            ci_cap_minor,
+            nodes,
+        })
+    }
+}
+
+/// Reads the `DeviceFileMinor` of a capability `access` file.
+pub fn read_cap_minor(path: &Path) -> Result<u32, CdiError> {
+    let bad = |reason: String| CdiError::BadCapability {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let file = File::open(path).map_err(|e| {
+        if e.kind() == ErrorKind::NotFound {
+            bad("not found (does the MIG instance exist?)".into())
+        } else {
+            bad(e.to_string())
+        }
+    })?;
+    let mut text = String::new();
+    file.take(MAX_CAP_FILE + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| bad(e.to_string()))?;
+    if text.len() as u64 > MAX_CAP_FILE {
+        return Err(bad(format!("larger than {MAX_CAP_FILE} bytes")));
+    }
+    parse_cap_minor(&text).map_err(bad)
+}
+
+/// Parses the `DeviceFileMinor: N` line of a capability file.
+pub fn parse_cap_minor(text: &str) -> Result<u32, String> {
+    let mut minor = None;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        if key.trim() != "DeviceFileMinor" {
+            continue;
+        }
+        if minor.is_some() {
+            return Err("more than one DeviceFileMinor line".into());
+        }
+        let value = value.trim();
+        minor = Some(
+            value
+                .parse::<u32>()
+                .map_err(|_| format!("DeviceFileMinor {value:?} is not a number"))?,
+        );
+    }
+    minor.ok_or_else(|| "no DeviceFileMinor line".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+
+    struct Fake {
+        _tmp: tempfile::TempDir,
+        dev: PathBuf,
+        proc: PathBuf,
+    }
+
+    fn fake(nodes: &[&str]) -> Fake {
+        let tmp = tempfile::tempdir().unwrap();
+        let dev = tmp.path().join("devroot");
+        let proc = tmp.path().join("proc");
+        fs::create_dir_all(dev.join("dev/nvidia-caps")).unwrap();
+        for n in nodes {
+            fs::write(dev.join(n.trim_start_matches('/')), b"").unwrap();
+        }
+        Fake {
+            _tmp: tmp,
+            dev,
+            proc,
+        }
+    }
+
+    fn cap(f: &Fake, rel: &str, text: &str) {
+        let p = f.proc.join("driver/nvidia/capabilities").join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn control_nodes_required_and_optional() {
+        let f = fake(&["/dev/nvidiactl", "/dev/nvidia-uvm"]);
+        let loc = NodeLocator::new(HostRoot::new(&f.dev, "/"), &f.proc);
+        let c = loc.control().unwrap();
+        let paths: Vec<(&str, Option<&str>)> = c
+            .nodes
+            .iter()
+            .map(|n| (n.path.as_str(), n.host_path.as_deref()))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                ("/dev/nvidiactl", Some("/dev/nvidiactl")),
+                ("/dev/nvidia-uvm", Some("/dev/nvidia-uvm"))
+            ]
+        );
+
+        let f = fake(&["/dev/nvidia-uvm"]);
+        let loc = NodeLocator::new(HostRoot::same(&f.dev), &f.proc);
+        let err = loc.control().unwrap_err();
+        assert!(
+            err.to_string().ends_with("devroot/dev/nvidiactl not found"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn gpu_node_host_path_is_rewritten_from_the_dev_root() {
+        let f = fake(&["/dev/nvidia3"]);
+        let loc = NodeLocator::new(HostRoot::same(&f.dev), &f.proc);
+        let g = loc.gpu(3).unwrap();
+        assert_eq!(g.nodes[0].path, "/dev/nvidia3");
+        assert_eq!(
+            g.nodes[0].host_path.as_deref(),
+            Some(f.dev.join("dev/nvidia3").to_str().unwrap())
+        );
+        assert!(matches!(
+            loc.gpu(4).unwrap_err(),
+            CdiError::DeviceNodeMissing { .. }
+        ));
+    }
+
+    #[test]
+    fn mig_nodes_come_from_the_capability_files() {
+        let f = fake(&[
+            "/dev/nvidia1",
+            "/dev/nvidia-caps/nvidia-cap21",
+            "/dev/nvidia-caps/nvidia-cap22",
+        ]);
+        cap(
+            &f,
+            "gpu1/mig/gi2/access",
+            "DeviceFileMinor: 21\nDeviceFileMode: 292\n",
+        );
+        cap(
+            &f,
+            "gpu1/mig/gi2/ci0/access",
+            "DeviceFileMinor: 22\nDeviceFileMode: 292\n",
+        );
+        let loc = NodeLocator::new(HostRoot::new(&f.dev, "/"), &f.proc);
+        let m = loc.mig(1, 2, 0).unwrap();
+        assert_eq!((m.gi_cap_minor, m.ci_cap_minor), (21, 22));
+        let paths: Vec<&str> = m.nodes.iter().map(|n| n.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/dev/nvidia1",
+                "/dev/nvidia-caps/nvidia-cap21",
+                "/dev/nvidia-caps/nvidia-cap22"
+            ]
+        );
+        assert_eq!(
+            m.nodes[2].host_path.as_deref(),
+            Some("/dev/nvidia-caps/nvidia-cap22")
+        );
+
+        // The compute instance's file is missing.
+        let err = loc.mig(1, 2, 1).unwrap_err().to_string();
+        assert!(err.contains("gpu1/mig/gi2/ci1/access"), "{err}");
+        assert!(err.contains("not found"), "{err}");
+        // The capability node itself is missing.
+        cap(&f, "gpu1/mig/gi2/ci1/access", "DeviceFileMinor: 23\n");
+        let err = loc.mig(1, 2, 1).unwrap_err().to_string();
+        assert!(err.contains("nvidia-cap23 not found"), "{err}");
+    }
+
+    #[test]
+    fn cap_parsing_good_and_malformed() {
+        assert_eq!(parse_cap_minor("DeviceFileMinor: 7\n").unwrap(), 7);
+        assert_eq!(
+            parse_cap_minor("DeviceFileMode: 292\n  DeviceFileMinor :  12  \n").unwrap(),
+            12
+        );
+        for (text, why) in [
+            ("", "no DeviceFileMinor line"),
+            ("DeviceFileMode: 292\n", "no DeviceFileMinor line"),
+            ("DeviceFileMinor: -1\n", "\"-1\" is not a number"),
+            ("DeviceFileMinor: 99999999999\n", "is not a number"),
+            ("DeviceFileMinor:\n", "\"\" is not a number"),
+            ("DeviceFileMinor: 1\nDeviceFileMinor: 2\n", "more than one"),
+        ] {
+            let err = parse_cap_minor(text).unwrap_err();
+            assert!(err.contains(why), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn oversized_cap_file_is_refused() {
+        let f = fake(&[]);
+        cap(&f, "gpu0/mig/gi1/access", &"x".repeat(10_000));
+        let err = read_cap_minor(
+            &f.proc
+                .join("driver/nvidia/capabilities/gpu0/mig/gi1/access"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("larger than 4096 bytes"), "{err}");
+    }
+}

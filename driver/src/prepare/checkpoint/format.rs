@@ -1,0 +1,234 @@
+//! The on-disk format of the checkpoint: encoding, decoding with per-entry
+//! verification, and the version dispatch.
+//!
+//! Version 1 is one JSON document:
+//! `{"version": 1, "bootId": "...", "entries": {"<uid>": {"checksum": "<8 hex>", "entry": {...}}}}`.
+//! The checksum is the CRC-32 (IEEE) of the claim UID, a zero byte and the
+//! canonical serialisation of `entry` (compact JSON, object keys sorted at
+//! every level), so a flipped byte in an entry or in its key is detected and
+//! quarantines that entry alone; the header (`version`, `bootId`) carries no
+//! checksum: damage there makes the file unusable or looks like a reboot,
+//! both of which start the node empty.
+//!
+//! Unknown fields (in the header and in entries) are ignored: a newer plugin
+//! of the same format version may add informational fields, and the
+//! checksum, computed over the stored JSON rather than over the decoded
+//! record, still verifies. A field whose loss would leak hardware state on a
+//! downgrade must come with a version bump instead, and a file of a newer
+//! version stops the plugin (see [`super::Error::NewerVersion`]).
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use super::{Checkpoint, ClaimEntry, ClaimUid};
+
+/// The format version this plugin writes.
+pub const CURRENT_VERSION: u64 = 1;
+/// The largest checkpoint file the plugin reads (64 MiB; a node with
+/// thousands of claims stays far below it).
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+/// The longest claim UID accepted (Kubernetes UIDs are 36 characters).
+const MAX_UID_LEN: usize = 256;
+
+/// An entry that failed verification.
+#[derive(Debug)]
+pub(super) struct Quarantined {
+    /// The key it was stored under.
+    pub uid: String,
+    /// Why it was rejected.
+    pub reason: String,
+    /// The stored JSON, for humans.
+    pub raw: Value,
+}
+
+/// The outcome of decoding a checkpoint file.
+#[derive(Debug)]
+pub(super) enum Decoded {
+    /// The header is fine; good entries decoded, bad ones set apart.
+    Usable {
+        /// The boot id the file belongs to.
+        boot_id: String,
+        /// Verified entries.
+        claims: BTreeMap<ClaimUid, ClaimEntry>,
+        /// Entries that failed verification.
+        quarantined: Vec<Quarantined>,
+    },
+    /// The file as a whole cannot be used (not JSON, bad header).
+    Unusable(String),
+    /// The file has a version newer than [`CURRENT_VERSION`].
+    Newer(u64),
+}
+
+/// Encodes `checkpoint` as a version-[`CURRENT_VERSION`] document.
+pub(super) fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>, serde_json::Error> {
+    let mut entries = Map::new();
+    for (uid, entry) in &checkpoint.claims {
+        let value = serde_json::to_value(entry)?;
+        let mut stored = Map::new();
+        stored.insert("checksum".into(), checksum(&uid.0, &value).into());
+        stored.insert("entry".into(), value);
+        entries.insert(uid.0.clone(), Value::Object(stored));
+    }
+    let mut doc = Map::new();
+    doc.insert("version".into(), CURRENT_VERSION.into());
+    doc.insert("bootId".into(), checkpoint.boot_id.clone().into());
+    doc.insert("entries".into(), Value::Object(entries));
+    let mut bytes = serde_json::to_vec_pretty(&Value::Object(doc))?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// Decodes a checkpoint file, converting older versions forward.
+pub(super) fn decode(bytes: &[u8]) -> Decoded {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Decoded::Unusable("the file is empty".into());
+    }
+    let doc: Value = match serde_json::from_slice(bytes) {
+        Ok(doc) => doc,
+        Err(e) => return Decoded::Unusable(format!("not valid JSON: {e}")),
+    };
+    let Value::Object(mut doc) = doc else {
+        return Decoded::Unusable("the top level is not a JSON object".into());
+    };
+    let version = match doc.get("version") {
+        None => return Decoded::Unusable("no \"version\" field".into()),
+        Some(v) => match v.as_u64() {
+            Some(version) => version,
+            None => {
+                return Decoded::Unusable(format!(
+                    "\"version\" is {v}, not a non-negative integer"
+                ));
+            }
+        },
+    };
+    match version {
+        1 => decode_v1(&mut doc),
+        0 => Decoded::Unusable("version 0 was never written by any plugin".into()),
+        newer => Decoded::Newer(newer),
+    }
+}
+
+/// Decodes the body of a version-1 document.
+fn decode_v1(doc: &mut Map<String, Value>) -> Decoded {
+    let boot_id = match doc.get("bootId") {
+        Some(Value::String(id)) if !id.is_empty() => id.clone(),
+        Some(other) => {
+            return Decoded::Unusable(format!("\"bootId\" is {other}, not a non-empty string"));
+        }
+        None => return Decoded::Unusable("no \"bootId\" field".into()),
+    };
+    let entries = match doc.remove("entries") {
+        Some(Value::Object(entries)) => entries,
+        Some(other) => {
+            return Decoded::Unusable(format!(
+                "\"entries\" is a {}, not an object",
+                type_name(&other)
+            ));
+        }
+        None => return Decoded::Unusable("no \"entries\" field".into()),
+    };
+    let mut claims = BTreeMap::new();
+    let mut quarantined = Vec::new();
+    for (uid, raw) in entries {
+        match decode_entry(&uid, &raw) {
+            Ok(entry) => {
+                claims.insert(ClaimUid(uid), entry);
+            }
+            Err(reason) => quarantined.push(Quarantined { uid, reason, raw }),
+        }
+    }
+    Decoded::Usable {
+        boot_id,
+        claims,
+        quarantined,
+    }
+}
+
+/// Verifies and decodes one stored entry.
+fn decode_entry(uid: &str, raw: &Value) -> Result<ClaimEntry, String> {
+    if uid.is_empty() || uid.len() > MAX_UID_LEN {
+        return Err(format!(
+            "claim UID is {} bytes long, outside 1..={MAX_UID_LEN}",
+            uid.len()
+        ));
+    }
+    let Value::Object(stored) = raw else {
+        return Err(format!(
+            "stored entry is a {}, not an object",
+            type_name(raw)
+        ));
+    };
+    let Some(Value::String(stored_sum)) = stored.get("checksum") else {
+        return Err("no \"checksum\" string".into());
+    };
+    let Some(entry) = stored.get("entry") else {
+        return Err("no \"entry\" field".into());
+    };
+    let computed = checksum(uid, entry);
+    if *stored_sum != computed {
+        return Err(format!(
+            "checksum mismatch: stored {stored_sum}, computed {computed}"
+        ));
+    }
+    serde_path_to_error::deserialize(entry.clone()).map_err(|e| {
+        let path = e.path().to_string();
+        format!(
+            "checksum matches but the entry does not decode at {path}: {}",
+            e.inner()
+        )
+    })
+}
+
+/// The checksum of one entry stored under `uid`.
+pub(super) fn checksum(uid: &str, entry: &Value) -> String {
+    let mut bytes = Vec::with_capacity(512);
+    bytes.extend_from_slice(uid.as_bytes());
+    bytes.push(0);
+    canonical(entry, &mut bytes);
+    format!("{:08x}", crc32fast::hash(&bytes))
+}
+
+/// Appends the canonical form of `value`: compact JSON with the keys of
+/// every object sorted, independent of how the map type orders them.
+fn canonical(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push(b'{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(Value::from(key.as_str()).to_string().as_bytes());
+                out.push(b':');
+                canonical(&map[key], out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                canonical(item, out);
+            }
+            out.push(b']');
+        }
+        scalar => out.extend_from_slice(scalar.to_string().as_bytes()),
+    }
+}
+
+/// A JSON type's name, for messages.
+fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}

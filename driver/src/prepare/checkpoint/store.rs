@@ -1,0 +1,518 @@
+//! The checkpoint store: loading at startup (verification, quarantine,
+//! reboot detection, moving unusable files aside) and durable, grouped
+//! commits.
+//!
+//! Every write replaces the whole file: the new content goes to a temp file
+//! in the same directory, which is fsynced, renamed over the checkpoint, and
+//! the directory is fsynced, so a crash at any point leaves either the old
+//! or the new file. Commits are serialised by a mutex and grouped: callers
+//! that arrive while a write is in flight queue their [`Batch`]es, and the
+//! next writer applies all of them in one write (one fsync for many
+//! batches). The in-memory state only ever holds what is on disk: a batch
+//! whose write failed is dropped and its caller gets the error.
+//!
+//! The API is blocking (fsync): async callers use `spawn_blocking`.
+//!
+//! Why an unusable file is moved aside and the node starts empty instead of
+//! refusing to start: refusing would block every pod on the node until a
+//! human intervenes (NVIDIA's driver does that on a checksum mismatch).
+//! Starting empty is safe because unprepare of an unknown claim succeeds,
+//! a prepare repeated by the kubelet redoes the work, and hardware state
+//! left behind (MIG instances, MPS daemons, CDI files) is found and removed
+//! by the startup sweep of the prepare code. The file is kept for humans.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value};
+
+use super::format::{self, Decoded, MAX_FILE_BYTES, Quarantined};
+use super::{
+    Checkpoint, ClaimEntry, ClaimUid, Error, FILE_NAME, LoadReport, QUARANTINE_FILE_NAME,
+    WriteFailure,
+};
+
+/// Environment variable naming a step at which a checkpoint commit aborts
+/// the process, for crash tests: `checkpoint-before-temp-write`,
+/// `checkpoint-mid-temp-write`, `checkpoint-after-temp-write`,
+/// `checkpoint-after-rename`, `checkpoint-after-dir-sync`.
+pub const FAILPOINT_ENV: &str = "GPU_DRA_FAILPOINT";
+
+/// A step of a commit at which a crash test kills the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failpoint {
+    BeforeTempWrite,
+    MidTempWrite,
+    AfterTempWrite,
+    AfterRename,
+    AfterDirSync,
+}
+
+impl Failpoint {
+    fn from_env() -> Option<Self> {
+        let name = std::env::var(FAILPOINT_ENV).ok()?;
+        let point = match name.as_str() {
+            "checkpoint-before-temp-write" => Self::BeforeTempWrite,
+            "checkpoint-mid-temp-write" => Self::MidTempWrite,
+            "checkpoint-after-temp-write" => Self::AfterTempWrite,
+            "checkpoint-after-rename" => Self::AfterRename,
+            "checkpoint-after-dir-sync" => Self::AfterDirSync,
+            _ => return None,
+        };
+        tracing::warn!(failpoint = %name, "checkpoint failpoint armed: the process will abort");
+        Some(point)
+    }
+
+    /// Aborts the process (no destructors, no flushing: for the files on
+    /// disk the same as SIGKILL) when `self` is `at`.
+    fn hit(armed: Option<Self>, at: Self) {
+        if armed == Some(at) {
+            tracing::error!(failpoint = ?at, "checkpoint failpoint hit: aborting");
+            std::process::abort();
+        }
+    }
+}
+
+/// Changes to the checkpoint committed together in one write.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    changes: Vec<Change>,
+}
+
+#[derive(Clone, Debug)]
+enum Change {
+    Put(ClaimUid, ClaimEntry),
+    Remove(ClaimUid),
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets (inserts or replaces) the entry of `uid`.
+    pub fn put(mut self, uid: ClaimUid, entry: ClaimEntry) -> Self {
+        self.changes.push(Change::Put(uid, entry));
+        self
+    }
+
+    /// Removes the entry of `uid` (no-op when absent).
+    pub fn remove(mut self, uid: ClaimUid) -> Self {
+        self.changes.push(Change::Remove(uid));
+        self
+    }
+
+    /// Whether the batch changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    fn apply(self, checkpoint: &mut Checkpoint) {
+        for change in self.changes {
+            match change {
+                Change::Put(uid, entry) => {
+                    checkpoint.claims.insert(uid, entry);
+                }
+                Change::Remove(uid) => {
+                    checkpoint.claims.remove(&uid);
+                }
+            }
+        }
+    }
+}
+
+/// State shared by committing threads.
+#[derive(Default)]
+struct Shared {
+    /// What is on disk.
+    durable: Checkpoint,
+    /// Batches waiting for the next write, with their sequence numbers.
+    queue: Vec<(u64, Batch)>,
+    next_seq: u64,
+    /// Whether a thread is writing.
+    writing: bool,
+    /// Results of finished writes, per batch, until its caller takes it.
+    outcomes: HashMap<u64, Result<(), WriteFailure>>,
+}
+
+/// The durable checkpoint of one plugin instance.
+pub struct Store {
+    dir: PathBuf,
+    path: PathBuf,
+    failpoint: Option<Failpoint>,
+    shared: Mutex<Shared>,
+    written: Condvar,
+    writes: AtomicU64,
+    #[cfg(test)]
+    before_write: Mutex<Option<Box<dyn Fn() + Send>>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the checkpoint in `state_dir` for the boot named
+    /// by the file `boot_id_path` (`/proc/sys/kernel/random/boot_id`).
+    ///
+    /// Bad entries are quarantined and an unusable file is moved aside (both
+    /// reported, the node starts with what is left); only a file of a newer
+    /// format version, an unreadable file or an unwritable directory is an
+    /// error.
+    pub fn open(state_dir: &Path, boot_id_path: &Path) -> Result<(Self, LoadReport), Error> {
+        let boot_id = read_boot_id(boot_id_path)?;
+        fs::create_dir_all(state_dir)
+            .map_err(|e| failure("create state directory", state_dir, e))?;
+        let store = Self {
+            dir: state_dir.to_owned(),
+            path: state_dir.join(FILE_NAME),
+            failpoint: Failpoint::from_env(),
+            shared: Mutex::new(Shared::default()),
+            written: Condvar::new(),
+            writes: AtomicU64::new(0),
+            #[cfg(test)]
+            before_write: Mutex::new(None),
+        };
+        let mut report = LoadReport::default();
+        let temp = store.temp_path(&store.path);
+        match fs::remove_file(&temp) {
+            Ok(()) => {
+                tracing::warn!(path = %temp.display(), "removed a checkpoint temp file left by a crash");
+                report.removed_stale_temp = true;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(failure("remove stale temp file", &temp, e).into()),
+        }
+
+        let mut checkpoint = Checkpoint {
+            boot_id: boot_id.clone(),
+            claims: std::collections::BTreeMap::new(),
+        };
+        let clean = match read_capped(&store.path)? {
+            FileRead::Missing => false,
+            FileRead::TooLarge(len) => {
+                store.move_aside(
+                    format!("the file is {len} bytes, more than the {MAX_FILE_BYTES}-byte limit"),
+                    &mut report,
+                )?;
+                false
+            }
+            FileRead::Bytes(bytes) => match format::decode(&bytes) {
+                Decoded::Newer(version) => {
+                    return Err(Error::NewerVersion {
+                        path: store.path.clone(),
+                        version,
+                    });
+                }
+                Decoded::Unusable(reason) => {
+                    store.move_aside(reason, &mut report)?;
+                    false
+                }
+                Decoded::Usable {
+                    boot_id: file_boot,
+                    claims,
+                    quarantined,
+                } if file_boot != boot_id => {
+                    report.discarded_for_reboot = claims.len() + quarantined.len();
+                    tracing::warn!(
+                        previous_boot = %file_boot,
+                        boot = %boot_id,
+                        discarded = report.discarded_for_reboot,
+                        "the node rebooted: discarding prepared state of the previous boot"
+                    );
+                    report.previous_boot_id = Some(file_boot);
+                    false
+                }
+                Decoded::Usable {
+                    claims,
+                    quarantined,
+                    ..
+                } => {
+                    checkpoint.claims = claims;
+                    let clean = quarantined.is_empty();
+                    store.quarantine(quarantined, &mut report)?;
+                    clean
+                }
+            },
+        };
+        report.loaded = checkpoint.claims.len();
+        if !clean {
+            // Rewrite so that the file holds exactly what is in memory.
+            let bytes = format::encode(&checkpoint)
+                .map_err(|e| failure("serialise checkpoint", &store.path, e.into()))?;
+            store.write_atomic(&store.path, &bytes, None)?;
+        }
+        store.lock().durable = checkpoint;
+        tracing::info!(path = %store.path.display(), claims = report.loaded, "checkpoint loaded");
+        Ok((store, report))
+    }
+
+    /// The checkpoint file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A copy of the durable checkpoint.
+    pub fn snapshot(&self) -> Checkpoint {
+        self.lock().durable.clone()
+    }
+
+    /// The durable entry of `uid`.
+    pub fn get(&self, uid: &ClaimUid) -> Option<ClaimEntry> {
+        self.lock().durable.claims.get(uid).cloned()
+    }
+
+    /// How many times the checkpoint file has been written by commits since
+    /// open (a metric; fewer than the commits when they were grouped).
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
+    }
+
+    /// Applies `batch` and makes it durable, together with batches other
+    /// threads commit at the same time. Returns once the file on disk holds
+    /// the batch; on error the batch is not applied at all.
+    pub fn commit(&self, batch: Batch) -> Result<(), Error> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut shared = self.lock();
+        let seq = shared.next_seq;
+        shared.next_seq += 1;
+        shared.queue.push((seq, batch));
+        loop {
+            if let Some(outcome) = shared.outcomes.remove(&seq) {
+                return outcome.map_err(Error::from);
+            }
+            if shared.writing {
+                shared = self
+                    .written
+                    .wait(shared)
+                    .unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            // Become the writer for everything queued so far.
+            shared.writing = true;
+            let group = std::mem::take(&mut shared.queue);
+            let mut next = shared.durable.clone();
+            drop(shared);
+
+            let seqs: Vec<u64> = group.iter().map(|(s, _)| *s).collect();
+            for (_, batch) in group {
+                batch.apply(&mut next);
+            }
+            #[cfg(test)]
+            if let Some(hook) = self
+                .before_write
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+            {
+                hook();
+            }
+            let result = format::encode(&next)
+                .map_err(|e| failure("serialise checkpoint", &self.path, e.into()))
+                .and_then(|bytes| self.write_atomic(&self.path, &bytes, self.failpoint));
+            self.writes.fetch_add(1, Ordering::Relaxed);
+
+            shared = self.lock();
+            shared.writing = false;
+            if let Err(e) = &result {
+                tracing::error!(error = %e, batches = seqs.len(), "checkpoint write failed");
+            } else {
+                shared.durable = next;
+            }
+            for s in seqs {
+                shared.outcomes.insert(s, result.clone());
+            }
+            self.written.notify_all();
+        }
+    }
+
+    /// Installs a hook the writer calls right before each commit write.
+    #[cfg(test)]
+    pub(super) fn set_before_write(&self, hook: Box<dyn Fn() + Send>) {
+        *self
+            .before_write
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(hook);
+    }
+
+    /// Number of batches waiting for a write.
+    #[cfg(test)]
+    pub(super) fn queued(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn temp_path(&self, path: &Path) -> PathBuf {
+        let name = path
+            .file_name()
+            .map_or_else(|| FILE_NAME.into(), |n| n.to_string_lossy().into_owned());
+        self.dir.join(format!("{name}.tmp"))
+    }
+
+    /// Replaces `path` with `bytes`: temp file, fsync, rename, fsync of the
+    /// directory.
+    fn write_atomic(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        failpoint: Option<Failpoint>,
+    ) -> Result<(), WriteFailure> {
+        let temp = self.temp_path(path);
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&temp)
+            .map_err(|e| failure("create temp file", &temp, e))?;
+        Failpoint::hit(failpoint, Failpoint::BeforeTempWrite);
+        if failpoint == Some(Failpoint::MidTempWrite) {
+            file.write_all(&bytes[..bytes.len() / 2])
+                .and_then(|()| file.sync_all())
+                .map_err(|e| failure("write temp file", &temp, e))?;
+            Failpoint::hit(failpoint, Failpoint::MidTempWrite);
+        }
+        file.write_all(bytes)
+            .map_err(|e| failure("write temp file", &temp, e))?;
+        file.sync_all()
+            .map_err(|e| failure("fsync temp file", &temp, e))?;
+        drop(file);
+        Failpoint::hit(failpoint, Failpoint::AfterTempWrite);
+        fs::rename(&temp, path).map_err(|e| failure("rename temp file over", path, e))?;
+        Failpoint::hit(failpoint, Failpoint::AfterRename);
+        File::open(&self.dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|e| failure("fsync directory", &self.dir, e))?;
+        Failpoint::hit(failpoint, Failpoint::AfterDirSync);
+        Ok(())
+    }
+
+    /// Moves the unusable checkpoint file aside for humans.
+    fn move_aside(&self, reason: String, report: &mut LoadReport) -> Result<(), Error> {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let aside = self.dir.join(format!("{FILE_NAME}.corrupt-{nanos}"));
+        fs::rename(&self.path, &aside).map_err(|source| Error::MoveAside {
+            path: self.path.clone(),
+            source,
+        })?;
+        tracing::error!(
+            path = %self.path.display(),
+            moved_to = %aside.display(),
+            reason = %reason,
+            "checkpoint unusable: moved aside, starting with no prepared claims \
+             (unprepare of unknown claims succeeds; the startup sweep removes leftover devices)"
+        );
+        report.moved_aside = Some((aside, reason));
+        Ok(())
+    }
+
+    /// Records quarantined entries in the quarantine file (merged with what
+    /// is there) and in the report.
+    fn quarantine(&self, entries: Vec<Quarantined>, report: &mut LoadReport) -> Result<(), Error> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let path = self.dir.join(QUARANTINE_FILE_NAME);
+        // Best effort: a damaged quarantine file is replaced.
+        let mut all = match read_capped(&path) {
+            Ok(FileRead::Bytes(bytes)) => match serde_json::from_slice::<Value>(&bytes) {
+                Ok(Value::Object(map)) => map,
+                _ => Map::new(),
+            },
+            _ => Map::new(),
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        for q in entries {
+            tracing::error!(claim = %q.uid, reason = %q.reason, "checkpoint entry quarantined");
+            let mut record = Map::new();
+            record.insert("reason".into(), q.reason.clone().into());
+            record.insert("quarantinedAtUnixSeconds".into(), now.into());
+            record.insert("raw".into(), q.raw);
+            all.insert(q.uid.clone(), Value::Object(record));
+            report.quarantined.push((q.uid, q.reason));
+        }
+        let bytes = serde_json::to_vec_pretty(&Value::Object(all))
+            .map_err(|e| failure("serialise quarantine", &path, e.into()))?;
+        self.write_atomic(&path, &bytes, None)?;
+        Ok(())
+    }
+}
+
+/// What reading a file found.
+enum FileRead {
+    Missing,
+    TooLarge(u64),
+    Bytes(Vec<u8>),
+}
+
+/// Reads `path`, refusing files over [`MAX_FILE_BYTES`] without reading them.
+fn read_capped(path: &Path) -> Result<FileRead, Error> {
+    let read_err = |source| Error::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(FileRead::Missing),
+        Err(e) => return Err(read_err(e)),
+    };
+    let len = file.metadata().map_err(read_err)?.len();
+    if len > MAX_FILE_BYTES {
+        return Ok(FileRead::TooLarge(len));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    // The cap also holds if the file grows between metadata and read.
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Ok(FileRead::TooLarge(bytes.len() as u64));
+    }
+    Ok(FileRead::Bytes(bytes))
+}
+
+/// Reads the kernel boot id.
+fn read_boot_id(path: &Path) -> Result<String, Error> {
+    let err = |reason: String| Error::BootId {
+        path: path.to_owned(),
+        reason,
+    };
+    let mut text = String::new();
+    File::open(path)
+        .and_then(|f| f.take(256).read_to_string(&mut text))
+        .map_err(|e| err(e.to_string()))?;
+    let id = text.trim();
+    if id.is_empty() {
+        return Err(err("the file is empty".into()));
+    }
+    if id.len() > 128 || id.chars().any(char::is_control) {
+        return Err(err("not a boot id (too long or control characters)".into()));
+    }
+    Ok(id.to_owned())
+}
+
+fn failure(step: &'static str, path: &Path, e: io::Error) -> WriteFailure {
+    WriteFailure {
+        step,
+        path: path.to_owned(),
+        source: Arc::new(e),
+    }
+}
