@@ -17,6 +17,8 @@ use serde_json::{Value, json};
 const NODES: usize = 1000;
 const GPUS: usize = 8;
 const DRIVER: &str = "gpu.nvidia.com";
+/// Runs of each cold measurement (each on a fresh snapshot).
+const COLD_RUNS: usize = 7;
 
 /// (profile, memory slices, multiprocessors, placements)
 const PROFILES: [(&str, usize, i64, &[usize]); 6] = [
@@ -169,6 +171,36 @@ fn time<T>(label: &str, runs: u32, mut f: impl FnMut() -> T) -> T {
     out.expect("at least one run")
 }
 
+/// Times `f` on a fresh snapshot per run (made outside the timing), so
+/// every run pays for validating pools and parsing devices: a truly cold
+/// snapshot. Reports the median, the best and the worst.
+fn time_cold<'a, T>(
+    label: &str,
+    runs: usize,
+    mut fresh: impl FnMut() -> Snapshot<'a>,
+    mut f: impl FnMut(&Snapshot<'a>) -> T,
+) -> T {
+    let mut took = Vec::with_capacity(runs);
+    let mut out = None;
+    for _ in 0..runs {
+        let snapshot = fresh();
+        let start = Instant::now();
+        let r = f(&snapshot);
+        took.push(start.elapsed());
+        drop(snapshot);
+        out = Some(r);
+    }
+    took.sort_unstable();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "{label:<72} p50 {:>9.3} ms  best {:>9.3} ms  worst {:>9.3} ms  ({runs} cold runs)",
+        ms(took[runs / 2]),
+        ms(took[0]),
+        ms(took[runs - 1])
+    );
+    out.expect("at least one run")
+}
+
 fn simulate(snapshot: &Snapshot<'_>, allocator: &Allocator, c: &ResourceClaim) -> Outcome {
     allocator
         .simulate(snapshot, c, &SimulateOptions::default())
@@ -218,17 +250,21 @@ fn one_claim_against_1000_nodes_with_dynamic_mig() {
     let snapshot = time("Snapshot::new (group slices into pools)", 5, || {
         Snapshot::new(&slices, &classes, &[])
     });
-    let cold = Snapshot::new(&slices, &classes, &[]);
-    time(
+    let fresh_snapshot = || Snapshot::new(&slices, &classes, &[]);
+    time_cold(
         "Snapshot::pool_issues, cold (prepare and validate all 1000 pools)",
-        1,
-        || cold.pool_issues().len(),
+        COLD_RUNS,
+        fresh_snapshot,
+        |s| s.pool_issues().len(),
     );
-    drop(cold);
-    let out = time("1 GPU, cold snapshot (first node fits)", 1, || {
-        simulate(&snapshot, &allocator, &one_gpu)
-    });
+    let out = time_cold(
+        "1 GPU, cold snapshot (first node fits)",
+        COLD_RUNS,
+        fresh_snapshot,
+        |s| simulate(s, &allocator, &one_gpu),
+    );
     assert!(out.is_satisfiable());
+    simulate(&snapshot, &allocator, &one_gpu);
     time("1 GPU, warm snapshot", 20, || {
         simulate(&snapshot, &allocator, &one_gpu)
     });
@@ -239,12 +275,14 @@ fn one_claim_against_1000_nodes_with_dynamic_mig() {
     );
     assert!(out.is_satisfiable());
 
-    let fresh = Snapshot::new(&slices, &classes, &[]);
-    let out = time(
+    let out = time_cold(
         "unsatisfiable (memory >= 160Gi), cold snapshot: 1000 nodes + explanation",
-        1,
-        || simulate(&fresh, &allocator, &too_big),
+        COLD_RUNS,
+        fresh_snapshot,
+        |s| simulate(s, &allocator, &too_big),
     );
+    let fresh = fresh_snapshot();
+    simulate(&fresh, &allocator, &too_big);
     println!("    summary: {}", out.explanation().unwrap().summary);
     time("unsatisfiable (memory >= 160Gi), warm snapshot", 5, || {
         simulate(&fresh, &allocator, &too_big)
@@ -284,13 +322,17 @@ fn one_claim_against_1000_nodes_with_dynamic_mig() {
         out.allocations().unwrap()[0].node.as_deref(),
         Some("node-0999")
     );
-    let out = time("1 GPU, only the last node free, cold snapshot", 1, || {
-        simulate(&crowded, &allocator, &one_gpu)
-    });
+    let out = time_cold(
+        "1 GPU, only the last node free, cold snapshot",
+        COLD_RUNS,
+        || Snapshot::new(&slices, &classes, &busy),
+        |s| simulate(s, &allocator, &one_gpu),
+    );
     assert_eq!(
         out.allocations().unwrap()[0].node.as_deref(),
         Some("node-0999")
     );
+    simulate(&crowded, &allocator, &one_gpu);
     time("1 GPU, only the last node free, warm snapshot", 5, || {
         simulate(&crowded, &allocator, &one_gpu)
     });

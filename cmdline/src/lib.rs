@@ -132,12 +132,17 @@ mod tests {
     #[test]
     fn error_chains_become_one_line() {
         let err = anyhow::anyhow!("root cause\nsecond line").context("cannot start");
-        assert_eq!(one_line(&err), "error: cannot start: root cause second line");
+        assert_eq!(
+            one_line(&err),
+            "error: cannot start: root cause second line"
+        );
     }
 
     #[test]
     fn run_maps_results_to_exit_codes() {
-        let ok = run(tokio::runtime::Builder::new_current_thread(), async { Ok(()) });
+        let ok = run(tokio::runtime::Builder::new_current_thread(), async {
+            Ok(())
+        });
         assert_eq!(ok, ExitCode::SUCCESS);
         let failed = run(tokio::runtime::Builder::new_current_thread(), async {
             Err(anyhow::anyhow!("boom"))

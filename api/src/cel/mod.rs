@@ -83,6 +83,8 @@ mod eval;
 mod library;
 mod values;
 
+pub(crate) use library::function_names;
+
 #[cfg(test)]
 mod tests;
 

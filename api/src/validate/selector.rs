@@ -9,62 +9,6 @@ use super::suggest::closest;
 use super::{Check, DeviceSet, Diagnostic, Finding, SelectorAnalysis, Severity, Validator};
 use crate::cel::{CompileError, Position};
 
-/// Functions of the selector environment, for "did you mean".
-const FUNCTIONS: &[&str] = &[
-    "size",
-    "contains",
-    "startsWith",
-    "endsWith",
-    "matches",
-    "find",
-    "findAll",
-    "string",
-    "bytes",
-    "double",
-    "int",
-    "uint",
-    "bool",
-    "type",
-    "dyn",
-    "has",
-    "all",
-    "exists",
-    "exists_one",
-    "map",
-    "filter",
-    "hasValue",
-    "value",
-    "or",
-    "orValue",
-    "quantity",
-    "isQuantity",
-    "sign",
-    "isInteger",
-    "asInteger",
-    "asApproximateFloat",
-    "add",
-    "sub",
-    "compareTo",
-    "isGreaterThan",
-    "isLessThan",
-    "semver",
-    "isSemver",
-    "major",
-    "minor",
-    "patch",
-    "charAt",
-    "indexOf",
-    "lastIndexOf",
-    "lowerAscii",
-    "upperAscii",
-    "replace",
-    "split",
-    "substring",
-    "trim",
-    "join",
-    "format",
-];
-
 /// Names from other languages and libraries, and what CEL calls them.
 const ALIASES: &[(&str, &str)] = &[
     ("lower", "lowerAscii"),
@@ -146,7 +90,7 @@ fn compile_diagnostic(expression: &str, error: &CompileError) -> Diagnostic {
                 .iter()
                 .find(|(alias, _)| alias == name)
                 .map(|(_, f)| *f)
-                .or_else(|| closest(name, FUNCTIONS.iter().copied()));
+                .or_else(|| closest(name, crate::cel::function_names()));
             let mut message = format!("{position}: undeclared function `{name}`");
             if let Some(best) = best {
                 let _ = write!(message, "; did you mean `{best}`?");

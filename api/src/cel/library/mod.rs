@@ -85,6 +85,19 @@ const OWN_FUNCTIONS: &[&str] = &[
     "sets.intersects",
 ];
 
+/// Macros of the environment (expanded by the parser, so never undeclared).
+const MACROS: &[&str] = &["has", "all", "exists", "exists_one", "map", "filter"];
+
+/// Every function and macro name of the environment, for "did you mean"
+/// suggestions.
+pub(crate) fn function_names() -> impl Iterator<Item = &'static str> {
+    STDLIB_FUNCTIONS
+        .iter()
+        .chain(OWN_FUNCTIONS)
+        .chain(MACROS)
+        .copied()
+}
+
 /// Whether `name` (possibly namespace-qualified) is a function of the
 /// environment.
 pub(crate) fn is_function(name: &str) -> bool {
