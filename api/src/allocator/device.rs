@@ -155,8 +155,10 @@ pub(crate) struct Details<'a> {
 pub(crate) struct PoolDevice<'a> {
     pub raw: &'a Device,
     pub scope: Scope<'a>,
-    details: OnceLock<Result<Details<'a>, String>>,
-    cel: OnceLock<Result<CelDevice, String>>,
+    // boxed: most devices never need them, and a small `PoolDevice` keeps
+    // the first visit of a pool cheap
+    details: OnceLock<Box<Result<Details<'a>, String>>>,
+    cel: OnceLock<Box<Result<CelDevice, String>>>,
 }
 
 impl<'a> PoolDevice<'a> {
@@ -171,10 +173,10 @@ impl<'a> PoolDevice<'a> {
 
     /// The device as CEL selectors see it (converted on first need).
     pub(crate) fn cel(&self, driver: &str) -> Result<&CelDevice, &str> {
-        self.cel
-            .get_or_init(|| parse_cel(self.raw, driver))
-            .as_ref()
-            .map_err(String::as_str)
+        let cel: &Result<CelDevice, String> = self
+            .cel
+            .get_or_init(|| Box::new(parse_cel(self.raw, driver)));
+        cel.as_ref().map_err(String::as_str)
     }
 
     pub(crate) fn name(&self) -> &'a str {
@@ -192,10 +194,10 @@ impl<'a> PoolDevice<'a> {
         driver: &'a str,
         counters: &dyn Fn(&str, &str) -> Option<usize>,
     ) -> Result<&Details<'a>, &str> {
-        self.details
-            .get_or_init(|| parse_details(self.raw, driver, counters))
-            .as_ref()
-            .map_err(String::as_str)
+        let details: &Result<Details<'a>, String> = self
+            .details
+            .get_or_init(|| Box::new(parse_details(self.raw, driver, counters)));
+        details.as_ref().map_err(String::as_str)
     }
 }
 

@@ -226,19 +226,48 @@ fn quantity_literal(expression: &str) -> Option<i128> {
         .map(|q| q.nanos())
 }
 
+/// Parses reused by [`quantity_distance`] within one report: the literal
+/// of each selector, and the last capacity text parsed (devices of a node
+/// mostly repeat their values).
+#[derive(Default)]
+struct Distances<'a> {
+    targets: Vec<(usize, Option<i128>)>,
+    last: Option<(&'a str, Option<i128>)>,
+}
+
 /// For a selector reading one capacity and comparing it to a quantity
 /// literal: how far the device's capacity is from that literal (smaller is
 /// closer). Breaks ties between devices failing the same selector.
-fn quantity_distance(search: &NodeSearch<'_, '_>, selector: usize, d: usize) -> Option<i128> {
+fn quantity_distance<'a>(
+    search: &NodeSearch<'_, 'a>,
+    cache: &mut Distances<'a>,
+    selector: usize,
+    d: usize,
+) -> Option<i128> {
     let entry = &search.table.entries[selector];
     let [read @ Read::Capacity(_)] = entry.mentions.as_slice() else {
         return None;
     };
-    let target = quantity_literal(entry.selector.expression())?;
+    let target = if let Some(&(_, t)) = cache.targets.iter().find(|(s, _)| *s == selector) {
+        t
+    } else {
+        let t = quantity_literal(entry.selector.expression());
+        cache.targets.push((selector, t));
+        t
+    }?;
     let RawValue::Quantity(text) = read.raw(search.devs[d].device.raw, search.driver(d)) else {
         return None;
     };
-    let value = crate::quantity::Quantity::parse(text).ok()?.nanos();
+    let value = match cache.last {
+        Some((last, value)) if last == text => value,
+        _ => {
+            let value = crate::quantity::Quantity::parse(text)
+                .ok()
+                .map(|q| q.nanos());
+            cache.last = Some((text, value));
+            value
+        }
+    }?;
     Some(value.abs_diff(target).try_into().unwrap_or(i128::MAX))
 }
 
@@ -280,6 +309,7 @@ fn variant_report(search: &mut NodeSearch<'_, '_>, v: usize) -> VariantReport {
     // (selectors passed, device, distance to the failing selector's quantity)
     let mut best: Option<(usize, usize, Option<i128>)> = None;
     let mut multi_available = false;
+    let mut distances = Distances::default();
     for d in 0..search.devs.len() {
         let reached = match search.verdict(v, d) {
             Match::Yes | Match::Unknown => selectors.len(),
@@ -307,12 +337,18 @@ fn variant_report(search: &mut NodeSearch<'_, '_>, v: usize) -> VariantReport {
             match best {
                 Some((r, _, _)) if reached < r => {}
                 Some((r, _, distance)) if reached == r => {
-                    let mine = quantity_distance(search, selectors[reached], d);
+                    let mine = quantity_distance(search, &mut distances, selectors[reached], d);
                     if mine.is_some_and(|m| distance.is_none_or(|b| m < b)) {
                         best = Some((reached, d, mine));
                     }
                 }
-                _ => best = Some((reached, d, quantity_distance(search, selectors[reached], d))),
+                _ => {
+                    best = Some((
+                        reached,
+                        d,
+                        quantity_distance(search, &mut distances, selectors[reached], d),
+                    ));
+                }
             }
             continue;
         }

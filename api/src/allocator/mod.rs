@@ -65,8 +65,8 @@
 //! claims change): pools are validated and indexed on first visit, a
 //! device is parsed only when the search needs its capacities or counters
 //! and converted for CEL only when a selector must really be evaluated, and
-//! the values each selector reads are gathered per pool into columns of
-//! interned ids. Selector results are memoised by those ids (1,000 nodes of
+//! the values each selector reads are kept per pool in columns of interned
+//! ids, filled for a device when a selector first reaches it. Selector results are memoised by those ids (1,000 nodes of
 //! identical GPUs cost a handful of CEL evaluations), and the search stops
 //! at the first node that fits unless all are asked for. The benchmark in
 //! `api/tests/allocator_bench.rs` measures one claim against 1,000 nodes

@@ -13,7 +13,7 @@ use super::output::{self, NodeAllocation};
 use super::selectors::{FastMap, Memo, Recall, SelectorTable};
 use std::sync::Arc;
 
-use super::snapshot::{Existing, Pool, PreparedPool, Snapshot};
+use super::snapshot::{Column, Existing, Pool, PreparedPool, Snapshot};
 use super::{AllocError, MAX_RESULTS_PER_CLAIM, NodeFilter, Outcome, SimulateOptions};
 use crate::cel::{Compiler, EvalError, Evaluator};
 
@@ -175,7 +175,7 @@ pub(crate) struct NodeSearch<'r, 'a> {
     evaluators: FastMap<usize, Evaluator>,
     unmemoised: FastMap<(usize, usize), Result<bool, EvalError>>,
     /// Per (node pool, selector): the columns of the values it reads.
-    columns: FastMap<(usize, usize), Vec<Arc<[u32]>>>,
+    columns: FastMap<(usize, usize), Vec<Arc<Column>>>,
     prechecked: Vec<Option<bool>>,
     all_lists: Vec<Option<Vec<usize>>>,
     // tentative state
@@ -567,8 +567,13 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         if memoised {
             self.ensure_columns(dev.pool, sel);
             let columns = &self.columns[&(dev.pool, sel)];
-            if let Recall::Hit(result) = self.memo.recall(sel, columns.iter().map(|c| c[dev.index]))
-            {
+            let pool = &self.pools[dev.pool];
+            let prepared = pool.prepared.expect("devices come from prepared pools");
+            let index = &self.snapshot.index;
+            let ids = columns
+                .iter()
+                .map(|c| index.value_id(pool.pool, prepared, c, dev.index));
+            if let Recall::Hit(result) = self.memo.recall(sel, ids) {
                 return Ok(result);
             }
         } else if let Some(r) = self.unmemoised.get(&(sel, d)) {

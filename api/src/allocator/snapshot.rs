@@ -9,8 +9,10 @@
 //! ids on first use. So a controller that keeps one snapshot per set of
 //! slices pays for each device once, not once per claim.
 
-use std::collections::HashMap;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -116,6 +118,14 @@ pub(crate) struct Counter<'a> {
     pub total: i128,
 }
 
+/// A counter set of a pool: its counters are `counters[first..]` of the
+/// pool, in the order of this map.
+#[derive(Debug)]
+struct CounterSet<'a> {
+    counters: &'a BTreeMap<String, k8s_openapi::api::resource::v1::Counter>,
+    first: usize,
+}
+
 /// How allocated claims use a device of the pool.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Existing {
@@ -147,15 +157,18 @@ pub(crate) struct PreparedPool<'a> {
     pub invalid: Option<String>,
     pub devices: Vec<PoolDevice<'a>>,
     pub counters: Vec<Counter<'a>>,
-    counter_index: FastMap<&'a str, FastMap<&'a str, usize>>,
+    sets: Vec<CounterSet<'a>>,
+    set_index: FastMap<&'a str, usize>,
     by_name: FastMap<&'a str, usize>,
     /// What selectors read, per device, as value ids.
-    columns: Mutex<FastMap<Read, Arc<[u32]>>>,
+    columns: Mutex<FastMap<Read, Arc<Column>>>,
 }
 
 impl PreparedPool<'_> {
     pub(crate) fn counter(&self, set: &str, name: &str) -> Option<usize> {
-        self.counter_index.get(set)?.get(name).copied()
+        let set = &self.sets[*self.set_index.get(set)?];
+        let offset = set.counters.keys().position(|k| k == name)?;
+        Some(set.first + offset)
     }
 
     fn invalid(reason: String) -> Self {
@@ -163,7 +176,8 @@ impl PreparedPool<'_> {
             invalid: Some(reason),
             devices: Vec::new(),
             counters: Vec::new(),
-            counter_index: FastMap::default(),
+            sets: Vec::new(),
+            set_index: FastMap::default(),
             by_name: FastMap::default(),
             columns: Mutex::new(FastMap::default()),
         }
@@ -267,14 +281,17 @@ impl<'a> SliceIndex<'a> {
         }
     }
 
-    /// The values `read` takes on the devices of a prepared pool, as ids
-    /// (equal ids, equal values), computed once per pool and read.
+    /// The column of the values `read` takes on the devices of a prepared
+    /// pool, as ids (equal ids, equal values), made once per pool and
+    /// read; its ids are filled on first need (see
+    /// [`value_id`](Self::value_id)), so a selector evaluated on a few
+    /// devices of a pool reads only those.
     pub(crate) fn column(
         &self,
         pool: &Pool<'a>,
         prepared: &PreparedPool<'a>,
         read: &Read,
-    ) -> Arc<[u32]> {
+    ) -> Arc<Column> {
         let mut columns = prepared
             .columns
             .lock()
@@ -282,42 +299,104 @@ impl<'a> SliceIndex<'a> {
         if let Some(c) = columns.get(read) {
             return Arc::clone(c);
         }
-        let mut values = self.values.lock().unwrap_or_else(PoisonError::into_inner);
-        let column: Arc<[u32]> = prepared
-            .devices
-            .iter()
-            .map(|d| {
-                let value = read.raw(d.raw, pool.driver);
-                let next = u32::try_from(values.len()).unwrap_or(u32::MAX);
-                *values.entry(value).or_insert(next)
-            })
-            .collect();
+        // the driver is the pool's: one value for all devices
+        let fill = match read {
+            Read::Driver => self.intern(RawValue::Str(pool.driver)),
+            _ => UNKNOWN_ID,
+        };
+        let column = Arc::new(Column {
+            read: read.clone(),
+            ids: prepared
+                .devices
+                .iter()
+                .map(|_| AtomicU32::new(fill))
+                .collect(),
+        });
         columns.insert(read.clone(), Arc::clone(&column));
         column
     }
+
+    /// The id of the value of `column` on device `i` of the pool.
+    pub(crate) fn value_id(
+        &self,
+        pool: &Pool<'a>,
+        prepared: &PreparedPool<'a>,
+        column: &Column,
+        i: usize,
+    ) -> u32 {
+        let id = column.ids[i].load(AtomicOrdering::Relaxed);
+        if id != UNKNOWN_ID {
+            return id;
+        }
+        let id = self.intern(column.read.raw(prepared.devices[i].raw, pool.driver));
+        column.ids[i].store(id, AtomicOrdering::Relaxed);
+        id
+    }
+
+    fn intern(&self, value: RawValue<'a>) -> u32 {
+        let mut values = self.values.lock().unwrap_or_else(PoisonError::into_inner);
+        let next = u32::try_from(values.len()).map_or(UNKNOWN_ID - 1, |n| n.min(UNKNOWN_ID - 1));
+        *values.entry(value).or_insert(next)
+    }
 }
 
-/// Validates and indexes a pool (slices only).
+/// A column id not computed yet.
+const UNKNOWN_ID: u32 = u32::MAX;
+
+/// What a selector reads of the devices of one pool, as value ids, filled
+/// on first need.
+#[derive(Debug)]
+pub(crate) struct Column {
+    read: Read,
+    ids: Box<[AtomicU32]>,
+}
+
+impl Column {
+    /// Devices in the pool.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.ids.len()
+    }
+}
+
+/// Validates and indexes a pool (slices only). Every device of the pool is
+/// touched here, so this is the cold cost of a full scan: it allocates
+/// little and compares names by merging sorted maps rather than hashing.
 fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
     let mut counters = Vec::new();
-    let mut counter_index: FastMap<&'a str, FastMap<&'a str, usize>> = FastMap::default();
+    let mut sets: Vec<CounterSet<'a>> = Vec::new();
+    let mut set_index: FastMap<&'a str, usize> = FastMap::default();
+    // counter sets repeat a few values ("1", the memory size): parse each
+    // distinct text once
+    let mut parsed: Vec<(&'a str, i128)> = Vec::new();
     for slice in &pool.slices {
         for set in slice.spec.shared_counters.iter().flatten() {
-            if counter_index.contains_key(set.name.as_str()) {
+            if set_index.insert(set.name.as_str(), sets.len()).is_some() {
                 return Err(format!("duplicate counter set name {}", set.name));
             }
-            let names = counter_index.entry(set.name.as_str()).or_default();
+            sets.push(CounterSet {
+                counters: &set.counters,
+                first: counters.len(),
+            });
             for (name, counter) in &set.counters {
-                let total = Quantity::parse(&counter.value.0)
-                    .map_err(|e| format!("counter {}/{name}: {e}", set.name))?
-                    .nanos();
+                let text = counter.value.0.as_str();
+                let total = if let Some(&(_, total)) = parsed.iter().find(|(t, _)| *t == text) {
+                    total
+                } else {
+                    let total = Quantity::parse(text)
+                        .map_err(|e| format!("counter {}/{name}: {e}", set.name))?
+                        .nanos();
+                    if parsed.len() < 8 {
+                        parsed.push((text, total));
+                    }
+                    total
+                };
                 if total < 0 {
                     return Err(format!(
                         "counter {}/{name} is negative ({})",
                         set.name, counter.value.0
                     ));
                 }
-                names.insert(name.as_str(), counters.len());
                 counters.push(Counter {
                     set: &set.name,
                     name,
@@ -326,8 +405,17 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
             }
         }
     }
-    let mut devices = Vec::new();
+    let total: usize = pool
+        .slices
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum();
+    let mut devices = Vec::with_capacity(total);
     let mut by_name: FastMap<&'a str, usize> = FastMap::default();
+    by_name.reserve(total);
+    // the set of the previous consumption: devices consume from the same
+    // set in runs
+    let mut last_set: Option<(&'a str, usize)> = None;
     for slice in &pool.slices {
         let per_device = per_device(slice);
         let slice_scope = slice_scope(slice);
@@ -336,17 +424,21 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
                 return Err(format!("duplicate device name {}", d.name));
             }
             for consumption in d.consumes_counters.iter().flatten() {
-                let Some(set) = counter_index.get(consumption.counter_set.as_str()) else {
-                    return Err(format!(
-                        "device {} consumes counters of unknown counter set {}",
-                        d.name, consumption.counter_set
-                    ));
+                let wanted = consumption.counter_set.as_str();
+                let set = match last_set {
+                    Some((name, i)) if name == wanted => i,
+                    _ => {
+                        let Some(&i) = set_index.get(wanted) else {
+                            return Err(format!(
+                                "device {} consumes counters of unknown counter set {}",
+                                d.name, consumption.counter_set
+                            ));
+                        };
+                        last_set = Some((&consumption.counter_set, i));
+                        i
+                    }
                 };
-                if let Some(name) = consumption
-                    .counters
-                    .keys()
-                    .find(|n| !set.contains_key(n.as_str()))
-                {
+                if let Some(name) = first_unknown(consumption.counters.keys(), sets[set].counters) {
                     return Err(format!(
                         "device {} consumes unknown counter {name} of counter set {}",
                         d.name, consumption.counter_set
@@ -369,10 +461,36 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
         invalid: None,
         devices,
         counters,
-        counter_index,
+        sets,
+        set_index,
         by_name,
         columns: Mutex::new(FastMap::default()),
     })
+}
+
+/// The first of `names` (sorted) that is not a key of `known` (sorted as
+/// well: both are `BTreeMap` keys): one merging pass.
+fn first_unknown<'n, V>(
+    names: impl Iterator<Item = &'n String>,
+    known: &BTreeMap<String, V>,
+) -> Option<&'n String> {
+    let mut known = known.keys().peekable();
+    'names: for name in names {
+        while let Some(k) = known.peek() {
+            match k.as_str().cmp(name.as_str()) {
+                Ordering::Less => {
+                    known.next();
+                }
+                Ordering::Equal => {
+                    known.next();
+                    continue 'names;
+                }
+                Ordering::Greater => return Some(name),
+            }
+        }
+        return Some(name);
+    }
+    None
 }
 
 fn read_allocated<'a>(

@@ -127,11 +127,20 @@ fn columns_are_shared_by_snapshots_with_other_claims() {
     assert!(Arc::ptr_eq(&a, &b));
     // equal values, equal ids; different values, different ids
     assert_eq!(a.len(), 2);
-    assert_ne!(a[0], a[1]);
+    let ids = |s: &Snapshot<'_>, p: usize, c: &super::snapshot::Column| -> Vec<u32> {
+        let pool = &s.pools()[p];
+        (0..c.len())
+            .map(|i| s.index.value_id(pool, pool.prepared(), c, i))
+            .collect()
+    };
+    let a_ids = ids(&first, 0, &a);
+    assert_ne!(a_ids[0], a_ids[1]);
     let other = first
         .index
         .column(&first.pools()[1], first.pools()[1].prepared(), &read);
-    assert_eq!(&a[..], &other[..]);
+    assert_eq!(a_ids, ids(&first, 1, &other));
+    // ids filled through one snapshot are seen through the other
+    assert_eq!(a_ids, ids(&second, 0, &b));
 }
 
 #[test]
@@ -149,4 +158,51 @@ fn fast_hasher_separates_nearby_keys() {
     let hashes: std::collections::HashSet<u64> = keys.iter().map(|k| build.hash_one(k)).collect();
     assert_eq!(hashes.len(), keys.len());
     assert_ne!(build.hash_one([1u32, 2]), build.hash_one([2u32, 1]));
+}
+
+/// A pool with counter set `cs` (counters `b`, `d`, `f`) and one device
+/// consuming `consumed` of it.
+fn counter_pool(consumed: &[&str]) -> ResourceSlice {
+    let counters: serde_json::Map<String, Value> = consumed
+        .iter()
+        .map(|c| ((*c).to_owned(), json!({"value": "1"})))
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": "s"},
+        "spec": {"driver": "gpu.example.com", "nodeName": "n",
+                 "pool": {"name": "p", "generation": 0, "resourceSliceCount": 1},
+                 "sharedCounters": [{"name": "cs", "counters": {
+                     "b": {"value": "2"}, "d": {"value": "2Gi"}, "f": {"value": "2"}}}],
+                 "devices": [{"name": "dev", "consumesCounters": [
+                     {"counterSet": "cs", "counters": counters}]}]}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn unknown_counters_are_found_wherever_they_sort() {
+    let reason = |consumed: &[&str]| {
+        let slices = [counter_pool(consumed)];
+        let snapshot = Snapshot::new(&slices, &[], &[]);
+        snapshot.pool_issues().into_iter().map(|i| i.reason).next()
+    };
+    assert_eq!(reason(&[]), None);
+    assert_eq!(reason(&["d"]), None);
+    assert_eq!(reason(&["b", "d", "f"]), None);
+    assert_eq!(reason(&["b", "f"]), None);
+    for (consumed, unknown) in [
+        (&["a", "b"][..], "a"),
+        (&["b", "c", "d"], "c"),
+        (&["d", "e"], "e"),
+        (&["f", "g"], "g"),
+        (&["dd"], "dd"),
+    ] {
+        assert_eq!(
+            reason(consumed),
+            Some(format!(
+                "invalid: device dev consumes unknown counter {unknown} of counter set cs"
+            )),
+            "{consumed:?}"
+        );
+    }
 }
