@@ -6,8 +6,8 @@
 //! Built on **`cel` 0.15** (cel-rust), with Kubernetes' `Quantity` and
 //! `Semver` types and the extension libraries written here. kube-cel 0.8
 //! (kube-rs) was checked first: it carries the Kubernetes libraries, but it
-//! is built on `cel` 0.13, whose interpreter still has `todo!()`/`panic!`
-//! paths (struct literals, unspecified nodes) and no typed overloads or
+//! is built on `cel` 0.13, whose interpreter still panics on unfinished
+//! paths (struct literals, unspecified nodes) and has no typed overloads or
 //! custom macros; its `KubeQuantity` type is private, so device capacities
 //! cannot be handed to expressions as quantities, and its scale arithmetic
 //! (`10i128.pow(diff)`) overflows on exponents such as `1e30` vs `1e-30`
