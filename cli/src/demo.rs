@@ -14,6 +14,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser as _;
 use gpu_dra_e2e::apiserver::{Resource, ServerOptions, TestApiServer, WriteOptions};
 use gpu_dra_e2e::kubelet::KubeletSim;
+use gpu_dra_e2e::pool;
 use gpu_kubelet_plugin::flags::Flags;
 use gpu_kubelet_plugin::grpc;
 use gpu_kubelet_plugin::plugin::Plugin;
@@ -201,7 +202,9 @@ async fn demo(
     let step = out.step("ResourceSlices", "waiting for the complete pool");
     let slices = server
         .store()
-        .wait_for(Resource::ResourceSlices, WAIT, pool_complete)
+        .wait_for(Resource::ResourceSlices, WAIT, |items| {
+            pool::complete(pool::of(items, DRIVER, NODE)).is_some()
+        })
         .await
         .map_err(|last| {
             anyhow::anyhow!(
@@ -279,29 +282,6 @@ async fn demo(
         "pool": pool,
         "cleanup": cleanup,
     }))
-}
-
-/// Whether the listed slices hold this node's complete pool: every slice of
-/// the highest generation present, as many as `resourceSliceCount`.
-fn pool_complete(slices: &[Value]) -> bool {
-    let ours: Vec<&Value> = slices
-        .iter()
-        .filter(|s| s["spec"]["driver"] == DRIVER && s["spec"]["nodeName"] == NODE)
-        .collect();
-    let Some(generation) = ours
-        .iter()
-        .filter_map(|s| s["spec"]["pool"]["generation"].as_i64())
-        .max()
-    else {
-        return false;
-    };
-    let current: Vec<&&Value> = ours
-        .iter()
-        .filter(|s| s["spec"]["pool"]["generation"].as_i64() == Some(generation))
-        .collect();
-    current.first().is_some_and(|s| {
-        s["spec"]["pool"]["resourceSliceCount"].as_u64() == Some(current.len() as u64)
-    })
 }
 
 /// One row per GPU: what NVML said, plus topology attributes as published.

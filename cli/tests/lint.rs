@@ -4,46 +4,20 @@
 //! problems exit with 2.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod common;
 
-fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name)
-}
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
+use common::{Run, data, repo};
 
 fn lint<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Run {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
-        .arg("lint")
-        .args(args)
-        .output()
-        .expect("run gpu-dra");
-    Run {
-        code: out.status.code().expect("exit status"),
-        stdout: String::from_utf8(out.stdout).unwrap(),
-        stderr: String::from_utf8(out.stderr).unwrap(),
-    }
+    common::gpu_dra("lint", args)
 }
 
 fn lint_json<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (i32, Vec<Value>) {
-    let mut all: Vec<std::ffi::OsString> = vec!["--output".into(), "json".into()];
-    all.extend(args.iter().map(|a| a.as_ref().to_owned()));
-    let run = lint(&all);
-    let entries: Value = serde_json::from_str(&run.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", run.stdout, run.stderr));
-    (run.code, entries.as_array().expect("an array").clone())
+    let (code, entries) = common::gpu_dra_json("lint", args);
+    (code, entries.as_array().expect("an array").clone())
 }
 
 /// YAML files directly in `dir`.

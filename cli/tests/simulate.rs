@@ -4,20 +4,13 @@
 //! impossible ones exit 1 with the explanation, bad input exits 2.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use gpu_dra_e2e::apiserver::{Resource, ServerOptions, TestApiServer, WriteOptions};
 use serde_json::{Value, json};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod common;
 
-fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name)
-}
+use common::{Run, data, repo};
 
 fn example(name: &str) -> PathBuf {
     repo().join("docs/examples").join(name)
@@ -26,32 +19,12 @@ fn example(name: &str) -> PathBuf {
 const PCIE: &str = "slices/pcie-a100-bridged.yaml";
 const DGX_A100: &str = "slices/dgx-a100.yaml";
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
 fn simulate<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Run {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
-        .arg("simulate")
-        .args(args)
-        .output()
-        .expect("run gpu-dra");
-    Run {
-        code: out.status.code().expect("exit status"),
-        stdout: String::from_utf8(out.stdout).unwrap(),
-        stderr: String::from_utf8(out.stderr).unwrap(),
-    }
+    common::gpu_dra("simulate", args)
 }
 
 fn simulate_json<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (i32, Value) {
-    let mut all: Vec<std::ffi::OsString> = vec!["--output".into(), "json".into()];
-    all.extend(args.iter().map(|a| a.as_ref().to_owned()));
-    let run = simulate(&all);
-    let report = serde_json::from_str(&run.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", run.stdout, run.stderr));
-    (run.code, report)
+    common::gpu_dra_json("simulate", args)
 }
 
 /// The results of the first allocation.

@@ -17,25 +17,7 @@ use serde_json::{Value, json};
 
 fn cases() -> Vec<(&'static str, Value)> {
     let classes = common::nvidia_classes();
-    let template = json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "shared-gpus", "namespace": "default"},
-        "spec": {"spec": {"devices": {
-            "requests": [
-                {"name": "ts-gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
-                {"name": "mps-gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
-            ],
-            "config": [
-                {"requests": ["ts-gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
-                    "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-                    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}}},
-                {"requests": ["mps-gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
-                    "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-                    "sharing": {"strategy": "MPS", "mpsConfig": {
-                        "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}}}}}
-            ]
-        }}}
-    });
+    let template = common::nvidia_example_template();
     let claim_with_selector = json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": "big-gpu", "namespace": "default"},

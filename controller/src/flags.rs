@@ -13,6 +13,9 @@ use std::time::Duration;
 
 pub use gpu_dra_cmdline::LogFormat;
 
+use gpu_dra_api::schema::is_dns_subdomain;
+
+use crate::lifecycle::parse_duration;
 use crate::webhook::{DEFAULT_MAX_BODY_BYTES, TlsFiles, WebhookConfig};
 
 /// All flags of `gpu-dra-controller`.
@@ -114,15 +117,7 @@ impl WebhookFlags {
 /// A DNS subdomain (RFC 1123) of at most 63 characters, the rule for DRA
 /// driver names.
 fn parse_driver_name(s: &str) -> Result<String, String> {
-    let valid_label = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if s.is_empty() || s.len() > 63 || !s.split('.').all(valid_label) {
+    if s.len() > 63 || !is_dns_subdomain(s) {
         return Err(format!(
             "invalid driver name {s:?}: must be a lowercase DNS subdomain of at most 63 characters"
         ));
@@ -130,25 +125,9 @@ fn parse_driver_name(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
-/// `<n>ms`, `<n>s`, `<n>m` or `<n>h`, between 100 ms and one hour.
+/// A duration as [`parse_duration`] reads it, between 100 ms and one hour.
 fn parse_interval(s: &str) -> Result<Duration, String> {
-    let (digits, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((s, ""), |i| s.split_at(i));
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 10s, 500ms, 1m"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => {
-            return Err(format!(
-                "invalid duration {s:?}: unit must be ms, s, m or h"
-            ));
-        }
-    };
+    let d = parse_duration(s)?;
     if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
         return Err(format!("duration {s:?} is out of range (100ms to 1h)"));
     }

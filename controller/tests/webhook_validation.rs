@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Harness, metric, review, review_with_old};
+use common::{Harness, metric, nvidia_example_template, review, review_with_old};
 use serde_json::{Value, json};
 
 fn class(name: &str, expressions: &[&str]) -> Value {
@@ -17,30 +17,6 @@ fn class(name: &str, expressions: &[&str]) -> Value {
         "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
         "metadata": {"name": name},
         "spec": {"selectors": selectors}
-    })
-}
-
-/// NVIDIA's example ResourceClaimTemplate (time-slicing and MPS).
-fn nvidia_example_template() -> Value {
-    json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "shared-gpus", "namespace": "default"},
-        "spec": {"spec": {"devices": {
-            "requests": [
-                {"name": "ts-gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
-                {"name": "mps-gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
-            ],
-            "config": [
-                {"requests": ["ts-gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
-                    "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-                    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}}},
-                {"requests": ["mps-gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
-                    "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-                    "sharing": {"strategy": "MPS", "mpsConfig": {
-                        "defaultActiveThreadPercentage": 50,
-                        "defaultPinnedDeviceMemoryLimit": "10Gi"}}}}}
-            ]
-        }}}
     })
 }
 

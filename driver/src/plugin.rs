@@ -100,7 +100,13 @@ impl Plugin {
     /// configuration). Needs a Tokio runtime.
     pub async fn start(flags: &Flags, services: grpc::Services) -> Result<PluginHandle, Error> {
         let started = Instant::now();
-        let backend = discovery::open_backend(&flags.discovery)?;
+        // Loading and initialising NVML can take seconds: off the runtime
+        // thread (the binary runs a current-thread runtime).
+        let discovery_flags = flags.discovery.clone();
+        let backend =
+            tokio::task::spawn_blocking(move || discovery::open_backend(&discovery_flags))
+                .await
+                .map_err(|e| discovery::Error::Task(e.to_string()))??;
         tracing::info!(elapsed_us = micros(started), "NVML loaded");
         let client = kube_client(flags.kubeconfig.as_deref()).await?;
         tracing::info!(elapsed_us = micros(started), "Kubernetes client ready");

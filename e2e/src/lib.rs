@@ -1,4 +1,6 @@
-//! End-to-end test support: the kubelet simulator and the test API server.
+//! End-to-end test support: the kubelet simulator, the test API server and
+//! the pool-completeness check.
 
 pub mod apiserver;
 pub mod kubelet;
+pub mod pool;

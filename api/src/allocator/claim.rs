@@ -413,16 +413,13 @@ pub(crate) fn plan(
                 ));
             }
         };
-        let (domain, id) = match attribute.split_once('/') {
-            Some((d, i)) if !d.is_empty() && !i.is_empty() && !i.contains('/') => (d, i),
-            _ => {
-                return Err(invalid(
-                    format!("{field}.{afield}"),
-                    format!(
-                        "{attribute:?} is not a fully qualified attribute name (<domain>/<id>)"
-                    ),
-                ));
-            }
+        // with an empty driver domain, a name without a domain is refused
+        // like one with an empty domain: only `<domain>/<id>` passes
+        let Ok((domain, id)) = split_qualified_name("", attribute) else {
+            return Err(invalid(
+                format!("{field}.{afield}"),
+                format!("{attribute:?} is not a fully qualified attribute name (<domain>/<id>)"),
+            ));
         };
         let names = c.requests.clone().unwrap_or_default();
         for (i, n) in names.iter().enumerate() {

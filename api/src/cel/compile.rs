@@ -12,7 +12,7 @@ use cel::common::ast::{EntryExpr, Expr, IdedExpr, SourceInfo};
 
 use super::cost::{self, Instrumenter, Limits};
 use super::library::{self, TYPE_NAMES};
-use super::{CompileError, Position, panic_message};
+use super::{CompileError, Position, caret_snippet, panic_message};
 
 /// Stack of the thread that parses and checks. The generated parser
 /// recurses deeply: its deepest accepted input (95 nested parentheses) needs
@@ -91,8 +91,7 @@ fn locate(source: &str, offset: usize) -> (Position, String) {
             column += 1;
         }
     }
-    let snippet = format!("\n | {line_text}\n | {}^", ".".repeat(column - 1));
-    (Position { line, column }, snippet)
+    (Position { line, column }, caret_snippet(line_text, column))
 }
 
 /// Counters of the selector cache.

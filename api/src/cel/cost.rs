@@ -7,7 +7,8 @@ use std::cell::Cell;
 
 use cel::ExecutionError;
 use cel::common::ast::{
-    CallExpr, ComprehensionExpr, EntryExpr, Expr, IdedExpr, ListExpr, LiteralValue, operators,
+    CallExpr, ComprehensionExpr, EntryExpr, Expr, IdedExpr, ListExpr, LiteralValue, MapExpr,
+    StructExpr, operators,
 };
 use cel::common::types::{CelBytes, CelInt, CelString, Kind};
 use cel::common::value::{CowVal, Val};
@@ -177,16 +178,7 @@ pub(crate) fn children(e: &IdedExpr) -> Vec<&IdedExpr> {
             &c.result,
         ],
         Expr::List(list) => list.elements.iter().collect(),
-        Expr::Map(map) => map
-            .entries
-            .iter()
-            .flat_map(|entry| match &entry.expr {
-                EntryExpr::MapEntry(m) => vec![&m.key, &m.value],
-                EntryExpr::StructField(f) => vec![&f.value],
-            })
-            .collect(),
-        Expr::Struct(s) => s
-            .entries
+        Expr::Map(MapExpr { entries }) | Expr::Struct(StructExpr { entries, .. }) => entries
             .iter()
             .flat_map(|entry| match &entry.expr {
                 EntryExpr::MapEntry(m) => vec![&m.key, &m.value],

@@ -109,6 +109,25 @@ pub fn split_qualified_name<'a>(
     Ok((domain, id))
 }
 
+/// Inserts `value` under the domain and id of `name`, unless already there.
+fn insert_new<V>(
+    map: &mut BTreeMap<String, BTreeMap<String, V>>,
+    driver: &str,
+    name: &str,
+    value: V,
+) -> Result<(), DeviceError> {
+    let (domain, id) = split_qualified_name(driver, name)?;
+    let entries = map.entry(domain.to_owned()).or_default();
+    if entries.contains_key(id) {
+        return Err(DeviceError::Duplicate {
+            domain: domain.to_owned(),
+            id: id.to_owned(),
+        });
+    }
+    entries.insert(id.to_owned(), value);
+    Ok(())
+}
+
 impl CelDevice {
     /// A device of `driver` without attributes or capacities.
     pub fn new(driver: impl Into<String>) -> Self {
@@ -120,30 +139,12 @@ impl CelDevice {
 
     /// Adds an attribute by its ResourceSlice name, qualified or not.
     pub fn add_attribute(&mut self, name: &str, value: AttrValue) -> Result<(), DeviceError> {
-        let (domain, id) = split_qualified_name(&self.driver, name)?;
-        let entries = self.attributes.entry(domain.to_owned()).or_default();
-        if entries.contains_key(id) {
-            return Err(DeviceError::Duplicate {
-                domain: domain.to_owned(),
-                id: id.to_owned(),
-            });
-        }
-        entries.insert(id.to_owned(), value);
-        Ok(())
+        insert_new(&mut self.attributes, &self.driver, name, value)
     }
 
     /// Adds a capacity by its ResourceSlice name, qualified or not.
     pub fn add_capacity(&mut self, name: &str, value: Quantity) -> Result<(), DeviceError> {
-        let (domain, id) = split_qualified_name(&self.driver, name)?;
-        let entries = self.capacity.entry(domain.to_owned()).or_default();
-        if entries.contains_key(id) {
-            return Err(DeviceError::Duplicate {
-                domain: domain.to_owned(),
-                id: id.to_owned(),
-            });
-        }
-        entries.insert(id.to_owned(), value);
-        Ok(())
+        insert_new(&mut self.capacity, &self.driver, name, value)
     }
 
     /// The CEL value of the device.

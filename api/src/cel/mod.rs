@@ -83,6 +83,7 @@ mod eval;
 mod library;
 mod values;
 
+pub(crate) use cost::children;
 pub(crate) use library::function_names;
 
 #[cfg(test)]
@@ -102,6 +103,12 @@ pub struct Position {
     pub line: usize,
     /// Column in characters, from 1.
     pub column: usize,
+}
+
+/// `line` of a source with a caret under `column` (1-based): the snippet
+/// that errors and findings show.
+pub(crate) fn caret_snippet(line: &str, column: usize) -> String {
+    format!("\n | {line}\n | {}^", ".".repeat(column.saturating_sub(1)))
 }
 
 impl fmt::Display for Position {

@@ -58,6 +58,16 @@ impl Request {
     fn ours(&self) -> bool {
         self.info.is_some_and(|i| i.ours)
     }
+
+    /// Whether `name` names it: its own name, or (for a sub-request) its
+    /// main request's.
+    fn named(&self, name: &str) -> bool {
+        self.name == name
+            || self
+                .name
+                .split_once('/')
+                .is_some_and(|(main, _)| main == name)
+    }
 }
 
 struct Walk<'a> {
@@ -652,13 +662,7 @@ impl Walk<'_> {
             // those named (a request name covers its sub-requests)
             let targets: Vec<(String, DeviceSet)> = our_requests
                 .iter()
-                .filter(|r| {
-                    names.is_empty()
-                        || names.iter().any(|n| {
-                            r.name == *n
-                                || r.name.split_once('/').is_some_and(|(main, _)| main == n)
-                        })
-                })
+                .filter(|r| names.is_empty() || names.iter().any(|n| r.named(n)))
                 .map(|r| (format!("request `{}`", r.name), r.reach))
                 .collect();
             let classes: HashMap<String, String> = our_requests
@@ -679,12 +683,7 @@ impl Walk<'_> {
             self.config_kind(kind, &parameters_path, &targets, Some(&class_of));
             // named requests that get no device of this driver
             for name in &names {
-                let named: Vec<&Request> = requests
-                    .iter()
-                    .filter(|r| {
-                        r.name == *name || r.name.split_once('/').is_some_and(|(m, _)| m == name)
-                    })
-                    .collect();
+                let named: Vec<&Request> = requests.iter().filter(|r| r.named(name)).collect();
                 if !named.is_empty() && named.iter().all(|r| r.info.is_some_and(|i| !i.ours)) {
                     self.push(
                         Check::RequestReference,
@@ -802,12 +801,7 @@ impl Walk<'_> {
             let applies: Vec<&Request> = requests
                 .iter()
                 .filter(|r| r.ours())
-                .filter(|r| {
-                    names.is_empty()
-                        || names.iter().any(|n| {
-                            r.name == *n || r.name.split_once('/').is_some_and(|(m, _)| m == n)
-                        })
-                })
+                .filter(|r| names.is_empty() || names.iter().any(|n| r.named(n)))
                 .collect();
             if applies.is_empty() || (domain != driver && domain != crate::schema::STANDARD_DOMAIN)
             {

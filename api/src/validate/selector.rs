@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use super::analysis;
 use super::suggest::closest;
 use super::{Check, DeviceSet, Diagnostic, Finding, SelectorAnalysis, Severity, Validator};
-use crate::cel::{CompileError, Position};
+use crate::cel::{CompileError, Position, caret_snippet};
 
 /// Names from other languages and libraries, and what CEL calls them.
 const ALIASES: &[(&str, &str)] = &[
@@ -194,8 +194,5 @@ fn snippet(expression: &str, position: Position) -> String {
         .split('\n')
         .nth(position.line.saturating_sub(1))
         .unwrap_or("");
-    format!(
-        "\n | {line}\n | {}^",
-        ".".repeat(position.column.saturating_sub(1))
-    )
+    caret_snippet(line, position.column)
 }

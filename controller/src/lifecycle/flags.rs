@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use gpu_dra_api::schema::{is_dns_label, is_dns_subdomain};
+
 use super::Error;
 use super::claims::ClaimSettings;
 use super::gc::GcSettings;
@@ -199,7 +201,8 @@ fn default_identity() -> String {
     format!("{host}_{suffix:08x}")
 }
 
-/// `0`, or `<n>ms`, `<n>s`, `<n>m`, `<n>h`, at most 24 hours.
+/// `0`, or `<n>ms`, `<n>s`, `<n>m`, `<n>h`, at most 24 hours: the one
+/// duration syntax of the controller's flags (the webhook's narrow it).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if s == "0" {
@@ -238,15 +241,6 @@ pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
 fn parse_dns_label(s: &str) -> Result<String, String> {
     if is_dns_label(s) {
         Ok(s.to_owned())
@@ -258,7 +252,7 @@ fn parse_dns_label(s: &str) -> Result<String, String> {
 }
 
 fn parse_dns_subdomain(s: &str) -> Result<String, String> {
-    if s.len() <= 253 && s.split('.').all(is_dns_label) {
+    if is_dns_subdomain(s) {
         Ok(s.to_owned())
     } else {
         Err(format!(

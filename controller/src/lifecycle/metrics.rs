@@ -190,8 +190,8 @@ mod tests {
     #[test]
     fn registered_metrics_are_encoded_with_their_prefixes() {
         let metrics = Metrics::new();
-        let mut registry = Registry::with_prefix("gpu_dra_controller");
-        metrics.register(&mut registry);
+        let registry = crate::metrics::SharedRegistry::new();
+        registry.register(|r| metrics.register(r));
         metrics.reconciled(Outcome::Unallocatable);
         metrics.reconciled(Outcome::Unallocatable);
         metrics
@@ -203,8 +203,7 @@ mod tests {
         metrics.unallocatable_claims.set(3);
         metrics.gc_slices_deleted.inc();
         metrics.leader.set(1);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let text = registry.encode();
         for line in [
             "gpu_dra_controller_lifecycle_reconciles_total{result=\"unallocatable\"} 2",
             "gpu_dra_controller_lifecycle_events_total{reason=\"Unallocatable\"} 1",

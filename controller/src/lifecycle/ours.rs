@@ -2,8 +2,13 @@
 //! CEL selectors tests `device.driver == "<driver>"` or reads the driver's
 //! attribute or capacity domain (`device.attributes["<driver>"]`), or when
 //! it carries an opaque config for the driver; a claim is ours when one of
-//! its requests (or sub-requests) names such a class. This is the notion
-//! `gpu_dra_api::validate` applies for the webhook.
+//! its requests (or sub-requests) names such a class.
+//!
+//! This is close to, but deliberately not, `gpu_dra_api::validate`'s
+//! `Report::ours` (the webhook's notion): that one also counts
+//! `device.driver != '<driver>'`, misspelt domains (`gpu.nvida.com`) and
+//! claim-level opaque configs as ours, and has no "class not there yet"
+//! answer ([`ClaimOwnership::Unknown`], which the lifecycle waits on).
 //!
 //! The selector test is textual (whitespace-insensitive): it never has to
 //! evaluate CEL, and a class that merely mentions another driver is not

@@ -118,6 +118,30 @@ pub fn nvidia_classes() -> Vec<Value> {
     ]
 }
 
+/// NVIDIA's example ResourceClaimTemplate (time-slicing and MPS).
+pub fn nvidia_example_template() -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "shared-gpus", "namespace": "default"},
+        "spec": {"spec": {"devices": {
+            "requests": [
+                {"name": "ts-gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+                {"name": "mps-gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+            ],
+            "config": [
+                {"requests": ["ts-gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
+                    "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}}},
+                {"requests": ["mps-gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
+                    "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                    "sharing": {"strategy": "MPS", "mpsConfig": {
+                        "defaultActiveThreadPercentage": 50,
+                        "defaultPinnedDeviceMemoryLimit": "10Gi"}}}}}
+            ]
+        }}}
+    })
+}
+
 /// A running webhook with its certificate directory and client.
 pub struct Harness {
     pub server: WebhookServer,

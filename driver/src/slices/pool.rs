@@ -46,13 +46,6 @@ pub struct PoolOwner {
     pub node_uid: String,
 }
 
-impl PoolOwner {
-    /// The field selector matching this pool's slices.
-    pub fn field_selector(&self) -> String {
-        field_selector(&self.node, &self.driver)
-    }
-}
-
 /// The field selector of a node's slices of a driver.
 pub fn field_selector(node: &str, driver: &str) -> String {
     format!("spec.nodeName={node},spec.driver={driver}")
@@ -386,29 +379,29 @@ fn adoptable(desired: &[Wanted], observed: &BTreeMap<&str, &Observed>) -> Option
         .then_some(generation)
 }
 
-/// Records that applying `applied` returned `resource_version` (`None`:
-/// the answer had none, so nothing is remembered).
+/// Records that applying the desired slice `applied` (its summary; its
+/// digest is not computed again) at `generation` returned
+/// `resource_version` (`None`: the answer had none, so nothing is
+/// remembered).
 pub fn record_write(
     state: &mut PoolState,
-    applied: &ResourceSlice,
+    applied: &Wanted,
+    generation: i64,
     resource_version: Option<String>,
 ) {
-    let Some(name) = applied.metadata.name.clone() else {
-        return;
-    };
     match resource_version {
         Some(resource_version) => {
             state.written.insert(
-                name,
+                applied.name.clone(),
                 Written {
                     resource_version,
-                    generation: applied.spec.pool.generation,
-                    content: comparable(applied),
+                    generation,
+                    content: applied.content,
                 },
             );
         }
         None => {
-            state.written.remove(&name);
+            state.written.remove(&applied.name);
         }
     }
 }

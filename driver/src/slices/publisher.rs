@@ -5,8 +5,9 @@
 //! spec.driver=<driver>`) and reconciles after every change it sees (debounced
 //! by a few milliseconds), after every new inventory or taint set, and every
 //! few minutes as a safety net. A reconcile reads the Node (its UID is the
-//! slices' owner), lists the pool's slices while it builds the desired ones
-//! from the latest inventory, and writes only what differs
+//! slices' owner) and lists the pool's slices at once, builds the desired
+//! ones from the latest inventory unless they are unchanged and still held
+//! by the server, and writes only what differs
 //! ([`super::pool::plan`]), with server-side apply: wave by wave, the writes
 //! of a wave concurrently (at most [`CONCURRENT_WRITES`]), so counter-set
 //! slices exist before the device slices that consume them and deletions
@@ -453,7 +454,8 @@ impl Reconciler {
         inventory: &watch::Receiver<Inventory>,
         taints: Option<&watch::Receiver<BTreeMap<String, Vec<Taint>>>>,
     ) -> Result<(), PublishError> {
-        // The rules (once) and the Node's UID, in one round trip.
+        // The rules (once), the Node's UID and the pool's slices, in one
+        // round trip; an error is reported in that order.
         let node_uid = async {
             wire::node_uid(&self.client, &self.node)
                 .await
@@ -461,7 +463,12 @@ impl Reconciler {
                 .filter(|u| !u.is_empty())
                 .ok_or_else(|| PublishError::NodeWithoutUid(self.node.clone()))
         };
-        let (rules, node_uid) = tokio::try_join!(server_rules(&self.client, self.rules), node_uid)?;
+        let (rules, node_uid, observed) = tokio::join!(
+            server_rules(&self.client, self.rules),
+            node_uid,
+            self.list()
+        );
+        let (rules, node_uid, observed) = (rules?, node_uid?, observed?);
         if self.rules.is_none() {
             self.rules = Some(rules);
             self.status.send_modify(|s| s.rules = Some(rules));
@@ -472,25 +479,20 @@ impl Reconciler {
         let current = self.published.as_ref().filter(|p| {
             p.inputs_version == self.inputs_version && p.node_uid == node_uid && p.rules == rules
         });
-        let listed = match current {
-            Some(published) => {
-                let observed = self.list().await?;
-                let mut trial = self.state.clone();
-                let plan = pool::plan_wanted(&published.wanted, &observed, &mut trial);
-                if plan.is_empty() {
-                    self.state = trial;
-                    let (slices, devices) = (published.wanted.len(), published.devices);
-                    self.mark_in_sync(plan.generation, slices, devices);
-                    return Ok(());
-                }
-                Some(observed)
+        if let Some(published) = current {
+            let mut trial = self.state.clone();
+            let plan = pool::plan_wanted(&published.wanted, &observed, &mut trial);
+            if plan.is_empty() {
+                self.state = trial;
+                let (slices, devices) = (published.wanted.len(), published.devices);
+                self.mark_in_sync(plan.generation, slices, devices);
+                return Ok(());
             }
-            None => None,
-        };
+        }
 
-        // Build the desired pool (while listing the server's, unless done).
+        // Build the desired pool.
         let inputs_version = self.inputs_version;
-        let build = || {
+        let (mut desired, notes) = {
             let taints = taints.map(|t| t.borrow().clone()).unwrap_or_default();
             let inventory = inventory.borrow();
             build(
@@ -505,14 +507,9 @@ impl Reconciler {
                 },
             )
         };
-        let (observed, (mut desired, notes)) = if let Some(observed) = listed {
-            (Ok(observed), build())
-        } else {
-            tokio::join!(self.list(), async { build() })
-        };
         self.log_notes(notes);
         let wanted: Vec<pool::Wanted> = desired.slices.iter().map(pool::Wanted::of).collect();
-        let plan = pool::plan_wanted(&wanted, &observed?, &mut self.state);
+        let plan = pool::plan_wanted(&wanted, &observed, &mut self.state);
         for slice in &mut desired.slices {
             slice.spec.pool.generation = plan.generation;
         }
@@ -530,7 +527,7 @@ impl Reconciler {
         // Forget the last publication until this one is written.
         self.published = None;
         for wave in &plan.waves {
-            self.write_wave(wave, &desired.slices).await?;
+            self.write_wave(wave, &desired.slices, &wanted).await?;
         }
         self.published = Some(Published {
             inputs_version,
@@ -568,6 +565,7 @@ impl Reconciler {
         &mut self,
         wave: &[pool::Op],
         desired: &[ResourceSlice],
+        wanted: &[pool::Wanted],
     ) -> Result<(), PublishError> {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let writes: Vec<_> = wave
@@ -582,7 +580,8 @@ impl Reconciler {
         for (op, result) in wave.iter().zip(results) {
             match (op, result) {
                 (pool::Op::Apply(i), Ok(resource_version)) => {
-                    pool::record_write(&mut self.state, &desired[*i], resource_version);
+                    let generation = desired[*i].spec.pool.generation;
+                    pool::record_write(&mut self.state, &wanted[*i], generation, resource_version);
                 }
                 (pool::Op::Delete(name), Ok(_)) => pool::record_delete(&mut self.state, name),
                 (_, Err(e)) => {

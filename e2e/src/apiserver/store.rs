@@ -203,6 +203,16 @@ const SERVER_MANAGED_ON_CREATE: [&str; 5] = [
     "selfLink",
 ];
 
+impl State {
+    /// A copy of the object stored under `key`, or a 404 Status error.
+    fn existing(&self, key: &ObjectKey) -> Result<Value, ApiError> {
+        self.objects
+            .get(key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(key.resource, &key.name))
+    }
+}
+
 fn key_of(resource: Resource, namespace: &str, name: &str) -> ObjectKey {
     ObjectKey {
         resource,
@@ -360,12 +370,8 @@ impl Store {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Value, ApiError> {
-        let key = key_of(resource, namespace.unwrap_or(""), name);
         self.lock()
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(resource, name))
+            .existing(&key_of(resource, namespace.unwrap_or(""), name))
     }
 
     /// All objects of a resource (in one namespace, or all when `None`) that match the
@@ -628,11 +634,7 @@ impl Store {
             return Err(ApiError::unknown_path());
         }
         let key = key_of(resource, namespace.unwrap_or(""), name);
-        let old = st
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(resource, name))?;
+        let old = st.existing(&key)?;
         check_type(resource, &mut body)?;
         let old_rv = meta::resource_version(&old);
         let body_rv = meta::resource_version(&body);
@@ -909,11 +911,7 @@ impl Store {
     ) -> Result<Value, ApiError> {
         let mut st = self.lock();
         let key = key_of(resource, namespace.unwrap_or(""), name);
-        let old = st
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(resource, name))?;
+        let old = st.existing(&key)?;
         if let Some(uid) = opts.uid.as_deref().filter(|u| *u != meta::uid(&old)) {
             return Err(ApiError::precondition_failed(
                 resource,

@@ -515,23 +515,9 @@ fn store_work(slices: &[Value]) -> anyhow::Result<f64> {
 /// complete pool: all at the highest generation, as many as their
 /// `resourceSliceCount`.
 fn complete_pool(items: &[Value]) -> Option<(usize, usize)> {
-    let pool: Vec<&Value> = items
-        .iter()
-        .filter(|s| s["spec"]["nodeName"] == NODE)
-        .collect();
-    let generation = pool
-        .iter()
-        .filter_map(|s| s["spec"]["pool"]["generation"].as_i64())
-        .max()?;
-    let complete = pool.iter().all(|s| {
-        s["spec"]["pool"]["generation"] == generation
-            && s["spec"]["pool"]["resourceSliceCount"].as_u64() == Some(pool.len() as u64)
-    });
-    let devices = pool
-        .iter()
-        .map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len))
-        .sum();
-    complete.then_some((pool.len(), devices))
+    gpu_dra_e2e::pool::complete(items.iter().filter(|s| s["spec"]["nodeName"] == NODE))
+        .filter(|p| p.stale == 0)
+        .map(|p| (p.slices, p.devices))
 }
 
 /// Milliseconds from `wall0` to each of [`MILESTONES`] in a JSON log.

@@ -92,6 +92,40 @@ pub struct Plugin {
     call_timeout: Duration,
 }
 
+/// The body of [`Plugin::watch_health`] for one health API version: the
+/// versions' messages share their shape but not their Rust types.
+macro_rules! health_stream {
+    ($api:ident, $channel:expr, $rpc:expr) => {{
+        let rpc = $rpc;
+        let mut c =
+            $api::dra_resource_health_client::DraResourceHealthClient::new($channel.clone());
+        let stream = c
+            .node_watch_resources($api::NodeWatchResourcesRequest {})
+            .await
+            .map_err(rpc)?
+            .into_inner();
+        Ok(Box::pin(stream.map(move |m| {
+            m.map_err(rpc).map(|m| {
+                m.devices
+                    .into_iter()
+                    .map(|d| {
+                        let id = d.device.unwrap_or_default();
+                        DeviceHealth {
+                            pool_name: id.pool_name,
+                            device_name: id.device_name,
+                            health: $api::HealthStatus::try_from(d.health)
+                                .map_or_else(|_| d.health.to_string(), |h| format!("{h:?}")),
+                            last_updated_time: d.last_updated_time,
+                            health_check_timeout_seconds: d.health_check_timeout_seconds,
+                            message: d.message,
+                        }
+                    })
+                    .collect()
+            })
+        })))
+    }};
+}
+
 impl Plugin {
     pub(crate) fn new(
         info: PluginInfo,
@@ -255,71 +289,8 @@ impl Plugin {
                 "plugin {} serves no health version this kubelet knows",
                 self.name
             ))),
-            Some(HealthVersion::V1alpha1) => {
-                let mut c =
-                    health_v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(
-                        self.channel.clone(),
-                    );
-                let stream = c
-                    .node_watch_resources(health_v1alpha1::NodeWatchResourcesRequest {})
-                    .await
-                    .map_err(rpc)?
-                    .into_inner();
-                Ok(Box::pin(stream.map(move |m| {
-                    m.map_err(rpc).map(|m| {
-                        m.devices
-                            .into_iter()
-                            .map(|d| {
-                                let id = d.device.unwrap_or_default();
-                                DeviceHealth {
-                                    pool_name: id.pool_name,
-                                    device_name: id.device_name,
-                                    health: health_v1alpha1::HealthStatus::try_from(d.health)
-                                        .map_or_else(
-                                            |_| d.health.to_string(),
-                                            |h| format!("{h:?}"),
-                                        ),
-                                    last_updated_time: d.last_updated_time,
-                                    health_check_timeout_seconds: d.health_check_timeout_seconds,
-                                    message: d.message,
-                                }
-                            })
-                            .collect()
-                    })
-                })))
-            }
-            Some(HealthVersion::V1) => {
-                let mut c = health_v1::dra_resource_health_client::DraResourceHealthClient::new(
-                    self.channel.clone(),
-                );
-                let stream = c
-                    .node_watch_resources(health_v1::NodeWatchResourcesRequest {})
-                    .await
-                    .map_err(rpc)?
-                    .into_inner();
-                Ok(Box::pin(stream.map(move |m| {
-                    m.map_err(rpc).map(|m| {
-                        m.devices
-                            .into_iter()
-                            .map(|d| {
-                                let id = d.device.unwrap_or_default();
-                                DeviceHealth {
-                                    pool_name: id.pool_name,
-                                    device_name: id.device_name,
-                                    health: health_v1::HealthStatus::try_from(d.health)
-                                        .map_or_else(
-                                            |_| d.health.to_string(),
-                                            |h| format!("{h:?}"),
-                                        ),
-                                    last_updated_time: d.last_updated_time,
-                                    health_check_timeout_seconds: d.health_check_timeout_seconds,
-                                    message: d.message,
-                                }
-                            })
-                            .collect()
-                    })
-                })))
-            }
+            Some(HealthVersion::V1alpha1) => health_stream!(health_v1alpha1, self.channel, rpc),
+            Some(HealthVersion::V1) => health_stream!(health_v1, self.channel, rpc),
         }
     }
 

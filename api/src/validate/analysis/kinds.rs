@@ -11,9 +11,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
-use cel::common::ast::{
-    CallExpr, ComprehensionExpr, EntryExpr, Expr, IdedExpr, LiteralValue, operators,
-};
+use cel::common::ast::{CallExpr, ComprehensionExpr, Expr, IdedExpr, LiteralValue, operators};
 
 use super::refs::{Access, Dom, Fact, Read, Ref, field, read_text};
 use super::types::{is_bind, literal_str};
@@ -803,15 +801,7 @@ impl Pass<'_> {
 /// The elements of a list or the keys and values of a map.
 fn children(e: &IdedExpr) -> Vec<&IdedExpr> {
     match &e.expr {
-        Expr::List(list) => list.elements.iter().collect(),
-        Expr::Map(map) => map
-            .entries
-            .iter()
-            .flat_map(|entry| match &entry.expr {
-                EntryExpr::MapEntry(m) => vec![&m.key, &m.value],
-                EntryExpr::StructField(f) => vec![&f.value],
-            })
-            .collect(),
+        Expr::List(_) | Expr::Map(_) => crate::cel::children(e),
         _ => Vec::new(),
     }
 }

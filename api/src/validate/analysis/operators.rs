@@ -60,8 +60,11 @@ impl Analysis<'_> {
         tb: &Ty,
     ) {
         self.note_type_value(e, op, a, b);
+        // Only `device.driver == '<driver>'` claims our devices: a class
+        // that says `!=` is about other drivers' devices, and is not ours.
         for (driver, literal) in [(a, b), (b, a)] {
-            if matches!(self.refs.get(&driver.id), Some(Ref::Driver))
+            if op == operators::EQUALS
+                && matches!(self.refs.get(&driver.id), Some(Ref::Driver))
                 && literal_str(literal) == Some(self.driver)
             {
                 self.mentions_driver = true;

@@ -67,30 +67,7 @@ fn validate_uid(uid: &str) -> Result<(), ClaimError> {
     Ok(())
 }
 
-fn alnum_edges(s: &str) -> bool {
-    let b = s.as_bytes();
-    b.first().is_some_and(u8::is_ascii_alphanumeric)
-        && b.last().is_some_and(u8::is_ascii_alphanumeric)
-}
-
-/// RFC 1123 label: what Kubernetes requires of namespaces.
-pub fn is_dns_label(s: &str) -> bool {
-    s.len() <= 63
-        && alnum_edges(s)
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-}
-
-/// RFC 1123 subdomain: what Kubernetes requires of most object names.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253
-        && s.split('.').all(|label| {
-            alnum_edges(label)
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        })
-}
+pub use gpu_dra_api::schema::{is_dns_label, is_dns_subdomain};
 
 #[cfg(test)]
 mod tests {

@@ -52,7 +52,7 @@ impl Store {
                 Op::Apply(i) => {
                     let s = &desired[*i];
                     let rv = self.put(s.clone());
-                    record_write(state, s, Some(rv));
+                    record_write(state, &Wanted::of(s), s.spec.pool.generation, Some(rv));
                 }
                 Op::Delete(name) => {
                     self.objects.remove(name);
@@ -425,7 +425,7 @@ fn the_state_keeps_digests_not_copies() {
     record_delete(&mut state, "node-a-gpu.nvidia.com-1");
     assert!(!state.written.contains_key("node-a-gpu.nvidia.com-1"));
     // An answer without a resourceVersion forgets it too.
-    record_write(&mut state, &want[2], None);
+    record_write(&mut state, &Wanted::of(&want[2]), 0, None);
     assert!(!state.written.contains_key("node-a-gpu.nvidia.com-2"));
 }
 
