@@ -9,9 +9,11 @@
 # plain manifests) and kustomization files. Fails on any invalid manifest,
 # on an object whose kind has no schema (it would go unchecked), and when
 # nothing was found to check. The engine's own checks (`gpu-dra lint`) run
-# in `cargo test -p gpu-dra` (cli/tests/lint.rs).
+# in `cargo test -p gpu-dra` (cli/tests/lint.rs). Without arguments it then
+# runs hack/validate-chart.sh: `helm lint` of the chart and the same schema
+# check of everything it renders (needs helm-python-sdk, see that script).
 #
-# Usage: hack/validate-manifests.sh [FILE|DIR...]   (default: the dirs above)
+# Usage: hack/validate-manifests.sh [FILE|DIR...]   (default: the dirs above, then the chart)
 # Env:   K8S_VERSION (default 1.37.0), PYTHON (default python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,6 +71,36 @@ for root in "${roots[@]}"; do
     done < <(find "$root" -type f \( -name '*.yaml' -o -name '*.yml' \) | sort)
 done
 
+# Without arguments, also the YAML examples of the docs (README.md and
+# docs/**/*.md): every ```yaml block not marked with a `<!-- lint: ... -->`
+# comment (marked ones are fragments or deliberate mistakes; all of them are
+# linted by cli/tests/docs_examples.rs), one file per block, named after its
+# Markdown file and line.
+if [ "$#" -eq 0 ]; then
+    docs_dir="$(mktemp -d)"
+    trap 'rm -rf "$docs_dir"' EXIT
+    while IFS= read -r md; do
+        awk -v out="$docs_dir" -v md="$md" '
+            /^[ \t]*```/ {
+                if (inside) { inside = 0; if (keep) close(file); prev = $0; next }
+                inside = 1; keep = 0
+                if ($0 ~ /^[ \t]*```ya?ml[ \t]*$/ && prev !~ /^[ \t]*<!-- lint/) {
+                    keep = 1; indent = match($0, /[^ \t]/) - 1
+                    name = md; gsub("/", "__", name)
+                    file = out "/" name "-L" (NR + 1) ".yaml"
+                    printf "" > file
+                }
+                next
+            }
+            inside { if (keep) print substr($0, indent + 1) > file; next }
+            /[^ \t]/ { prev = $0 }
+        ' "$md"
+    done < <({ [ -f README.md ] && echo README.md; [ -d docs ] && find docs -name '*.md' -type f | sort; } || true)
+    while IFS= read -r file; do
+        files+=("$file")
+    done < <(find "$docs_dir" -type f -name '*.yaml' | sort)
+fi
+
 if [ "${#files[@]}" -eq 0 ]; then
     echo "error: no manifests found under: ${roots[*]}" >&2
     exit 1
@@ -92,3 +124,8 @@ if [ "$passed" -eq 0 ]; then
     exit 1
 fi
 echo "ok: $passed objects in ${#files[@]} files are valid Kubernetes $K8S_VERSION manifests"
+
+if [ "$#" -eq 0 ]; then
+    echo "helm chart: lint and rendered manifests (hack/validate-chart.sh):"
+    K8S_VERSION="$K8S_VERSION" PYTHON="$PYTHON" hack/validate-chart.sh
+fi

@@ -18,6 +18,13 @@
 //!   MIG off just the full GPU. Existing MIG devices are not published
 //!   separately in dynamic mode: they are placements, with the same names.
 //!
+//! Memory-fraction sharing (`--memory-sharing`, [`sharing`]): a shared GPU is
+//! published as its full GPU only (no MIG devices or placements, even with
+//! dynamic MIG), with `allowMultipleAllocations` and a request policy on its
+//! `memory` capacity ([`Device::memory_sharing`]). A GPU that cannot be used
+//! whole (MIG mode on, and not switchable under dynamic MIG) is published as
+//! usual, with a note.
+//!
 //! Every attribute goes through [`gpu_dra_api::schema::DeviceAttributes`], so
 //! nothing outside the schema table is ever published.
 //!
@@ -29,6 +36,7 @@ mod mig;
 mod nvlink;
 
 pub mod k8s;
+pub mod sharing;
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -39,6 +47,7 @@ use crate::discovery::{DiscoveredGpu, Inventory};
 
 pub use mig::{device_name as mig_device_name, profile_label};
 pub use nvlink::{domain_id, nvlink_domains};
+pub use sharing::{GpuSelector, MemoryRequestPolicy, MemorySharing};
 
 /// The devices of one node, grouped by physical GPU, in inventory order.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -77,6 +86,11 @@ pub struct Device {
     pub consumes: Option<CounterConsumption>,
     /// Taints (from health checks); empty when healthy.
     pub taints: Vec<Taint>,
+    /// Set when the device is shared by memory fraction: it is published
+    /// with `allowMultipleAllocations`, and each allocation consumes part of
+    /// its `memory` capacity per this policy (the claim's
+    /// `consumedCapacity`). Only full GPUs are ever shared.
+    pub memory_sharing: Option<MemoryRequestPolicy>,
 }
 
 /// A named set of shared counters (`gpu-<minor>-counter-set`).
@@ -246,6 +260,19 @@ pub enum Note {
         /// Why.
         reason: String,
     },
+    /// Memory sharing was asked for this GPU, but it is published unshared.
+    MemorySharingUnavailable {
+        /// GPU UUID.
+        gpu: String,
+        /// Why.
+        reason: String,
+    },
+    /// `--memory-sharing` names a GPU the node does not have (or that is
+    /// not published).
+    MemorySharingUnmatched {
+        /// The index or UUID as given.
+        selector: String,
+    },
 }
 
 impl fmt::Display for Note {
@@ -302,6 +329,13 @@ impl fmt::Display for Note {
             Self::DynamicMigUnavailable { gpu, reason } => {
                 write!(f, "GPU {gpu}: published without dynamic MIG: {reason}")
             }
+            Self::MemorySharingUnavailable { gpu, reason } => {
+                write!(f, "GPU {gpu}: published without memory sharing: {reason}")
+            }
+            Self::MemorySharingUnmatched { selector } => write!(
+                f,
+                "--memory-sharing names GPU {selector}, which this node does not publish"
+            ),
         }
     }
 }
@@ -334,12 +368,14 @@ impl Default for GroupLimits {
 }
 
 /// How to build the model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct BuildOptions {
     /// Publish MIG profile x placements as partitionable devices.
     pub dynamic_mig: bool,
     /// Limits a dynamic-MIG GPU must fit in.
     pub group_limits: GroupLimits,
+    /// The GPUs shared by memory fraction.
+    pub memory_sharing: MemorySharing,
 }
 
 impl DeviceModel {
@@ -371,6 +407,12 @@ impl DeviceModel {
                 .collect::<Vec<_>>(),
         );
 
+        let infos: Vec<&gpu_nvml::GpuInfo> = gpus.iter().map(|g| &g.info).collect();
+        for selector in options.memory_sharing.unmatched(&infos) {
+            notes.push(Note::MemorySharingUnmatched {
+                selector: selector.to_string(),
+            });
+        }
         let mut groups = Vec::with_capacity(gpus.len());
         for (gpu, domain) in gpus.iter().zip(domains) {
             let facts = GpuFacts::new(gpu, &system, &mut notes);
@@ -570,6 +612,21 @@ fn build_group(
     let full_gpu =
         || full_gpu_device(facts, nvlink_domain).map_err(|e| format!("invalid attributes: {e}"));
 
+    if options.memory_sharing.selects(info) {
+        match shareable(info, options.dynamic_mig) {
+            Ok(policy) => {
+                let mut full = full_gpu()?;
+                full.memory_sharing = Some(policy);
+                group.devices.push(full);
+                return Ok(group);
+            }
+            Err(reason) => notes.push(Note::MemorySharingUnavailable {
+                gpu: info.uuid.clone(),
+                reason,
+            }),
+        }
+    }
+
     if options.dynamic_mig
         && let Some(mig_info) = &info.mig
     {
@@ -611,6 +668,23 @@ fn build_group(
     Ok(group)
 }
 
+/// The memory request policy of a GPU that can be shared, or why it cannot:
+/// it must be usable whole (MIG mode off, or switchable at prepare time
+/// under dynamic MIG) and have at least 1 GiB.
+fn shareable(info: &gpu_nvml::GpuInfo, dynamic_mig: bool) -> Result<MemoryRequestPolicy, String> {
+    if let Some(mig) = &info.mig
+        && mig.current_enabled
+        && !(dynamic_mig && mig::runtime_switchable(info))
+    {
+        return Err(if dynamic_mig {
+            "MIG mode is on and this GPU needs a reset to turn it off".to_owned()
+        } else {
+            "MIG mode is on (with --dynamic-mig, Hopper and later GPUs can be shared)".to_owned()
+        });
+    }
+    MemoryRequestPolicy::for_memory(info.memory_bytes)
+}
+
 /// The full GPU device `gpu-<minor>`.
 fn full_gpu_device(
     facts: &GpuFacts<'_>,
@@ -631,6 +705,7 @@ fn full_gpu_device(
         attributes: a.finish()?,
         consumes: None,
         taints: Vec::new(),
+        memory_sharing: None,
     })
 }
 

@@ -40,9 +40,33 @@ pub struct Flags {
     #[arg(long, env = "CDI_ROOT", default_value = "/var/run/cdi")]
     pub cdi_root: PathBuf,
 
-    /// Root of the NVIDIA driver installation (libraries and binaries).
+    /// Root of the NVIDIA driver installation (libraries and binaries) on
+    /// the host: CDI specs mount driver files from here.
     #[arg(long, env = "DRIVER_ROOT", default_value = "/")]
     pub driver_root: PathBuf,
+
+    /// Where the plugin itself sees the driver root, when it runs in a
+    /// container with the host's driver root mounted elsewhere (NVIDIA's
+    /// `CONTAINER_DRIVER_ROOT`): files are read here, while CDI specs name
+    /// host paths under `--driver-root`. Default: `--driver-root`.
+    #[arg(long, env = "CONTAINER_DRIVER_ROOT")]
+    pub container_driver_root: Option<PathBuf>,
+
+    /// Root under which device nodes are looked up (`<dev-root>/dev/nvidia0`);
+    /// tests and the demo point it at stand-in nodes. CDI specs name the
+    /// real `/dev/...` paths.
+    #[arg(long, env = "DEV_ROOT", default_value = "/")]
+    pub dev_root: PathBuf,
+
+    /// The proc filesystem as far as NVIDIA's module shows it: MIG
+    /// capabilities are read from `<proc-root>/driver/nvidia/capabilities`.
+    #[arg(long, env = "PROC_ROOT", default_value = "/proc")]
+    pub proc_root: PathBuf,
+
+    /// The plugin's state: the prepare checkpoint and the MPS daemons'
+    /// directories. Default: `<kubelet-plugins-dir>/<driver-name>`.
+    #[arg(long, env = "STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
 
     /// Path of a kubeconfig; in-cluster configuration when unset.
     #[arg(long, env = "KUBECONFIG")]
@@ -62,6 +86,22 @@ pub struct Flags {
 
     #[command(flatten)]
     pub slices: crate::slices::Flags,
+}
+
+impl Flags {
+    /// `--state-dir`, or its default `<kubelet-plugins-dir>/<driver-name>`.
+    pub fn state_dir(&self) -> PathBuf {
+        self.state_dir
+            .clone()
+            .unwrap_or_else(|| self.kubelet_plugins_dir.join(&self.driver_name))
+    }
+
+    /// `--container-driver-root`, or `--driver-root`.
+    pub fn container_driver_root(&self) -> PathBuf {
+        self.container_driver_root
+            .clone()
+            .unwrap_or_else(|| self.driver_root.clone())
+    }
 }
 
 fn parse_driver_name(s: &str) -> Result<String, String> {
@@ -96,6 +136,23 @@ mod tests {
         assert_eq!(f.driver_root, PathBuf::from("/"));
         assert_eq!(f.log_format, LogFormat::Text);
         assert_eq!(f.metrics_addr, None);
+        assert_eq!(f.dev_root, PathBuf::from("/"));
+        assert_eq!(f.proc_root, PathBuf::from("/proc"));
+        assert_eq!(
+            f.state_dir(),
+            PathBuf::from("/var/lib/kubelet/plugins/gpu.nvidia.com")
+        );
+        assert_eq!(f.container_driver_root(), PathBuf::from("/"));
+        let f = parse(&[
+            "--node-name=n",
+            "--driver-root=/run/nvidia/driver",
+            "--container-driver-root=/driver-root",
+            "--state-dir=/var/lib/gpu-dra",
+        ])
+        .unwrap();
+        assert_eq!(f.container_driver_root(), PathBuf::from("/driver-root"));
+        assert_eq!(f.driver_root, PathBuf::from("/run/nvidia/driver"));
+        assert_eq!(f.state_dir(), PathBuf::from("/var/lib/gpu-dra"));
     }
 
     #[test]

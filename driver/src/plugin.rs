@@ -29,9 +29,12 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
+use crate::devices::BuildOptions;
 use crate::discovery::{self, Inventory};
 use crate::flags::Flags;
 use crate::grpc::{self, ServerHandle};
+use crate::prepare::cdi::{HostRoot, SpecDir};
+use crate::prepare::preparer::{self, Preparer};
 use crate::slices::{PublishError, PublishStatus, Publisher, PublisherOptions};
 
 /// Errors starting or stopping the plugin.
@@ -65,6 +68,13 @@ pub enum Error {
     /// `--delete-slices-on-exit`).
     #[error(transparent)]
     Publish(#[from] PublishError),
+    /// The claim preparer could not start (checkpoint unreadable, bad
+    /// CDI vendor).
+    #[error(transparent)]
+    Prepare(#[from] preparer::Error),
+    /// The CDI settings are unusable.
+    #[error("invalid CDI settings: {0}")]
+    Cdi(#[from] crate::prepare::cdi::CdiError),
     /// The publisher task panicked.
     #[error("the ResourceSlice publisher failed: {0}")]
     PublisherTask(String),
@@ -140,7 +150,23 @@ impl Plugin {
             flags.kubelet_registrar_dir.clone(),
             flags.kubelet_plugins_dir.clone(),
         );
-        let server = grpc::Server::start(config, parts.services).await?;
+        // Refuse unusable socket paths before anything is created.
+        grpc::sockets::check_path_len(&config.dra_socket())?;
+        grpc::sockets::check_path_len(&config.registration_socket())?;
+        // The preparer recovers from a crash (checkpoint, MIG, MPS, CDI)
+        // before kubelet can send anything.
+        let (preparer, _recovered) = Preparer::start(
+            preparer_options(flags)?,
+            parts.client.clone(),
+            parts.backend.clone(),
+            &inventory,
+        )
+        .await?;
+        tracing::info!(elapsed_us = micros(started), "claim preparer ready");
+        let mut services = parts.services;
+        services.preparer = Arc::new(preparer.clone());
+
+        let server = grpc::Server::start(config, services).await?;
 
         let publisher = Publisher::new(
             parts.client,
@@ -166,8 +192,32 @@ impl Plugin {
             publish_status: status,
             inventory: inventory_tx,
             backend: parts.backend,
+            preparer,
         })
     }
+}
+
+/// The preparer's settings from the flags. The CDI vendor is `k8s.` + the
+/// driver name (NVIDIA's `k8s.gpu.nvidia.com`), the class `claim`.
+pub fn preparer_options(flags: &Flags) -> Result<preparer::Options, Error> {
+    Ok(preparer::Options {
+        driver_name: flags.driver_name.clone(),
+        node_name: flags.node_name.clone(),
+        cdi: SpecDir::new(
+            flags.cdi_root.clone(),
+            &format!("k8s.{}", flags.driver_name),
+            crate::prepare::cdi::CLAIM_CLASS,
+        )?,
+        driver_root: HostRoot::new(flags.container_driver_root(), flags.driver_root.clone()),
+        dev_root: HostRoot::same(flags.dev_root.clone()),
+        proc_root: flags.proc_root.clone(),
+        state_dir: HostRoot::same(flags.state_dir()),
+        build: BuildOptions {
+            dynamic_mig: flags.slices.dynamic_mig,
+            memory_sharing: flags.slices.memory_sharing.clone(),
+            ..BuildOptions::default()
+        },
+    })
 }
 
 /// Microseconds since `t`, for the startup timing logs.
@@ -274,6 +324,7 @@ pub struct PluginHandle {
     publish_status: watch::Receiver<PublishStatus>,
     inventory: watch::Sender<Inventory>,
     backend: Arc<dyn GpuBackend>,
+    preparer: Preparer,
 }
 
 impl std::fmt::Debug for PluginHandle {
@@ -304,6 +355,11 @@ impl PluginHandle {
     /// The NVML backend the inventory came from.
     pub fn backend(&self) -> &Arc<dyn GpuBackend> {
         &self.backend
+    }
+
+    /// The claim preparer serving kubelet.
+    pub fn preparer(&self) -> &Preparer {
+        &self.preparer
     }
 
     /// Resolves when a gRPC server stops on its own (it should not); for

@@ -5,3 +5,7 @@
 
 pub mod cdi;
 pub mod checkpoint;
+pub mod mig;
+pub mod mps;
+pub mod preparer;
+pub mod timeslice;

@@ -30,7 +30,7 @@ pub use backoff::{Backoff, ErrorLog};
 pub use digest::Digest;
 pub use publisher::{PublishError, PublishStatus, Publisher, PublisherOptions};
 
-use crate::devices::GroupLimits;
+use crate::devices::{GroupLimits, MemorySharing};
 
 /// Flags of ResourceSlice publication.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
@@ -49,6 +49,15 @@ pub struct Flags {
         value_parser = clap::builder::BoolishValueParser::new(),
     )]
     pub dynamic_mig: bool,
+
+    /// GPUs shared by memory fraction: `none`, `all`, or a comma-separated
+    /// list of GPU indexes and `GPU-...` UUIDs. A shared GPU is published as
+    /// its full GPU only, with `allowMultipleAllocations` and a request
+    /// policy on its `memory` capacity (default 1Gi, steps of 256Mi), so
+    /// several claims can each take part of it (needs the
+    /// DRAConsumableCapacity feature gate).
+    #[arg(long, env = "MEMORY_SHARING", default_value = "none", value_parser = parse_memory_sharing)]
+    pub memory_sharing: MemorySharing,
 
     /// API limits to split slices by: `1.35` (counter sets in slices of their
     /// own, at most 64 devices per slice with counters or taints), `1.34`
@@ -74,10 +83,18 @@ impl Default for Flags {
     fn default() -> Self {
         Self {
             dynamic_mig: false,
+            memory_sharing: MemorySharing::None,
             slice_rules: RulesFlag::Auto,
             delete_slices_on_exit: false,
         }
     }
+}
+
+/// Parses `--memory-sharing` (see [`MemorySharing`]'s `FromStr`).
+fn parse_memory_sharing(value: &str) -> Result<MemorySharing, String> {
+    value
+        .parse()
+        .map_err(|e: crate::devices::sharing::ParseError| e.to_string())
 }
 
 /// The `--slice-rules` choice.
@@ -268,6 +285,38 @@ mod tests {
                 "{args:?}: {err}"
             );
             assert!(err.to_string().contains("value"), "{err}");
+        }
+    }
+
+    #[test]
+    fn memory_sharing_flag() {
+        assert_eq!(parse(&[]).unwrap().memory_sharing, MemorySharing::None);
+        assert_eq!(
+            parse(&["--memory-sharing", "all"]).unwrap().memory_sharing,
+            MemorySharing::All
+        );
+        let f = parse(&[
+            "--memory-sharing=0,GPU-6513270e-269e-4d37-b2a7-4de452e6b438",
+            "--dynamic-mig",
+        ])
+        .unwrap();
+        assert_eq!(
+            f.memory_sharing.to_string(),
+            "0,GPU-6513270e-269e-4d37-b2a7-4de452e6b438"
+        );
+        assert!(f.dynamic_mig);
+        for (value, expect) in [
+            ("0,,1", "entry 2 is empty"),
+            ("gpu0", "\"gpu0\" is neither a GPU index nor a GPU UUID"),
+            ("", "empty"),
+        ] {
+            let err = parse(&["--memory-sharing", value]).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{err}");
+            let text = err.to_string();
+            assert!(
+                text.contains("--memory-sharing") && text.contains(expect),
+                "{value:?}: {text}"
+            );
         }
     }
 

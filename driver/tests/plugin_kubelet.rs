@@ -49,7 +49,7 @@ async fn registers_and_serves_v1_through_the_simulator() {
     assert_eq!(prepared.len(), 2);
     for (uid, r) in &prepared {
         let e = r.error.as_deref().unwrap_or_default();
-        assert!(e.contains("not implemented yet"), "{uid}: {r:?}");
+        assert!(e.contains("not found in the API server"), "{uid}: {r:?}");
         assert!(r.devices.is_empty());
     }
     let unprepared = p.unprepare(&claims()).await.unwrap();
@@ -86,7 +86,7 @@ async fn an_old_kubelet_gets_v1beta1() {
     assert!(prepared.values().all(|r| {
         r.error
             .as_deref()
-            .is_some_and(|e| e.contains("not implemented yet"))
+            .is_some_and(|e| e.contains("not found in the API server"))
     }));
     let unprepared = p
         .unprepare(&[Claim::new("ns", "gone", "never-prepared")])
@@ -146,7 +146,7 @@ async fn hostile_claims_get_per_claim_errors_and_the_rest_is_answered() {
     ];
     let answers = p.prepare(&hostile).await.unwrap();
     let error = |k: &str| answers[k].error.clone().unwrap_or_default();
-    assert!(error("ok-uid").contains("not implemented yet"));
+    assert!(error("ok-uid").contains("not found in the API server"));
     assert!(error("").contains("empty"));
     assert!(error("dup-uid").contains("more than once"));
     assert!(error("../../etc/passwd").contains("characters"));

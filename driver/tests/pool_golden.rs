@@ -41,6 +41,7 @@ async fn golden(
     check_structure(&env, &pool);
     let machine = nvidia_ml::Profile::load(&env.profile).unwrap();
     check_against_profile(&machine, &pool, flags.contains(&"--dynamic-mig"));
+    check_sharing(&pool);
     check_limits(&pool, rules);
     assert_eq!(domain_sizes(&pool), nvlink_domains, "NVLink domains");
     let log = plugin.stderr();
@@ -149,6 +150,54 @@ fn check_against_profile(machine: &nvidia_ml::Profile, pool: &[Value], dynamic_m
                 mig_parents.contains(&gpu.uuid),
                 "MIG devices of GPU {} missing",
                 gpu.minor
+            );
+        }
+    }
+}
+
+/// A multi-allocatable device is a full GPU whose `memory` capacity (and
+/// only that) carries a request policy the API accepts: a `validRange` with
+/// `min` ≤ `default` ≤ `max` ≤ capacity, all on `step`; devices that are not
+/// multi-allocatable carry no policy.
+fn check_sharing(pool: &[Value]) {
+    let bytes = |v: &Value| -> i128 {
+        gpu_kubelet_plugin::devices::k8s::quantity_nanos(v.as_str().unwrap()).unwrap()
+            / 1_000_000_000
+    };
+    for device in devices(pool) {
+        let name = device["name"].as_str().unwrap();
+        let shared = device["allowMultipleAllocations"] == true;
+        for (cap, value) in device["capacity"].as_object().into_iter().flatten() {
+            let policy = &value["requestPolicy"];
+            if !shared || cap != "memory" {
+                assert!(policy.is_null(), "{name}: {cap} has a request policy");
+                continue;
+            }
+            assert_eq!(
+                attr(device, "type").and_then(Value::as_str),
+                Some("gpu"),
+                "{name}"
+            );
+            assert!(device["consumesCounters"].is_null(), "{name}");
+            let capacity = bytes(&value["value"]);
+            let range = &policy["validRange"];
+            let (min, max, step, default) = (
+                bytes(&range["min"]),
+                bytes(&range["max"]),
+                bytes(&range["step"]),
+                bytes(&policy["default"]),
+            );
+            assert!(
+                step > 0
+                    && min <= default
+                    && default <= max
+                    && max <= capacity
+                    && min + step <= capacity
+                    && (max - min) % step == 0
+                    && (default - min) % step == 0
+                    && max % step == 0
+                    && default % step == 0,
+                "{name}: {policy}"
             );
         }
     }
@@ -396,4 +445,59 @@ async fn dgx_a100_dynamic_mig_under_1_34_rules() {
         &[4],
     )
     .await;
+}
+
+#[tokio::test]
+async fn dgx_h100_memory_sharing() {
+    // GPU 0 by index and GPU 3 by UUID are shared: published whole, without
+    // their MIG placements; the other GPUs keep dynamic MIG.
+    let (pool, log) = golden(
+        "dgx-h100-memory-sharing",
+        "dgx-h100",
+        ValidationRules::V1_35,
+        &[
+            "--dynamic-mig",
+            "--memory-sharing",
+            "0,GPU-36f675cc-81e7-4ef5-a8e2-5d940ed90475,9",
+        ],
+        &[8],
+    )
+    .await;
+    let shared: BTreeSet<&str> = devices(&pool)
+        .filter(|d| d["allowMultipleAllocations"] == true)
+        .filter_map(|d| d["name"].as_str())
+        .collect();
+    assert_eq!(shared, BTreeSet::from(["gpu-0", "gpu-3"]));
+    let names = device_names(&pool);
+    for minor in [0, 3] {
+        let prefix = format!("gpu-{minor}-mig-");
+        assert!(!names.iter().any(|n| n.starts_with(&prefix)), "{names:?}");
+    }
+    assert!(names.iter().any(|n| n.starts_with("gpu-1-mig-")));
+    assert_eq!(names.len(), 2 + 6 * 26);
+    // Index 9 names no GPU: one warning.
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("--memory-sharing names GPU 9, which this node does not publish"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{log}");
+    assert!(warnings[0].contains("WARN"), "{}", warnings[0]);
+}
+
+#[tokio::test]
+async fn t4_inference_memory_sharing_under_1_34_rules() {
+    let (pool, _) = golden(
+        "t4-inference-memory-sharing-1.34",
+        "t4-inference",
+        ValidationRules::V1_34,
+        &["--memory-sharing", "all", "--slice-rules", "1.34"],
+        &[1, 1, 1, 1],
+    )
+    .await;
+    assert_eq!(
+        devices(&pool)
+            .filter(|d| d["allowMultipleAllocations"] == true)
+            .count(),
+        4
+    );
 }

@@ -3,4 +3,5 @@
 
 pub mod apiserver;
 pub mod kubelet;
+pub mod podman;
 pub mod pool;

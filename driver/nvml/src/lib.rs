@@ -12,8 +12,8 @@ pub mod types;
 
 pub use backend::{DEFAULT_LIBRARY, NvmlBackend};
 pub use types::{
-    ComputeMode, ComputeSlices, GpuInfo, MigDevice, MigInfo, MigPlacement, MigProfile, NvLinkInfo,
-    SystemInfo,
+    ComputeMode, ComputeSlices, GpuInfo, MigComputeInstance, MigDevice, MigGpuInstance, MigInfo,
+    MigPlacement, MigProfile, NvLinkInfo, SystemInfo,
 };
 
 /// Errors from the GPU backend.
@@ -84,4 +84,57 @@ pub trait GpuBackend: Send + Sync + 'static {
 
     /// Sets the compute mode.
     fn set_compute_mode(&self, index: u32, mode: ComputeMode) -> Result<()>;
+
+    /// The GPU instances of GPU `index` with their compute instances, by
+    /// id; empty when MIG mode is off (or the GPU has no MIG).
+    ///
+    /// The default derives them from [`GpuBackend::gpu`]'s MIG devices, so
+    /// it cannot see a GPU instance without compute instances;
+    /// [`NvmlBackend`] lists them from NVML and sees those too.
+    fn gpu_instances(&self, index: u32) -> Result<Vec<MigGpuInstance>> {
+        let Some(mig) = self.gpu(index)?.mig else {
+            return Ok(Vec::new());
+        };
+        let mut out: Vec<MigGpuInstance> = Vec::new();
+        for d in mig.devices {
+            let ci = MigComputeInstance {
+                id: d.compute_instance_id,
+                profile_id: d.profile_id,
+                uuid: Some(d.uuid),
+            };
+            match out.iter_mut().find(|g| g.id == d.gpu_instance_id) {
+                Some(gi) => gi.compute_instances.push(ci),
+                None => out.push(MigGpuInstance {
+                    id: d.gpu_instance_id,
+                    profile_id: d.profile_id,
+                    placement: d.placement,
+                    compute_instances: vec![ci],
+                }),
+            }
+        }
+        out.sort_by_key(|g| g.id);
+        Ok(out)
+    }
+
+    /// Destroys every compute instance of GPU instance `gpu_instance_id`
+    /// and then the GPU instance; a GPU instance that no longer exists
+    /// counts as destroyed.
+    ///
+    /// The default handles a GPU instance with exactly one compute instance
+    /// (through [`GpuBackend::destroy_mig_device`]) or none left, and refuses
+    /// any other; [`NvmlBackend`] handles every case.
+    fn destroy_gpu_instance(&self, index: u32, gpu_instance_id: u32) -> Result<()> {
+        let instances = self.gpu_instances(index)?;
+        let Some(gi) = instances.iter().find(|g| g.id == gpu_instance_id) else {
+            return Ok(());
+        };
+        match gi.compute_instances.as_slice() {
+            [ci] => self.destroy_mig_device(index, gpu_instance_id, ci.id),
+            _ => Err(Error::Invalid(format!(
+                "GPU {index}: this backend cannot destroy GPU instance {gpu_instance_id} \
+                 with {} compute instances",
+                gi.compute_instances.len()
+            ))),
+        }
+    }
 }

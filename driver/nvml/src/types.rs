@@ -145,6 +145,33 @@ pub struct MigDevice {
     pub compute_slices: Option<ComputeSlices>,
 }
 
+/// A GPU instance as it exists now, with its compute instances. Unlike
+/// [`MigDevice`] (one per compute instance), this also shows a GPU instance
+/// without any compute instance: no MIG device, but its placement is taken
+/// (what a crash between creating the two leaves behind).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigGpuInstance {
+    /// GPU instance id.
+    pub id: u32,
+    /// GPU instance profile id (matches [`MigProfile::id`]).
+    pub profile_id: u32,
+    /// Placement.
+    pub placement: MigPlacement,
+    /// Its compute instances, by id.
+    pub compute_instances: Vec<MigComputeInstance>,
+}
+
+/// A compute instance of a [`MigGpuInstance`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigComputeInstance {
+    /// Compute instance id.
+    pub id: u32,
+    /// Compute instance profile id.
+    pub profile_id: u32,
+    /// The MIG device's `MIG-...` UUID, when NVML lists the device.
+    pub uuid: Option<String>,
+}
+
 /// How much of its GPU instance's compute a compute instance takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ComputeSlices {

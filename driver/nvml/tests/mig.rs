@@ -276,3 +276,149 @@ fn concurrent_mig_changes_on_different_gpus() {
     }
     assert_eq!(uuids.len(), 56);
 }
+
+/// Profile ids of the A100 80GB table not used above.
+const P_2G_20GB: u32 = 14;
+const P_1G_20GB: u32 = 15;
+
+fn ids(instances: &[gpu_nvml::MigGpuInstance]) -> Vec<(u32, u32, MigPlacement, Vec<u32>)> {
+    instances
+        .iter()
+        .map(|g| {
+            (
+                g.id,
+                g.profile_id,
+                g.placement,
+                g.compute_instances.iter().map(|c| c.id).collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn gpu_instances_are_listed_with_their_compute_instances() {
+    let machine = Machine::shipped("dgx-a100");
+    let backend = machine.open();
+    // GPU 2: 2g.20gb@0 (one CI), 1g.20gb@2 without CI, 3g.40gb@4 split into
+    // two CIs. GI ids: quarters 3 (at 0) and 4 (at 2), the upper half 2.
+    let listed = backend.gpu_instances(2).unwrap();
+    assert_eq!(
+        ids(&listed),
+        [
+            (2, P_3G_40GB, at(4, 4), vec![0, 1]),
+            (3, P_2G_20GB, at(0, 2), vec![0]),
+            (4, P_1G_20GB, at(2, 2), vec![]),
+        ]
+    );
+    // UUIDs agree with the MIG devices NVML lists.
+    let devices = backend.gpu(2).unwrap().mig.unwrap().devices;
+    for gi in &listed {
+        for ci in &gi.compute_instances {
+            let device = devices
+                .iter()
+                .find(|d| d.gpu_instance_id == gi.id && d.compute_instance_id == ci.id)
+                .unwrap();
+            assert_eq!(ci.uuid.as_deref(), Some(device.uuid.as_str()));
+        }
+    }
+    // GPU 1: seven 1g.10gb; GPU 3: none; GPU 4: MIG off; not there: error.
+    assert_eq!(backend.gpu_instances(1).unwrap().len(), 7);
+    assert!(backend.gpu_instances(3).unwrap().is_empty());
+    assert!(backend.gpu_instances(4).unwrap().is_empty());
+    assert!(matches!(
+        backend.gpu_instances(9),
+        Err(Error::Call { gpu: Some(9), .. })
+    ));
+    // No MIG at all.
+    let t4 = Machine::shipped("t4-inference");
+    assert!(t4.open().gpu_instances(0).unwrap().is_empty());
+}
+
+#[test]
+fn whole_gpu_instances_are_destroyed_split_or_empty() {
+    let machine = Machine::shipped("dgx-a100");
+    let backend = machine.open();
+    // The split 3g.40gb (two compute instances) and the GI without CI.
+    backend.destroy_gpu_instance(2, 2).unwrap();
+    backend.destroy_gpu_instance(2, 4).unwrap();
+    assert_eq!(
+        ids(&backend.gpu_instances(2).unwrap()),
+        [(3, P_2G_20GB, at(0, 2), vec![0])]
+    );
+    assert_eq!(machine.gpu_instances(2), [(3, 14, 0, 2)]);
+    // Gone already: success.
+    backend.destroy_gpu_instance(2, 2).unwrap();
+    // The freed placements can be used again.
+    backend.create_mig_device(2, P_3G_40GB, at(4, 4)).unwrap();
+}
+
+#[test]
+fn a_failing_listing_names_the_call() {
+    let machine = Machine::from_yaml(&one_a100(
+        "    fail: {nvmlGpuInstanceGetComputeInstances: UNKNOWN}\n",
+    ));
+    let backend = machine.open();
+    backend.create_mig_device(0, P_3G_40GB, at(0, 4)).unwrap();
+    let err = backend.gpu_instances(0).unwrap_err().to_string();
+    assert!(
+        err.contains("nvmlGpuInstanceGetComputeInstances") && err.contains("GPU 0"),
+        "{err}"
+    );
+}
+
+/// A backend with only the required methods, to exercise the trait's
+/// default `gpu_instances` and `destroy_gpu_instance`.
+struct Minimal(gpu_nvml::NvmlBackend);
+
+impl GpuBackend for Minimal {
+    fn system(&self) -> gpu_nvml::Result<gpu_nvml::SystemInfo> {
+        self.0.system()
+    }
+    fn gpu_count(&self) -> gpu_nvml::Result<u32> {
+        self.0.gpu_count()
+    }
+    fn gpu(&self, index: u32) -> gpu_nvml::Result<gpu_nvml::GpuInfo> {
+        self.0.gpu(index)
+    }
+    fn set_mig_mode(&self, index: u32, enabled: bool) -> gpu_nvml::Result<()> {
+        self.0.set_mig_mode(index, enabled)
+    }
+    fn create_mig_device(
+        &self,
+        index: u32,
+        profile_id: u32,
+        placement: MigPlacement,
+    ) -> gpu_nvml::Result<gpu_nvml::MigDevice> {
+        self.0.create_mig_device(index, profile_id, placement)
+    }
+    fn destroy_mig_device(&self, index: u32, gi: u32, ci: u32) -> gpu_nvml::Result<()> {
+        self.0.destroy_mig_device(index, gi, ci)
+    }
+    fn set_compute_mode(&self, index: u32, mode: ComputeMode) -> gpu_nvml::Result<()> {
+        self.0.set_compute_mode(index, mode)
+    }
+}
+
+#[test]
+fn the_default_listing_sees_mig_devices_only() {
+    let machine = Machine::shipped("dgx-a100");
+    let minimal = Minimal(machine.open());
+    // The GI without compute instance (4) is invisible to the default.
+    assert_eq!(
+        ids(&minimal.gpu_instances(2).unwrap()),
+        [
+            (2, P_3G_40GB, at(4, 4), vec![0, 1]),
+            (3, P_2G_20GB, at(0, 2), vec![0]),
+        ]
+    );
+    // One compute instance: destroyed; two: refused with a reason.
+    minimal.destroy_gpu_instance(2, 3).unwrap();
+    let err = minimal.destroy_gpu_instance(2, 2).unwrap_err().to_string();
+    assert!(
+        err.contains("GPU instance 2 with 2 compute instances"),
+        "{err}"
+    );
+    assert_eq!(machine.gpu_instances(2), [(2, 9, 4, 4), (4, 15, 2, 2)]);
+    // Unknown: nothing to do.
+    minimal.destroy_gpu_instance(2, 11).unwrap();
+}

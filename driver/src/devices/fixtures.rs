@@ -162,6 +162,7 @@ pub(crate) fn dynamic() -> BuildOptions {
     BuildOptions {
         dynamic_mig: true,
         group_limits: GroupLimits::default(),
+        memory_sharing: MemorySharing::None,
     }
 }
 

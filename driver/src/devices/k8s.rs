@@ -10,7 +10,9 @@ use gpu_dra_api::schema::AttributeValue;
 use k8s_openapi::api::resource::v1 as api;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::{CounterConsumption, CounterSet, Device, TaintEffect};
+use gpu_dra_api::schema::names;
+
+use super::{CounterConsumption, CounterSet, Device, MemoryRequestPolicy, TaintEffect};
 
 /// The API form of a device.
 pub fn device(d: &Device) -> api::Device {
@@ -25,11 +27,15 @@ pub fn device(d: &Device) -> api::Device {
         .capacity
         .iter()
         .map(|(name, value)| {
+            let request_policy = d
+                .memory_sharing
+                .filter(|_| *name == names::MEMORY)
+                .map(|p| request_policy(&p));
             (
                 (*name).to_owned(),
                 api::DeviceCapacity {
                     value: quantity(*value),
-                    request_policy: None,
+                    request_policy,
                 },
             )
         })
@@ -39,6 +45,7 @@ pub fn device(d: &Device) -> api::Device {
         attributes: Some(attributes),
         capacity: Some(capacity),
         consumes_counters: d.consumes.as_ref().map(|c| vec![consumption(c)]),
+        allow_multiple_allocations: d.memory_sharing.is_some().then_some(true),
         taints: (!d.taints.is_empty()).then(|| {
             d.taints
                 .iter()
@@ -56,6 +63,32 @@ pub fn device(d: &Device) -> api::Device {
         }),
         ..Default::default()
     }
+}
+
+/// The API form of a shared GPU's memory request policy: a `validRange`
+/// and its default, in binary units (`1Gi`, `256Mi`) as users write them.
+pub fn request_policy(p: &MemoryRequestPolicy) -> api::CapacityRequestPolicy {
+    api::CapacityRequestPolicy {
+        default: Some(binary_quantity(p.default_bytes)),
+        valid_range: Some(api::CapacityRequestPolicyRange {
+            min: binary_quantity(p.min_bytes),
+            max: Some(binary_quantity(p.max_bytes)),
+            step: Some(binary_quantity(p.step_bytes)),
+        }),
+        valid_values: None,
+    }
+}
+
+/// A byte count as the canonical binary-SI quantity the API server would
+/// store (`1Gi`, `81408Mi`); [`quantity`] when not a whole number of KiB.
+pub fn binary_quantity(bytes: u64) -> Quantity {
+    if bytes >= 1024
+        && bytes.is_multiple_of(1024)
+        && let Ok(q) = ApiQuantity::parse(&format!("{}Ki", bytes / 1024))
+    {
+        return Quantity(q.canonical());
+    }
+    quantity(bytes)
 }
 
 /// The API form of an attribute value.
@@ -129,6 +162,26 @@ mod tests {
             (1_000_000_000_000_000_000, "1E"),
         ] {
             assert_eq!(quantity(v).0, s, "{v}");
+            assert_eq!(
+                quantity_nanos(s),
+                Some(i128::from(v) * 1_000_000_000),
+                "{s}"
+            );
+        }
+    }
+
+    #[test]
+    fn binary_quantities() {
+        for (v, s) in [
+            (1 << 30, "1Gi"),
+            (256 << 20, "256Mi"),
+            (81_408 << 20, "81408Mi"),
+            (1536, "1536"),
+            (1024, "1Ki"),
+            (1000, "1k"),
+            (0, "0"),
+        ] {
+            assert_eq!(binary_quantity(v).0, s, "{v}");
             assert_eq!(
                 quantity_nanos(s),
                 Some(i128::from(v) * 1_000_000_000),

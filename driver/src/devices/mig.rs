@@ -180,6 +180,7 @@ pub(super) fn static_devices(
                 attributes,
                 consumes: None,
                 taints: Vec::new(),
+                memory_sharing: None,
             }),
             Err(e) => notes.push(skip(format!("invalid attributes: {e}"))),
         }
@@ -360,6 +361,7 @@ pub(super) fn dynamic(
                     counters: consumed,
                 }),
                 taints: Vec::new(),
+                memory_sharing: None,
             });
         }
     }

@@ -732,3 +732,165 @@ fn conversion_to_the_api() {
     let set = k8s::counter_set(model.groups[0].counter_set.as_ref().unwrap());
     assert_eq!(set.counters["multiprocessors"].value.0, "132");
 }
+
+fn sharing(value: &str, dynamic_mig: bool) -> BuildOptions {
+    BuildOptions {
+        dynamic_mig,
+        memory_sharing: value.parse().unwrap(),
+        ..BuildOptions::default()
+    }
+}
+
+#[test]
+fn shared_gpus_are_published_whole_and_multi_allocatable() {
+    let inv = dgx_h100(false);
+    // GPU 1 by index, GPU 5 by UUID (any case); dynamic MIG for the rest.
+    let options = sharing("1, gpu-00000005-AAAA-bbbb-cccc-dddddddddddd", true);
+    let model = DeviceModel::build(&inv, &options);
+    assert!(model.notes.is_empty(), "{:?}", model.notes);
+    for group in &model.groups {
+        let shared = matches!(group.minor, 1 | 5);
+        if shared {
+            // The full GPU only: no placements, no counter set.
+            assert_eq!(group.devices.len(), 1, "gpu-{}", group.minor);
+            assert!(group.counter_set.is_none());
+            let d = &group.devices[0];
+            assert_eq!(d.name, format!("gpu-{}", group.minor));
+            assert!(d.consumes.is_none());
+            let policy = d.memory_sharing.expect("shared");
+            assert_eq!(
+                policy,
+                MemoryRequestPolicy {
+                    default_bytes: 1 << 30,
+                    min_bytes: 256 << 20,
+                    step_bytes: 256 << 20,
+                    max_bytes: 81_408 << 20,
+                }
+            );
+        } else {
+            assert_eq!(group.devices.len(), 26, "gpu-{}", group.minor);
+            assert!(group.devices.iter().all(|d| d.memory_sharing.is_none()));
+        }
+    }
+}
+
+#[test]
+fn sharing_all_without_dynamic_mig() {
+    let model = DeviceModel::build(&pcie_a100_bridged(), &sharing("all", false));
+    assert!(model.notes.is_empty(), "{:?}", model.notes);
+    assert_eq!(model.devices().count(), 4);
+    for d in model.devices() {
+        let p = d.memory_sharing.unwrap();
+        // 40960 MiB is a multiple of 256 MiB: all of it can be asked for.
+        assert_eq!(p.max_bytes, 40_960 << 20);
+        assert!(p.is_valid_for(d.attributes.capacity["memory"]));
+    }
+    // The default publishes nothing shared.
+    let model = DeviceModel::build(&pcie_a100_bridged(), &BuildOptions::default());
+    assert!(model.devices().all(|d| d.memory_sharing.is_none()));
+}
+
+#[test]
+fn gpus_that_cannot_be_used_whole_are_not_shared() {
+    let mig_device = MigDevice {
+        uuid: "MIG-11111111-2222-3333-4444-555555555555".into(),
+        profile_id: 9,
+        gpu_instance_id: 2,
+        compute_instance_id: 0,
+        placement: MigPlacement { start: 4, size: 4 },
+        memory_bytes: 40_000 << 20,
+        compute_slices: None,
+    };
+    let mut tiny = gpu(3, HOPPER, None, &[]);
+    tiny.info.memory_bytes = 1000 << 20;
+    let inv = inventory(vec![
+        // Static mode, MIG on: published as its MIG device.
+        gpu(
+            0,
+            HOPPER,
+            Some(mig_info(true, vec![mig_device.clone()])),
+            &[],
+        ),
+        // Ampere, MIG on: even dynamic MIG cannot turn it off.
+        gpu(1, AMPERE, Some(mig_info(true, vec![])), &[]),
+        // Hopper with MIG on, dynamic MIG: can be used whole, so shared.
+        gpu(2, HOPPER, Some(mig_info(true, vec![mig_device])), &[]),
+        tiny,
+    ]);
+    let model = DeviceModel::build(&inv, &sharing("all", false));
+    let reasons: Vec<String> = model.notes.iter().map(ToString::to_string).collect();
+    assert_eq!(reasons.len(), 4, "{reasons:?}");
+    assert!(reasons[0].contains("GPU GPU-00000000-aaaa-bbbb-cccc-dddddddddddd: published without memory sharing: MIG mode is on (with --dynamic-mig"), "{reasons:?}");
+    assert!(
+        reasons[3].contains("1000 MiB of memory is less than the 1024 MiB"),
+        "{reasons:?}"
+    );
+    assert_eq!(model.device("gpu-3").unwrap().memory_sharing, None);
+    assert!(model.device("gpu-0-mig-3g40gb-9-4").is_some());
+
+    let model = DeviceModel::build(&inv, &sharing("0,1,2", true));
+    let reasons: Vec<String> = model.notes.iter().map(ToString::to_string).collect();
+    assert!(
+        reasons.iter().any(|r| r.contains("GPU-00000001")
+            && r.contains("MIG mode is on and this GPU needs a reset to turn it off")),
+        "{reasons:?}"
+    );
+    // gpu-0 and gpu-2 (Hopper, dynamic MIG) are shared, whole, alone.
+    for minor in [0, 2] {
+        let group = model.groups.iter().find(|g| g.minor == minor).unwrap();
+        assert_eq!(group.devices.len(), 1);
+        assert!(group.devices[0].memory_sharing.is_some());
+    }
+    // gpu-1 keeps its placements, unshared.
+    let group = model.groups.iter().find(|g| g.minor == 1).unwrap();
+    assert!(group.devices.len() > 1);
+    assert!(group.devices.iter().all(|d| d.memory_sharing.is_none()));
+}
+
+#[test]
+fn selectors_naming_no_gpu_are_noted() {
+    let inv = inventory(vec![gpu(0, HOPPER, None, &[]), gpu(1, HOPPER, None, &[])]);
+    let model = DeviceModel::build(
+        &inv,
+        &sharing("1,7,GPU-99999999-aaaa-bbbb-cccc-dddddddddddd", false),
+    );
+    let notes: Vec<String> = model.notes.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        notes,
+        [
+            "--memory-sharing names GPU 7, which this node does not publish",
+            "--memory-sharing names GPU GPU-99999999-aaaa-bbbb-cccc-dddddddddddd, which this node does not publish",
+        ]
+    );
+    assert!(model.device("gpu-1").unwrap().memory_sharing.is_some());
+    assert!(model.device("gpu-0").unwrap().memory_sharing.is_none());
+}
+
+#[test]
+fn shared_gpus_in_the_api() {
+    let inv = inventory(vec![gpu(0, HOPPER, None, &[]), gpu(1, HOPPER, None, &[])]);
+    let model = DeviceModel::build(&inv, &sharing("0", false));
+    let shared = k8s::device(model.device("gpu-0").unwrap());
+    assert_eq!(shared.allow_multiple_allocations, Some(true));
+    let memory = &shared.capacity.as_ref().unwrap()["memory"];
+    let policy = memory.request_policy.as_ref().unwrap();
+    let q = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
+        k8s::quantity_nanos(&q.0).unwrap() / 1_000_000_000
+    };
+    assert_eq!(q(policy.default.as_ref().unwrap()), 1 << 30);
+    let range = policy.valid_range.as_ref().unwrap();
+    assert_eq!(q(&range.min), 256 << 20);
+    assert_eq!(q(range.step.as_ref().unwrap()), 256 << 20);
+    assert_eq!(q(range.max.as_ref().unwrap()), 81_408 << 20);
+    assert!(policy.valid_values.is_none());
+    assert_eq!(q(&memory.value), 81_559 << 20);
+    // Other capacities carry no policy (the full GPU has only memory).
+    assert_eq!(shared.capacity.as_ref().unwrap().len(), 1);
+    let plain = k8s::device(model.device("gpu-1").unwrap());
+    assert_eq!(plain.allow_multiple_allocations, None);
+    assert!(
+        plain.capacity.as_ref().unwrap()["memory"]
+            .request_policy
+            .is_none()
+    );
+}

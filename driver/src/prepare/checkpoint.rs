@@ -119,6 +119,9 @@ pub struct PreparedDeviceRecord {
     /// Sharing settings applied to the hardware, to revert on unprepare.
     #[serde(default)]
     pub sharing: SharingApplied,
+    /// Allocated with admin access: no exclusivity, nothing configured.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin: bool,
 }
 
 /// The hardware a prepared device stands for.
@@ -190,7 +193,7 @@ pub struct ComputeModeChange {
 }
 
 /// An MPS control daemon the plugin started.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MpsDaemonRecord {
     /// The daemon's id (also the name of its pipe and log directories).
@@ -198,6 +201,19 @@ pub struct MpsDaemonRecord {
     /// The daemon's pipe directory on the host.
     #[serde(default)]
     pub pipe_dir: PathBuf,
+    /// The daemon's pid when it was started or last re-adopted (for logs;
+    /// liveness is always read from its pid file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// The daemon's log directory on the host (`control.log`).
+    #[serde(default)]
+    pub log_dir: PathBuf,
+    /// The directory that is the daemon's and its clients' `/dev/shm`, on the host.
+    #[serde(default)]
+    pub shm_dir: PathBuf,
+    /// The devices it serves (`CUDA_VISIBLE_DEVICES`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_uuids: Vec<String>,
 }
 
 /// What loading the checkpoint found, for logs and events.

@@ -644,6 +644,7 @@ fn build(
         &BuildOptions {
             dynamic_mig: flags.dynamic_mig,
             group_limits: rules.group_limits(),
+            memory_sharing: flags.memory_sharing.clone(),
         },
     );
     model.set_taints(taints);

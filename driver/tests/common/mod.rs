@@ -186,17 +186,40 @@ impl EnvBuilder {
             .unwrap()
             .keep();
         let nvml_dir = root.join("nvml");
+        // The node's other stand-ins: device nodes, the proc tree the NVIDIA
+        // module shows (the fake NVML writes MIG capabilities there, as the
+        // kernel does), the driver's files and programs, a CDI directory.
+        let dev_root = root.join("devroot");
+        fake_driver_root::create_dev_root(&dev_root, &(0..16).collect::<Vec<u32>>())
+            .expect("create the stand-in dev root");
+        let proc_root =
+            fake_driver_root::create_proc_root(&root.join("proc")).expect("create the proc root");
+        let driver_root =
+            fake_driver_root::FakeDriverRoot::create(&root.join("driver")).expect("driver root");
+        let cdi_root = root.join("cdi");
+        let state = self
+            .state
+            .clone()
+            .unwrap_or_else(|| root.join("nvml-state.json"));
+        let options = nvidia_ml::fixture::InstallOptions {
+            state: Some(state),
+            proc_root: Some(proc_root.clone()),
+            dev_root: Some(dev_root.clone()),
+        };
         let (library, profile) = match &self.profile {
             ProfileSource::Bundled(name) => {
                 let path = nvidia_ml::fixture::bundled_profile(name);
-                let lib = nvidia_ml::fixture::install(&nvml_dir, &path, self.state.as_deref())
+                let lib = nvidia_ml::fixture::install_with(&nvml_dir, &path, &options)
                     .expect("install the fake NVML");
                 (lib, path)
             }
             ProfileSource::Yaml(text) => {
-                let lib = nvidia_ml::fixture::install_yaml(&nvml_dir, text, self.state.as_deref())
+                let path = nvml_dir.join("profile.yaml");
+                std::fs::create_dir_all(&nvml_dir).unwrap();
+                std::fs::write(&path, text).unwrap();
+                let lib = nvidia_ml::fixture::install_with(&nvml_dir, &path, &options)
                     .expect("install the fake NVML");
-                (lib, nvml_dir.join("profile.yaml"))
+                (lib, path)
             }
         };
         let sysfs = root.join("sys");
@@ -217,6 +240,10 @@ impl EnvBuilder {
             kubeconfig,
             node_uid,
             api,
+            dev_root,
+            proc_root,
+            driver_root,
+            cdi_root,
         }
     }
 }
@@ -236,6 +263,14 @@ pub struct TestEnv {
     /// UID of the Node object, when created.
     pub node_uid: Option<String>,
     pub api: ApiServer,
+    /// Stand-in device nodes (`--dev-root`).
+    pub dev_root: PathBuf,
+    /// Stand-in `/proc` (`--proc-root`).
+    pub proc_root: PathBuf,
+    /// The fake NVIDIA driver root (`--driver-root`).
+    pub driver_root: fake_driver_root::FakeDriverRoot,
+    /// The CDI spec directory (`--cdi-root`).
+    pub cdi_root: PathBuf,
 }
 
 impl TestEnv {
@@ -265,6 +300,14 @@ impl TestEnv {
             self.sysfs.to_str().unwrap().into(),
             "--kubeconfig".into(),
             self.kubeconfig.to_str().unwrap().into(),
+            "--dev-root".into(),
+            self.dev_root.to_str().unwrap().into(),
+            "--proc-root".into(),
+            self.proc_root.to_str().unwrap().into(),
+            "--driver-root".into(),
+            self.driver_root.path().to_str().unwrap().into(),
+            "--cdi-root".into(),
+            self.cdi_root.to_str().unwrap().into(),
         ]
     }
 
@@ -561,5 +604,13 @@ impl Drop for Plugin {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for TestEnv {
+    /// MPS daemons started from the fake driver root outlive the plugin by
+    /// design; the test ends them.
+    fn drop(&mut self) {
+        self.driver_root.kill_processes();
     }
 }

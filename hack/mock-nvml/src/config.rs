@@ -1,7 +1,7 @@
 //! Where `nvmlInit` finds its machine: a `mock-nvml.env` file next to the
 //! loaded library (so tests can run isolated copies of the library side by
-//! side) or else the environment variables `MOCK_NVML_PROFILE` and
-//! `MOCK_NVML_STATE`.
+//! side) or else the environment variables `MOCK_NVML_PROFILE`,
+//! `MOCK_NVML_STATE`, `MOCK_NVML_PROC_ROOT` and `MOCK_NVML_DEV_ROOT`.
 
 use std::path::{Path, PathBuf};
 
@@ -11,6 +11,13 @@ use crate::error::Error;
 pub const PROFILE_ENV: &str = "MOCK_NVML_PROFILE";
 /// Environment variable naming the state file (optional).
 pub const STATE_ENV: &str = "MOCK_NVML_STATE";
+/// Environment variable naming the directory that stands for `/proc`: MIG
+/// capability files are kept under `<it>/driver/nvidia/capabilities/`
+/// (optional).
+pub const PROC_ROOT_ENV: &str = "MOCK_NVML_PROC_ROOT";
+/// Environment variable naming the directory that stands for `/`: stand-in
+/// capability nodes are kept in `<it>/dev/nvidia-caps/` (optional).
+pub const DEV_ROOT_ENV: &str = "MOCK_NVML_DEV_ROOT";
 /// Name of the sidecar file looked for next to the library.
 pub const SIDECAR: &str = "mock-nvml.env";
 
@@ -21,6 +28,11 @@ pub struct Config {
     pub profile: PathBuf,
     /// The state file, if any.
     pub state: Option<PathBuf>,
+    /// Where MIG capability files are kept, like the kernel's `/proc`
+    /// (none: not kept).
+    pub proc_root: Option<PathBuf>,
+    /// Where stand-in capability nodes are kept, like `/` (none: not kept).
+    pub dev_root: Option<PathBuf>,
 }
 
 /// Resolves the configuration: the sidecar in `library_dir` wins over the
@@ -42,6 +54,8 @@ pub fn resolve(library_dir: Option<&Path>) -> Result<Config, Error> {
     Ok(Config {
         profile: var(PROFILE_ENV).ok_or(Error::NotConfigured)?,
         state: var(STATE_ENV),
+        proc_root: var(PROC_ROOT_ENV),
+        dev_root: var(DEV_ROOT_ENV),
     })
 }
 
@@ -55,6 +69,8 @@ pub fn parse_sidecar(text: &str, path: &Path) -> Result<Config, Error> {
     let base = path.parent().unwrap_or(Path::new("."));
     let mut profile = None;
     let mut state = None;
+    let mut proc_root = None;
+    let mut dev_root = None;
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -70,9 +86,12 @@ pub fn parse_sidecar(text: &str, path: &Path) -> Result<Config, Error> {
         let slot = match key {
             PROFILE_ENV => &mut profile,
             STATE_ENV => &mut state,
+            PROC_ROOT_ENV => &mut proc_root,
+            DEV_ROOT_ENV => &mut dev_root,
             _ => {
                 return Err(fail(format!(
-                    "line {}: unknown key {key:?} (expected {PROFILE_ENV} or {STATE_ENV})",
+                    "line {}: unknown key {key:?} (expected {PROFILE_ENV}, {STATE_ENV}, \
+                     {PROC_ROOT_ENV} or {DEV_ROOT_ENV})",
                     n + 1
                 )));
             }
@@ -84,6 +103,8 @@ pub fn parse_sidecar(text: &str, path: &Path) -> Result<Config, Error> {
     Ok(Config {
         profile: profile.ok_or_else(|| fail(format!("{PROFILE_ENV} is not set")))?,
         state,
+        proc_root,
+        dev_root,
     })
 }
 
@@ -94,11 +115,17 @@ pub fn sidecar_text(config: &Config) -> String {
          {PROFILE_ENV}={}\n",
         config.profile.display()
     );
-    if let Some(state) = &config.state {
-        text.push_str(STATE_ENV);
-        text.push('=');
-        text.push_str(&state.display().to_string());
-        text.push('\n');
+    for (key, value) in [
+        (STATE_ENV, &config.state),
+        (PROC_ROOT_ENV, &config.proc_root),
+        (DEV_ROOT_ENV, &config.dev_root),
+    ] {
+        if let Some(path) = value {
+            text.push_str(key);
+            text.push('=');
+            text.push_str(&path.display().to_string());
+            text.push('\n');
+        }
     }
     text
 }
@@ -116,6 +143,14 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.profile, Path::new("/lib/dir/p.yaml"));
         assert_eq!(cfg.state.as_deref(), Some(Path::new("/abs/state.json")));
+        assert_eq!(cfg.proc_root, None);
+        let cfg = parse_sidecar(
+            "MOCK_NVML_PROFILE=p.yaml\nMOCK_NVML_PROC_ROOT=proc\nMOCK_NVML_DEV_ROOT=/dev-root\n",
+            Path::new("/lib/dir/mock-nvml.env"),
+        )
+        .unwrap();
+        assert_eq!(cfg.proc_root.as_deref(), Some(Path::new("/lib/dir/proc")));
+        assert_eq!(cfg.dev_root.as_deref(), Some(Path::new("/dev-root")));
     }
 
     #[test]
@@ -123,6 +158,15 @@ mod tests {
         let cfg = Config {
             profile: "/a/b.yaml".into(),
             state: Some("/a/s.json".into()),
+            proc_root: None,
+            dev_root: None,
+        };
+        let parsed = parse_sidecar(&sidecar_text(&cfg), Path::new("/x/mock-nvml.env")).unwrap();
+        assert_eq!(parsed, cfg);
+        let cfg = Config {
+            proc_root: Some("/r/proc".into()),
+            dev_root: Some("/r".into()),
+            ..cfg
         };
         let parsed = parse_sidecar(&sidecar_text(&cfg), Path::new("/x/mock-nvml.env")).unwrap();
         assert_eq!(parsed, cfg);
@@ -143,6 +187,14 @@ mod tests {
                 "line 2: MOCK_NVML_PROFILE is set twice",
             ),
             ("MOCK_NVML_STATE=s", "MOCK_NVML_PROFILE is not set"),
+            (
+                "MOCK_NVML_PROFILE=a\nMOCK_NVML_DEV_ROOT=d\nMOCK_NVML_DEV_ROOT=e",
+                "line 3: MOCK_NVML_DEV_ROOT is set twice",
+            ),
+            (
+                "MOCK_NVML_PROC_ROOT=",
+                "line 1: MOCK_NVML_PROC_ROOT has no value",
+            ),
             ("", "MOCK_NVML_PROFILE is not set"),
         ] {
             let err = parse_sidecar(text, path).unwrap_err().to_string();

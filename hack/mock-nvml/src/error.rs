@@ -48,6 +48,14 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A GPU's MIG capability files cannot be kept (see `caps`).
+    #[error("MIG capability files of GPU {gpu}: {message}")]
+    Caps {
+        /// The GPU's UUID.
+        gpu: String,
+        /// What is wrong.
+        message: String,
+    },
     /// The `mock-nvml.env` sidecar is malformed.
     #[error("config {path}: {message}")]
     Config {

@@ -65,11 +65,40 @@ pub fn cdylib_path() -> Result<PathBuf, Error> {
         .ok_or(Error::CdylibNotFound { searched })
 }
 
+/// What an installed copy keeps besides its profile: the state file, and
+/// the directories standing for `/proc` (MIG capability files) and `/`
+/// (stand-in capability nodes under `dev/nvidia-caps/`). All optional.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InstallOptions {
+    /// `MOCK_NVML_STATE`.
+    pub state: Option<PathBuf>,
+    /// `MOCK_NVML_PROC_ROOT`.
+    pub proc_root: Option<PathBuf>,
+    /// `MOCK_NVML_DEV_ROOT`.
+    pub dev_root: Option<PathBuf>,
+}
+
 /// Installs a private copy of the library in `dir` (as
 /// `libnvidia-ml.so.1`) with a `mock-nvml.env` naming `profile` and, if
 /// given, `state`. Returns the path to pass to
 /// `Nvml::builder().lib_path(..)`.
 pub fn install(dir: &Path, profile: &Path, state: Option<&Path>) -> Result<PathBuf, Error> {
+    install_with(
+        dir,
+        profile,
+        &InstallOptions {
+            state: state.map(Path::to_path_buf),
+            ..InstallOptions::default()
+        },
+    )
+}
+
+/// Like [`install`], with every option of the sidecar.
+pub fn install_with(
+    dir: &Path,
+    profile: &Path,
+    options: &InstallOptions,
+) -> Result<PathBuf, Error> {
     let source = cdylib_path()?;
     std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
     let target = dir.join(INSTALLED_NAME);
@@ -81,7 +110,9 @@ pub fn install(dir: &Path, profile: &Path, state: Option<&Path>) -> Result<PathB
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
     let config = Config {
         profile: absolute(profile),
-        state: state.map(absolute),
+        state: options.state.as_deref().map(absolute),
+        proc_root: options.proc_root.as_deref().map(absolute),
+        dev_root: options.dev_root.as_deref().map(absolute),
     };
     let sidecar = dir.join(config::SIDECAR);
     std::fs::write(&sidecar, config::sidecar_text(&config))
@@ -92,10 +123,27 @@ pub fn install(dir: &Path, profile: &Path, state: Option<&Path>) -> Result<PathB
 /// Like [`install`], for a profile given as YAML text (written to
 /// `dir/profile.yaml`).
 pub fn install_yaml(dir: &Path, yaml: &str, state: Option<&Path>) -> Result<PathBuf, Error> {
+    install_yaml_with(
+        dir,
+        yaml,
+        &InstallOptions {
+            state: state.map(Path::to_path_buf),
+            ..InstallOptions::default()
+        },
+    )
+}
+
+/// Like [`install_with`], for a profile given as YAML text (written to
+/// `dir/profile.yaml`).
+pub fn install_yaml_with(
+    dir: &Path,
+    yaml: &str,
+    options: &InstallOptions,
+) -> Result<PathBuf, Error> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
     let profile = dir.join("profile.yaml");
     std::fs::write(&profile, yaml).map_err(|e| Error::io("write", &profile, e))?;
-    install(dir, &profile, state)
+    install_with(dir, &profile, options)
 }
 
 #[cfg(test)]

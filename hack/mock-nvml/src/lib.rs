@@ -6,6 +6,7 @@
 //! rlib it offers the profile model, the sysfs helper and test fixtures.
 //! See `hack/mock-nvml/README.md`.
 
+pub mod caps;
 pub mod codes;
 pub mod config;
 pub mod error;

@@ -1,12 +1,14 @@
 //! The simulated machine behind an initialised library: the GPUs of the
 //! profile with their mutable state (MIG mode, compute mode, instances), the
 //! opaque handles NVML hands out for GPUs, MIG devices, GPU instances and
-//! compute instances, failure injection, and persistence to the state file.
+//! compute instances, failure injection, persistence to the state file, and
+//! the MIG capability files (`caps`).
 
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::caps::{self, CapRoots};
 use crate::codes::{self, Code};
 use crate::config::Config;
 use crate::error::Error;
@@ -65,6 +67,7 @@ pub struct Machine {
     pub gpus: Vec<Gpu>,
     generation: u64,
     state_path: Option<PathBuf>,
+    caps: CapRoots,
 }
 
 impl Machine {
@@ -82,6 +85,14 @@ impl Machine {
                     path: path.clone(),
                     message,
                 })?;
+        }
+        machine.caps = CapRoots {
+            proc_root: config.proc_root.clone(),
+            dev_root: config.dev_root.clone(),
+        };
+        // The kernel has the files of the instances that exist at "boot".
+        for gpu in &machine.gpus {
+            caps::sync_gpu(&machine.caps, gpu)?;
         }
         Ok(machine)
     }
@@ -102,6 +113,7 @@ impl Machine {
             gpus,
             generation: u64::from(GENERATION.fetch_add(1, Ordering::Relaxed) & 0xffff),
             state_path: None,
+            caps: CapRoots::default(),
         }
     }
 
@@ -292,9 +304,10 @@ impl Machine {
 
     // ---- mutation and persistence ----------------------------------------
 
-    /// Applies `change` to a copy of GPU `gpu`, saves the state file (when
-    /// configured) and only then keeps the copy: a failed save changes
-    /// nothing and is reported as UNKNOWN.
+    /// Applies `change` to a copy of GPU `gpu`, brings its MIG capability
+    /// files in line and saves the state file (when configured), and only
+    /// then keeps the copy: a failed write changes nothing (the capability
+    /// files are put back) and is reported as UNKNOWN.
     pub fn mutate<R>(
         &mut self,
         gpu: usize,
@@ -302,12 +315,16 @@ impl Machine {
     ) -> Result<R, Code> {
         let mut copy = self.gpus[gpu].clone();
         let result = change(&mut copy)?;
-        if let Some(path) = &self.state_path {
-            let file = self.state_file_with(gpu, &copy);
-            if let Err(e) = file.write(path) {
-                eprintln!("mock-nvml: {e}");
-                return Err(codes::UNKNOWN);
+        let saved = caps::sync_gpu(&self.caps, &copy).and_then(|()| match &self.state_path {
+            Some(path) => self.state_file_with(gpu, &copy).write(path),
+            None => Ok(()),
+        });
+        if let Err(e) = saved {
+            eprintln!("mock-nvml: {e}");
+            if let Err(e) = caps::sync_gpu(&self.caps, &self.gpus[gpu]) {
+                eprintln!("mock-nvml: putting the capability files back: {e}");
             }
+            return Err(codes::UNKNOWN);
         }
         self.gpus[gpu] = copy;
         Ok(result)
@@ -603,6 +620,8 @@ mod tests {
         let config = Config {
             profile: format!("{}/profiles/mixed.yaml", env!("CARGO_MANIFEST_DIR")).into(),
             state: Some("/nonexistent-mock-nvml-dir/state.json".into()),
+            proc_root: None,
+            dev_root: None,
         };
         let mut m = Machine::build(&config).unwrap();
         let change = |g: &mut Gpu| {
@@ -611,6 +630,36 @@ mod tests {
         };
         assert_eq!(m.mutate(0, change), Err(codes::UNKNOWN));
         assert_eq!(m.gpus[0].compute_mode, 0);
+    }
+
+    #[test]
+    fn a_failed_capability_write_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocked = dir.path().join("not-a-dir");
+        std::fs::write(&blocked, "").unwrap();
+        let mut m = machine("mixed");
+        m.caps = CapRoots {
+            proc_root: None,
+            dev_root: Some(blocked),
+        };
+        let before = m.gpus[1].mig.clone();
+        assert_eq!(
+            m.mutate(1, |g| create_gpu_instance(g, 19, None)),
+            Err(codes::UNKNOWN)
+        );
+        assert_eq!(m.gpus[1].mig, before);
+        // With the roots usable again, the same change goes through.
+        m.caps = CapRoots {
+            proc_root: None,
+            dev_root: Some(dir.path().join("root")),
+        };
+        let gi = m.mutate(1, |g| create_gpu_instance(g, 19, None)).unwrap();
+        let minor = caps::gi_minor(m.gpus[1].minor, gi).unwrap();
+        assert!(
+            dir.path()
+                .join(format!("root/dev/nvidia-caps/nvidia-cap{minor}"))
+                .is_file()
+        );
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Creating and destroying MIG devices: a GPU instance at a placement plus
 //! one compute instance covering all of it. Creation is all or nothing: if
 //! any step after the GPU instance fails, what was created is destroyed again.
+//! Also listing every GPU instance with its compute instances (including a
+//! GPU instance left without one), and destroying a whole GPU instance.
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
@@ -9,7 +11,7 @@ use nvml_wrapper_sys::bindings as sys;
 use super::call;
 use super::query;
 use super::raw::{self, ComputeInstance, GpuInstance, RawDevice};
-use crate::{Error, MigDevice, MigPlacement, Result};
+use crate::{Error, MigComputeInstance, MigDevice, MigGpuInstance, MigPlacement, Result};
 
 /// Creates GPU instance `profile_id` at `placement` and a full compute
 /// instance in it, and returns the resulting MIG device.
@@ -172,5 +174,128 @@ pub(super) fn destroy(
     }
     raw::destroy_gpu_instance(nvml, gi).map_err(call("nvmlGpuInstanceDestroy", index))?;
     tracing::info!(gpu = index, gi = gi_id, ci = ci_id, "MIG device destroyed");
+    Ok(())
+}
+
+/// Every GPU instance of the GPU with its compute instances, ordered by id;
+/// empty when the GPU has no MIG or MIG mode is off.
+pub(super) fn list(nvml: &Nvml, handle: RawDevice, index: u32) -> Result<Vec<MigGpuInstance>> {
+    let device = handle.device(nvml);
+    match device.mig_mode() {
+        Ok(mode) if mode.current == sys::NVML_DEVICE_MIG_ENABLE => {}
+        Ok(_)
+        | Err(
+            NvmlError::NotSupported
+            | NvmlError::FailedToLoadSymbol(_)
+            | NvmlError::FunctionNotFound,
+        ) => return Ok(Vec::new()),
+        Err(e) => return Err(call("nvmlDeviceGetMigMode", index)(e)),
+    }
+    let uuids = query::mig_devices(nvml, &device, handle, index)?;
+    let mut out: Vec<MigGpuInstance> = Vec::new();
+    for profile_enum in 0..sys::NVML_GPU_INSTANCE_PROFILE_COUNT {
+        let info = match device.profile_info(profile_enum) {
+            Ok(info) => info,
+            Err(NvmlError::NotSupported | NvmlError::InvalidArg) => continue,
+            Err(e) => return Err(call("nvmlDeviceGetGpuInstanceProfileInfo", index)(e)),
+        };
+        let gis = match raw::gpu_instances(nvml, handle, info.id, info.instance_count) {
+            Ok(gis) => gis,
+            Err(NvmlError::NotSupported | NvmlError::InvalidArg) => continue,
+            Err(e) => return Err(call("nvmlDeviceGetGpuInstances", index)(e)),
+        };
+        for gi in gis {
+            let gi_info =
+                raw::gpu_instance_info(nvml, &gi).map_err(call("nvmlGpuInstanceGetInfo", index))?;
+            if out.iter().any(|g| g.id == gi_info.id) {
+                continue;
+            }
+            let compute_instances = compute_instances(nvml, &gi, index)?
+                .into_iter()
+                .map(|(_, id, profile_id)| MigComputeInstance {
+                    id,
+                    profile_id,
+                    uuid: uuids
+                        .iter()
+                        .find(|d| d.gpu_instance_id == gi_info.id && d.compute_instance_id == id)
+                        .map(|d| d.uuid.clone()),
+                })
+                .collect();
+            out.push(MigGpuInstance {
+                id: gi_info.id,
+                profile_id: gi_info.profile_id,
+                placement: MigPlacement {
+                    start: gi_info.start,
+                    size: gi_info.size,
+                },
+                compute_instances,
+            });
+        }
+    }
+    out.sort_by_key(|g| g.id);
+    Ok(out)
+}
+
+/// The compute instances of a GPU instance as (handle, id, profile id),
+/// ordered by id.
+fn compute_instances<'n>(
+    nvml: &'n Nvml,
+    gi: &GpuInstance<'n>,
+    index: u32,
+) -> Result<Vec<(ComputeInstance<'n>, u32, u32)>> {
+    let mut out: Vec<(ComputeInstance<'n>, u32, u32)> = Vec::new();
+    for profile_enum in 0..sys::NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
+        let profile = match raw::compute_instance_profile(nvml, gi, profile_enum) {
+            Ok(p) => p,
+            Err(NvmlError::NotSupported | NvmlError::InvalidArg) => continue,
+            Err(e) => {
+                return Err(call("nvmlGpuInstanceGetComputeInstanceProfileInfo", index)(
+                    e,
+                ));
+            }
+        };
+        let cis = raw::compute_instances(nvml, gi, profile.id, profile.instance_count)
+            .map_err(call("nvmlGpuInstanceGetComputeInstances", index))?;
+        for ci in cis {
+            let (id, profile_id) = raw::compute_instance_info(nvml, &ci)
+                .map_err(call("nvmlComputeInstanceGetInfo_v2", index))?;
+            if !out.iter().any(|(_, i, _)| *i == id) {
+                out.push((ci, id, profile_id));
+            }
+        }
+    }
+    out.sort_by_key(|(_, id, _)| *id);
+    Ok(out)
+}
+
+/// Destroys every compute instance of GPU instance `gi_id`, then the GPU
+/// instance. A GPU instance that no longer exists counts as destroyed.
+pub(super) fn destroy_gpu_instance(
+    nvml: &Nvml,
+    handle: RawDevice,
+    index: u32,
+    gi_id: u32,
+) -> Result<()> {
+    let gi = match raw::gpu_instance_by_id(nvml, handle, gi_id) {
+        Ok(gi) => gi,
+        Err(NvmlError::NotFound) => {
+            tracing::info!(gpu = index, gi = gi_id, "GPU instance already gone");
+            return Ok(());
+        }
+        Err(e) => return Err(call("nvmlDeviceGetGpuInstanceById", index)(e)),
+    };
+    let cis = compute_instances(nvml, &gi, index)?;
+    let count = cis.len();
+    for (ci, _, _) in cis {
+        raw::destroy_compute_instance(nvml, ci)
+            .map_err(call("nvmlComputeInstanceDestroy", index))?;
+    }
+    raw::destroy_gpu_instance(nvml, gi).map_err(call("nvmlGpuInstanceDestroy", index))?;
+    tracing::info!(
+        gpu = index,
+        gi = gi_id,
+        compute_instances = count,
+        "GPU instance destroyed"
+    );
     Ok(())
 }

@@ -23,7 +23,10 @@ use std::sync::Mutex;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
-use crate::{ComputeMode, Error, GpuBackend, GpuInfo, MigDevice, MigPlacement, Result, SystemInfo};
+use crate::{
+    ComputeMode, Error, GpuBackend, GpuInfo, MigDevice, MigGpuInstance, MigPlacement, Result,
+    SystemInfo,
+};
 
 use raw::RawDevice;
 
@@ -222,6 +225,16 @@ impl GpuBackend for NvmlBackend {
         device
             .set_compute_mode(mode)
             .map_err(call("nvmlDeviceSetComputeMode", index))
+    }
+
+    fn gpu_instances(&self, index: u32) -> Result<Vec<MigGpuInstance>> {
+        let handle = self.handle(index)?;
+        mig::list(&self.nvml, handle, index)
+    }
+
+    fn destroy_gpu_instance(&self, index: u32, gpu_instance_id: u32) -> Result<()> {
+        let handle = self.handle(index)?;
+        mig::destroy_gpu_instance(&self.nvml, handle, index, gpu_instance_id)
     }
 }
 

@@ -83,6 +83,7 @@ pub(crate) struct GpuInstanceInfo {
 pub(crate) struct ComputeInstanceProfile {
     pub id: u32,
     pub slice_count: u32,
+    pub instance_count: u32,
 }
 
 /// `nvmlDeviceGetGpuInstancePossiblePlacements_v2` as (start, size) pairs.
@@ -166,6 +167,60 @@ pub(crate) fn gpu_instance_by_id(
         handle,
         nvml: PhantomData,
     })
+}
+
+/// `nvmlDeviceGetGpuInstances`: the GPU instances of profile `profile_id`.
+/// `capacity` must be the profile's instance count (NVML takes no array
+/// size and writes up to that many).
+pub(crate) fn gpu_instances(
+    nvml: &Nvml,
+    device: RawDevice,
+    profile_id: u32,
+    capacity: u32,
+) -> Result<Vec<GpuInstance<'_>>, NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlDeviceGetGpuInstances.as_ref())?;
+    // One spare slot: never pass NVML an empty array.
+    let mut handles: Vec<sys::nvmlGpuInstance_t> =
+        vec![std::ptr::null_mut(); capacity as usize + 1];
+    let mut count: c_uint = 0;
+    // SAFETY: valid device handle; `handles` holds more elements than the
+    // profile can have instances, which bounds what NVML writes; `count` is
+    // a valid out pointer.
+    nvml_try(unsafe { sym(device.0, profile_id, handles.as_mut_ptr(), &raw mut count) })?;
+    handles.truncate((count as usize).min(capacity as usize + 1));
+    Ok(handles
+        .into_iter()
+        .map(|handle| GpuInstance {
+            handle,
+            nvml: PhantomData,
+        })
+        .collect())
+}
+
+/// `nvmlGpuInstanceGetComputeInstances`: the compute instances of compute
+/// instance profile `profile_id` in `gi`. `capacity` must be that profile's
+/// instance count.
+pub(crate) fn compute_instances<'n>(
+    nvml: &'n Nvml,
+    gi: &GpuInstance<'n>,
+    profile_id: u32,
+    capacity: u32,
+) -> Result<Vec<ComputeInstance<'n>>, NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlGpuInstanceGetComputeInstances.as_ref())?;
+    let mut handles: Vec<sys::nvmlComputeInstance_t> =
+        vec![std::ptr::null_mut(); capacity as usize + 1];
+    let mut count: c_uint = 0;
+    // SAFETY: valid GI handle; `handles` holds more elements than the
+    // profile can have instances; `count` is a valid out pointer.
+    nvml_try(unsafe { sym(gi.handle, profile_id, handles.as_mut_ptr(), &raw mut count) })?;
+    handles.truncate((count as usize).min(capacity as usize + 1));
+    Ok(handles
+        .into_iter()
+        .map(|handle| ComputeInstance {
+            handle,
+            nvml: PhantomData,
+        })
+        .collect())
 }
 
 /// `nvmlGpuInstanceGetInfo`.
@@ -258,6 +313,7 @@ pub(crate) fn compute_instance_profile(
     Ok(ComputeInstanceProfile {
         id: info.id,
         slice_count: info.sliceCount,
+        instance_count: info.instanceCount,
     })
 }
 
@@ -295,6 +351,14 @@ pub(crate) fn compute_instance_by_id<'n>(
 
 /// The compute instance id (`nvmlComputeInstanceGetInfo_v2`).
 pub(crate) fn compute_instance_id(nvml: &Nvml, ci: &ComputeInstance<'_>) -> Result<u32, NvmlError> {
+    compute_instance_info(nvml, ci).map(|(id, _)| id)
+}
+
+/// The compute instance id and profile id (`nvmlComputeInstanceGetInfo_v2`).
+pub(crate) fn compute_instance_info(
+    nvml: &Nvml,
+    ci: &ComputeInstance<'_>,
+) -> Result<(u32, u32), NvmlError> {
     let sym = nvml_sym(nvml.lib().nvmlComputeInstanceGetInfo_v2.as_ref())?;
     let mut info = sys::nvmlComputeInstanceInfo_t {
         device: std::ptr::null_mut(),
@@ -305,7 +369,7 @@ pub(crate) fn compute_instance_id(nvml: &Nvml, ci: &ComputeInstance<'_>) -> Resu
     };
     // SAFETY: valid CI handle and a valid out struct.
     nvml_try(unsafe { sym(ci.handle, &raw mut info) })?;
-    Ok(info.id)
+    Ok((info.id, info.profileId))
 }
 
 /// `nvmlComputeInstanceDestroy`. Consumes the handle: it is dangling afterwards.

@@ -99,6 +99,30 @@ impl ClaimSpec {
         Ok(self)
     }
 
+    /// Adds `edits` (sharing env, MPS mounts...) to the device added under
+    /// DRA device name `device`.
+    pub fn add_edits(
+        &mut self,
+        device: &str,
+        edits: ContainerEdits,
+    ) -> Result<&mut Self, CdiError> {
+        let name = claim_device_name(&self.claim_uid, device)?;
+        let Some(target) = self.devices.iter_mut().find(|d| d.name == name) else {
+            return Err(CdiError::InvalidName {
+                what: "device name",
+                value: device.to_owned(),
+                reason: "no device of this name was added to the claim spec",
+            });
+        };
+        let e = &mut target.container_edits;
+        e.env.extend(edits.env);
+        e.device_nodes.extend(edits.device_nodes);
+        e.hooks.extend(edits.hooks);
+        e.mounts.extend(edits.mounts);
+        e.additional_gids.extend(edits.additional_gids);
+        Ok(self)
+    }
+
     /// Finishes the spec with `common` as its claim-level edits (see
     /// [`claim_edits`]). Fails when no device was added.
     pub fn build(self, common: ContainerEdits) -> Result<BuiltClaimSpec, CdiError> {

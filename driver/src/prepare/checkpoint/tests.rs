@@ -71,6 +71,7 @@ fn gpu_entry(state: ClaimState, name: &str) -> ClaimEntry {
                 compute_mode: None,
                 mps_daemon: None,
             },
+            admin: false,
         }],
         cdi_spec_paths: vec![PathBuf::from(
             "/var/run/cdi/k8s.gpu.nvidia.com-claim_abc.json",
@@ -109,8 +110,10 @@ fn mig_entry() -> ClaimEntry {
                 mps_daemon: Some(MpsDaemonRecord {
                     id: "mps-train".into(),
                     pipe_dir: "/run/nvidia/mps/train".into(),
+                    ..MpsDaemonRecord::default()
                 }),
             },
+            admin: true,
         }],
         cdi_spec_paths: vec![],
     }

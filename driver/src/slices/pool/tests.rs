@@ -19,6 +19,7 @@ fn desired(inv: &crate::discovery::Inventory, dynamic_mig: bool) -> Vec<Resource
         &BuildOptions {
             dynamic_mig,
             group_limits: rules.group_limits(),
+            ..BuildOptions::default()
         },
     );
     build_slices(&owner(), &split(&model, &rules.limits()), 0)
@@ -377,6 +378,7 @@ fn counter_set_slices_come_in_a_wave_before_device_slices() {
         &BuildOptions {
             dynamic_mig: true,
             group_limits: rules.group_limits(),
+            ..BuildOptions::default()
         },
     );
     let want = build_slices(&owner(), &split(&model, &rules.limits()), 0);

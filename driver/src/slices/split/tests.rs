@@ -11,6 +11,7 @@ fn build(inv: &crate::discovery::Inventory, dynamic_mig: bool, rules: SliceRules
         &BuildOptions {
             dynamic_mig,
             group_limits: rules.group_limits(),
+            ..BuildOptions::default()
         },
     )
 }

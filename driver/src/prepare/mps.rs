@@ -1,0 +1,1087 @@
+//! MPS control daemons, started and supervised by the plugin itself (no
+//! Deployment, so an MPS prepare waits only for the daemon's readiness).
+//!
+//! # How MPS works (facts this module relies on)
+//! - `nvidia-cuda-mps-control -d` forks a control daemon into the background
+//!   and returns. The daemon writes `nvidia-cuda-mps-control.pid` and listens
+//!   on the UNIX socket `control` in `CUDA_MPS_PIPE_DIRECTORY` (default
+//!   `/tmp/nvidia-mps`), and logs to `CUDA_MPS_LOG_DIRECTORY/control.log`
+//!   (default `/var/log/nvidia-mps`). Commands are lines on the stdin of
+//!   `nvidia-cuda-mps-control` run with the same pipe directory
+//!   (`echo get_server_list | nvidia-cuda-mps-control`).
+//! - A CUDA program finds the daemon through *its own*
+//!   `CUDA_MPS_PIPE_DIRECTORY`; the daemon starts one `nvidia-cuda-mps-server`
+//!   per user id (forked from the daemon: same environment, same mount
+//!   namespace) and the clients talk to that server through sockets in the
+//!   pipe directory and shared memory in `/dev/shm`. So a container needs
+//!   the daemon's pipe directory *and* the daemon's `/dev/shm`.
+//! - `CUDA_VISIBLE_DEVICES` of the daemon selects the devices its servers
+//!   use, enumerated in that order.
+//! - `set_default_active_thread_percentage` and
+//!   `set_default_device_pinned_mem_limit <dev> <N>M` apply to servers
+//!   started afterwards (a running server keeps its values) and are lost on
+//!   `quit`; devices are named by ordinal ([`DaemonConfig::commands`] says why).
+//!
+//! # What the plugin does
+//! Daemon `<id>` lives in `<state-dir>/mps/<id>/`: `pipe/`, `log/`, `shm/`
+//! and `daemon.json` (its [`DaemonConfig`], to restart it from). [`MpsControl::start`]
+//! re-adopts a daemon whose pid file names a live `nvidia-cuda-mps-control`
+//! (and re-applies the settings); otherwise it creates the directories,
+//! empties the pipe directory (a dead daemon's socket and pid file; the
+//! directory itself is kept, running containers bind-mount it), runs `-d`,
+//! waits (bounded by [`Timeouts::ready`]) until the pid file names a live
+//! daemon, `control` exists and a `get_server_list` round trip succeeds,
+//! then sends the settings one command per invocation. A daemon that never
+//! gets ready is killed and, on a first start, its directories removed.
+//! Daemons are not children of the plugin (`-d` runs in a session of its
+//! own through `setsid` where the program exists, and forks the daemon
+//! into the background), so they outlive a plugin crash; a new
+//! [`MpsControl`] on the same state directory finds them from their pid
+//! files.
+//! [`MpsControl::check`] restarts a needed daemon that died; [`MpsControl::stop`]
+//! sends `quit`, kills what is left (every process carrying the daemon's
+//! [`procs::DAEMON_MARKER_ENV`]) and removes the directories.
+//!
+//! # `/dev/shm`: what is done, what a deployment needs
+//! With [`ShmMode::PrivateMount`] (chosen when the plugin runs as root and
+//! `unshare --mount` works) the daemon is started as
+//! `unshare --mount --propagation private /bin/sh -c 'mount -o bind <shm>
+//! /dev/shm; mkdir -p /tmp/nvidia-mps; mount -o bind <pipe> /tmp/nvidia-mps;
+//! exec nvidia-cuda-mps-control -d'`: the daemon and every server it forks
+//! see the daemon's `shm/` as `/dev/shm` and its `pipe/` at
+//! `/tmp/nvidia-mps`, which is exactly what [`MpsControl::container_edits`]
+//! gives containers (`/dev/shm` and `/tmp/nvidia-mps` bind mounts,
+//! `CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps`), so both sides use the same
+//! paths, as with NVIDIA's driver. The mounts stay private to the daemon.
+//! With [`ShmMode::Inherit`] (fallback, logged as a warning) the daemon
+//! shares the plugin's `/dev/shm`, which is *not* the containers' one:
+//! enough for the fake driver and unprivileged development, not for real
+//! CUDA clients.
+//!
+//! A deployment needs: the plugin privileged (`CAP_SYS_ADMIN` for `unshare`
+//! and `mount`) with `/bin/sh`, `unshare` and `mount` in its image
+//! (util-linux or busybox) and a writable `/tmp`; the state directory a
+//! hostPath at the same path as on the host (or the `HostRoot` mapping), so
+//! the runtime mounts the very directories the daemon uses; `hostPID: true`,
+//! so an orphaned daemon is reparented to the host's init (in a private pid
+//! namespace it would die with the plugin's pid 1 and become its zombie).
+//! `shm/` is a plain directory on the state directory's filesystem, not a
+//! tmpfs (a tmpfs mounted by the plugin would be invisible to the runtime
+//! without Bidirectional mount propagation); put `<state-dir>/mps` on a
+//! tmpfs (e.g. under `/run`) to keep shared memory off the disk, and know
+//! that `/dev/shm` writes of MPS containers are bounded only by that
+//! filesystem. A daemon survives a crash or restart of the plugin
+//! *process*; a restart of the plugin *container* kills every process in
+//! its cgroup, daemons included: the startup [`MpsControl::check`] restarts
+//! them, and clients that were connected to the old server get errors.
+//!
+//! # What the limits enforce, and what a hostile client can still do
+//! - The daemon defaults (active thread percentage, pinned memory limit per
+//!   device) are imposed by the MPS server on each client process; NVIDIA
+//!   documents `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` in a client as only able
+//!   to lower the daemon's value. Not verified on hardware here.
+//! - Memory-fraction sharing gives each claim [`client_limit_edits`]:
+//!   `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` and `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`
+//!   in the container environment. They are read by the CUDA driver *inside*
+//!   the client, so they bind cooperative programs only: a hostile container
+//!   unsets them and gets whatever the daemon defaults allow (the whole GPU
+//!   unless the daemon has a default limit). Each limit is also per process,
+//!   not per container: N processes get N times the limit.
+//! - The pipe directory, with the `control` socket, is in every container of
+//!   the daemon, and `nvidia-cuda-mps-control` is mounted from the driver
+//!   root (any client can also speak the protocol itself): a container
+//!   running as the daemon's user (root, in most images) can `quit` the
+//!   daemon (the supervisor restarts it; connected clients fail), change the
+//!   defaults for servers started later, or target a running server's
+//!   clients. The shared `/dev/shm` and pipe directory let containers of one
+//!   daemon read and write each other's shared-memory files.
+//! - One client's fatal GPU fault can take down the other clients of the
+//!   same server (MPS has limited error containment). Only MIG isolates in
+//!   hardware.
+
+pub mod config;
+pub(crate) mod exec;
+pub mod procs;
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, ErrorKind};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+pub use config::{
+    DaemonConfig, MAX_PINNED_LIMIT_MIB, parse_limit_mib, validate_id, validate_percentage,
+    validate_uuid,
+};
+
+use super::cdi::{ContainerEdits, HostRoot, Mount};
+use super::checkpoint::MpsDaemonRecord;
+use exec::{RunError, backoff, driver_env};
+
+/// Where containers (and, with [`ShmMode::PrivateMount`], the daemon) see
+/// the pipe directory: MPS's default, as NVIDIA's driver uses it.
+pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";
+/// The control program, relative to the driver root.
+pub const CONTROL_PROGRAM: &str = "usr/bin/nvidia-cuda-mps-control";
+/// The daemon's pid file in its pipe directory.
+pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+/// The daemon's socket in its pipe directory.
+pub const CONTROL_SOCKET: &str = "control";
+/// The daemon's settings file in its directory.
+pub const CONFIG_FILE: &str = "daemon.json";
+/// Where `-d`'s own output goes, in the log directory.
+pub const START_OUTPUT: &str = "plugin-start.out";
+/// Largest `daemon.json` read.
+const MAX_CONFIG_BYTES: u64 = 64 * 1024;
+/// The launcher script run in the daemon's mount namespace:
+/// `$1` = shm dir, `$2` = pipe dir, then the program and its arguments.
+const PRIVATE_MOUNT_SCRIPT: &str = "mount -o bind \"$1\" /dev/shm && mkdir -p /tmp/nvidia-mps && mount -o bind \"$2\" /tmp/nvidia-mps && shift 2 && exec \"$@\"";
+/// Directories searched for `unshare` and `mount`.
+const SYSTEM_BIN_DIRS: &[&str] = &["/usr/bin", "/bin", "/usr/sbin", "/sbin"];
+
+/// Errors of MPS daemon management.
+#[derive(Debug, thiserror::Error)]
+pub enum MpsError {
+    /// The daemon id cannot be a directory name.
+    #[error("invalid MPS daemon id {id:?}: {reason}")]
+    InvalidId {
+        /// The id given.
+        id: String,
+        /// The rule it breaks.
+        reason: &'static str,
+    },
+    /// A setting is out of range or malformed; nothing was started.
+    #[error("invalid MPS settings for daemon {id}: {reason}")]
+    InvalidConfig {
+        /// The daemon.
+        id: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// `nvidia-cuda-mps-control` is not in the driver root.
+    #[error(
+        "MPS control program {path} not found: check --driver-root (it must hold usr/bin/nvidia-cuda-mps-control)"
+    )]
+    ControlMissing {
+        /// Where it was looked for (plugin side).
+        path: PathBuf,
+    },
+    /// [`ShmMode::PrivateMount`] was required but cannot work here.
+    #[error("cannot give MPS daemons their own /dev/shm: {reason}")]
+    PrivateShmUnavailable {
+        /// Why (not root, no `unshare`...).
+        reason: String,
+    },
+    /// A program could not be started.
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        /// The program.
+        program: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// `nvidia-cuda-mps-control -d` failed or hung.
+    #[error("starting MPS control daemon {id} failed: {output}")]
+    StartFailed {
+        /// The daemon.
+        id: String,
+        /// What `-d` printed (or why it was killed), and the control log.
+        output: String,
+    },
+    /// The daemon exited before it was ready.
+    #[error("MPS control daemon {id} (pid {pid}) exited during startup; control.log: {log}")]
+    DaemonExited {
+        /// The daemon.
+        id: String,
+        /// Its pid.
+        pid: u32,
+        /// The end of its control log.
+        log: String,
+    },
+    /// The daemon did not answer in time; it was killed and a first
+    /// start's directories removed.
+    #[error(
+        "MPS control daemon {id} not ready after {waited_ms} ms (killed; directories of a first start removed); control.log: {log}"
+    )]
+    NotReady {
+        /// The daemon.
+        id: String,
+        /// How long readiness was awaited.
+        waited_ms: u128,
+        /// The end of its control log.
+        log: String,
+    },
+    /// A control command was refused.
+    #[error("MPS control command {command:?} for daemon {id} failed: {output}")]
+    Command {
+        /// The daemon.
+        id: String,
+        /// The command line sent.
+        command: String,
+        /// What the client printed.
+        output: String,
+    },
+    /// A control command got no answer in time (the client was killed).
+    #[error("MPS control command {command:?} for daemon {id} got no answer within {timeout_ms} ms")]
+    CommandTimeout {
+        /// The daemon.
+        id: String,
+        /// The command line sent.
+        command: String,
+        /// The timeout.
+        timeout_ms: u128,
+    },
+    /// A daemon with this id runs for other devices.
+    #[error(
+        "MPS daemon {id} already runs for {running}, cannot serve {wanted} (CUDA_VISIBLE_DEVICES is fixed at start): stop it first"
+    )]
+    Conflict {
+        /// The daemon.
+        id: String,
+        /// Its devices.
+        running: String,
+        /// The devices asked for.
+        wanted: String,
+    },
+    /// A dead daemon cannot be restarted: its settings file is gone.
+    #[error("MPS daemon {id} is not running and has no {path} to restart from")]
+    NoRecord {
+        /// The daemon.
+        id: String,
+        /// The missing settings file.
+        path: PathBuf,
+    },
+    /// A settings file cannot be read back.
+    #[error("MPS daemon settings {path}: {reason}")]
+    BadRecord {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Processes of a daemon survived SIGKILL.
+    #[error("MPS daemon {id}: processes {pids:?} are still alive after SIGKILL")]
+    StopFailed {
+        /// The daemon.
+        id: String,
+        /// The survivors.
+        pids: Vec<u32>,
+    },
+    /// A filesystem operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> MpsError {
+    let path = path.to_path_buf();
+    move |source| MpsError::Io { op, path, source }
+}
+
+/// How a daemon gets its `/dev/shm` (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShmMode {
+    /// Own mount namespace: `shm/` on `/dev/shm`, `pipe/` on `/tmp/nvidia-mps`.
+    PrivateMount,
+    /// The plugin's `/dev/shm` and the plugin-side pipe path (tests,
+    /// unprivileged development; real CUDA clients in containers fail).
+    Inherit,
+}
+
+impl ShmMode {
+    /// [`ShmMode::PrivateMount`] when it works here (root, `/bin/sh`,
+    /// `unshare` and `mount` found, and a trial bind mount in a private
+    /// namespace succeeds), else [`ShmMode::Inherit`] with the reason.
+    pub fn detect() -> (Self, Option<String>) {
+        match private_mount_probe() {
+            Ok(()) => (Self::PrivateMount, None),
+            Err(reason) => (Self::Inherit, Some(reason)),
+        }
+    }
+}
+
+fn find_system_program(name: &str) -> Option<PathBuf> {
+    SYSTEM_BIN_DIRS
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+fn private_mount_probe() -> Result<(), String> {
+    if !rustix::process::geteuid().is_root() {
+        return Err("the plugin does not run as root".into());
+    }
+    if !Path::new("/bin/sh").is_file() {
+        return Err("/bin/sh is missing".into());
+    }
+    let unshare = find_system_program("unshare").ok_or("no unshare program")?;
+    find_system_program("mount").ok_or("no mount program")?;
+    if !Path::new("/dev/shm").is_dir() {
+        return Err("/dev/shm is not a directory".into());
+    }
+    let mut cmd = Command::new(&unshare);
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "/bin/sh",
+        "-c",
+        "mount -o bind /dev/shm /dev/shm",
+    ]);
+    driver_env(&mut cmd, Path::new("/"));
+    match exec::run(&mut cmd, None, Duration::from_secs(5)) {
+        Ok(ran) if ran.status.success() => Ok(()),
+        Ok(ran) => Err(format!(
+            "a trial bind mount in a private mount namespace failed: {}",
+            ran.output()
+        )),
+        Err(e) => Err(format!("{} {e}", unshare.display())),
+    }
+}
+
+/// Bounds on waiting for daemons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// From `-d` to a daemon answering commands.
+    pub ready: Duration,
+    /// One control command (also `-d` itself, which returns at once).
+    pub command: Duration,
+    /// From `quit` to the daemon's exit, before SIGKILL.
+    pub stop: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            ready: Duration::from_secs(5),
+            command: Duration::from_secs(5),
+            stop: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What [`MpsControl::check`] found for one daemon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// It runs.
+    Running {
+        /// Its pid.
+        pid: u32,
+    },
+    /// It was dead and has been restarted with its recorded settings.
+    Restarted(MpsDaemonRecord),
+}
+
+/// The directories and files of one daemon, plugin side.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DaemonDirs {
+    /// `<state-dir>/mps/<id>`, relative to the state dir.
+    pub rel: PathBuf,
+    /// `<state-dir>/mps/<id>`.
+    pub root: PathBuf,
+    /// `CUDA_MPS_PIPE_DIRECTORY` (plugin side).
+    pub pipe: PathBuf,
+    /// `CUDA_MPS_LOG_DIRECTORY`.
+    pub log: PathBuf,
+    /// The daemon's `/dev/shm`.
+    pub shm: PathBuf,
+    /// `daemon.json`.
+    pub config: PathBuf,
+}
+
+impl DaemonDirs {
+    fn pid_file(&self) -> PathBuf {
+        self.pipe.join(PID_FILE)
+    }
+
+    fn control(&self) -> PathBuf {
+        self.pipe.join(CONTROL_SOCKET)
+    }
+}
+
+/// Starts, finds, supervises and stops MPS control daemons.
+#[derive(Debug)]
+pub struct MpsControl {
+    driver_root: HostRoot,
+    state_dir: HostRoot,
+    timeouts: Timeouts,
+    shm_mode: ShmMode,
+    locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+}
+
+impl MpsControl {
+    /// Daemons run `<driver_root>/usr/bin/nvidia-cuda-mps-control` and live
+    /// in `<state_dir>/mps/<id>/{pipe,log,shm}`. The [`ShmMode`] is detected
+    /// here (a warning is logged when it falls back to [`ShmMode::Inherit`]).
+    pub fn new(driver_root: HostRoot, state_dir: HostRoot) -> Self {
+        let (shm_mode, why) = ShmMode::detect();
+        if let Some(reason) = why {
+            tracing::warn!(
+                %reason,
+                "MPS daemons will share the plugin's /dev/shm: containers of MPS claims cannot reach their servers' shared memory on real GPUs"
+            );
+        }
+        Self {
+            driver_root,
+            state_dir,
+            timeouts: Timeouts::default(),
+            shm_mode,
+            locks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Uses these timeouts.
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.timeouts = timeouts;
+        self
+    }
+
+    /// Forces a [`ShmMode`]; [`ShmMode::PrivateMount`] where it cannot work
+    /// makes every start fail with [`MpsError::PrivateShmUnavailable`].
+    pub fn with_shm_mode(mut self, mode: ShmMode) -> Self {
+        self.shm_mode = mode;
+        self
+    }
+
+    /// The [`ShmMode`] daemons are started with.
+    pub fn shm_mode(&self) -> ShmMode {
+        self.shm_mode
+    }
+
+    /// The directories of daemon `id`.
+    pub fn dirs(&self, id: &str) -> Result<DaemonDirs, MpsError> {
+        validate_id(id).map_err(|reason| MpsError::InvalidId {
+            id: id.to_owned(),
+            reason,
+        })?;
+        let rel = Path::new("mps").join(id);
+        let root = self.state_dir.local(&rel);
+        Ok(DaemonDirs {
+            pipe: root.join("pipe"),
+            log: root.join("log"),
+            shm: root.join("shm"),
+            config: root.join(CONFIG_FILE),
+            rel,
+            root,
+        })
+    }
+
+    fn control_program(&self) -> Result<PathBuf, MpsError> {
+        let path = self.driver_root.local(Path::new(CONTROL_PROGRAM));
+        if path.is_file() {
+            Ok(path)
+        } else {
+            Err(MpsError::ControlMissing { path })
+        }
+    }
+
+    fn lock_for(&self, id: &str) -> Arc<Mutex<()>> {
+        let mut map = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        map.entry(id.to_owned()).or_default().clone()
+    }
+
+    /// Drops the lock entry of `id` when nobody else holds it (so the map
+    /// does not grow with every daemon ever stopped).
+    fn forget_lock(&self, id: &str, mine: &Arc<Mutex<()>>) {
+        let mut map = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        if Arc::strong_count(mine) <= 2 {
+            map.remove(id);
+        }
+    }
+
+    /// Starts daemon `cfg.id`, or re-adopts it when it already runs (its
+    /// devices must match) and re-applies the settings.
+    pub fn start(&self, cfg: &DaemonConfig) -> Result<MpsDaemonRecord, MpsError> {
+        cfg.validate()?;
+        let lock = self.lock_for(&cfg.id);
+        let _held = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        self.start_locked(cfg)
+    }
+
+    fn start_locked(&self, cfg: &DaemonConfig) -> Result<MpsDaemonRecord, MpsError> {
+        let dirs = self.dirs(&cfg.id)?;
+        let program = self.control_program()?;
+        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
+            match read_config(&dirs) {
+                Ok(Some(running)) if running.gpu_uuids != cfg.gpu_uuids => {
+                    return Err(MpsError::Conflict {
+                        id: cfg.id.clone(),
+                        running: running.visible_devices(),
+                        wanted: cfg.visible_devices(),
+                    });
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(
+                    daemon = %cfg.id,
+                    pid,
+                    error = %e,
+                    "settings file of a running MPS daemon unreadable; re-adopting it and rewriting the file"
+                ),
+            }
+            write_config(&dirs, cfg)?;
+            self.apply(&program, &dirs, cfg)?;
+            tracing::info!(daemon = %cfg.id, pid, "re-adopted running MPS control daemon");
+            return Ok(self.record(&dirs, cfg, pid));
+        }
+        let first_start = !dirs.root.exists();
+        let started = Instant::now();
+        match self.launch(&program, &dirs, cfg) {
+            Ok(pid) => {
+                tracing::info!(
+                    daemon = %cfg.id,
+                    pid,
+                    devices = %cfg.visible_devices(),
+                    shm = ?self.shm_mode,
+                    elapsed_ms = started.elapsed().as_millis(),
+                    "started MPS control daemon"
+                );
+                Ok(self.record(&dirs, cfg, pid))
+            }
+            Err(e) => {
+                if let Err(cleanup) = Self::kill_all(&cfg.id, &dirs) {
+                    tracing::error!(daemon = %cfg.id, error = %cleanup, "cleanup after a failed MPS start");
+                }
+                if first_start && let Err(rm) = fs::remove_dir_all(&dirs.root) {
+                    tracing::error!(daemon = %cfg.id, path = %dirs.root.display(), error = %rm, "cannot remove the directories of a failed MPS start");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn record(&self, dirs: &DaemonDirs, cfg: &DaemonConfig, pid: u32) -> MpsDaemonRecord {
+        let host = |leaf: &str| PathBuf::from(self.state_dir.host_path(&dirs.rel.join(leaf)));
+        MpsDaemonRecord {
+            id: cfg.id.clone(),
+            pipe_dir: host("pipe"),
+            pid: Some(pid),
+            log_dir: host("log"),
+            shm_dir: host("shm"),
+            gpu_uuids: cfg.gpu_uuids.clone(),
+        }
+    }
+
+    /// Creates the directories, runs `-d`, waits for readiness, applies the settings.
+    fn launch(
+        &self,
+        program: &Path,
+        dirs: &DaemonDirs,
+        cfg: &DaemonConfig,
+    ) -> Result<u32, MpsError> {
+        for (dir, mode) in [
+            (&dirs.root, 0o755),
+            (&dirs.pipe, 0o755),
+            (&dirs.log, 0o755),
+            (&dirs.shm, 0o1777),
+        ] {
+            fs::create_dir_all(dir).map_err(io_err("create dir", dir))?;
+            fs::set_permissions(dir, fs::Permissions::from_mode(mode))
+                .map_err(io_err("chmod", dir))?;
+        }
+        // Stale processes of this daemon directory (a start that crashed
+        // half-way) and a dead daemon's socket and pid file go first.
+        Self::kill_all(&cfg.id, dirs)?;
+        clear_dir(&dirs.pipe)?;
+        write_config(dirs, cfg)?;
+
+        let out_path = dirs.log.join(START_OUTPUT);
+        let out = fs::File::create(&out_path).map_err(io_err("create", &out_path))?;
+        let err = out.try_clone().map_err(io_err("dup", &out_path))?;
+        // argv of the launch, then the pipe directory the daemon sees.
+        let (mut argv, pipe_env): (Vec<std::ffi::OsString>, &Path) = match self.shm_mode {
+            ShmMode::PrivateMount => {
+                let unshare = find_system_program("unshare").ok_or_else(|| {
+                    MpsError::PrivateShmUnavailable {
+                        reason: "no unshare program".into(),
+                    }
+                })?;
+                let mut argv: Vec<std::ffi::OsString> = vec![unshare.into()];
+                argv.extend(
+                    ["--mount", "--propagation", "private", "/bin/sh", "-c"].map(Into::into),
+                );
+                argv.extend([
+                    PRIVATE_MOUNT_SCRIPT.into(),
+                    "sh".into(),
+                    dirs.shm.clone().into(),
+                    dirs.pipe.clone().into(),
+                    program.into(),
+                    "-d".into(),
+                ]);
+                (argv, Path::new(CONTAINER_PIPE_DIR))
+            }
+            ShmMode::Inherit => (vec![program.into(), "-d".into()], &dirs.pipe),
+        };
+        // A session of its own from the start, whatever the program does:
+        // signals to the plugin's process group or session never reach it.
+        if let Some(setsid) = find_system_program("setsid") {
+            argv.insert(0, setsid.into());
+        }
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]);
+        driver_env(&mut cmd, &self.driver_root.path);
+        cmd.env("CUDA_MPS_PIPE_DIRECTORY", pipe_env);
+        cmd.env("CUDA_VISIBLE_DEVICES", cfg.visible_devices())
+            .env("CUDA_MPS_LOG_DIRECTORY", &dirs.log)
+            .env(procs::DAEMON_MARKER_ENV, &dirs.root)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        let mut child = exec::spawn(&mut cmd).map_err(|source| MpsError::Spawn {
+            program: program.to_path_buf(),
+            source,
+        })?;
+        let deadline = Instant::now() + self.timeouts.command;
+        let mut attempt = 0;
+        let status = loop {
+            if let Some(status) = child.try_wait().map_err(io_err("wait for", program))? {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(MpsError::StartFailed {
+                    id: cfg.id.clone(),
+                    output: format!(
+                        "`-d` did not return within {} ms and was killed",
+                        self.timeouts.command.as_millis()
+                    ),
+                });
+            }
+            thread::sleep(backoff(attempt));
+            attempt += 1;
+        };
+        if !status.success() {
+            let printed = fs::read_to_string(&out_path).unwrap_or_default();
+            return Err(MpsError::StartFailed {
+                id: cfg.id.clone(),
+                output: format!("{status}: {}", exec::combine(&printed, "")),
+            });
+        }
+        let pid = self.wait_ready(program, dirs, cfg)?;
+        self.apply(program, dirs, cfg)?;
+        Ok(pid)
+    }
+
+    fn wait_ready(
+        &self,
+        program: &Path,
+        dirs: &DaemonDirs,
+        cfg: &DaemonConfig,
+    ) -> Result<u32, MpsError> {
+        let begun = Instant::now();
+        let deadline = begun + self.timeouts.ready;
+        let mut attempt = 0;
+        loop {
+            if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
+                if fs::symlink_metadata(dirs.control()).is_ok() {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let probe = self.send(program, dirs, &cfg.id, "get_server_list", left);
+                    if probe.is_ok() {
+                        return Ok(pid);
+                    }
+                }
+            } else if let Some(pid) = read_pid(&dirs.pid_file())
+                && !procs::is_alive(pid)
+            {
+                return Err(MpsError::DaemonExited {
+                    id: cfg.id.clone(),
+                    pid,
+                    log: log_tail(dirs),
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(MpsError::NotReady {
+                    id: cfg.id.clone(),
+                    waited_ms: begun.elapsed().as_millis(),
+                    log: log_tail(dirs),
+                });
+            }
+            thread::sleep(backoff(attempt));
+            attempt += 1;
+        }
+    }
+
+    /// Sends the settings, one command per client invocation.
+    fn apply(&self, program: &Path, dirs: &DaemonDirs, cfg: &DaemonConfig) -> Result<(), MpsError> {
+        for command in cfg.commands()? {
+            self.send(program, dirs, &cfg.id, &command, self.timeouts.command)?;
+            tracing::debug!(daemon = %cfg.id, %command, "MPS setting applied");
+        }
+        Ok(())
+    }
+
+    /// Runs one control command; `command` is a validated single line.
+    fn send(
+        &self,
+        program: &Path,
+        dirs: &DaemonDirs,
+        id: &str,
+        command: &str,
+        timeout: Duration,
+    ) -> Result<String, MpsError> {
+        debug_assert!(!command.contains('\n'));
+        let mut cmd = Command::new(program);
+        driver_env(&mut cmd, &self.driver_root.path);
+        cmd.env("CUDA_MPS_PIPE_DIRECTORY", &dirs.pipe)
+            .env("CUDA_MPS_LOG_DIRECTORY", &dirs.log);
+        let line = format!("{command}\n");
+        match exec::run(&mut cmd, Some(line.as_bytes()), timeout) {
+            Ok(ran) if ran.status.success() => Ok(ran.stdout),
+            Ok(ran) => Err(MpsError::Command {
+                id: id.to_owned(),
+                command: command.to_owned(),
+                output: format!("{}: {}", ran.status, ran.output()),
+            }),
+            Err(RunError::TimedOut) => Err(MpsError::CommandTimeout {
+                id: id.to_owned(),
+                command: command.to_owned(),
+                timeout_ms: timeout.as_millis(),
+            }),
+            Err(RunError::Spawn(source)) => Err(MpsError::Spawn {
+                program: program.to_path_buf(),
+                source,
+            }),
+            Err(RunError::Wait(source)) => Err(MpsError::Io {
+                op: "wait for",
+                path: program.to_path_buf(),
+                source,
+            }),
+        }
+    }
+
+    /// Whether daemon `id` runs (its pid file names a live control daemon).
+    pub fn is_running(&self, id: &str) -> bool {
+        self.pid(id).is_some()
+    }
+
+    /// The pid of daemon `id`, when it runs.
+    pub fn pid(&self, id: &str) -> Option<u32> {
+        let dirs = self.dirs(id).ok()?;
+        procs::live_daemon_pid(&dirs.pid_file())
+    }
+
+    /// The settings daemon `id` was last started with, from its directory.
+    pub fn config(&self, id: &str) -> Result<Option<DaemonConfig>, MpsError> {
+        read_config(&self.dirs(id)?)
+    }
+
+    /// Kills every process of daemon `id` (pid file and marker) and waits
+    /// until they are gone.
+    fn kill_all(id: &str, dirs: &DaemonDirs) -> Result<(), MpsError> {
+        let mut pids = procs::daemon_processes(&dirs.root);
+        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
+            pids.push(pid);
+        }
+        if pids.is_empty() {
+            return Ok(());
+        }
+        for pid in &pids {
+            procs::kill(*pid);
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut attempt = 0;
+        loop {
+            pids.retain(|p| procs::is_alive(*p));
+            if pids.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(MpsError::StopFailed {
+                    id: id.to_owned(),
+                    pids,
+                });
+            }
+            thread::sleep(backoff(attempt));
+            attempt += 1;
+        }
+    }
+
+    /// Stops daemon `id`: `quit`, SIGKILL after [`Timeouts::stop`] (and for
+    /// any MPS server left), then removes its directories. An unknown id is
+    /// a success.
+    pub fn stop(&self, id: &str) -> Result<(), MpsError> {
+        let dirs = self.dirs(id)?;
+        let lock = self.lock_for(id);
+        let held = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let result = self.stop_locked(id, &dirs);
+        drop(held);
+        self.forget_lock(id, &lock);
+        result
+    }
+
+    fn stop_locked(&self, id: &str, dirs: &DaemonDirs) -> Result<(), MpsError> {
+        if !dirs.root.exists() {
+            return Ok(());
+        }
+        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
+            let quit = self
+                .control_program()
+                .and_then(|p| self.send(&p, dirs, id, "quit", self.timeouts.command));
+            if let Err(e) = &quit {
+                tracing::warn!(daemon = %id, pid, error = %e, "MPS quit failed; killing the daemon");
+            }
+            let deadline = Instant::now() + self.timeouts.stop;
+            let mut attempt = 0;
+            while quit.is_ok() && procs::is_alive(pid) && Instant::now() < deadline {
+                thread::sleep(backoff(attempt));
+                attempt += 1;
+            }
+            if procs::is_alive(pid) {
+                tracing::warn!(daemon = %id, pid, "MPS control daemon did not exit after quit; killing it");
+            }
+        }
+        Self::kill_all(id, dirs)?;
+        fs::remove_dir_all(&dirs.root).map_err(io_err("remove", &dirs.root))?;
+        tracing::info!(daemon = %id, "stopped MPS control daemon");
+        Ok(())
+    }
+
+    /// Ids of the daemons that have a directory (running or not), sorted;
+    /// entries that are not valid ids are skipped.
+    pub fn list(&self) -> Result<Vec<String>, MpsError> {
+        let root = self.state_dir.local(Path::new("mps"));
+        let entries = match fs::read_dir(&root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err("read dir", &root)(e)),
+        };
+        let mut ids = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(io_err("read dir", &root))?;
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            if validate_id(&name).is_ok() && entry.file_type().is_ok_and(|t| t.is_dir()) {
+                ids.push(name);
+            } else {
+                tracing::debug!(entry = %name, "ignoring a foreign entry of the MPS directory");
+            }
+        }
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Restarts every daemon of `ids` that is not running, from its
+    /// recorded settings; one result per id, in order.
+    pub fn check(&self, ids: &[String]) -> Vec<(String, Result<Health, MpsError>)> {
+        ids.iter()
+            .map(|id| (id.clone(), self.check_one(id)))
+            .collect()
+    }
+
+    fn check_one(&self, id: &str) -> Result<Health, MpsError> {
+        let dirs = self.dirs(id)?;
+        let lock = self.lock_for(id);
+        let _held = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
+            return Ok(Health::Running { pid });
+        }
+        let cfg = read_config(&dirs)?.ok_or_else(|| MpsError::NoRecord {
+            id: id.to_owned(),
+            path: dirs.config.clone(),
+        })?;
+        if cfg.id != id {
+            return Err(MpsError::BadRecord {
+                path: dirs.config.clone(),
+                reason: format!("records daemon {:?}, not {id:?}", cfg.id),
+            });
+        }
+        tracing::warn!(daemon = %id, "MPS control daemon is gone; restarting it");
+        Ok(Health::Restarted(self.start_locked(&cfg)?))
+    }
+
+    /// What a container of a claim served by daemon `id` needs:
+    /// `CUDA_MPS_PIPE_DIRECTORY`, the pipe directory at
+    /// [`CONTAINER_PIPE_DIR`] and the daemon's shm directory at `/dev/shm`
+    /// (host paths).
+    ///
+    /// `id` is one [`MpsControl::start`] accepted; any other (a path, an
+    /// empty string) gets *no* edits and an error log, never a mount outside
+    /// the MPS directory. [`MpsControl::checked_container_edits`] returns
+    /// the error instead.
+    pub fn container_edits(&self, id: &str) -> ContainerEdits {
+        self.checked_container_edits(id).unwrap_or_else(|e| {
+            tracing::error!(daemon = %id, error = %e, "no MPS container edits for an invalid daemon id");
+            ContainerEdits::default()
+        })
+    }
+
+    /// [`MpsControl::container_edits`], with an invalid id as an error.
+    pub fn checked_container_edits(&self, id: &str) -> Result<ContainerEdits, MpsError> {
+        let dirs = self.dirs(id)?;
+        let mount = |leaf: &str, container: &str| Mount {
+            host_path: self.state_dir.host_path(&dirs.rel.join(leaf)),
+            container_path: container.to_owned(),
+            options: ["rw", "nosuid", "nodev", "bind"].map(String::from).to_vec(),
+            mount_type: None,
+        };
+        Ok(ContainerEdits {
+            env: vec![format!("CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}")],
+            mounts: vec![mount("pipe", CONTAINER_PIPE_DIR), mount("shm", "/dev/shm")],
+            ..ContainerEdits::default()
+        })
+    }
+}
+
+/// Per-client limits for memory-fraction sharing:
+/// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<N>M` and
+/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<p>`.
+///
+/// A memory-shared GPU has a daemon of its own serving only that GPU, so
+/// the client sees it as device 0 (the documented `<ordinal>=<limit>` form;
+/// the UUID never enters the environment). Out-of-range values are clamped
+/// (limit to 1 ..= [`MAX_PINNED_LIMIT_MIB`], percentage to 1 ..= 100) with a
+/// warning; [`checked_client_limit_edits`] refuses them instead.
+/// Cooperative clients only: see the module docs.
+pub fn client_limit_edits(
+    uuid: &str,
+    pinned_limit_mib: u64,
+    active_thread_percentage: u8,
+) -> ContainerEdits {
+    let mib = pinned_limit_mib.clamp(1, MAX_PINNED_LIMIT_MIB);
+    let pct = active_thread_percentage.clamp(1, 100);
+    if mib != pinned_limit_mib || pct != active_thread_percentage {
+        tracing::warn!(
+            gpu = %uuid,
+            pinned_limit_mib,
+            active_thread_percentage,
+            clamped_mib = mib,
+            clamped_percentage = pct,
+            "MPS client limits out of range were clamped"
+        );
+    }
+    limit_env(mib, pct)
+}
+
+fn limit_env(mib: u64, pct: u8) -> ContainerEdits {
+    ContainerEdits {
+        env: vec![
+            format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={mib}M"),
+            format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={pct}"),
+        ],
+        ..ContainerEdits::default()
+    }
+}
+
+/// [`client_limit_edits`] that refuses a malformed UUID and out-of-range
+/// values instead of clamping them.
+pub fn checked_client_limit_edits(
+    uuid: &str,
+    pinned_limit_mib: u64,
+    active_thread_percentage: u8,
+) -> Result<ContainerEdits, MpsError> {
+    let invalid = |reason: String| MpsError::InvalidConfig {
+        id: format!("client of {uuid}"),
+        reason,
+    };
+    validate_uuid(uuid).map_err(|r| invalid(format!("GPU UUID {uuid:?}: {r}")))?;
+    if pinned_limit_mib == 0 || pinned_limit_mib > MAX_PINNED_LIMIT_MIB {
+        return Err(invalid(format!(
+            "pinned memory limit {pinned_limit_mib} MiB is outside 1..={MAX_PINNED_LIMIT_MIB}"
+        )));
+    }
+    validate_percentage(active_thread_percentage).map_err(invalid)?;
+    if active_thread_percentage == 0 {
+        return Err(invalid(
+            "an active thread percentage of 0 leaves no threads".into(),
+        ));
+    }
+    Ok(limit_env(pinned_limit_mib, active_thread_percentage))
+}
+
+fn read_pid(path: &Path) -> Option<u32> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The last lines of the daemon's control log and of `-d`'s output.
+fn log_tail(dirs: &DaemonDirs) -> String {
+    let mut parts = Vec::new();
+    for name in ["control.log", START_OUTPUT] {
+        if let Ok(text) = fs::read_to_string(dirs.log.join(name)) {
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(8)..].join(" | ");
+            if !tail.is_empty() {
+                parts.push(exec::truncate(&tail, 1500));
+            }
+        }
+    }
+    if parts.is_empty() {
+        "(empty)".into()
+    } else {
+        parts.join(" || ")
+    }
+}
+
+/// Removes everything inside `dir`, keeping `dir` itself.
+fn clear_dir(dir: &Path) -> Result<(), MpsError> {
+    for entry in fs::read_dir(dir).map_err(io_err("read dir", dir))? {
+        let entry = entry.map_err(io_err("read dir", dir))?;
+        let path = entry.path();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        let removed = if is_dir {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+        match removed {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("remove", &path)(e)),
+        }
+    }
+    Ok(())
+}
+
+fn write_config(dirs: &DaemonDirs, cfg: &DaemonConfig) -> Result<(), MpsError> {
+    let json = serde_json::to_vec_pretty(cfg).map_err(|e| MpsError::BadRecord {
+        path: dirs.config.clone(),
+        reason: e.to_string(),
+    })?;
+    let tmp = dirs.config.with_extension("json.tmp");
+    fs::write(&tmp, json).map_err(io_err("write", &tmp))?;
+    fs::rename(&tmp, &dirs.config).map_err(io_err("rename", &dirs.config))
+}
+
+fn read_config(dirs: &DaemonDirs) -> Result<Option<DaemonConfig>, MpsError> {
+    use std::io::Read;
+    let path = &dirs.config;
+    let file = match fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err("open", path)(e)),
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io_err("read", path))?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(MpsError::BadRecord {
+            path: path.clone(),
+            reason: format!("larger than {MAX_CONFIG_BYTES} bytes"),
+        });
+    }
+    let cfg: DaemonConfig = serde_json::from_slice(&bytes).map_err(|e| MpsError::BadRecord {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    cfg.validate().map_err(|e| MpsError::BadRecord {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(Some(cfg))
+}
+
+#[cfg(test)]
+mod daemon_tests;
+#[cfg(test)]
+mod tests;

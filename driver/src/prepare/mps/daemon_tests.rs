@@ -1,0 +1,539 @@
+//! The real code path against the fake driver root's
+//! `nvidia-cuda-mps-control`: a real daemonized process, a real client per
+//! command, readiness, adoption, supervision, stop. Every test holds a
+//! [`ProcessGuard`], so no daemon outlives it.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+
+use fake_driver_root::{Behaviour, FakeDriverRoot, ProcessGuard};
+
+use super::*;
+
+const A: &str = "GPU-9be4bcfc-49b6-4a08-b2e6-cc3ababced20";
+const B: &str = "GPU-830e07bc-1e39-4f10-92bd-4acefaecbd38";
+
+struct Env {
+    fake: FakeDriverRoot,
+    state: PathBuf,
+    guard: ProcessGuard,
+    _dir: tempfile::TempDir,
+}
+
+fn fast() -> Timeouts {
+    Timeouts {
+        ready: Duration::from_secs(5),
+        command: Duration::from_secs(5),
+        stop: Duration::from_secs(2),
+    }
+}
+
+impl Env {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = FakeDriverRoot::create(&dir.path().join("driver")).unwrap();
+        let guard = fake.guard();
+        Self {
+            state: dir.path().join("state"),
+            fake,
+            guard,
+            _dir: dir,
+        }
+    }
+
+    fn control(&self) -> MpsControl {
+        MpsControl::new(
+            HostRoot::same(self.fake.path()),
+            HostRoot::same(&self.state),
+        )
+        .with_shm_mode(ShmMode::Inherit)
+        .with_timeouts(fast())
+    }
+
+    fn commands(&self) -> Vec<String> {
+        self.fake
+            .mps_commands()
+            .unwrap()
+            .into_iter()
+            .map(|c| c.command)
+            .collect()
+    }
+
+    fn starts(&self) -> usize {
+        self.fake
+            .mps_control_calls()
+            .unwrap()
+            .iter()
+            .filter(|c| c.args == ["-d"])
+            .count()
+    }
+}
+
+fn cfg(id: &str) -> DaemonConfig {
+    DaemonConfig {
+        id: id.into(),
+        gpu_uuids: vec![A.into(), B.into()],
+        active_thread_percentage: Some(50),
+        pinned_memory_limits: BTreeMap::from([(A.into(), "512M".into()), (B.into(), "2G".into())]),
+    }
+}
+
+fn wait_dead(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while procs::is_alive(pid) {
+        assert!(Instant::now() < deadline, "pid {pid} did not die");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn start_waits_for_readiness_then_applies_settings_in_order() {
+    let env = Env::new();
+    let mps = env.control();
+    let record = mps.start(&cfg("claim-1")).unwrap();
+    let dirs = mps.dirs("claim-1").unwrap();
+    let pid = record.pid.unwrap();
+    assert_eq!(mps.pid("claim-1"), Some(pid));
+    assert!(mps.is_running("claim-1"));
+    // Not in this process's session: it outlives the plugin.
+    assert_ne!(
+        fake_driver_root::session_id(pid),
+        fake_driver_root::session_id(std::process::id())
+    );
+    assert_eq!(record.pipe_dir, dirs.pipe);
+    assert_eq!(record.gpu_uuids, [A, B]);
+    assert_eq!(
+        env.commands(),
+        [
+            "get_server_list",
+            "set_default_active_thread_percentage 50",
+            "set_default_device_pinned_mem_limit 0 512M",
+            "set_default_device_pinned_mem_limit 1 2048M",
+        ]
+    );
+    let state = FakeDriverRoot::mps_state(&dirs.pipe).unwrap().unwrap();
+    assert_eq!(state.daemon_pid, Some(pid));
+    assert_eq!(state.visible_devices, format!("{A},{B}"));
+    assert_eq!(state.active_thread_percentage.as_deref(), Some("50"));
+    assert_eq!(state.pinned_mem_limits["1"], "2048M");
+
+    let start = &env.fake.mps_control_calls().unwrap()[0];
+    assert_eq!(start.args, ["-d"]);
+    assert_eq!(
+        start.env("CUDA_VISIBLE_DEVICES"),
+        Some(&*format!("{A},{B}"))
+    );
+    assert_eq!(start.env("CUDA_MPS_PIPE_DIRECTORY"), dirs.pipe.to_str());
+    assert_eq!(start.env("CUDA_MPS_LOG_DIRECTORY"), dirs.log.to_str());
+    let log = fs::read_to_string(dirs.log.join("control.log")).unwrap();
+    assert!(
+        log.contains("Cmd:set_default_active_thread_percentage 50"),
+        "{log}"
+    );
+    assert_eq!(mps.config("claim-1").unwrap(), Some(cfg("claim-1")));
+    assert_eq!(mps.list().unwrap(), ["claim-1"]);
+    let shm_mode = fs::metadata(&dirs.shm).unwrap().mode() & 0o7777;
+    assert_eq!(shm_mode, 0o1777);
+
+    mps.stop("claim-1").unwrap();
+    wait_dead(pid);
+    assert!(env.guard.processes().is_empty());
+}
+
+#[test]
+fn a_second_start_re_adopts_and_a_second_control_finds_the_daemon() {
+    let env = Env::new();
+    let first = env.control();
+    let pid = first.start(&cfg("claim-1")).unwrap().pid.unwrap();
+    let again = first.start(&cfg("claim-1")).unwrap();
+    assert_eq!(again.pid, Some(pid));
+    assert_eq!(env.starts(), 1);
+    // Settings re-applied, without a second readiness probe.
+    let commands = env.commands();
+    assert_eq!(commands.len(), 7, "{commands:?}");
+    assert_eq!(commands[4], "set_default_active_thread_percentage 50");
+
+    // A restarted plugin: a new control on the same state dir.
+    let restarted = env.control();
+    assert!(restarted.is_running("claim-1"));
+    assert_eq!(restarted.pid("claim-1"), Some(pid));
+    let changed = DaemonConfig {
+        active_thread_percentage: Some(20),
+        ..cfg("claim-1")
+    };
+    assert_eq!(restarted.start(&changed).unwrap().pid, Some(pid));
+    assert_eq!(env.starts(), 1);
+    assert_eq!(restarted.config("claim-1").unwrap(), Some(changed));
+    let state = FakeDriverRoot::mps_state(&first.dirs("claim-1").unwrap().pipe)
+        .unwrap()
+        .unwrap();
+    assert_eq!(state.active_thread_percentage.as_deref(), Some("20"));
+
+    // Other devices under the same id: refused, the daemon is left alone.
+    let other = DaemonConfig {
+        gpu_uuids: vec![B.into()],
+        pinned_memory_limits: BTreeMap::new(),
+        ..cfg("claim-1")
+    };
+    let err = restarted.start(&other).unwrap_err();
+    assert!(matches!(err, MpsError::Conflict { .. }), "{err}");
+    assert_eq!(restarted.pid("claim-1"), Some(pid));
+    restarted.stop("claim-1").unwrap();
+    assert!(!first.is_running("claim-1"));
+}
+
+#[test]
+fn concurrent_starts_of_one_daemon_start_it_once() {
+    let env = Env::new();
+    let mps = Arc::new(env.control());
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let mps = Arc::clone(&mps);
+            thread::spawn(move || mps.start(&cfg("shared")).unwrap().pid)
+        })
+        .collect();
+    let pids: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(pids.iter().all(|p| *p == pids[0]), "{pids:?}");
+    assert_eq!(env.starts(), 1);
+    mps.stop("shared").unwrap();
+}
+
+#[test]
+fn stop_quits_removes_directories_and_unknown_ids_succeed() {
+    let env = Env::new();
+    let mps = env.control();
+    let pid = mps.start(&cfg("claim-1")).unwrap().pid.unwrap();
+    let root = mps.dirs("claim-1").unwrap().root;
+    mps.stop("claim-1").unwrap();
+    wait_dead(pid);
+    assert!(!root.exists());
+    assert!(!mps.is_running("claim-1"));
+    assert_eq!(mps.list().unwrap(), Vec::<String>::new());
+    assert_eq!(env.commands().last().map(String::as_str), Some("quit"));
+    // Again, and never started: both fine.
+    mps.stop("claim-1").unwrap();
+    mps.stop("never-started").unwrap();
+    // Not an id at all: an error, nothing touched.
+    let err = mps.stop("../state").unwrap_err();
+    assert!(matches!(err, MpsError::InvalidId { .. }), "{err}");
+    assert!(env.state.exists());
+}
+
+#[test]
+fn stop_kills_a_daemon_that_ignores_quit() {
+    let env = Env::new();
+    let mps = env.control();
+    let pid = mps.start(&cfg("claim-1")).unwrap().pid.unwrap();
+    // Make the client time out: the daemon "hangs" (stopped with SIGSTOP).
+    let stopped = rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::STOP,
+    );
+    assert!(stopped.is_ok());
+    let mps = mps.with_timeouts(Timeouts {
+        command: Duration::from_millis(200),
+        stop: Duration::from_millis(200),
+        ..fast()
+    });
+    let begun = Instant::now();
+    mps.stop("claim-1").unwrap();
+    assert!(begun.elapsed() < Duration::from_secs(4));
+    wait_dead(pid);
+    assert!(!mps.dirs("claim-1").unwrap().root.exists());
+}
+
+#[test]
+fn a_daemon_that_never_gets_ready_times_out_cleanly() {
+    let env = Env::new();
+    env.fake
+        .set_behaviour(&Behaviour {
+            mps_never_ready: true,
+            ..Behaviour::default()
+        })
+        .unwrap();
+    let mps = env.control().with_timeouts(Timeouts {
+        ready: Duration::from_millis(300),
+        ..fast()
+    });
+    let begun = Instant::now();
+    let err = mps.start(&cfg("claim-1")).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, MpsError::NotReady { .. }), "{text}");
+    assert!(
+        text.contains("claim-1") && text.contains("not ready after"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Starting control daemon"),
+        "the log tail is in the error: {text}"
+    );
+    assert!(begun.elapsed() < Duration::from_secs(4));
+    assert!(!mps.dirs("claim-1").unwrap().root.exists());
+    assert_eq!(mps.list().unwrap(), Vec::<String>::new());
+    assert!(
+        env.guard.processes().is_empty(),
+        "{:?}",
+        env.guard.processes()
+    );
+}
+
+#[test]
+fn start_failures_and_slow_starts() {
+    let env = Env::new();
+    let mps = env.control();
+    env.fake
+        .set_behaviour(&Behaviour {
+            mps_start_failure: Some("CUDA driver not loaded".into()),
+            ..Behaviour::default()
+        })
+        .unwrap();
+    let err = mps.start(&cfg("claim-1")).unwrap_err();
+    assert!(matches!(err, MpsError::StartFailed { .. }), "{err}");
+    assert!(err.to_string().contains("CUDA driver not loaded"), "{err}");
+    assert!(!mps.dirs("claim-1").unwrap().root.exists());
+
+    env.fake
+        .set_behaviour(&Behaviour {
+            mps_start_delay_ms: 100,
+            ..Behaviour::default()
+        })
+        .unwrap();
+    let begun = Instant::now();
+    mps.start(&cfg("claim-1")).unwrap();
+    assert!(begun.elapsed() >= Duration::from_millis(100));
+    mps.stop("claim-1").unwrap();
+
+    let missing = MpsControl::new(
+        HostRoot::same(env.state.join("nowhere")),
+        HostRoot::same(&env.state),
+    )
+    .with_shm_mode(ShmMode::Inherit);
+    let err = missing.start(&cfg("claim-1")).unwrap_err();
+    assert!(matches!(err, MpsError::ControlMissing { .. }), "{err}");
+}
+
+#[test]
+fn a_refused_setting_fails_the_start_and_cleans_up() {
+    let env = Env::new();
+    let mps = env.control();
+    env.fake
+        .set_behaviour(&Behaviour {
+            mps_refused_command: Some("set_default_device_pinned_mem_limit".into()),
+            ..Behaviour::default()
+        })
+        .unwrap();
+    let err = mps.start(&cfg("claim-1")).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, MpsError::Command { .. }), "{text}");
+    assert!(
+        text.contains("\"set_default_device_pinned_mem_limit 0 512M\"") && text.contains("refused"),
+        "{text}"
+    );
+    assert!(!mps.dirs("claim-1").unwrap().root.exists());
+    assert!(
+        env.guard.processes().is_empty(),
+        "{:?}",
+        env.guard.processes()
+    );
+
+    // On re-adoption the same refusal is an error, and the running daemon stays.
+    env.fake.set_behaviour(&Behaviour::default()).unwrap();
+    let pid = mps.start(&cfg("claim-1")).unwrap().pid.unwrap();
+    env.fake
+        .set_behaviour(&Behaviour {
+            mps_refused_command: Some("set_default_active_thread_percentage".into()),
+            ..Behaviour::default()
+        })
+        .unwrap();
+    let err = mps.start(&cfg("claim-1")).unwrap_err();
+    assert!(matches!(err, MpsError::Command { .. }), "{err}");
+    assert_eq!(mps.pid("claim-1"), Some(pid));
+    mps.stop("claim-1").unwrap();
+}
+
+#[test]
+fn start_after_the_daemon_died_launches_a_new_one() {
+    let env = Env::new();
+    let mps = env.control();
+    let pid = mps.start(&cfg("claim-1")).unwrap().pid.unwrap();
+    assert!(procs::kill(pid));
+    wait_dead(pid);
+    let again = mps.start(&cfg("claim-1")).unwrap();
+    assert_ne!(again.pid, Some(pid));
+    assert_eq!(env.starts(), 2);
+    assert!(mps.is_running("claim-1"));
+    mps.stop("claim-1").unwrap();
+}
+
+#[test]
+fn supervision_restarts_a_killed_daemon_with_its_settings() {
+    let env = Env::new();
+    let mps = env.control();
+    let pid = mps.start(&cfg("claim-1")).unwrap().pid.unwrap();
+    mps.start(&DaemonConfig {
+        id: "claim-2".into(),
+        gpu_uuids: vec![B.into()],
+        active_thread_percentage: None,
+        pinned_memory_limits: BTreeMap::new(),
+    })
+    .unwrap();
+    let pipe = mps.dirs("claim-1").unwrap().pipe;
+    // A marker a running container would have in the bind-mounted pipe dir
+    // inode: the restart keeps the directory itself.
+    let inode = fs::metadata(&pipe).unwrap().ino();
+
+    assert!(procs::kill(pid));
+    wait_dead(pid);
+    assert!(!mps.is_running("claim-1"));
+    env.fake.clear_log().unwrap();
+
+    let ids = [
+        "claim-1".to_owned(),
+        "claim-2".to_owned(),
+        "gone".to_owned(),
+        "../x".to_owned(),
+    ];
+    let results = mps.check(&ids);
+    assert_eq!(results.len(), 4);
+    let Ok(Health::Restarted(record)) = &results[0].1 else {
+        panic!("claim-1 not restarted: {:?}", results[0]);
+    };
+    let new_pid = record.pid.unwrap();
+    assert_ne!(new_pid, pid);
+    assert!(
+        matches!(results[1].1, Ok(Health::Running { .. })),
+        "{:?}",
+        results[1]
+    );
+    assert!(
+        matches!(results[2].1, Err(MpsError::NoRecord { .. })),
+        "{:?}",
+        results[2]
+    );
+    assert!(
+        matches!(results[3].1, Err(MpsError::InvalidId { .. })),
+        "{:?}",
+        results[3]
+    );
+    assert_eq!(fs::metadata(&pipe).unwrap().ino(), inode);
+    assert_eq!(
+        env.commands(),
+        [
+            "get_server_list",
+            "set_default_active_thread_percentage 50",
+            "set_default_device_pinned_mem_limit 0 512M",
+            "set_default_device_pinned_mem_limit 1 2048M",
+        ]
+    );
+    assert!(matches!(
+        mps.check(&ids[..1])[0].1,
+        Ok(Health::Running { pid }) if pid == new_pid
+    ));
+    mps.stop("claim-1").unwrap();
+    mps.stop("claim-2").unwrap();
+    assert!(env.guard.processes().is_empty());
+}
+
+#[test]
+fn a_recycled_pid_in_the_pid_file_is_not_a_daemon() {
+    let env = Env::new();
+    let mps = env.control();
+    let dirs = mps.dirs("claim-1").unwrap();
+    fs::create_dir_all(&dirs.pipe).unwrap();
+    // This test process is alive but is no nvidia-cuda-mps-control.
+    fs::write(dirs.pipe.join(PID_FILE), std::process::id().to_string()).unwrap();
+    assert!(!mps.is_running("claim-1"));
+    let record = mps.start(&cfg("claim-1")).unwrap();
+    assert_ne!(record.pid, Some(std::process::id()));
+    assert_eq!(env.starts(), 1);
+    mps.stop("claim-1").unwrap();
+}
+
+#[test]
+fn hostile_configs_start_nothing_and_create_nothing() {
+    let env = Env::new();
+    let mps = env.control();
+    let bad = [
+        DaemonConfig {
+            id: "../../etc".into(),
+            ..cfg("x")
+        },
+        DaemonConfig {
+            id: "a/b".into(),
+            ..cfg("x")
+        },
+        DaemonConfig {
+            gpu_uuids: vec![format!("{A}\nquit")],
+            pinned_memory_limits: BTreeMap::new(),
+            ..cfg("x")
+        },
+        DaemonConfig {
+            gpu_uuids: vec![format!("{A} {B}")],
+            pinned_memory_limits: BTreeMap::new(),
+            ..cfg("x")
+        },
+        DaemonConfig {
+            pinned_memory_limits: BTreeMap::from([(A.into(), "1M\nquit".into())]),
+            ..cfg("x")
+        },
+        DaemonConfig {
+            pinned_memory_limits: BTreeMap::from([(A.into(), "99999999999999999999G".into())]),
+            ..cfg("x")
+        },
+        DaemonConfig {
+            active_thread_percentage: Some(255),
+            ..cfg("x")
+        },
+    ];
+    for cfg in bad {
+        let err = mps.start(&cfg).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                MpsError::InvalidId { .. } | MpsError::InvalidConfig { .. }
+            ),
+            "{cfg:?}: {err}"
+        );
+    }
+    assert_eq!(env.fake.calls().unwrap(), vec![]);
+    assert!(!env.state.exists());
+}
+
+#[test]
+fn private_mount_gives_the_daemon_its_shm_dir_as_dev_shm() {
+    let (mode, why) = ShmMode::detect();
+    if mode != ShmMode::PrivateMount {
+        eprintln!(
+            "SKIPPED private_mount_gives_the_daemon_its_shm_dir_as_dev_shm: {}",
+            why.unwrap_or_default()
+        );
+        return;
+    }
+    let env = Env::new();
+    let mps = env.control().with_shm_mode(ShmMode::PrivateMount);
+    let pid = mps.start(&cfg("claim-1")).unwrap().pid.unwrap();
+    let dirs = mps.dirs("claim-1").unwrap();
+    let state = FakeDriverRoot::mps_state(&dirs.pipe).unwrap().unwrap();
+    let shm = fs::metadata(&dirs.shm).unwrap();
+    assert_eq!(state.dev_shm, Some((shm.dev(), shm.ino())));
+    let host_shm = fs::metadata("/dev/shm").unwrap();
+    assert_ne!((host_shm.dev(), host_shm.ino()), (shm.dev(), shm.ino()));
+    // The daemon sees its pipe dir where containers do.
+    let start = &env.fake.mps_control_calls().unwrap()[0];
+    assert_eq!(
+        start.env("CUDA_MPS_PIPE_DIRECTORY"),
+        Some(CONTAINER_PIPE_DIR)
+    );
+    let seen: Vec<_> = env.fake.mps_commands().unwrap();
+    assert!(
+        seen.iter()
+            .all(|c| c.pipe_dir == Path::new(CONTAINER_PIPE_DIR))
+    );
+    assert_eq!(seen.len(), 4);
+    // Nothing leaked into the plugin's namespace.
+    assert!(!Path::new(CONTAINER_PIPE_DIR).join(PID_FILE).exists());
+    mps.stop("claim-1").unwrap();
+    wait_dead(pid);
+    assert!(!dirs.root.exists());
+}

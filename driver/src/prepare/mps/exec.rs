@@ -1,0 +1,283 @@
+//! Running the driver's programs (`nvidia-cuda-mps-control`, `nvidia-smi`)
+//! with a clean environment, a bounded wait and bounded output.
+//!
+//! Programs come from the driver root: their `PATH` starts with
+//! `<driver-root>/usr/bin` (the MPS control daemon starts
+//! `nvidia-cuda-mps-server` from there) and, when the driver root is not
+//! `/`, `LD_LIBRARY_PATH` lists its library directories so the programs load
+//! that driver's `libcuda`/`libnvidia-ml`. Nothing else of the plugin's
+//! environment leaks in (the plugin's own `CUDA_VISIBLE_DEVICES`, for one).
+
+use std::io::{self, Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::prepare::cdi::driver_root::LIB_DIRS;
+
+/// The `PATH` after the driver root's `usr/bin`.
+pub(crate) const STD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Output kept per stream; the rest is read and dropped.
+const MAX_OUTPUT: usize = 64 * 1024;
+/// `ETXTBSY`: the executable is open for writing somewhere (a fork of
+/// another thread of this process that has not exec'd yet, right after the
+/// file was written); retried briefly.
+const ETXTBSY: i32 = 26;
+
+/// What a finished program left.
+#[derive(Debug)]
+pub(crate) struct Ran {
+    /// Its exit status.
+    pub status: ExitStatus,
+    /// Stdout (lossy UTF-8, at most [`MAX_OUTPUT`] bytes).
+    pub stdout: String,
+    /// Stderr (lossy UTF-8, at most [`MAX_OUTPUT`] bytes).
+    pub stderr: String,
+}
+
+impl Ran {
+    /// Stdout and stderr, trimmed, for an error message.
+    pub fn output(&self) -> String {
+        combine(&self.stdout, &self.stderr)
+    }
+}
+
+/// Stdout and stderr, trimmed and joined, cut to 2 KiB for messages.
+pub(crate) fn combine(stdout: &str, stderr: &str) -> String {
+    let joined = [stdout.trim(), stderr.trim()]
+        .iter()
+        .filter(|s| !s.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join("\n");
+    if joined.is_empty() {
+        return "no output".into();
+    }
+    truncate(&joined, 2048)
+}
+
+/// `s` cut to at most `max` bytes on a character boundary, marked when cut.
+pub(crate) fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... (truncated)", &s[..end])
+}
+
+/// Why a program did not finish.
+#[derive(Debug)]
+pub(crate) enum RunError {
+    /// It could not be started.
+    Spawn(io::Error),
+    /// It ran past the timeout and was killed.
+    TimedOut,
+    /// Waiting for it failed.
+    Wait(io::Error),
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Spawn(e) => write!(f, "cannot start: {e}"),
+            Self::TimedOut => f.write_str("timed out and was killed"),
+            Self::Wait(e) => write!(f, "waiting for it failed: {e}"),
+        }
+    }
+}
+
+/// Clears `cmd`'s environment and sets `PATH` (and `LD_LIBRARY_PATH` for a
+/// driver root other than `/`) for programs of `driver_root`.
+pub(crate) fn driver_env(cmd: &mut Command, driver_root: &Path) {
+    cmd.env_clear();
+    let bin = driver_root.join("usr/bin");
+    cmd.env("PATH", format!("{}:{STD_PATH}", bin.display()));
+    if driver_root != Path::new("/") {
+        let dirs: Vec<String> = LIB_DIRS
+            .iter()
+            .map(|d| driver_root.join(d))
+            .filter(|d| d.is_dir())
+            .map(|d| d.display().to_string())
+            .collect();
+        if !dirs.is_empty() {
+            cmd.env("LD_LIBRARY_PATH", dirs.join(":"));
+        }
+    }
+}
+
+/// Spawns `cmd`, retrying for up to half a second on `ETXTBSY`.
+pub(crate) fn spawn(cmd: &mut Command) -> io::Result<Child> {
+    let deadline = Instant::now() + Duration::from_millis(500);
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(ETXTBSY) && Instant::now() < deadline => {
+                thread::sleep(Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn drain(stream: Option<impl Read + Send + 'static>) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    match stream {
+        Some(mut r) => {
+            thread::spawn(move || {
+                let mut kept = Vec::new();
+                let mut buf = [0u8; 8192];
+                loop {
+                    match r.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            let room = MAX_OUTPUT.saturating_sub(kept.len());
+                            kept.extend_from_slice(&buf[..n.min(room)]);
+                        }
+                    }
+                }
+                let _ = tx.send(kept);
+            });
+        }
+        None => {
+            let _ = tx.send(Vec::new());
+        }
+    }
+    rx
+}
+
+/// Sleeps between polls: short at first, longer later.
+pub(crate) fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(match attempt {
+        0..=9 => 2,
+        10..=29 => 5,
+        _ => 20,
+    })
+}
+
+/// Runs `cmd` with `stdin` (or `/dev/null`), stdout and stderr captured;
+/// kills it after `timeout`.
+pub(crate) fn run(
+    cmd: &mut Command,
+    stdin: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<Ran, RunError> {
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = spawn(cmd).map_err(RunError::Spawn)?;
+    if let (Some(data), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        // A program that exits without reading gives EPIPE: not an error here.
+        let _ = pipe.write_all(data);
+    }
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    let deadline = Instant::now() + timeout;
+    let mut attempt = 0;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(RunError::TimedOut);
+            }
+            Ok(None) => {
+                thread::sleep(backoff(attempt));
+                attempt += 1;
+            }
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(RunError::Wait(e));
+            }
+        }
+    };
+    // A grandchild holding the pipes open must not hang us: wait briefly.
+    let grace = Duration::from_millis(500);
+    let text = |rx: mpsc::Receiver<Vec<u8>>| {
+        rx.recv_timeout(grace).map_or_else(
+            |_| "(output still open after exit)".into(),
+            |b| String::from_utf8_lossy(&b).into_owned(),
+        )
+    };
+    Ok(Ran {
+        status,
+        stdout: text(out),
+        stderr: text(err),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn captures_output_and_status_with_a_clean_environment() {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args([
+            "-c",
+            "read x; echo \"out:$x:${HOME-unset}\"; echo err >&2; exit 3",
+        ]);
+        driver_env(&mut cmd, Path::new("/"));
+        let ran = run(&mut cmd, Some(b"in\n"), Duration::from_secs(5)).unwrap();
+        assert_eq!(ran.status.code(), Some(3));
+        assert_eq!(ran.stdout, "out:in:unset\n");
+        assert_eq!(ran.stderr, "err\n");
+        assert_eq!(ran.output(), "out:in:unset\nerr");
+    }
+
+    #[test]
+    fn kills_a_program_past_its_timeout() {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args(["-c", "exec sleep 5"]);
+        let begun = Instant::now();
+        let err = run(&mut cmd, None, Duration::from_millis(100)).unwrap_err();
+        assert!(matches!(err, RunError::TimedOut), "{err}");
+        assert!(begun.elapsed() < Duration::from_secs(4));
+    }
+
+    #[test]
+    fn missing_program_is_a_spawn_error() {
+        let mut cmd = Command::new("/nonexistent/nvidia-smi");
+        let err = run(&mut cmd, None, Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(err, RunError::Spawn(ref e) if e.kind() == io::ErrorKind::NotFound));
+    }
+
+    #[test]
+    fn driver_root_gets_path_and_library_path() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("usr/lib64")).unwrap();
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args(["-c", "echo \"$PATH|$LD_LIBRARY_PATH\""]);
+        driver_env(&mut cmd, dir.path());
+        let ran = run(&mut cmd, None, Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            ran.stdout.trim(),
+            format!(
+                "{}/usr/bin:{STD_PATH}|{}/usr/lib64",
+                dir.path().display(),
+                dir.path().display()
+            )
+        );
+    }
+
+    #[test]
+    fn long_output_is_cut_for_messages() {
+        let long = "é".repeat(3000);
+        let cut = combine(&long, "");
+        assert!(
+            cut.len() < 2100 && cut.ends_with("... (truncated)"),
+            "{}",
+            cut.len()
+        );
+        assert_eq!(combine(" ", "\n"), "no output");
+    }
+}

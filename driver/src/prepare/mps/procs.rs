@@ -1,0 +1,160 @@
+//! Control daemon processes, seen through `/proc`: is a pid a live MPS
+//! daemon, which processes belong to a daemon directory, and killing them.
+//!
+//! A pid from a pid file is trusted only when the process is alive (not a
+//! zombie) and its command line is `nvidia-cuda-mps-control` (directly or as
+//! the script argument of an interpreter), so a recycled pid is never taken
+//! for a daemon. Processes of one daemon (control daemon, MPS servers) carry
+//! [`DAEMON_MARKER_ENV`] with the daemon directory in their environment,
+//! which finds them even without a pid file.
+
+use std::fs;
+use std::path::Path;
+
+use rustix::process::{Pid, Signal, kill_process};
+
+/// Environment variable naming the daemon directory, set on every daemon
+/// the plugin starts (inherited by its MPS servers).
+pub const DAEMON_MARKER_ENV: &str = "GPU_DRA_MPS_DAEMON_DIR";
+/// Largest pid file read.
+const MAX_PID_FILE: u64 = 64;
+
+fn stat_fields(pid: u32) -> Option<String> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) S ...`: comm may hold spaces and parentheses.
+    Some(stat[stat.rfind(')')? + 1..].to_owned())
+}
+
+/// Whether `pid` is a live process (exists and is not a zombie).
+pub fn is_alive(pid: u32) -> bool {
+    stat_fields(pid)
+        .and_then(|f| f.trim_start().chars().next())
+        .is_some_and(|s| s != 'Z' && s != 'X')
+}
+
+fn cmdline(pid: u32) -> Option<Vec<Vec<u8>>> {
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(<[u8]>::to_vec)
+            .collect(),
+    )
+}
+
+fn names_mps(arg: &[u8], prefix: &str) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    Path::new(std::ffi::OsStr::from_bytes(arg))
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with(prefix))
+}
+
+/// Whether `pid` runs `nvidia-cuda-mps-control` (argv\[0\], or argv\[1\] of
+/// an interpreter running it as a script).
+pub fn is_control_daemon(pid: u32) -> bool {
+    cmdline(pid).is_some_and(|args| {
+        args.iter()
+            .take(2)
+            .any(|a| names_mps(a, "nvidia-cuda-mps-control"))
+    })
+}
+
+/// The pid in a daemon's pid file, if it names a live control daemon.
+pub fn live_daemon_pid(pid_file: &Path) -> Option<u32> {
+    use std::io::Read;
+    let mut text = String::new();
+    fs::File::open(pid_file)
+        .ok()?
+        .take(MAX_PID_FILE)
+        .read_to_string(&mut text)
+        .ok()?;
+    let pid: u32 = text.trim().parse().ok()?;
+    (pid > 1 && is_alive(pid) && is_control_daemon(pid)).then_some(pid)
+}
+
+/// Live processes whose environment holds `GPU_DRA_MPS_DAEMON_DIR=<dir>`.
+pub fn daemon_processes(dir: &Path) -> Vec<u32> {
+    let mut needle = format!("{DAEMON_MARKER_ENV}=").into_bytes();
+    needle.extend_from_slice(dir.as_os_str().as_encoded_bytes());
+    let me = std::process::id();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me || !is_alive(pid) {
+            continue;
+        }
+        let Ok(environ) = fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        if environ.split(|b| *b == 0).any(|v| v == needle.as_slice()) {
+            out.push(pid);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// Sends SIGKILL; a process already gone counts as killed.
+pub fn kill(pid: u32) -> bool {
+    let Some(p) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        return false;
+    };
+    match kill_process(p, Signal::KILL) {
+        Ok(()) => true,
+        Err(e) => e == rustix::io::Errno::SRCH,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_alive_and_not_a_daemon() {
+        let me = std::process::id();
+        assert!(is_alive(me));
+        assert!(!is_control_daemon(me));
+        assert!(!is_alive(u32::MAX));
+    }
+
+    #[test]
+    fn pid_files_are_trusted_only_for_live_daemons() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pid");
+        assert_eq!(live_daemon_pid(&file), None);
+        for text in ["", "abc", "-1", "1", "99999999999", &"9".repeat(500)] {
+            fs::write(&file, text).unwrap();
+            assert_eq!(live_daemon_pid(&file), None, "{text:?}");
+        }
+        // A live process that is not a control daemon (this test binary).
+        fs::write(&file, std::process::id().to_string()).unwrap();
+        assert_eq!(live_daemon_pid(&file), None);
+    }
+
+    #[test]
+    fn names_match_scripts_and_binaries() {
+        assert!(names_mps(
+            b"/usr/bin/nvidia-cuda-mps-control",
+            "nvidia-cuda-mps-control"
+        ));
+        assert!(names_mps(
+            b"nvidia-cuda-mps-control",
+            "nvidia-cuda-mps-control"
+        ));
+        assert!(!names_mps(
+            b"/usr/bin/nvidia-cuda-mps-control/x",
+            "nvidia-cuda-mps-control"
+        ));
+        assert!(!names_mps(b"/bin/sh", "nvidia-cuda-mps-control"));
+    }
+}

@@ -1,0 +1,441 @@
+//! The claim preparer: what `NodePrepareResources` and
+//! `NodeUnprepareResources` do on this node.
+//!
+//! Prepare of one claim ([`Preparer::prepare_one`]):
+//! 1. a claim whose checkpoint entry is `PrepareCompleted` is answered from
+//!    the checkpoint (idempotent, no API call);
+//! 2. fetch the ResourceClaim, [`plan`] it (UID, allocation, our results,
+//!    configs);
+//! 3. take the locks of exactly its GPUs ([`locks`]); check that no other
+//!    prepared claim holds an overlapping device (the last line of defence
+//!    against double allocation; admin access and memory shares excepted);
+//! 4. commit `PrepareStarted` (grouped with concurrent claims into one
+//!    checkpoint write), set the hardware up ([`apply`]: MIG instances,
+//!    compute mode, time-slice, MPS daemons), write the CDI spec, commit
+//!    `PrepareCompleted`; a failure rolls back what this attempt did and
+//!    removes the entry;
+//! 5. publish `status.devices` for the claim ([`status`], best effort).
+//!
+//! Unprepare works from the checkpoint alone: undo what the entry records,
+//! delete the spec, remove the entry; an unknown claim is already
+//! unprepared. At start ([`Preparer::start`]) the plugin recovers from a
+//! crash ([`recover`]): entries still `PrepareStarted` are undone and
+//! dropped, and MIG devices, MPS daemons and CDI specs no completed claim
+//! references are removed.
+
+mod apply;
+pub mod locks;
+pub mod plan;
+mod recover;
+mod status;
+
+use std::collections::HashMap;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use gpu_nvml::GpuBackend;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
+
+use crate::devices::{BuildOptions, DeviceModel, DeviceRef};
+use crate::discovery::Inventory;
+use crate::grpc::dra::{ClaimError, ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
+use crate::prepare::cdi::{ContainerEdits, HostRoot, NodeLocator, SpecDir};
+use crate::prepare::checkpoint::{
+    self, Batch, ClaimEntry, ClaimState, ClaimUid, PreparedDeviceRecord, Store,
+};
+use crate::prepare::mps::MpsControl;
+
+pub use recover::RecoveryReport;
+
+use locks::GpuLocks;
+use plan::{GpuTarget, MigTarget, PlanError, Target};
+
+/// How often MPS daemons still in use are checked and restarted if dead.
+const MPS_SUPERVISION_PERIOD: Duration = Duration::from_secs(10);
+
+/// Where the preparer reads and writes, and whose claims it takes.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// DRA driver name (`gpu.nvidia.com`).
+    pub driver_name: String,
+    /// This node: the pool name of our devices.
+    pub node_name: String,
+    /// Transient CDI specs.
+    pub cdi: SpecDir,
+    /// The NVIDIA driver installation (libraries, binaries).
+    pub driver_root: HostRoot,
+    /// Where device nodes are (`/` in production).
+    pub dev_root: HostRoot,
+    /// Where `driver/nvidia/capabilities` is read (`/proc` in production).
+    pub proc_root: PathBuf,
+    /// The plugin's state: checkpoint, MPS daemon directories.
+    pub state_dir: HostRoot,
+    /// The device model options the publisher uses (dynamic MIG, memory
+    /// sharing), so the preparer sees the same devices.
+    pub build: BuildOptions,
+}
+
+/// Errors that stop the preparer from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The checkpoint cannot be opened.
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::Error),
+    /// Another plugin instance holds the state directory.
+    #[error(
+        "state directory {path} is locked by another plugin instance on this node; stop it first (two instances would undo each other's claims)"
+    )]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// The state directory or its lock file cannot be used.
+    #[error("cannot use state directory {path}: {source}")]
+    StateDir {
+        /// The path concerned.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A blocking task panicked.
+    #[error("preparer startup task failed: {0}")]
+    Task(String),
+}
+
+/// Where the kernel's boot id is read.
+pub const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// Name of the lock file in the state directory.
+pub const LOCK_FILE: &str = "preparer.lock";
+
+/// Takes the state directory's exclusive lock, held for the preparer's life.
+fn lock_state_dir(dir: &std::path::Path) -> Result<std::fs::File, Error> {
+    let io = |path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| Error::StateDir { path, source }
+    };
+    // 0750, as the kubelet plugin directories (the state dir is by
+    // default the plugin's socket directory).
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o750)
+        .create(dir)
+        .map_err(io(dir))?;
+    let path = dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io(&path))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Locked { path }),
+        Err(std::fs::TryLockError::Error(e)) => Err(Error::StateDir { path, source: e }),
+    }
+}
+
+/// The [`ClaimPreparer`] of the plugin.
+#[derive(Clone)]
+pub struct Preparer {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Preparer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Preparer")
+            .field("options", &self.inner.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Inner {
+    opts: Options,
+    client: kube::Client,
+    backend: Arc<dyn GpuBackend>,
+    catalog: HashMap<String, Target>,
+    store: Store,
+    locks: GpuLocks,
+    mps: MpsControl,
+    nodes: NodeLocator,
+    /// Claim-level CDI edits (driver files, control nodes, hooks), found on
+    /// the first prepare and kept.
+    common_edits: Mutex<Option<ContainerEdits>>,
+    /// The state directory's lock (see [`LOCK_FILE`]).
+    _lock: std::fs::File,
+}
+
+impl Preparer {
+    /// Opens the checkpoint, recovers from a crash (see [`recover`]) and
+    /// starts the MPS supervisor. Runs the blocking parts off the runtime.
+    pub async fn start(
+        opts: Options,
+        client: kube::Client,
+        backend: Arc<dyn GpuBackend>,
+        inventory: &Inventory,
+    ) -> Result<(Self, RecoveryReport), Error> {
+        let catalog = catalog(inventory, &opts.build);
+        let inner = tokio::task::spawn_blocking(move || -> Result<_, Error> {
+            let lock = lock_state_dir(&opts.state_dir.path)?;
+            let cdi_root = opts.cdi.root();
+            std::fs::create_dir_all(cdi_root).map_err(|source| Error::StateDir {
+                path: cdi_root.to_path_buf(),
+                source,
+            })?;
+            // Not under --proc-root: the boot id is the same in every
+            // container of the node, and the chart mounts only
+            // /proc/driver/nvidia at --proc-root.
+            let boot_id = std::path::Path::new(BOOT_ID);
+            let (store, load) = Store::open(&opts.state_dir.path, boot_id)?;
+            let mps = MpsControl::new(opts.driver_root.clone(), opts.state_dir.clone());
+            let nodes = NodeLocator::new(opts.dev_root.clone(), opts.proc_root.clone());
+            let inner = Arc::new(Inner {
+                opts,
+                client,
+                backend,
+                catalog,
+                store,
+                locks: GpuLocks::default(),
+                mps,
+                nodes,
+                common_edits: Mutex::new(None),
+                _lock: lock,
+            });
+            let report = recover::recover(&inner, load);
+            Ok((inner, report))
+        })
+        .await
+        .map_err(|e| Error::Task(e.to_string()))??;
+        let (inner, report) = inner;
+        report.log();
+        tokio::spawn(supervise_mps(Arc::downgrade(&inner)));
+        Ok((Self { inner }, report))
+    }
+
+    /// The checkpoint (for tests and the demo).
+    pub fn checkpoint(&self) -> checkpoint::Checkpoint {
+        self.inner.store.snapshot()
+    }
+
+    /// Prepares one claim; see the module docs for the steps.
+    pub async fn prepare_one(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, ClaimError> {
+        let inner = &self.inner;
+        let uid = ClaimUid(claim.uid.clone());
+        if let Some(entry) = inner.store.get(&uid)
+            && entry.state == ClaimState::PrepareCompleted
+        {
+            tracing::debug!(claim = %uid, "already prepared; answering from the checkpoint");
+            return Ok(answer(&entry));
+        }
+        let object = self.fetch(claim).await?;
+        let plan = plan::plan(
+            &object,
+            &claim.uid,
+            &inner.opts.driver_name,
+            &inner.opts.node_name,
+            &inner.catalog,
+        )
+        .map_err(|e: PlanError| ClaimError::Failed(e.to_string()))?;
+        let held = inner.locks.lock(&plan.gpu_minors()).await;
+        let worker = Arc::clone(inner);
+        let entry = tokio::task::spawn_blocking(move || apply::prepare(&worker, &plan))
+            .await
+            .map_err(|e| ClaimError::Failed(format!("internal error: prepare task failed: {e}")))?
+            .map_err(|e| ClaimError::Failed(e.to_string()))?;
+        drop(held);
+        tracing::info!(
+            claim = %uid,
+            namespace = %claim.namespace,
+            name = %claim.name,
+            devices = entry.devices.len(),
+            "claim prepared"
+        );
+        let devices = answer(&entry);
+        status::publish(inner, claim, &entry).await;
+        Ok(devices)
+    }
+
+    /// Unprepares one claim from its checkpoint entry; unknown = done.
+    pub async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), ClaimError> {
+        let inner = &self.inner;
+        let uid = ClaimUid(claim.uid.clone());
+        let Some(entry) = inner.store.get(&uid) else {
+            tracing::debug!(claim = %uid, "unprepare of a claim not prepared here: nothing to do");
+            return Ok(());
+        };
+        let minors = apply::entry_minors(&entry);
+        let held = inner.locks.lock(&minors).await;
+        let worker = Arc::clone(inner);
+        let cleared = entry.clone();
+        tokio::task::spawn_blocking(move || apply::unprepare(&worker, &uid, &entry))
+            .await
+            .map_err(|e| ClaimError::Failed(format!("internal error: unprepare task failed: {e}")))?
+            .map_err(|e| ClaimError::Failed(e.to_string()))?;
+        drop(held);
+        tracing::info!(claim = %claim.uid, namespace = %claim.namespace, name = %claim.name, "claim unprepared");
+        status::clear(inner, claim, &cleared).await;
+        Ok(())
+    }
+
+    async fn fetch(&self, claim: &ClaimRef) -> Result<ResourceClaim, ClaimError> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.inner.client.clone(), &claim.namespace);
+        match api.get_opt(&claim.name).await {
+            Ok(Some(object)) => Ok(object),
+            Ok(None) => Err(ClaimError::Failed(format!(
+                "ResourceClaim {}/{} not found in the API server",
+                claim.namespace, claim.name
+            ))),
+            Err(e) => Err(ClaimError::Failed(format!(
+                "cannot read ResourceClaim {}/{} from the API server: {e}",
+                claim.namespace, claim.name
+            ))),
+        }
+    }
+}
+
+impl ClaimPreparer for Preparer {
+    fn prepare<'a>(
+        &'a self,
+        claims: &'a [ClaimRef],
+    ) -> BoxFuture<'a, ClaimResults<Vec<PreparedDevice>>> {
+        Box::pin(async move {
+            let results =
+                futures::future::join_all(claims.iter().map(|c| self.prepare_one(c))).await;
+            claims
+                .iter()
+                .zip(results)
+                .map(|(c, r)| (c.uid.clone(), r))
+                .collect()
+        })
+    }
+
+    fn unprepare<'a>(&'a self, claims: &'a [ClaimRef]) -> BoxFuture<'a, ClaimResults<()>> {
+        Box::pin(async move {
+            let results =
+                futures::future::join_all(claims.iter().map(|c| self.unprepare_one(c))).await;
+            claims
+                .iter()
+                .zip(results)
+                .map(|(c, r)| (c.uid.clone(), r))
+                .collect()
+        })
+    }
+}
+
+/// The kubelet answer recorded in a completed entry.
+fn answer(entry: &ClaimEntry) -> Vec<PreparedDevice> {
+    entry
+        .devices
+        .iter()
+        .map(|d: &PreparedDeviceRecord| PreparedDevice {
+            request_names: d.requests.clone(),
+            pool_name: d.pool.clone(),
+            device_name: d.device.clone(),
+            cdi_device_ids: d.cdi_device_ids.clone(),
+            share_id: d.share_id.clone(),
+        })
+        .collect()
+}
+
+/// The devices this node publishes, by name, with their hardware.
+pub fn catalog(inventory: &Inventory, build: &BuildOptions) -> HashMap<String, Target> {
+    let model = DeviceModel::build(inventory, build);
+    let mut out = HashMap::new();
+    for device in model.devices() {
+        let target = match device.location {
+            DeviceRef::Gpu { minor } => {
+                let Some(gpu) = inventory.gpus.iter().find(|g| g.info.minor == minor) else {
+                    continue;
+                };
+                Target::Gpu(GpuTarget {
+                    index: gpu.info.index,
+                    minor,
+                    uuid: gpu.info.uuid.clone(),
+                    memory_bytes: gpu.info.memory_bytes,
+                    memory_shared: device.memory_sharing.is_some(),
+                    dynamic_mig: build.dynamic_mig
+                        && gpu.info.mig.is_some()
+                        && gpu.info.cuda_compute_capability.0 >= 9,
+                })
+            }
+            DeviceRef::Mig {
+                parent_minor,
+                profile_id,
+                placement_start,
+            } => {
+                let Some(gpu) = inventory.gpus.iter().find(|g| g.info.minor == parent_minor) else {
+                    continue;
+                };
+                let Some(mig) = gpu.info.mig.as_ref() else {
+                    continue;
+                };
+                let size = mig
+                    .profiles
+                    .iter()
+                    .find(|p| p.id == profile_id)
+                    .and_then(|p| p.placements.iter().find(|pl| pl.start == placement_start))
+                    .map(|pl| pl.size)
+                    .or_else(|| {
+                        mig.devices
+                            .iter()
+                            .find(|d| {
+                                d.profile_id == profile_id && d.placement.start == placement_start
+                            })
+                            .map(|d| d.placement.size)
+                    });
+                let Some(placement_size) = size else {
+                    continue;
+                };
+                Target::Mig(MigTarget {
+                    gpu_index: gpu.info.index,
+                    parent_minor,
+                    parent_uuid: gpu.info.uuid.clone(),
+                    profile_id,
+                    placement_start,
+                    placement_size,
+                    dynamic: build.dynamic_mig,
+                })
+            }
+        };
+        out.insert(device.name.clone(), target);
+    }
+    out
+}
+
+/// Restarts MPS daemons that completed claims still use, every
+/// [`MPS_SUPERVISION_PERIOD`], until the preparer is dropped.
+async fn supervise_mps(inner: std::sync::Weak<Inner>) {
+    loop {
+        tokio::time::sleep(MPS_SUPERVISION_PERIOD).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let _ = tokio::task::spawn_blocking(move || apply::supervise(&inner)).await;
+    }
+}
+
+/// Adds `batch` to the checkpoint; the error text names the step.
+fn commit(inner: &Inner, batch: Batch, step: &str) -> Result<(), apply::PrepareError> {
+    inner
+        .store
+        .commit(batch)
+        .map_err(|e| apply::PrepareError::Checkpoint {
+            step: step.to_owned(),
+            reason: e.to_string(),
+        })
+}
+
+/// A new entry for `plan` in state `state`.
+fn entry_for(plan: &plan::ClaimPlan, state: ClaimState) -> ClaimEntry {
+    ClaimEntry {
+        state,
+        namespace: plan.namespace.clone(),
+        name: plan.name.clone(),
+        devices: Vec::new(),
+        cdi_spec_paths: Vec::new(),
+    }
+}

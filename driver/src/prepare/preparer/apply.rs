@@ -1,0 +1,808 @@
+//! The blocking half of prepare and unprepare, run under the claim's GPU
+//! locks: the checkpoint protocol around the hardware steps, the hardware
+//! steps themselves, and their undo.
+//!
+//! What each kind of device gets:
+//! - whole GPU: its node; with dynamic MIG, MIG mode switched off first if
+//!   no MIG device is left on it; `TimeSlicing` config: compute mode
+//!   `Default` and the interval through `nvidia-smi`; `MPS` config: compute
+//!   mode `ExclusiveProcess` and a control daemon for the claim;
+//! - memory-shared GPU (`--memory-sharing`): one MPS daemon per GPU, shared
+//!   by every claim on it (started with the first, stopped after the last),
+//!   and per-client limits derived from the consumed `memory`;
+//! - MIG device: created at the allocated placement (dynamic MIG) or found
+//!   (static), its capability nodes; `MPS` config: a daemon on its UUID;
+//! - admin access: nodes only, no configuration, no exclusivity.
+//!
+//! Every change is recorded in the claim's entry as it happens, so a
+//! failure half-way undoes exactly what was done ([`undo`]), and the same
+//! undo serves unprepare and crash recovery.
+
+use std::collections::BTreeMap;
+
+use gpu_dra_api::config::{DeviceConfig, MpsConfig, TimeSliceInterval};
+use gpu_nvml::ComputeMode;
+
+use super::plan::{ClaimPlan, GpuTarget, MigTarget, PlannedDevice, Target};
+use super::{Inner, commit, entry_for};
+use crate::prepare::cdi::{self, CdiError, ClaimSpec, ContainerEdits};
+use crate::prepare::checkpoint::{
+    Batch, ClaimEntry, ClaimState, ClaimUid, ComputeModeChange, DeviceKind, PreparedDeviceRecord,
+    SharingApplied,
+};
+use crate::prepare::mig::{self, MigRequest};
+use crate::prepare::mps::{self, DaemonConfig};
+use crate::prepare::timeslice;
+
+const MIB: u64 = 1024 * 1024;
+
+/// Why preparing or unpreparing a claim failed; the text goes to the user.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// Another prepared claim holds an overlapping device.
+    #[error(
+        "device {device} overlaps device {other_device} already prepared for claim {other} ({other_uid}); a device is never given to two claims: unprepare the other claim first"
+    )]
+    Conflict {
+        /// Our device.
+        device: String,
+        /// The other claim's device.
+        other_device: String,
+        /// The other claim (namespace/name).
+        other: String,
+        /// Its UID.
+        other_uid: String,
+    },
+    /// The checkpoint could not be written.
+    #[error("cannot record the claim in the checkpoint ({step}): {reason}")]
+    Checkpoint {
+        /// The protocol step.
+        step: String,
+        /// The store's error.
+        reason: String,
+    },
+    /// CDI spec generation or writing failed.
+    #[error("CDI spec: {0}")]
+    Cdi(#[from] CdiError),
+    /// A MIG operation failed.
+    #[error("device {device}: {error}")]
+    Mig {
+        /// The device.
+        device: String,
+        /// What failed.
+        error: mig::MigError,
+    },
+    /// An MPS daemon could not be started or stopped.
+    #[error("MPS: {0}")]
+    Mps(#[from] mps::MpsError),
+    /// Time-slicing could not be set.
+    #[error("device {device}: {error}")]
+    TimeSlice {
+        /// The device.
+        device: String,
+        /// What failed.
+        error: timeslice::TimeSliceError,
+    },
+    /// An NVML call failed.
+    #[error("device {device}: {error}")]
+    Nvml {
+        /// The device.
+        device: String,
+        /// What failed.
+        error: gpu_nvml::Error,
+    },
+    /// The allocation or config cannot be served as asked.
+    #[error("device {device}: {reason}")]
+    Unsupported {
+        /// The device.
+        device: String,
+        /// Why.
+        reason: String,
+    },
+    /// Undo failed for some steps (each listed).
+    #[error("could not undo everything: {}", .0.join("; "))]
+    Undo(Vec<String>),
+}
+
+/// A crash-test hook: with `GPU_DRA_FAILPOINT=<name>` the process aborts
+/// at that step, as a SIGKILL would stop it (no unwinding, no cleanup).
+fn failpoint(name: &str) {
+    if std::env::var(crate::prepare::checkpoint::FAILPOINT_ENV).as_deref() == Ok(name) {
+        tracing::warn!(failpoint = name, "failpoint hit: aborting");
+        std::process::abort();
+    }
+}
+
+/// Prepares `plan`; see the module docs. Returns the completed entry.
+pub(crate) fn prepare(inner: &Inner, plan: &ClaimPlan) -> Result<ClaimEntry, PrepareError> {
+    let snapshot = inner.store.snapshot();
+    if let Some(stale) = snapshot.claims.get(&plan.uid) {
+        // A completed entry appeared while we waited for the locks (the
+        // same claim prepared by a concurrent call): answer it.
+        if stale.state == ClaimState::PrepareCompleted {
+            return Ok(stale.clone());
+        }
+        tracing::warn!(claim = %plan.uid, "an earlier attempt left the claim half-prepared; undoing it first");
+        let others = others(&snapshot.claims, &plan.uid);
+        undo(inner, &plan.uid, stale, &others).map_err(PrepareError::Undo)?;
+        commit(
+            inner,
+            Batch::new().remove(plan.uid.clone()),
+            "drop stale entry",
+        )?;
+    }
+    let others_now = others(&snapshot.claims, &plan.uid);
+    check_conflicts(plan, &others_now)?;
+
+    let spec_path = inner.opts.cdi.path(&plan.uid.0)?;
+    let mut entry = entry_for(plan, ClaimState::PrepareStarted);
+    entry.devices = plan.devices.iter().map(planned_record).collect();
+    entry.cdi_spec_paths = vec![spec_path];
+    commit(
+        inner,
+        Batch::new().put(plan.uid.clone(), entry.clone()),
+        "PrepareStarted",
+    )?;
+    failpoint("prepare-after-started");
+
+    let result = setup(inner, plan, &mut entry, &others_now).and_then(|()| {
+        entry.state = ClaimState::PrepareCompleted;
+        commit(
+            inner,
+            Batch::new().put(plan.uid.clone(), entry.clone()),
+            "PrepareCompleted",
+        )
+    });
+    if let Err(e) = result {
+        tracing::warn!(claim = %plan.uid, error = %e, "prepare failed; rolling back");
+        if let Err(undo_errors) = undo(inner, &plan.uid, &entry, &others_now) {
+            tracing::error!(claim = %plan.uid, errors = ?undo_errors, "rollback incomplete; the entry stays for a retry");
+            let _ = inner
+                .store
+                .commit(Batch::new().put(plan.uid.clone(), entry));
+            return Err(e);
+        }
+        commit(inner, Batch::new().remove(plan.uid.clone()), "rollback")?;
+        return Err(e);
+    }
+    failpoint("prepare-after-completed");
+    Ok(entry)
+}
+
+/// Undoes `entry` and removes it from the checkpoint.
+pub(crate) fn unprepare(
+    inner: &Inner,
+    uid: &ClaimUid,
+    entry: &ClaimEntry,
+) -> Result<(), PrepareError> {
+    let snapshot = inner.store.snapshot();
+    let others = others(&snapshot.claims, uid);
+    undo(inner, uid, entry, &others).map_err(PrepareError::Undo)?;
+    failpoint("unprepare-after-undo");
+    commit(inner, Batch::new().remove(uid.clone()), "unprepare")
+}
+
+/// Every other claim's entry.
+fn others<'a>(
+    claims: &'a BTreeMap<ClaimUid, ClaimEntry>,
+    uid: &ClaimUid,
+) -> Vec<(&'a ClaimUid, &'a ClaimEntry)> {
+    claims.iter().filter(|(u, _)| *u != uid).collect()
+}
+
+/// GPU minors an entry touches (its locks).
+pub(crate) fn entry_minors(entry: &ClaimEntry) -> Vec<u32> {
+    let mut minors: Vec<u32> = entry
+        .devices
+        .iter()
+        .map(|d| match &d.kind {
+            DeviceKind::Gpu { minor, .. } => *minor,
+            DeviceKind::Mig { parent_minor, .. } => *parent_minor,
+        })
+        .collect();
+    minors.sort_unstable();
+    minors.dedup();
+    minors
+}
+
+/// The record of a device before anything is done to it.
+fn planned_record(d: &PlannedDevice) -> PreparedDeviceRecord {
+    let kind = match &d.target {
+        Target::Gpu(g) => DeviceKind::Gpu {
+            uuid: g.uuid.clone(),
+            minor: g.minor,
+        },
+        Target::Mig(m) => DeviceKind::Mig {
+            parent_uuid: m.parent_uuid.clone(),
+            parent_minor: m.parent_minor,
+            profile_id: m.profile_id,
+            placement_start: m.placement_start,
+            placement_size: m.placement_size,
+            gpu_instance_id: None,
+            compute_instance_id: None,
+            mig_uuid: None,
+            created: false,
+        },
+    };
+    PreparedDeviceRecord {
+        kind,
+        requests: d.requests.clone(),
+        pool: d.pool.clone(),
+        device: d.device.clone(),
+        share_id: d.share_id.clone(),
+        cdi_device_ids: Vec::new(),
+        sharing: SharingApplied::default(),
+        admin: d.admin,
+    }
+}
+
+/// What part of a physical GPU a device occupies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Footprint {
+    /// The whole GPU, exclusively.
+    Whole(u32),
+    /// A share of the GPU's memory (memory-fraction sharing).
+    Share(u32),
+    /// Memory slices `[start, start + size)` of the GPU.
+    Slices(u32, u32, u32),
+}
+
+impl Footprint {
+    fn overlaps(self, other: Footprint) -> bool {
+        use Footprint::{Share, Slices, Whole};
+        match (self, other) {
+            (Share(_), Share(_)) => false,
+            (Whole(a) | Share(a), Whole(b) | Share(b) | Slices(b, _, _))
+            | (Slices(a, _, _), Whole(b) | Share(b)) => a == b,
+            (Slices(a, s1, n1), Slices(b, s2, n2)) => a == b && s1 < s2 + n2 && s2 < s1 + n1,
+        }
+    }
+}
+
+fn planned_footprint(d: &PlannedDevice) -> Footprint {
+    match &d.target {
+        Target::Gpu(g) if d.share_id.is_some() || g.memory_shared => Footprint::Share(g.minor),
+        Target::Gpu(g) => Footprint::Whole(g.minor),
+        Target::Mig(m) => Footprint::Slices(m.parent_minor, m.placement_start, m.placement_size),
+    }
+}
+
+fn record_footprint(d: &PreparedDeviceRecord) -> Footprint {
+    match &d.kind {
+        DeviceKind::Gpu { minor, .. } if d.share_id.is_some() => Footprint::Share(*minor),
+        DeviceKind::Gpu { minor, .. } => Footprint::Whole(*minor),
+        DeviceKind::Mig {
+            parent_minor,
+            placement_start,
+            placement_size,
+            ..
+        } => Footprint::Slices(*parent_minor, *placement_start, *placement_size),
+    }
+}
+
+/// Refuses a device that overlaps a non-admin device of another claim.
+fn check_conflicts(
+    plan: &ClaimPlan,
+    others: &[(&ClaimUid, &ClaimEntry)],
+) -> Result<(), PrepareError> {
+    for d in plan.devices.iter().filter(|d| !d.admin) {
+        let mine = planned_footprint(d);
+        for (uid, entry) in others {
+            for theirs in entry.devices.iter().filter(|r| !r.admin) {
+                if mine.overlaps(record_footprint(theirs)) {
+                    return Err(PrepareError::Conflict {
+                        device: d.device.clone(),
+                        other_device: theirs.device.clone(),
+                        other: format!("{}/{}", entry.namespace, entry.name),
+                        other_uid: uid.0.clone(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The CDI device name of each planned device: its DRA device name, with
+/// the share id appended when the claim holds two shares of one device.
+fn cdi_names(plan: &ClaimPlan) -> Vec<String> {
+    let mut names: Vec<String> = Vec::with_capacity(plan.devices.len());
+    for d in &plan.devices {
+        let name = if names.contains(&d.device) {
+            format!("{}-{}", d.device, d.share_id.as_deref().unwrap_or("dup"))
+        } else {
+            d.device.clone()
+        };
+        names.push(name);
+    }
+    names
+}
+
+/// Sets up every device of `plan`, recording each change in `entry`, and
+/// writes the CDI spec.
+fn setup(
+    inner: &Inner,
+    plan: &ClaimPlan,
+    entry: &mut ClaimEntry,
+    others: &[(&ClaimUid, &ClaimEntry)],
+) -> Result<(), PrepareError> {
+    let names = cdi_names(plan);
+    let mut spec =
+        ClaimSpec::with_kind(inner.opts.cdi.vendor(), inner.opts.cdi.class(), &plan.uid.0)?;
+    // Devices asking for MPS, grouped by identical config: one daemon each.
+    let mut mps_groups: Vec<(MpsConfig, Vec<(usize, String)>)> = Vec::new();
+    for (i, d) in plan.devices.iter().enumerate() {
+        match &d.target {
+            Target::Gpu(g) => {
+                let nodes = inner.nodes.gpu(g.minor)?;
+                spec.add_gpu(&names[i], &nodes)?;
+                if d.admin {
+                    continue;
+                }
+                if g.dynamic_mig {
+                    mig::ensure_full_gpu(&*inner.backend, g.index).map_err(|error| {
+                        PrepareError::Mig {
+                            device: d.device.clone(),
+                            error,
+                        }
+                    })?;
+                }
+                if g.memory_shared || d.consumed_memory.is_some() {
+                    let edits = shared_gpu(inner, d, g, &mut entry.devices[i], others)?;
+                    spec.add_edits(&names[i], edits)?;
+                    continue;
+                }
+                match &d.config {
+                    Some(DeviceConfig::Gpu(cfg)) => {
+                        if let Some(interval) = cfg.time_slice() {
+                            time_slice(inner, d, g, interval, &mut entry.devices[i])?;
+                        } else if let Some(mps) = cfg.mps() {
+                            set_compute_mode(
+                                inner,
+                                &d.device,
+                                g.index,
+                                ComputeMode::ExclusiveProcess,
+                                &mut entry.devices[i].sharing,
+                            )?;
+                            group(&mut mps_groups, mps, i, g.uuid.clone());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Target::Mig(m) => {
+                let (gi, ci, uuid) = mig_device(inner, d, m, &mut entry.devices[i])?;
+                let nodes = inner.nodes.mig(m.parent_minor, gi, ci)?;
+                spec.add_mig(&names[i], &nodes)?;
+                if d.admin {
+                    continue;
+                }
+                if let Some(DeviceConfig::Mig(cfg)) = &d.config
+                    && let Some(mps) = cfg.mps()
+                {
+                    group(&mut mps_groups, mps, i, uuid);
+                }
+            }
+        }
+    }
+    for (n, (config, members)) in mps_groups.iter().enumerate() {
+        let uuids: Vec<&str> = members.iter().map(|(_, u)| u.as_str()).collect();
+        let limits =
+            config
+                .pinned_memory_limits(&uuids)
+                .map_err(|e| PrepareError::Unsupported {
+                    device: plan.devices[members[0].0].device.clone(),
+                    reason: format!("MPS config: {e}"),
+                })?;
+        let cfg = DaemonConfig {
+            id: format!("claim-{}-{n}", plan.uid.0),
+            gpu_uuids: uuids.iter().map(|u| (*u).to_owned()).collect(),
+            active_thread_percentage: config
+                .default_active_thread_percentage
+                .and_then(|p| u8::try_from(p).ok()),
+            pinned_memory_limits: limits,
+        };
+        let record = inner.mps.start(&cfg)?;
+        failpoint("prepare-after-mps");
+        for (i, _) in members {
+            entry.devices[*i].sharing.mps_daemon = Some(record.clone());
+            spec.add_edits(&names[*i], inner.mps.container_edits(&cfg.id))?;
+        }
+    }
+    let common = common_edits(inner)?;
+    let built = spec.build(common)?;
+    for (i, (_, id)) in built.device_ids.iter().enumerate() {
+        entry.devices[i].cdi_device_ids = vec![id.clone()];
+    }
+    inner.opts.cdi.write(&plan.uid.0, &built.spec)?;
+    failpoint("prepare-after-cdi");
+    Ok(())
+}
+
+fn group(
+    groups: &mut Vec<(MpsConfig, Vec<(usize, String)>)>,
+    cfg: &MpsConfig,
+    i: usize,
+    uuid: String,
+) {
+    if let Some((_, members)) = groups.iter_mut().find(|(c, _)| c == cfg) {
+        members.push((i, uuid));
+    } else {
+        groups.push((cfg.clone(), vec![(i, uuid)]));
+    }
+}
+
+/// The claim-level edits, found once and kept.
+fn common_edits(inner: &Inner) -> Result<ContainerEdits, PrepareError> {
+    let mut cached = inner
+        .common_edits
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(edits) = cached.as_ref() {
+        return Ok(edits.clone());
+    }
+    let files = cdi::driver_root::discover(&inner.opts.driver_root)?;
+    let control = inner.nodes.control()?;
+    let edits = cdi::claim_edits(&files, &control);
+    *cached = Some(edits.clone());
+    Ok(edits)
+}
+
+fn mode_name(mode: ComputeMode) -> &'static str {
+    match mode {
+        ComputeMode::Default => "Default",
+        ComputeMode::ExclusiveProcess => "ExclusiveProcess",
+        ComputeMode::Prohibited => "Prohibited",
+    }
+}
+
+fn parse_mode(name: &str) -> Option<ComputeMode> {
+    match name {
+        "Default" => Some(ComputeMode::Default),
+        "ExclusiveProcess" => Some(ComputeMode::ExclusiveProcess),
+        "Prohibited" => Some(ComputeMode::Prohibited),
+        _ => None,
+    }
+}
+
+/// Sets the GPU's compute mode to `mode`, recording the previous one when
+/// it changes.
+fn set_compute_mode(
+    inner: &Inner,
+    device: &str,
+    index: u32,
+    mode: ComputeMode,
+    sharing: &mut SharingApplied,
+) -> Result<(), PrepareError> {
+    let nvml = |error| PrepareError::Nvml {
+        device: device.to_owned(),
+        error,
+    };
+    let current = inner.backend.gpu(index).map_err(nvml)?.compute_mode;
+    if current == mode {
+        return Ok(());
+    }
+    inner.backend.set_compute_mode(index, mode).map_err(nvml)?;
+    sharing.compute_mode = Some(ComputeModeChange {
+        set: mode_name(mode).to_owned(),
+        previous: mode_name(current).to_owned(),
+    });
+    Ok(())
+}
+
+fn time_slice(
+    inner: &Inner,
+    d: &PlannedDevice,
+    g: &GpuTarget,
+    interval: TimeSliceInterval,
+    record: &mut PreparedDeviceRecord,
+) -> Result<(), PrepareError> {
+    set_compute_mode(
+        inner,
+        &d.device,
+        g.index,
+        ComputeMode::Default,
+        &mut record.sharing,
+    )?;
+    timeslice::set_timeslice(&inner.opts.driver_root, &g.uuid, interval).map_err(|error| {
+        PrepareError::TimeSlice {
+            device: d.device.clone(),
+            error,
+        }
+    })?;
+    record.sharing.time_slice_interval = Some(format!("{interval:?}"));
+    Ok(())
+}
+
+/// Id of the MPS daemon shared by the claims of a memory-shared GPU.
+fn shared_daemon_id(minor: u32) -> String {
+    format!("shared-gpu{minor}")
+}
+
+/// A share of a memory-shared GPU: the GPU's daemon (started by the first
+/// claim) and this claim's per-client limits.
+fn shared_gpu(
+    inner: &Inner,
+    d: &PlannedDevice,
+    g: &GpuTarget,
+    record: &mut PreparedDeviceRecord,
+    others: &[(&ClaimUid, &ClaimEntry)],
+) -> Result<ContainerEdits, PrepareError> {
+    let unsupported = |reason: String| PrepareError::Unsupported {
+        device: d.device.clone(),
+        reason,
+    };
+    let consumed = d.consumed_memory.ok_or_else(|| {
+        unsupported("the GPU is shared by memory fraction but the allocation consumed no memory (allocated by a scheduler without DRAConsumableCapacity?)".to_owned())
+    })?;
+    if let Some(DeviceConfig::Gpu(cfg)) = &d.config
+        && cfg.sharing.is_some()
+    {
+        return Err(unsupported(
+            "a memory-shared GPU always runs MPS with limits derived from the consumed memory; remove the sharing config from the claim or class".to_owned(),
+        ));
+    }
+    if g.memory_bytes == 0 || consumed == 0 || consumed > g.memory_bytes {
+        return Err(unsupported(format!(
+            "consumed memory {consumed} bytes does not fit the GPU's {} bytes",
+            g.memory_bytes
+        )));
+    }
+    let id = shared_daemon_id(g.minor);
+    // The compute mode to restore after the last claim: recorded by the
+    // first claim, copied by every later one.
+    let inherited = others
+        .iter()
+        .flat_map(|(_, e)| e.devices.iter())
+        .filter(|r| r.sharing.mps_daemon.as_ref().is_some_and(|m| m.id == id))
+        .find_map(|r| r.sharing.compute_mode.clone());
+    if let Some(change) = inherited {
+        record.sharing.compute_mode = Some(change);
+    } else {
+        set_compute_mode(
+            inner,
+            &d.device,
+            g.index,
+            ComputeMode::ExclusiveProcess,
+            &mut record.sharing,
+        )?;
+    }
+    let daemon = inner.mps.start(&DaemonConfig {
+        id: id.clone(),
+        gpu_uuids: vec![g.uuid.clone()],
+        active_thread_percentage: None,
+        pinned_memory_limits: BTreeMap::new(),
+    })?;
+    record.sharing.mps_daemon = Some(daemon);
+    failpoint("prepare-after-mps");
+    let pinned_mib = (consumed / MIB).max(1);
+    let percent = consumed
+        .saturating_mul(100)
+        .div_ceil(g.memory_bytes)
+        .clamp(1, 100);
+    let mut edits = inner.mps.container_edits(&id);
+    let limits = mps::client_limit_edits(&g.uuid, pinned_mib, u8::try_from(percent).unwrap_or(100));
+    edits.env.extend(limits.env);
+    edits.mounts.extend(limits.mounts);
+    Ok(edits)
+}
+
+/// Creates (dynamic) or finds (static) the MIG device; returns GI, CI, UUID.
+fn mig_device(
+    inner: &Inner,
+    d: &PlannedDevice,
+    m: &MigTarget,
+    record: &mut PreparedDeviceRecord,
+) -> Result<(u32, u32, String), PrepareError> {
+    let mig_error = |error| PrepareError::Mig {
+        device: d.device.clone(),
+        error,
+    };
+    let (gi, ci, uuid, created) = if m.dynamic && !d.admin {
+        let made = mig::create(
+            &*inner.backend,
+            &MigRequest {
+                gpu_index: m.gpu_index,
+                parent_minor: m.parent_minor,
+                parent_uuid: m.parent_uuid.clone(),
+                profile_id: m.profile_id,
+                placement_start: m.placement_start,
+                placement_size: m.placement_size,
+            },
+        )
+        .map_err(mig_error)?;
+        (
+            made.gpu_instance_id,
+            made.compute_instance_id,
+            made.uuid,
+            true,
+        )
+    } else {
+        let info = inner
+            .backend
+            .gpu(m.gpu_index)
+            .map_err(|error| PrepareError::Nvml {
+                device: d.device.clone(),
+                error,
+            })?;
+        let found = info
+            .mig
+            .iter()
+            .flat_map(|mig| mig.devices.iter())
+            .find(|x| x.profile_id == m.profile_id && x.placement.start == m.placement_start)
+            .ok_or_else(|| PrepareError::Unsupported {
+                device: d.device.clone(),
+                reason: if d.admin {
+                    "admin access to a MIG placement that no claim has created: nothing to monitor"
+                        .to_owned()
+                } else {
+                    "the MIG device no longer exists on the GPU (changed behind the driver's back?)"
+                        .to_owned()
+                },
+            })?;
+        (
+            found.gpu_instance_id,
+            found.compute_instance_id,
+            found.uuid.clone(),
+            false,
+        )
+    };
+    if let DeviceKind::Mig {
+        gpu_instance_id,
+        compute_instance_id,
+        mig_uuid,
+        created: was_created,
+        ..
+    } = &mut record.kind
+    {
+        *gpu_instance_id = Some(gi);
+        *compute_instance_id = Some(ci);
+        *mig_uuid = Some(uuid.clone());
+        *was_created = created;
+    }
+    if created {
+        failpoint("prepare-after-mig");
+    }
+    Ok((gi, ci, uuid))
+}
+
+/// NVML index of the GPU with `uuid` (from the catalog).
+fn index_of(inner: &Inner, uuid: &str) -> Option<u32> {
+    inner.catalog.values().find_map(|t| match t {
+        Target::Gpu(g) if g.uuid == uuid => Some(g.index),
+        Target::Mig(m) if m.parent_uuid == uuid => Some(m.gpu_index),
+        _ => None,
+    })
+}
+
+/// Undoes what `entry` records, in reverse: MPS daemons (a shared one only
+/// when no other claim uses it), time-slice, compute mode, MIG devices this
+/// plugin created, the CDI spec. Best effort: every step is tried, the
+/// failures are returned.
+pub(crate) fn undo(
+    inner: &Inner,
+    uid: &ClaimUid,
+    entry: &ClaimEntry,
+    others: &[(&ClaimUid, &ClaimEntry)],
+) -> Result<(), Vec<String>> {
+    let mut errors = Vec::new();
+    let mut stopped: Vec<String> = Vec::new();
+    for record in entry.devices.iter().rev() {
+        if record.admin {
+            continue;
+        }
+        let uuid = match &record.kind {
+            DeviceKind::Gpu { uuid, .. } => uuid.clone(),
+            DeviceKind::Mig { parent_uuid, .. } => parent_uuid.clone(),
+        };
+        let index = index_of(inner, &uuid);
+        let mut restore_mode = record.sharing.compute_mode.clone();
+        if let Some(daemon) = &record.sharing.mps_daemon
+            && !stopped.contains(&daemon.id)
+        {
+            let in_use = others.iter().any(|(_, e)| {
+                e.devices.iter().any(|r| {
+                    r.sharing
+                        .mps_daemon
+                        .as_ref()
+                        .is_some_and(|m| m.id == daemon.id)
+                })
+            });
+            if in_use {
+                // Another claim still shares the daemon and the mode.
+                restore_mode = None;
+            } else {
+                match inner.mps.stop(&daemon.id) {
+                    Ok(()) => stopped.push(daemon.id.clone()),
+                    Err(e) => errors.push(format!("stop MPS daemon {}: {e}", daemon.id)),
+                }
+            }
+        }
+        if let Some(interval) = &record.sharing.time_slice_interval
+            && interval != "Default"
+            && let Err(e) =
+                timeslice::set_timeslice(&inner.opts.driver_root, &uuid, TimeSliceInterval::Default)
+        {
+            errors.push(format!("reset time-slice of {}: {e}", record.device));
+        }
+        if let Some(change) = restore_mode
+            && let (Some(index), Some(mode)) = (index, parse_mode(&change.previous))
+            && let Err(e) = inner.backend.set_compute_mode(index, mode)
+        {
+            errors.push(format!("restore compute mode of {}: {e}", record.device));
+        }
+        if let DeviceKind::Mig {
+            gpu_instance_id: Some(gi),
+            compute_instance_id: Some(ci),
+            created: true,
+            ..
+        } = &record.kind
+        {
+            match index {
+                Some(index) => {
+                    if let Err(e) = mig::destroy(&*inner.backend, index, *gi, *ci) {
+                        errors.push(format!("destroy MIG device {}: {e}", record.device));
+                    }
+                }
+                None => errors.push(format!(
+                    "destroy MIG device {}: parent GPU {uuid} is not known to this plugin",
+                    record.device
+                )),
+            }
+        }
+    }
+    if let Err(e) = inner.opts.cdi.remove(&uid.0) {
+        errors.push(format!("remove CDI spec: {e}"));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
+}
+
+/// Restarts dead MPS daemons that completed claims still use.
+pub(crate) fn supervise(inner: &Inner) {
+    let snapshot = inner.store.snapshot();
+    let mut ids: Vec<String> = snapshot
+        .claims
+        .values()
+        .filter(|e| e.state == ClaimState::PrepareCompleted)
+        .flat_map(|e| e.devices.iter())
+        .filter_map(|r| r.sharing.mps_daemon.as_ref().map(|m| m.id.clone()))
+        .collect();
+    ids.sort();
+    ids.dedup();
+    if ids.is_empty() {
+        return;
+    }
+    for (id, result) in inner.mps.check(&ids) {
+        if let Err(e) = result {
+            tracing::error!(daemon = %id, error = %e, "MPS daemon is down and could not be restarted");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Footprint::{Share, Slices, Whole};
+
+    #[test]
+    fn footprints_overlap_exactly_when_they_share_hardware() {
+        // Whole GPUs and shares conflict on the same GPU only.
+        assert!(Whole(0).overlaps(Whole(0)));
+        assert!(!Whole(0).overlaps(Whole(1)));
+        assert!(Whole(0).overlaps(Share(0)) && Share(0).overlaps(Whole(0)));
+        // Shares of one GPU coexist.
+        assert!(!Share(0).overlaps(Share(0)));
+        // MIG placements: memory slice ranges.
+        assert!(Slices(0, 0, 2).overlaps(Slices(0, 1, 1)));
+        assert!(!Slices(0, 0, 2).overlaps(Slices(0, 2, 2)));
+        assert!(!Slices(0, 0, 2).overlaps(Slices(1, 0, 2)));
+        assert!(Slices(0, 4, 4).overlaps(Slices(0, 0, 8)));
+        // A placement and the whole GPU or a share of it.
+        assert!(Slices(0, 6, 1).overlaps(Whole(0)) && Whole(0).overlaps(Slices(0, 6, 1)));
+        assert!(Slices(0, 6, 1).overlaps(Share(0)) && Share(0).overlaps(Slices(0, 6, 1)));
+        assert!(!Slices(0, 6, 1).overlaps(Whole(1)));
+    }
+}

@@ -1,0 +1,172 @@
+//! Startup recovery: bring the node back to what the checkpoint says, after
+//! a crash at any step of a prepare or unprepare.
+//!
+//! 1. Entries still `PrepareStarted` were cut off half-way: undo what they
+//!    record and drop them (kubelet retries the prepare, which then starts
+//!    from scratch). An entry whose undo fails stays, and the next prepare
+//!    of that claim undoes it first.
+//! 2. With dynamic MIG, MIG devices no remaining entry references are
+//!    destroyed (a crash between creating an instance and recording it).
+//! 3. MPS daemons no remaining entry references are stopped.
+//! 4. CDI specs of claims without an entry, and temp files of interrupted
+//!    writes, are deleted.
+//!
+//! Problems are reported and logged; none stops the plugin.
+
+use std::collections::HashSet;
+
+use super::Inner;
+use super::apply::undo;
+use crate::prepare::checkpoint::{Batch, ClaimState, DeviceKind, LoadReport};
+use crate::prepare::mig;
+
+/// What recovery found and did.
+#[derive(Clone, Debug, Default)]
+pub struct RecoveryReport {
+    /// What loading the checkpoint found.
+    pub load: LoadReport,
+    /// Claims that were half-prepared and were undone.
+    pub undone: Vec<String>,
+    /// MIG devices destroyed because no claim referenced them (UUIDs).
+    pub mig_destroyed: Vec<String>,
+    /// MPS daemons stopped because no claim referenced them.
+    pub mps_stopped: Vec<String>,
+    /// CDI specs deleted because no claim referenced them (claim UIDs).
+    pub cdi_removed: Vec<String>,
+    /// Steps that failed.
+    pub errors: Vec<String>,
+}
+
+impl RecoveryReport {
+    /// Logs what was found, one line per kind.
+    pub fn log(&self) {
+        for (entry, reason) in &self.load.quarantined {
+            tracing::error!(entry = %entry, reason = %reason, "checkpoint entry quarantined");
+        }
+        if let Some((path, reason)) = &self.load.moved_aside {
+            tracing::error!(path = %path.display(), reason = %reason, "unusable checkpoint moved aside");
+        }
+        if self.load.discarded_for_reboot > 0 {
+            tracing::info!(
+                entries = self.load.discarded_for_reboot,
+                "checkpoint entries of an earlier boot discarded"
+            );
+        }
+        if !self.undone.is_empty() {
+            tracing::warn!(claims = ?self.undone, "half-prepared claims undone");
+        }
+        if !self.mig_destroyed.is_empty() {
+            tracing::warn!(devices = ?self.mig_destroyed, "unreferenced MIG devices destroyed");
+        }
+        if !self.mps_stopped.is_empty() {
+            tracing::warn!(daemons = ?self.mps_stopped, "unreferenced MPS daemons stopped");
+        }
+        if !self.cdi_removed.is_empty() {
+            tracing::warn!(claims = ?self.cdi_removed, "unreferenced CDI specs deleted");
+        }
+        for e in &self.errors {
+            tracing::error!(error = %e, "recovery step failed");
+        }
+        tracing::info!(claims = self.load.loaded, "checkpoint loaded");
+    }
+}
+
+/// Runs the recovery steps (blocking).
+pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
+    let mut report = RecoveryReport {
+        load,
+        ..RecoveryReport::default()
+    };
+    let snapshot = inner.store.snapshot();
+    let mut drop_batch = Batch::new();
+    for (uid, entry) in &snapshot.claims {
+        if entry.state != ClaimState::PrepareStarted {
+            continue;
+        }
+        let others: Vec<_> = snapshot
+            .claims
+            .iter()
+            .filter(|(u, e)| *u != uid && e.state == ClaimState::PrepareCompleted)
+            .collect();
+        match undo(inner, uid, entry, &others) {
+            Ok(()) => {
+                report.undone.push(uid.0.clone());
+                drop_batch = drop_batch.remove(uid.clone());
+            }
+            Err(errors) => report
+                .errors
+                .extend(errors.into_iter().map(|e| format!("undo claim {uid}: {e}"))),
+        }
+    }
+    if let Err(e) = inner.store.commit(drop_batch) {
+        report
+            .errors
+            .push(format!("drop undone claims from the checkpoint: {e}"));
+    }
+
+    let remaining = inner.store.snapshot();
+    if inner.opts.build.dynamic_mig {
+        let keep: HashSet<String> = remaining
+            .claims
+            .values()
+            .flat_map(|e| e.devices.iter())
+            .filter_map(|d| match &d.kind {
+                DeviceKind::Mig {
+                    mig_uuid: Some(u), ..
+                } => Some(u.clone()),
+                _ => None,
+            })
+            .collect();
+        let swept = mig::sweep(&*inner.backend, &keep);
+        for instance in swept.destroyed {
+            if instance.uuids.is_empty() {
+                report.mig_destroyed.push(format!(
+                    "{} GPU instance {} (no compute instance)",
+                    instance.gpu_uuid, instance.gpu_instance_id
+                ));
+            }
+            report.mig_destroyed.extend(instance.uuids);
+        }
+        report
+            .errors
+            .extend(swept.failures.iter().map(|f| format!("MIG sweep: {f}")));
+    }
+
+    let daemons: HashSet<String> = remaining
+        .claims
+        .values()
+        .flat_map(|e| e.devices.iter())
+        .filter_map(|d| d.sharing.mps_daemon.as_ref().map(|m| m.id.clone()))
+        .collect();
+    match inner.mps.list() {
+        Ok(ids) => {
+            for id in ids.into_iter().filter(|id| !daemons.contains(id)) {
+                match inner.mps.stop(&id) {
+                    Ok(()) => report.mps_stopped.push(id),
+                    Err(e) => report.errors.push(format!("stop MPS daemon {id}: {e}")),
+                }
+            }
+        }
+        Err(e) => report.errors.push(format!("list MPS daemons: {e}")),
+    }
+
+    let cdi = &inner.opts.cdi;
+    if let Err(e) = cdi.remove_temp_files() {
+        report.errors.push(format!("remove CDI temp files: {e}"));
+    }
+    match cdi.list() {
+        Ok(uids) => {
+            for uid in uids {
+                if remaining.claims.keys().any(|u| u.0 == uid) {
+                    continue;
+                }
+                match cdi.remove(&uid) {
+                    Ok(_) => report.cdi_removed.push(uid),
+                    Err(e) => report.errors.push(format!("remove CDI spec of {uid}: {e}")),
+                }
+            }
+        }
+        Err(e) => report.errors.push(format!("list CDI specs: {e}")),
+    }
+    report
+}

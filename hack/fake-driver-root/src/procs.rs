@@ -1,0 +1,123 @@
+//! Processes started from a fake driver root, found through `/proc`, and a
+//! guard that kills them, so that tests never leak a daemon.
+//!
+//! A fake program runs as `<shell> <root>/usr/bin/<tool> ...`, so every
+//! process whose command line names a file under the root is one of ours.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use rustix::process::{Pid, Signal, kill_process};
+
+/// The state letter of `/proc/<pid>/stat` (`R`, `S`, `Z`...), if the process exists.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) S ...`: comm may hold spaces and parentheses.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.trim_start().chars().next()
+}
+
+/// Whether `pid` is a live process (not a zombie).
+pub fn is_alive(pid: u32) -> bool {
+    matches!(process_state(pid), Some(s) if s != 'Z' && s != 'X')
+}
+
+/// The session id of a process (field 6 of `/proc/<pid>/stat`).
+pub fn session_id(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// The argv of a process, if readable.
+pub fn cmdline(pid: u32) -> Option<Vec<String>> {
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect(),
+    )
+}
+
+/// Live processes (other than this one) whose command line names a path under `root`.
+pub fn processes_under(root: &Path) -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me || !is_alive(pid) {
+            continue;
+        }
+        let Some(args) = cmdline(pid) else {
+            continue;
+        };
+        if args.iter().any(|a| Path::new(a).starts_with(root)) {
+            out.push(pid);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// Sends SIGKILL to `pid`; a process already gone counts as killed.
+pub fn kill(pid: u32) -> bool {
+    let Some(p) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        return false;
+    };
+    match kill_process(p, Signal::KILL) {
+        Ok(()) => true,
+        Err(e) => e == rustix::io::Errno::SRCH,
+    }
+}
+
+/// Kills every live process started from `root`; returns how many were signalled.
+pub fn kill_under(root: &Path) -> usize {
+    let pids = processes_under(root);
+    pids.iter().filter(|pid| kill(**pid)).count()
+}
+
+/// Kills, when dropped, every process started from the watched roots.
+#[derive(Debug, Default)]
+pub struct ProcessGuard {
+    roots: Vec<PathBuf>,
+}
+
+impl ProcessGuard {
+    /// A guard watching `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self {
+            roots: vec![root.into()],
+        }
+    }
+
+    /// Also watches `root`.
+    pub fn watch(&mut self, root: impl Into<PathBuf>) {
+        self.roots.push(root.into());
+    }
+
+    /// Live processes started from the watched roots.
+    pub fn processes(&self) -> Vec<u32> {
+        let mut all: Vec<u32> = self.roots.iter().flat_map(|r| processes_under(r)).collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+}
+
+impl Drop for ProcessGuard {
+    fn drop(&mut self) {
+        for root in &self.roots {
+            kill_under(root);
+        }
+    }
+}

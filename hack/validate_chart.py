@@ -1,0 +1,481 @@
+#!/usr/bin/env python3
+"""Lints and renders the Helm chart offline and checks every rendered object.
+
+Run through hack/validate-chart.sh (which checks the Python packages first).
+
+For each values variant below:
+  1. `helm lint --strict` (Helm's Go library through the PyPI package
+     helm-python-sdk), against Kubernetes 1.37; warnings fail.
+  2. `helm template` (same library, offline), then every object is validated
+     against the Kubernetes 1.37 OpenAPI schema, strictly, with
+     kubernetes-validate. cert-manager objects (no schema there) are checked
+     against the subset of cert-manager.io/v1 the chart writes (below).
+  3. Cross-object checks: names that must agree (Service -> pods, webhook ->
+     Service and certificate, RBAC and the admission policy -> the pods'
+     ServiceAccounts), the webhook agreeing with deployments/webhook/, the
+     DeviceClasses being exactly the repository's deviceclasses/ files.
+Then values that must be refused are rendered, and each must fail with its
+message.
+
+With GPU_KUBELET_PLUGIN_BIN / GPU_DRA_CONTROLLER_BIN set to built binaries,
+every flag the chart passes is also checked against the binary's --help.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "deployments/helm/gpu-dra-driver"
+STATIC_WEBHOOK = ROOT / "deployments/webhook"
+DEVICECLASSES = ROOT / "deviceclasses"
+K8S_VERSION = os.environ.get("K8S_VERSION", "1.37.0")
+RELEASE = "gpu-dra-driver"
+NAMESPACE = "gpu-dra-driver"
+# base64 of a PEM stub: the chart only passes it through.
+CA_BUNDLE = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCi0tLS0tRU5EIENFUlRJRklDQVRFLS0tLS0K"
+
+def merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+VARIANTS: dict[str, dict] = {
+    "defaults": {},
+    "cert-manager-off": {
+        "webhook": {
+            "certManager": {"enabled": False},
+            "tls": {"secretName": "my-webhook-tls", "caBundle": CA_BUNDLE},
+        }
+    },
+    "cert-manager-cluster-issuer": {
+        "webhook": {"certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}
+    },
+    "other-driver-single-replica": {
+        "driverName": "gpu.example.com",
+        "fullnameOverride": "gpu-example",
+        "logFormat": "json",
+        "controller": {"replicas": 1, "leaderElection": {"enabled": False}, "sliceGC": {"enabled": False}},
+        "webhook": {"failurePolicy": "Fail", "timeoutSeconds": 10},
+        "kubeletPlugin": {
+            "dynamicMig": True,
+            "memorySharing": "all",
+            "deleteSlicesOnExit": True,
+            "sliceRules": "1.35",
+            "metrics": {"bindAddress": "::", "port": 9400},
+            "nvmlLib": "",
+            "extraArgs": ["--sysfs-root=/sys"],
+            "extraEnv": [{"name": "EXTRA", "value": "1"}],
+        },
+        "deviceClasses": {"only": ["gpu.nvidia.com", "mig.nvidia.com"], "keepOnUninstall": True},
+    },
+    "no-webhook-no-policy": {
+        "webhook": {"enabled": False},
+        "resourceSlicePolicy": {"enabled": False},
+        "kubeletPlugin": {"metrics": {"port": 0}, "livenessProbe": {"enabled": False}},
+    },
+    "plugin-only": {
+        "controller": {"enabled": False},
+        "webhook": {"enabled": False},
+        "deviceClasses": {"enabled": False},
+    },
+    # What e2e/kind/run.sh installs: its values file plus what the script sets.
+    "e2e-kind": merge(
+        yaml.safe_load((ROOT / "e2e/kind/values.yaml").read_text()),
+        {
+            "webhook": {"tls": {"caBundle": CA_BUNDLE}},
+            "kubeletPlugin": {"extraEnv": [
+                {"name": "MOCK_NVML_PROFILE", "value": "/opt/mock-nvml/profiles/dgx-h100.yaml"},
+                {"name": "MOCK_NVML_PROC_ROOT", "value": "/host-proc"},
+            ]},
+        },
+    ),
+}
+
+# Values that must be refused, with a piece of the expected message.
+REFUSED: list[tuple[dict, str]] = [
+    ({"kubeletPlugin": {"nvmlLibrary": "/x"}}, "nvmlLibrary"),
+    ({"driverName": "GPU_nvidia"}, "driverName"),
+    ({"controller": {"replicas": 2, "leaderElection": {"enabled": False}}}, "leaderElection"),
+    ({"webhook": {"certManager": {"enabled": False}, "tls": {"caBundle": CA_BUNDLE}}}, "webhook.tls.secretName"),
+    ({"webhook": {"certManager": {"enabled": False}, "tls": {"secretName": "s"}}}, "caBundle"),
+    ({"controller": {"enabled": False}}, "webhook.enabled needs controller.enabled"),
+    ({"deviceClasses": {"only": ["no-such-class"]}}, "no-such-class"),
+    ({"kubeletPlugin": {"metrics": {"port": 0}}}, "livenessProbe"),
+    ({"kubeletPlugin": {"sliceRules": "1.33"}}, "sliceRules"),
+    ({"controller": {"pendingGracePeriod": "30"}}, "pendingGracePeriod"),
+]
+
+# The part of cert-manager.io/v1 the chart writes; unknown fields are errors.
+_META = {
+    "type": "object",
+    "required": ["name", "namespace"],
+    "properties": {"name": {"type": "string"}, "namespace": {"type": "string"}},
+}
+_USAGES = [
+    "signing", "digital signature", "content commitment", "key encipherment", "key agreement",
+    "data encipherment", "cert sign", "crl sign", "encipher only", "decipher only", "any",
+    "server auth", "client auth", "code signing", "email protection", "s/mime",
+    "ipsec end system", "ipsec tunnel", "ipsec user", "timestamping", "ocsp signing",
+    "microsoft sgc", "netscape sgc",
+]
+CERT_MANAGER_SCHEMAS = {
+    "Issuer": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "cert-manager.io/v1"},
+            "kind": {"const": "Issuer"},
+            "metadata": _META,
+            "spec": {
+                "type": "object",
+                "additionalProperties": False,
+                "minProperties": 1,
+                "maxProperties": 1,
+                "properties": {
+                    "selfSigned": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {"crlDistributionPoints": {"type": "array", "items": {"type": "string"}}},
+                    },
+                    "ca": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["secretName"],
+                        "properties": {"secretName": {"type": "string"}},
+                    },
+                },
+            },
+        },
+    },
+    "Certificate": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "cert-manager.io/v1"},
+            "kind": {"const": "Certificate"},
+            "metadata": _META,
+            "spec": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["secretName", "issuerRef"],
+                "properties": {
+                    "secretName": {"type": "string", "minLength": 1},
+                    "dnsNames": {"type": "array", "items": {"type": "string"}},
+                    "commonName": {"type": "string"},
+                    "duration": {"type": "string"},
+                    "renewBefore": {"type": "string"},
+                    "isCA": {"type": "boolean"},
+                    "usages": {"type": "array", "items": {"enum": _USAGES}},
+                    "privateKey": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+                            "size": {"type": "integer"},
+                            "encoding": {"enum": ["PKCS1", "PKCS8"]},
+                            "rotationPolicy": {"enum": ["Never", "Always"]},
+                        },
+                    },
+                    "issuerRef": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["name"],
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "kind": {"type": "string"},
+                            "group": {"type": "string"},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+class Failure(Exception):
+    """A check failed; the message says which and why."""
+
+
+def lint(values: dict) -> list[str]:
+    report = helm.lint(str(CHART), values or None, strict=True, kube_version=f"v{K8S_VERSION}")
+    problems = []
+    for msg in report.get("messages") or []:
+        # 1 = info ("icon is recommended"); 2 = warning, 3 = error.
+        if msg.get("severity", 0) >= 2:
+            problems.append(f"{msg.get('path')}: {msg.get('error')}")
+    problems.extend(e for e in report.get("errors") or [] if e not in " ".join(problems))
+    return problems
+
+
+def render(values: dict) -> list[tuple[str, dict]]:
+    with helm.Chart.load(str(CHART)) as chart:
+        files = chart.render(values or None, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    objects = []
+    for template, text in sorted(files.items()):
+        if template.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                objects.append((template, doc))
+    return objects
+
+
+def validate_object(template: str, obj: dict) -> str:
+    kind = obj.get("kind")
+    where = f"{template}: {kind}/{obj.get('metadata', {}).get('name')}"
+    if str(obj.get("apiVersion", "")).startswith("cert-manager.io/"):
+        schema = CERT_MANAGER_SCHEMAS.get(kind)
+        if schema is None:
+            raise Failure(f"{where}: no schema for this cert-manager kind")
+        try:
+            jsonschema.validate(obj, schema)
+        except jsonschema.ValidationError as e:
+            raise Failure(f"{where}: {'.'.join(map(str, e.path))}: {e.message}") from None
+        return "cert-manager.io/v1 subset"
+    try:
+        return "Kubernetes " + kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        raise Failure(f"{where}: {'.'.join(map(str, e.path))}: {e.message}") from None
+    except kubernetes_validate.SchemaNotFoundError:
+        raise Failure(f"{where}: no Kubernetes {K8S_VERSION} schema for {obj.get('apiVersion')}") from None
+
+
+def find(objects, kind, name=None):
+    hits = [o for _, o in objects if o.get("kind") == kind and (name is None or o["metadata"]["name"] == name)]
+    return hits
+
+
+def one(objects, kind, name=None):
+    hits = find(objects, kind, name)
+    if len(hits) != 1:
+        raise Failure(f"expected exactly one {kind}{' ' + name if name else ''}, found {len(hits)}")
+    return hits[0]
+
+
+def expect(cond: bool, message: str) -> None:
+    if not cond:
+        raise Failure(message)
+
+
+def container_args(workload: dict) -> list[str]:
+    return workload["spec"]["template"]["spec"]["containers"][0].get("args", [])
+
+
+def check_cross_references(name: str, values: dict, objects) -> None:
+    v = merge(yaml.safe_load((CHART / "values.yaml").read_text()), values)
+    driver = v["driverName"]
+    for template, obj in objects:
+        labels = obj.get("metadata", {}).get("labels", {})
+        expect(labels.get("app.kubernetes.io/instance") == RELEASE, f"{template}: {obj['kind']} lacks the instance label")
+        if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding", "DeviceClass", "ValidatingWebhookConfiguration",
+                               "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}:
+            expect(obj["metadata"].get("namespace") == NAMESPACE, f"{template}: {obj['kind']} not in the release namespace")
+
+    service_accounts = {o["metadata"]["name"] for o in find(objects, "ServiceAccount")}
+
+    def check_subjects(workload: dict, kind: str):
+        sa = workload["spec"]["template"]["spec"]["serviceAccountName"]
+        expect(sa in service_accounts, f"{kind} runs as ServiceAccount {sa}, which the chart does not create")
+        for binding in find(objects, "ClusterRoleBinding") + find(objects, "RoleBinding"):
+            if binding["metadata"]["name"].startswith(workload["metadata"]["name"]):
+                subjects = {(s["name"], s["namespace"]) for s in binding["subjects"]}
+                expect((sa, NAMESPACE) in subjects, f"{binding['metadata']['name']} does not bind {sa}")
+                role_kind = binding["roleRef"]["kind"]
+                one(objects, role_kind, binding["roleRef"]["name"])
+        return sa
+
+    if v["kubeletPlugin"]["enabled"]:
+        ds = one(objects, "DaemonSet")
+        sa = check_subjects(ds, "DaemonSet")
+        args = container_args(ds)
+        expect(f"--driver-name={driver}" in args, f"DaemonSet args lack --driver-name={driver}: {args}")
+        pod = ds["spec"]["template"]["spec"]
+        expect(pod.get("priorityClassName") == "system-node-critical" or values.get("kubeletPlugin", {}).get("priorityClassName"),
+               "the plugin is not system-node-critical")
+        mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+        plugin_dir = f"{v['kubeletPlugin']['kubeletPluginsDir'].rstrip('/')}/{driver}"
+        for path in (v["kubeletPlugin"]["kubeletRegistrarDir"], plugin_dir, v["kubeletPlugin"]["cdiRoot"], "/dev"):
+            expect(path in mounts, f"the plugin does not mount {path} at the same path: {sorted(mounts)}")
+        rules = one(objects, "ClusterRole", ds["metadata"]["name"])["rules"]
+        driver_rules = [r for r in rules if "resourceclaims/driver" in r["resources"]]
+        expect(len(driver_rules) == 1 and driver_rules[0].get("resourceNames") == [driver],
+               f"resourceclaims/driver is not limited to [{driver}]")
+        expect(not any("*" in r["verbs"] or "*" in r["resources"] for r in rules), "wildcard in the plugin's ClusterRole")
+        if v["resourceSlicePolicy"]["enabled"]:
+            policy = one(objects, "ValidatingAdmissionPolicy")
+            binding = one(objects, "ValidatingAdmissionPolicyBinding")
+            expect(binding["spec"]["policyName"] == policy["metadata"]["name"], "the policy binding names another policy")
+            expect(binding["spec"]["validationActions"] == ["Deny"], "the policy binding does not deny")
+            user = f"system:serviceaccount:{NAMESPACE}:{sa}"
+            expect(any(user in c["expression"] for c in policy["spec"]["matchConditions"]),
+                   f"the ResourceSlice policy does not match the plugin's user {user}")
+            expect(any(f"'{driver}'" in x["expression"] for x in policy["spec"]["validations"]),
+                   "the ResourceSlice policy does not pin the driver name")
+        else:
+            expect(not find(objects, "ValidatingAdmissionPolicy"), "policy rendered although disabled")
+
+    if v["controller"]["enabled"]:
+        dep = one(objects, "Deployment")
+        check_subjects(dep, "Deployment")
+        args = container_args(dep)
+        expect(f"--driver-name={driver}" in args, f"Deployment args lack --driver-name={driver}")
+        if v["controller"]["leaderElection"]["enabled"]:
+            lease = next(a.split("=", 1)[1] for a in args if a.startswith("--leader-election-lease-name="))
+            role = one(objects, "Role")
+            named = [r for r in role["rules"] if r.get("resourceNames")]
+            expect(named and named[0]["resourceNames"] == [lease], f"the Lease Role does not name the Lease {lease}")
+        else:
+            expect("--leader-election" not in args and not find(objects, "Role"), "leader election rendered although disabled")
+
+    if v["webhook"]["enabled"]:
+        dep = one(objects, "Deployment")
+        svc = one(objects, "Service")
+        vwc = one(objects, "ValidatingWebhookConfiguration")
+        pod = dep["spec"]["template"]["spec"]
+        ports = {p["name"]: p["containerPort"] for p in pod["containers"][0]["ports"]}
+        expect(svc["spec"]["ports"][0]["targetPort"] in ports, "the Service targets a port the controller lacks")
+        expect(f"--webhook-addr=0.0.0.0:{ports['webhook']}" in container_args(dep), "--webhook-addr and the container port differ")
+        selector = svc["spec"]["selector"]
+        pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+        expect(all(pod_labels.get(k) == val for k, val in selector.items()), "the Service does not select the controller pods")
+        hook = vwc["webhooks"][0]
+        ref = hook["clientConfig"]["service"]
+        expect((ref["name"], ref["namespace"]) == (svc["metadata"]["name"], NAMESPACE), "the webhook points at another Service")
+        expect(ref["port"] == svc["spec"]["ports"][0]["port"], "the webhook uses a port the Service lacks")
+        expect(hook["name"] == f"validate.{driver}", f"webhook name {hook['name']}")
+        secret = pod["volumes"][0]["secret"]["secretName"]
+        if v["webhook"]["certManager"]["enabled"]:
+            cert = one(objects, "Certificate")
+            inject = vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+            expect(inject == f"{NAMESPACE}/{cert['metadata']['name']}", f"inject-ca-from {inject} names no rendered Certificate")
+            expect(cert["spec"]["secretName"] == secret, "the controller mounts another Secret than the Certificate writes")
+            expect(f"{svc['metadata']['name']}.{NAMESPACE}.svc" in cert["spec"]["dnsNames"], "the certificate lacks the Service's DNS name")
+            expect("caBundle" not in hook["clientConfig"], "a caBundle next to cert-manager injection")
+            issuer = cert["spec"]["issuerRef"]
+            if v["webhook"]["certManager"]["issuerRef"]["name"]:
+                expect(issuer["name"] == v["webhook"]["certManager"]["issuerRef"]["name"], "issuerRef not passed through")
+                expect(not find(objects, "Issuer"), "a self-signed Issuer although an issuer was given")
+            else:
+                one(objects, "Issuer", issuer["name"])
+        else:
+            expect(not find(objects, "Certificate") and not find(objects, "Issuer"), "cert-manager objects although disabled")
+            expect(secret == v["webhook"]["tls"]["secretName"], "the controller does not mount webhook.tls.secretName")
+            expect(hook["clientConfig"].get("caBundle") == v["webhook"]["tls"]["caBundle"], "caBundle not passed through")
+            expect("annotations" not in vwc["metadata"], "CA injection annotation although cert-manager is off")
+        if name == "defaults":
+            check_static_webhook(vwc)
+    else:
+        expect(not find(objects, "ValidatingWebhookConfiguration") and not find(objects, "Service"), "webhook objects although disabled")
+        if v["controller"]["enabled"]:
+            expect("--no-webhook" in container_args(one(objects, "Deployment")), "webhook disabled but no --no-webhook")
+
+    classes = {o["metadata"]["name"]: o for o in find(objects, "DeviceClass")}
+    if v["deviceClasses"]["enabled"]:
+        files = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(DEVICECLASSES.glob("*.yaml"))}
+        wanted = set(v["deviceClasses"]["only"]) or set(files)
+        expect(set(classes) == wanted, f"DeviceClasses {sorted(classes)} != {sorted(wanted)}")
+        for cname, obj in classes.items():
+            spec = json.loads(json.dumps(files[cname]["spec"]).replace("'gpu.nvidia.com'", f"'{driver}'"))
+            expect(obj["spec"] == spec, f"DeviceClass {cname} differs from deviceclasses/{cname}.yaml")
+            keep = obj["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep"
+            expect(keep == v["deviceClasses"]["keepOnUninstall"], f"DeviceClass {cname}: resource-policy")
+    else:
+        expect(not classes, "DeviceClasses rendered although disabled")
+
+
+def check_static_webhook(vwc: dict) -> None:
+    """The chart's webhook (default values) agrees with deployments/webhook/."""
+    static = yaml.safe_load((STATIC_WEBHOOK / "validating-webhook-configuration.yaml").read_text())
+    ours, theirs = copy.deepcopy(vwc["webhooks"][0]), copy.deepcopy(static["webhooks"][0])
+    for hook in (ours, theirs):
+        hook["clientConfig"]["service"].pop("name")
+        hook["clientConfig"]["service"].pop("namespace")
+        hook["clientConfig"].pop("caBundle", None)
+    expect(ours == theirs, "the chart's webhook differs from deployments/webhook/validating-webhook-configuration.yaml:\n"
+           f"  chart:  {json.dumps(ours, sort_keys=True)}\n  static: {json.dumps(theirs, sort_keys=True)}")
+    service = yaml.safe_load((STATIC_WEBHOOK / "service.yaml").read_text())
+    expect(service["spec"]["ports"][0]["port"] == 443, "the static Service no longer listens on 443")
+
+
+def help_flags(binary: str) -> set[str]:
+    out = subprocess.run([binary, "--help"], capture_output=True, text=True, check=True).stdout
+    return {word.split("=")[0].rstrip(",.") for word in out.split() if word.startswith("--")}
+
+
+def check_flags(objects, kind: str, binary: str) -> None:
+    known = help_flags(binary)
+    missing = sorted({arg.split("=", 1)[0] for obj in find(objects, kind) for arg in container_args(obj)} - known)
+    expect(not missing, f"{kind}: {binary} has no flag {', '.join(missing)}")
+
+
+def main() -> int:
+    failures = 0
+    total = 0
+    for name, values in VARIANTS.items():
+        try:
+            problems = lint(values)
+            if problems:
+                raise Failure("helm lint --strict:\n    " + "\n    ".join(problems))
+            objects = render(values)
+            expect(bool(objects), "no objects rendered")
+            kinds: dict[str, int] = {}
+            for template, obj in objects:
+                validate_object(template, obj)
+                kinds[obj["kind"]] = kinds.get(obj["kind"], 0) + 1
+            check_cross_references(name, values, objects)
+            for env, kind in (("GPU_KUBELET_PLUGIN_BIN", "DaemonSet"), ("GPU_DRA_CONTROLLER_BIN", "Deployment")):
+                if os.environ.get(env):
+                    check_flags(objects, kind, os.environ[env])
+            total += len(objects)
+            summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+            print(f"ok   {name}: lint clean; {len(objects)} objects valid ({summary})")
+        except Failure as e:
+            failures += 1
+            print(f"FAIL {name}: {e}")
+        except helm.HelmError as e:
+            failures += 1
+            print(f"FAIL {name}: helm: {e}")
+
+    for values, needle in REFUSED:
+        label = json.dumps(values, separators=(",", ":"))
+        try:
+            render(values)
+        except helm.HelmError as e:
+            if needle in str(e):
+                print(f"ok   refused {label}: {str(e).splitlines()[-1].strip()[:120]}")
+            else:
+                failures += 1
+                print(f"FAIL refused {label}, but the message lacks {needle!r}: {e}")
+            continue
+        failures += 1
+        print(f"FAIL {label} rendered, but must be refused ({needle})")
+
+    if failures:
+        print(f"FAILED: {failures} chart check(s) failed", file=sys.stderr)
+        return 1
+    print(f"ok: chart lint-clean in {len(VARIANTS)} variants, {total} rendered objects valid "
+          f"against Kubernetes {K8S_VERSION}, {len(REFUSED)} bad values refused")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
