@@ -20,7 +20,9 @@ pub use sysfs::{PciTopology, SysfsError, pci_topology};
 /// Flags of GPU discovery.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Flags {
-    /// Path of libnvidia-ml (default: the system library, libnvidia-ml.so.1).
+    /// Path of libnvidia-ml. Default: `libnvidia-ml.so.1` in the library
+    /// directories of the (container) driver root when that is not `/`,
+    /// else the system library.
     #[arg(long, env = "NVML_LIB")]
     pub nvml_lib: Option<PathBuf>,
 

@@ -112,7 +112,10 @@ impl Plugin {
         let started = Instant::now();
         // Loading and initialising NVML can take seconds: off the runtime
         // thread (the binary runs a current-thread runtime).
-        let discovery_flags = flags.discovery.clone();
+        let mut discovery_flags = flags.discovery.clone();
+        if discovery_flags.nvml_lib.is_none() {
+            discovery_flags.nvml_lib = nvml_in_driver_root(&flags.container_driver_root());
+        }
         let backend =
             tokio::task::spawn_blocking(move || discovery::open_backend(&discovery_flags))
                 .await
@@ -218,6 +221,20 @@ pub fn preparer_options(flags: &Flags) -> Result<preparer::Options, Error> {
             ..BuildOptions::default()
         },
     })
+}
+
+/// Without `--nvml-lib`: `libnvidia-ml.so.1` in the library directories of
+/// a driver root other than `/` (a plugin in a container sees the host's
+/// driver there, not on its own library path; `LD_LIBRARY_PATH` would drag
+/// in the host's other libraries too). `None`: the system library.
+pub fn nvml_in_driver_root(root: &Path) -> Option<PathBuf> {
+    if root == Path::new("/") {
+        return None;
+    }
+    crate::prepare::cdi::driver_root::LIB_DIRS
+        .iter()
+        .map(|dir| root.join(dir).join("libnvidia-ml.so.1"))
+        .find(|p| p.exists())
 }
 
 /// Microseconds since `t`, for the startup timing logs.
@@ -406,6 +423,20 @@ mod tests {
     #[derive(Debug, thiserror::Error)]
     #[error("reading file\n  --> excerpt\n  | ^ here")]
     struct Wrapper(#[source] std::io::Error);
+
+    #[test]
+    fn nvml_is_found_in_a_container_driver_root_only() {
+        assert_eq!(nvml_in_driver_root(Path::new("/")), None);
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(nvml_in_driver_root(dir.path()), None);
+        let lib = dir.path().join("usr/lib64");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::write(lib.join("libnvidia-ml.so.1"), b"elf").unwrap();
+        assert_eq!(
+            nvml_in_driver_root(dir.path()),
+            Some(lib.join("libnvidia-ml.so.1"))
+        );
+    }
 
     #[test]
     fn error_chain_is_one_line_without_repeats() {
