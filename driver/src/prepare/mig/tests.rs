@@ -130,7 +130,7 @@ fn hopper_mig_mode_is_switched_on_and_the_device_made() {
             vec![created.compute_instance_id]
         )]
     );
-    assert_eq!(all_uuids(&m, 2), [created.uuid.clone()]);
+    assert_eq!(all_uuids(&m, 2), std::slice::from_ref(&created.uuid));
     // The kernel's capability files exist: the CDI locator finds the nodes.
     let nodes = m
         .nodes()
@@ -475,7 +475,7 @@ fn a_verified_destroy_leaves_a_device_that_reused_the_ids() {
         &ours.uuid,
     )
     .unwrap();
-    assert_eq!(all_uuids(&m, 0), [theirs.uuid.clone()]);
+    assert_eq!(all_uuids(&m, 0), std::slice::from_ref(&theirs.uuid));
     // Their own unprepare destroys it, twice is fine.
     for _ in 0..2 {
         destroy_verified(

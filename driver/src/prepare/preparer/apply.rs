@@ -352,22 +352,19 @@ fn setup(
                     spec.add_edits(&names[i], edits)?;
                     continue;
                 }
-                match &d.config {
-                    Some(DeviceConfig::Gpu(cfg)) => {
-                        if let Some(interval) = cfg.time_slice() {
-                            time_slice(inner, d, g, interval, &mut entry.devices[i])?;
-                        } else if let Some(mps) = cfg.mps() {
-                            set_compute_mode(
-                                inner,
-                                &d.device,
-                                g.index,
-                                ComputeMode::ExclusiveProcess,
-                                &mut entry.devices[i].sharing,
-                            )?;
-                            group(&mut mps_groups, mps, i, g.uuid.clone());
-                        }
+                if let Some(DeviceConfig::Gpu(cfg)) = &d.config {
+                    if let Some(interval) = cfg.time_slice() {
+                        time_slice(inner, d, g, interval, &mut entry.devices[i])?;
+                    } else if let Some(mps) = cfg.mps() {
+                        set_compute_mode(
+                            inner,
+                            &d.device,
+                            g.index,
+                            ComputeMode::ExclusiveProcess,
+                            &mut entry.devices[i].sharing,
+                        )?;
+                        group(&mut mps_groups, mps, i, g.uuid.clone());
                     }
-                    _ => {}
                 }
             }
             Target::Mig(m) => {
@@ -734,13 +731,18 @@ pub(crate) fn undo(
         if let DeviceKind::Mig {
             gpu_instance_id: Some(gi),
             compute_instance_id: Some(ci),
+            mig_uuid: Some(mig_uuid),
             created: true,
             ..
         } = &record.kind
         {
             match index {
                 Some(index) => {
-                    if let Err(e) = mig::destroy(&*inner.backend, index, *gi, *ci) {
+                    // Verified by UUID: after a first destroy, another
+                    // claim's new device may have got the same ids.
+                    if let Err(e) =
+                        mig::destroy_verified(&*inner.backend, index, *gi, *ci, mig_uuid)
+                    {
                         errors.push(format!("destroy MIG device {}: {e}", record.device));
                     }
                 }

@@ -93,7 +93,7 @@ pub trait Catalog {
     fn target(&self, name: &str) -> Option<Target>;
 }
 
-impl Catalog for HashMap<String, Target> {
+impl<S: std::hash::BuildHasher> Catalog for HashMap<String, Target, S> {
     fn target(&self, name: &str) -> Option<Target> {
         self.get(name).cloned()
     }
