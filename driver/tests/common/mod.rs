@@ -146,6 +146,7 @@ pub struct EnvBuilder {
     state: Option<PathBuf>,
     rules: ValidationRules,
     node: Option<String>,
+    cdi_root: Option<PathBuf>,
 }
 
 impl EnvBuilder {
@@ -173,6 +174,12 @@ impl EnvBuilder {
         self
     }
 
+    /// The CDI spec directory (default: a fresh one in the environment).
+    pub fn cdi_root(mut self, path: &Path) -> Self {
+        self.cdi_root = Some(path.to_owned());
+        self
+    }
+
     /// Do not create the Node object.
     pub fn without_node(mut self) -> Self {
         self.node = None;
@@ -196,7 +203,7 @@ impl EnvBuilder {
             fake_driver_root::create_proc_root(&root.join("proc")).expect("create the proc root");
         let driver_root =
             fake_driver_root::FakeDriverRoot::create(&root.join("driver")).expect("driver root");
-        let cdi_root = root.join("cdi");
+        let cdi_root = self.cdi_root.clone().unwrap_or_else(|| root.join("cdi"));
         let state = self
             .state
             .clone()
@@ -283,6 +290,7 @@ impl TestEnv {
             state: None,
             rules: ValidationRules::V1_35,
             node: Some(NODE.to_owned()),
+            cdi_root: None,
         }
     }
 
@@ -614,3 +622,6 @@ impl Drop for TestEnv {
         self.driver_root.kill_processes();
     }
 }
+
+/// Claim-preparation helpers (node with restart, claims, leftovers).
+pub mod prepare;
