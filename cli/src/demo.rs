@@ -1,13 +1,29 @@
-//! `gpu-dra demo`: the node side of the driver, end to end, in one process
-//! and one temporary directory. It wires the real plugin code
-//! ([`gpu_kubelet_plugin::plugin::Plugin`]) to the simulation pieces: the fake
-//! `libnvidia-ml.so` with an embedded machine profile, a sysfs tree laid out
-//! from the same profile, the test API server and the kubelet simulator.
-//! Then it shows what the plugin found and published, stops it and checks
-//! that nothing is left behind.
+//! `gpu-dra demo`: the whole driver, end to end, in one process and one
+//! temporary directory. It wires the real plugin code
+//! ([`gpu_kubelet_plugin::plugin::Plugin`]) to the simulation pieces: the
+//! fake `libnvidia-ml.so` with an embedded machine profile (and the MIG
+//! capability files it keeps, as the kernel does), a sysfs tree laid out
+//! from the same profile, a fake driver root whose MPS daemon really runs,
+//! the test API server and the kubelet simulator. The webhook's review code
+//! judges every object, the allocator stands in for kube-scheduler.
+//!
+//! Steps: the node and its GPUs; the ResourceSlices published; the example
+//! claims of `demo/` ([`claims`]), each admitted or denied ([`admission`]),
+//! placed ([`scheduler`]), prepared and resolved as a runtime would
+//! ([`walk`], [`inspect`]); then one unprepare of all of them and the proof
+//! that nothing is left ([`proof`]); the plugin's shutdown; and the removal
+//! of the temporary directory. Output: [`print`], or one JSON document.
 
-use std::io::IsTerminal;
+mod admission;
+mod claims;
+mod inspect;
+mod print;
+mod proof;
+mod scheduler;
+mod walk;
+
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -18,7 +34,13 @@ use gpu_dra_e2e::pool;
 use gpu_kubelet_plugin::flags::Flags;
 use gpu_kubelet_plugin::grpc;
 use gpu_kubelet_plugin::plugin::Plugin;
+use k8s_openapi::api::resource::v1::DeviceClass;
+use kube::Api;
+use kube::api::PostParams;
 use serde_json::{Value, json};
+
+use print::Printer;
+use proof::{Leftovers, NodePaths, OutsidePaths};
 
 /// The machine profiles shipped with the fake NVML library, embedded so the
 /// demo needs no file next to the binary.
@@ -64,6 +86,11 @@ pub struct Args {
     /// Output: readable tables, or one JSON document for scripts.
     #[arg(long, value_enum, default_value = "text")]
     output: Output,
+
+    /// Keep the temporary directory (its path is in the report) to look
+    /// at what the run left there; by default it is removed.
+    #[arg(long)]
+    keep_temp_dir: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -87,9 +114,18 @@ pub fn run(args: &Args) -> Result<()> {
         .build()
         .context("start the async runtime")?;
     let out = Printer::new(args.output);
-    let report = runtime.block_on(demo(&out, &profile_name, &profile_yaml, args.dynamic_mig))?;
+    let settings = Settings {
+        profile_name: &profile_name,
+        profile_yaml: &profile_yaml,
+        dynamic_mig: args.dynamic_mig,
+        keep_temp_dir: args.keep_temp_dir,
+    };
+    let (report, problems) = runtime.block_on(demo(&out, &settings))?;
     if args.output == Output::Json {
         println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    if !problems.is_empty() {
+        bail!("{}", problems.join("; "));
     }
     Ok(())
 }
@@ -112,32 +148,126 @@ fn load_profile(arg: &str) -> Result<(String, String)> {
     )
 }
 
-async fn demo(
-    out: &Printer,
-    profile_name: &str,
-    profile_yaml: &str,
+/// What to run.
+struct Settings<'a> {
+    profile_name: &'a str,
+    profile_yaml: &'a str,
     dynamic_mig: bool,
-) -> Result<Value> {
+    keep_temp_dir: bool,
+}
+
+/// The simulated machine in the temporary directory.
+struct Machine {
+    nvml_lib: PathBuf,
+    sysfs: PathBuf,
+    paths: NodePaths,
+    /// NVML index of the GPU shared by memory fraction (the last one).
+    shared_gpu: Option<u32>,
+    gpus: usize,
+}
+
+/// Lays out the machine: fake NVML (keeping MIG capability files under the
+/// proc root and nodes under the dev root, as the kernel does), its sysfs
+/// tree, device nodes, the NVIDIA proc tree, a fake driver root.
+fn machine(root: &Path, profile_yaml: &str) -> Result<Machine> {
+    let nvml_dir = root.join("nvml");
+    std::fs::create_dir_all(&nvml_dir).context("create the NVML directory")?;
+    let profile_path = nvml_dir.join("profile.yaml");
+    std::fs::write(&profile_path, profile_yaml).context("write the machine profile")?;
+    let profile = nvidia_ml::Profile::load(&profile_path)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .context("load the machine profile")?;
+    let minors: Vec<u32> = profile.gpus.iter().map(|g| g.minor).collect();
+    let dev_root = root.join("devroot");
+    fake_driver_root::create_dev_root(&dev_root, &minors).context("create the device nodes")?;
+    let proc_root = fake_driver_root::create_proc_root(&root.join("proc"))
+        .context("create the NVIDIA proc tree")?;
+    let driver_root = fake_driver_root::FakeDriverRoot::create(&root.join("driver"))
+        .context("create the fake driver root")?;
+    let options = nvidia_ml::fixture::InstallOptions {
+        state: Some(root.join("nvml-state.json")),
+        proc_root: Some(proc_root.clone()),
+        dev_root: Some(dev_root.clone()),
+    };
+    let nvml_lib = nvidia_ml::fixture::install_with(&nvml_dir, &profile_path, &options)
+        .context("install the fake NVML library")?;
+    let sysfs = root.join("sys");
+    profile
+        .write_sysfs(&sysfs)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .context("lay out the sysfs tree")?;
+    let gpus = profile.gpus.len();
+    Ok(Machine {
+        nvml_lib,
+        sysfs,
+        paths: NodePaths {
+            cdi: root.join("cdi"),
+            proc_root,
+            dev_root,
+            state_dir: root.join("plugins").join(DRIVER),
+            driver_root,
+        },
+        shared_gpu: gpus.checked_sub(1).and_then(|i| u32::try_from(i).ok()),
+        gpus,
+    })
+}
+
+/// The plugin's command line on the machine.
+fn plugin_flags(
+    root: &Path,
+    machine: &Machine,
+    kubeconfig: &Path,
+    dynamic_mig: bool,
+) -> Result<Flags> {
+    let paths = &machine.paths;
+    let mut argv: Vec<String> = vec![
+        "gpu-kubelet-plugin".into(),
+        format!("--node-name={NODE}"),
+        format!("--driver-name={DRIVER}"),
+        format!(
+            "--kubelet-registrar-dir={}",
+            root.join("registry").display()
+        ),
+        format!("--kubelet-plugins-dir={}", root.join("plugins").display()),
+        format!("--cdi-root={}", paths.cdi.display()),
+        format!("--driver-root={}", paths.driver_root.path().display()),
+        format!("--dev-root={}", paths.dev_root.display()),
+        format!("--proc-root={}", paths.proc_root.display()),
+        format!("--nvml-lib={}", machine.nvml_lib.display()),
+        format!("--sysfs-root={}", machine.sysfs.display()),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--delete-slices-on-exit".into(),
+    ];
+    if let Some(index) = machine.shared_gpu {
+        argv.push(format!("--memory-sharing={index}"));
+    }
+    if dynamic_mig {
+        argv.push("--dynamic-mig".into());
+    }
+    Flags::try_parse_from(&argv).context("plugin flags")
+}
+
+async fn demo(out: &Printer, settings: &Settings<'_>) -> Result<(Value, Vec<String>)> {
+    let outside = OutsidePaths::observe();
     let tmp = tempfile::Builder::new()
         .prefix("gpu-dra-demo-")
         .tempdir()
         .context("create a temporary directory")?;
     let root = tmp.path().to_path_buf();
+    let mut problems: Vec<String> = Vec::new();
 
-    // 1. The simulated machine: fake NVML with the profile, and its sysfs tree.
-    let step = out.step("simulated GPU node", profile_name);
-    let nvml_lib = nvidia_ml::fixture::install_yaml(&root.join("nvml"), profile_yaml, None)
-        .context("install the fake NVML library")?;
-    let sysfs = root.join("sys");
-    nvidia_ml::Profile::load(&root.join("nvml/profile.yaml"))
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .context("load the machine profile")?
-        .write_sysfs(&sysfs)
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .context("lay out the sysfs tree")?;
-    step.done();
+    // 1. The simulated machine.
+    let step = out.step("simulated GPU node", settings.profile_name);
+    let machine = machine(&root, settings.profile_yaml)?;
+    // Daemons started from the driver root die with the demo, whatever happens.
+    let _processes = machine.paths.driver_root.guard();
+    step.done_with(&format!(
+        "{} GPUs, fake driver {}",
+        machine.gpus,
+        machine.paths.driver_root.options().driver_version
+    ));
 
-    // 2. The API server stand-in, with the Node object the slices belong to.
+    // 2. The API server stand-in, the Node, the shipped DeviceClasses.
     let step = out.step("Kubernetes API server stand-in", "in-process");
     let server = TestApiServer::start(ServerOptions::default())
         .await
@@ -156,46 +286,59 @@ async fn demo(
         )
         .map_err(|e| anyhow::anyhow!("{}", e.message))
         .context("create the Node")?;
+    let client = kube::Client::try_from(kube::Config::new(
+        server.url().parse().context("the API server's URL")?,
+    ))
+    .context("create the Kubernetes client")?;
     step.done_with(&server.url());
 
-    // 3. The real plugin, in-process, and the kubelet simulator registering it.
-    let step = out.step("gpu-kubelet-plugin", "discovery, sockets, slice publisher");
-    let registrar_dir = root.join("registry");
-    let plugins_dir = root.join("plugins");
-    let mut argv: Vec<String> = vec![
-        "gpu-kubelet-plugin".into(),
-        format!("--node-name={NODE}"),
-        format!("--driver-name={DRIVER}"),
-        format!("--kubelet-registrar-dir={}", registrar_dir.display()),
-        format!("--kubelet-plugins-dir={}", plugins_dir.display()),
-        format!("--cdi-root={}", root.join("cdi").display()),
-        format!("--nvml-lib={}", nvml_lib.display()),
-        format!("--sysfs-root={}", sysfs.display()),
-        format!("--kubeconfig={}", kubeconfig.display()),
-        "--delete-slices-on-exit".into(),
-    ];
-    if dynamic_mig {
-        argv.push("--dynamic-mig".into());
+    let step = out.step("DeviceClasses", "shipped, judged by the webhook");
+    let class_objects = crate::shipped::classes()?;
+    let webhook = admission::Webhook::new(DRIVER, class_objects.clone());
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    for object in &class_objects {
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let verdict = webhook.review_create(object)?;
+        if !verdict.allowed {
+            bail!(
+                "the webhook denied the shipped DeviceClass {name}: {}",
+                verdict.message.unwrap_or_default()
+            );
+        }
+        let class: DeviceClass = serde_json::from_value(object.clone())
+            .with_context(|| format!("the shipped DeviceClass {name} does not decode"))?;
+        classes
+            .create(&PostParams::default(), &class)
+            .await
+            .with_context(|| format!("create DeviceClass {name}"))?;
     }
-    let flags = Flags::try_parse_from(&argv).context("plugin flags")?;
-    std::fs::create_dir_all(&registrar_dir).context("create the registrar directory")?;
+    step.done_with(&format!("{} admitted and created", class_objects.len()));
+
+    // 3. The real plugin, in-process, and the kubelet simulator registering it.
+    let step = out.step(
+        "gpu-kubelet-plugin",
+        "discovery, preparer, sockets, slice publisher",
+    );
+    let flags = plugin_flags(&root, &machine, &kubeconfig, settings.dynamic_mig)?;
+    std::fs::create_dir_all(&flags.kubelet_registrar_dir)
+        .context("create the registrar directory")?;
     let sim = KubeletSim::new();
-    let mut registrar = sim.watch_registrar(&registrar_dir);
+    let mut registrar = sim.watch_registrar(&flags.kubelet_registrar_dir);
     let started = Instant::now();
     let handle = Plugin::start(&flags, grpc::Services::default())
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("start the plugin")?;
-    let registered = registrar
+    let kubelet = registrar
         .wait_registered(DRIVER, WAIT)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("kubelet registration")?;
-    let registration_socket = registered.registration_socket.clone();
-    let dra_socket = registered.endpoint.clone();
+    let registration_socket = kubelet.registration_socket.clone();
+    let dra_socket = kubelet.endpoint.clone();
     step.done_with(&format!(
         "registered, kubelet speaks {}",
-        registered.dra_version.as_str()
+        kubelet.dra_version.as_str()
     ));
 
     // 4. Wait for the complete pool.
@@ -220,13 +363,74 @@ async fn demo(
         .iter()
         .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
         .collect();
-    let gpus = gpu_rows(&inventory, &devices);
+    let gpus = gpu_rows(&inventory, &devices, machine.shared_gpu);
     let pool = pool_summary(&slices, &devices);
     out.gpu_table(&gpus);
     out.slice_table(&slices);
     out.device_summary(&pool);
 
-    // 5. Stop: deregistration first, then drain, then the pool is removed.
+    // 5. The example claims.
+    let cluster = walk::Cluster {
+        client: client.clone(),
+        kubelet: &kubelet,
+        preparer: handle.preparer(),
+        webhook: &webhook,
+        node: NODE,
+        cdi: &machine.paths.cdi,
+    };
+    let mut walked = Vec::new();
+    for claim in claims::load()? {
+        let step = out.step(
+            &format!("claim {}", claim.name),
+            &format!("{}, {}", claim.what, claim.file),
+        );
+        let w = walk::walk(&cluster, &claim).await?;
+        step.outcome(&w.outcome);
+        out.claim(&w);
+        if let walk::Outcome::PrepareFailed { error, .. } = &w.outcome {
+            problems.push(format!("prepare of claim {} failed: {error}", w.name));
+        }
+        walked.push(w);
+    }
+
+    // 6. Unprepare everything, and look for what is left.
+    let mig_gpus: Vec<u32> = inventory
+        .gpus
+        .iter()
+        .filter(|g| g.info.mig.is_some())
+        .map(|g| g.info.index)
+        .collect();
+    let scan = |settle: bool| {
+        let paths = machine.paths.clone();
+        let backend = Arc::clone(handle.backend());
+        let preparer = handle.preparer().clone();
+        let mig_gpus = mig_gpus.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                Leftovers::scan(&paths, backend.as_ref(), &mig_gpus, &preparer, settle)
+            })
+            .await
+            .context("the cleanup scan failed")
+        }
+    };
+    let before = scan(false).await?;
+    let step = out.step("unprepare", "every prepared claim, in one kubelet call");
+    let unprepared = walk::unprepare_all(&cluster, &walked).await?;
+    let after = scan(true).await?;
+    let claims_left = walk::delete_all(&cluster, &walked).await?;
+    step.done_with(&format!(
+        "{unprepared} claims unprepared, {} deleted",
+        walked.iter().filter(|w| w.uid.is_some()).count()
+    ));
+    out.proof(&before, &after);
+    if !after.is_empty() {
+        problems.push(format!(
+            "unprepare left state behind: {}",
+            after.paths().join(", ")
+        ));
+    }
+
+    // 7. Stop: deregistration first, then drain, then the pool is removed.
     let step = out.step("shutdown", "deregister, drain, delete slices");
     handle
         .shutdown()
@@ -249,45 +453,86 @@ async fn demo(
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     step.done();
 
-    // 6. Proof that nothing is left behind.
+    // 8. Nothing left: sockets, slices, claims, the temporary directory,
+    // and outside it.
     let sockets_left: Vec<PathBuf> = [&registration_socket, &dra_socket]
         .into_iter()
         .filter(|p| p.exists())
         .cloned()
         .collect();
+    let (outside_left, outside_note) = outside.settle();
     let tmp_path = tmp.path().to_path_buf();
-    tmp.close().context("remove the temporary directory")?;
+    if settings.keep_temp_dir {
+        let _ = tmp.keep();
+    } else {
+        tmp.close().context("remove the temporary directory")?;
+    }
+    let temp_dir_removed = !tmp_path.exists();
     let cleanup = json!({
+        "unprepared": unprepared,
+        "before": before.to_json(),
+        "after": after.to_json(),
+        "claimsLeft": claims_left,
         "socketsLeft": sockets_left,
         "slicesLeft": left.len(),
-        "tempDirRemoved": !tmp_path.exists(),
+        "outsideTempDir": outside_left,
+        "notes": outside_note.iter().collect::<Vec<_>>(),
+        "tempDir": tmp_path,
+        "tempDirRemoved": temp_dir_removed,
     });
-    out.cleanup(&sockets_left, left.len(), &tmp_path);
-    if !sockets_left.is_empty() || !left.is_empty() || tmp_path.exists() {
-        bail!("the demo left something behind: {cleanup}");
+    let mut lines = vec![format!(
+        "Left behind: {} sockets, {} ResourceSlices, {} ResourceClaims, temporary directory {}",
+        sockets_left.len(),
+        left.len(),
+        claims_left,
+        if temp_dir_removed {
+            "removed".to_owned()
+        } else {
+            format!("kept at {}", tmp_path.display())
+        }
+    )];
+    lines.extend(outside_note);
+    lines.extend(
+        outside_left
+            .iter()
+            .map(|p| format!("outside the temporary directory: {p}")),
+    );
+    let clean = sockets_left.is_empty()
+        && left.is_empty()
+        && claims_left == 0
+        && outside_left.is_empty()
+        && after.is_empty()
+        && (temp_dir_removed || settings.keep_temp_dir);
+    out.cleanup(clean, &lines);
+    if !clean && after.is_empty() {
+        problems.push(format!("the demo left something behind: {cleanup}"));
     }
 
-    Ok(json!({
-        "profile": profile_name,
+    let report = json!({
+        "profile": settings.profile_name,
         "node": NODE,
         "driver": DRIVER,
-        "dynamicMig": dynamic_mig,
+        "dynamicMig": settings.dynamic_mig,
+        "memorySharing": machine.shared_gpu.into_iter().collect::<Vec<_>>(),
         "registration": {
-            "draVersion": registered.dra_version.as_str(),
-            "healthVersion": registered.health_version.map(gpu_dra_e2e::kubelet::HealthVersion::as_str),
-            "supportedVersions": registered.supported_versions,
+            "draVersion": kubelet.dra_version.as_str(),
+            "healthVersion": kubelet.health_version.map(gpu_dra_e2e::kubelet::HealthVersion::as_str),
+            "supportedVersions": kubelet.supported_versions,
         },
         "publishMs": publish_ms,
         "gpus": gpus,
         "pool": pool,
+        "claims": walked.iter().map(walk::Walked::to_json).collect::<Vec<_>>(),
         "cleanup": cleanup,
-    }))
+    });
+    Ok((report, problems))
 }
 
 /// One row per GPU: what NVML said, plus topology attributes as published.
 fn gpu_rows(
     inventory: &gpu_kubelet_plugin::discovery::Inventory,
     devices: &[&Value],
+    shared: Option<u32>,
 ) -> Vec<Value> {
     inventory
         .gpus
@@ -312,6 +557,7 @@ fn gpu_rows(
                 "nvlinkDomain": attr("nvlinkDomain"),
                 "pcieRoot": attr("resource.kubernetes.io/pcieRoot"),
                 "numaNode": attr("resource.kubernetes.io/numaNode"),
+                "memorySharing": shared == Some(g.info.index),
             })
         })
         .collect()
@@ -340,210 +586,4 @@ fn pool_summary(slices: &[Value], devices: &[&Value]) -> Value {
         "byType": by_type,
         "migProfiles": profiles,
     })
-}
-
-/// Human output: progress lines and tables (colour only on a terminal);
-/// silent in JSON mode.
-struct Printer {
-    text: bool,
-    colour: bool,
-}
-
-/// A progress line in flight.
-struct Step<'a> {
-    printer: &'a Printer,
-    started: Instant,
-    finished: bool,
-}
-
-impl Printer {
-    fn new(output: Output) -> Self {
-        Self {
-            text: output == Output::Text,
-            colour: std::io::stdout().is_terminal(),
-        }
-    }
-
-    fn paint(&self, code: &str, s: &str) -> String {
-        if self.colour {
-            format!("\x1b[{code}m{s}\x1b[0m")
-        } else {
-            s.to_string()
-        }
-    }
-
-    fn step(&self, what: &str, detail: &str) -> Step<'_> {
-        if self.text {
-            print!("{} {what} ({detail}) ... ", self.paint("1;34", "==>"));
-            let _ = std::io::Write::flush(&mut std::io::stdout());
-        }
-        Step {
-            printer: self,
-            started: Instant::now(),
-            finished: false,
-        }
-    }
-
-    fn gpu_table(&self, gpus: &[Value]) {
-        if !self.text {
-            return;
-        }
-        let rows: Vec<Vec<String>> = gpus
-            .iter()
-            .map(|g| {
-                vec![
-                    plain(&g["device"]),
-                    plain(&g["product"]),
-                    format!("{:.0} GiB", g["memoryGiB"].as_f64().unwrap_or(0.0)),
-                    plain(&g["mig"]),
-                    plain(&g["nvlinks"]),
-                    plain(&g["nvlinkDomain"]),
-                    plain(&g["pcieRoot"]),
-                    plain(&g["numaNode"]),
-                ]
-            })
-            .collect();
-        println!("\nGPUs found");
-        print_table(
-            &[
-                "DEVICE",
-                "PRODUCT",
-                "MEMORY",
-                "MIG",
-                "NVLINKS",
-                "NVLINK DOMAIN",
-                "PCIE ROOT",
-                "NUMA",
-            ],
-            &rows,
-        );
-    }
-
-    fn slice_table(&self, slices: &[Value]) {
-        if !self.text {
-            return;
-        }
-        let rows: Vec<Vec<String>> = slices
-            .iter()
-            .map(|s| {
-                vec![
-                    plain(&s["metadata"]["name"]),
-                    plain(&s["spec"]["pool"]["name"]),
-                    plain(&s["spec"]["pool"]["generation"]),
-                    s["spec"]["devices"]
-                        .as_array()
-                        .map_or(0, Vec::len)
-                        .to_string(),
-                    s["spec"]["sharedCounters"]
-                        .as_array()
-                        .map_or(0, Vec::len)
-                        .to_string(),
-                ]
-            })
-            .collect();
-        println!("\nResourceSlices published");
-        print_table(
-            &["NAME", "POOL", "GENERATION", "DEVICES", "COUNTER SETS"],
-            &rows,
-        );
-    }
-
-    fn device_summary(&self, pool: &Value) {
-        if !self.text {
-            return;
-        }
-        let by_type = pool["byType"].as_object().map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{v} {k}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        });
-        println!("\nDevices: {}", by_type.unwrap_or_default());
-        if let Some(profiles) = pool["migProfiles"].as_object().filter(|m| !m.is_empty()) {
-            let list: Vec<String> = profiles.iter().map(|(k, v)| format!("{k} x{v}")).collect();
-            println!("MIG devices by profile: {}", list.join(", "));
-        }
-        println!();
-    }
-
-    fn cleanup(&self, sockets_left: &[PathBuf], slices_left: usize, tmp: &Path) {
-        if !self.text {
-            return;
-        }
-        let ok = sockets_left.is_empty() && slices_left == 0 && !tmp.exists();
-        println!(
-            "\nLeft behind: {} sockets, {} ResourceSlices, temporary directory {}",
-            sockets_left.len(),
-            slices_left,
-            if tmp.exists() {
-                "still there"
-            } else {
-                "removed"
-            }
-        );
-        let verdict = if ok {
-            self.paint("1;32", "nothing left behind")
-        } else {
-            self.paint("1;31", "something was left behind")
-        };
-        println!("{verdict}");
-    }
-}
-
-impl Step<'_> {
-    fn done(self) {
-        self.done_with("");
-    }
-
-    fn done_with(mut self, detail: &str) {
-        self.finished = true;
-        if self.printer.text {
-            let ms = self.started.elapsed().as_secs_f64() * 1000.0;
-            let sep = if detail.is_empty() { "" } else { ", " };
-            println!(
-                "{} ({ms:.0} ms{sep}{detail})",
-                self.printer.paint("32", "ok")
-            );
-        }
-    }
-}
-
-impl Drop for Step<'_> {
-    /// A step dropped unfinished failed: end its progress line so the error
-    /// that follows starts on a line of its own.
-    fn drop(&mut self) {
-        if !self.finished && self.printer.text {
-            println!("{}", self.printer.paint("31", "failed"));
-        }
-    }
-}
-
-/// A JSON scalar as table text (`-` for null).
-fn plain(v: &Value) -> String {
-    match v {
-        Value::Null => "-".to_string(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
-fn print_table(header: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        println!("  {}", padded.join("  ").trim_end());
-    };
-    line(header.to_vec());
-    for row in rows {
-        line(row.iter().map(String::as_str).collect());
-    }
 }

@@ -7,208 +7,12 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::{DRIVER, NODE, Plugin, TestEnv, short_dir};
-use gpu_dra_e2e::kubelet::{Claim, DraVersion, KubeletSim, PrepareResult};
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
-
-const VENDOR_KIND: &str = "k8s.gpu.nvidia.com/claim";
-
-/// A node: environment, plugin process, registered kubelet connection.
-struct Node {
-    _dir: tempfile::TempDir,
-    env: Arc<TestEnv>,
-    plugin: Plugin,
-    kubelet: gpu_dra_e2e::kubelet::Plugin,
-    client: kube::Client,
-}
-
-async fn node(profile: &str, extra: &[&str], version: DraVersion) -> Node {
-    let dir = short_dir();
-    let env = Arc::new(TestEnv::builder(dir.path()).bundled(profile).build());
-    let plugin = Plugin::launch(&env, dir.path(), "run", extra);
-    let kubelet = KubeletSim::new()
-        .with_dra_versions([version])
-        .register(&plugin.reg_socket())
-        .await
-        .unwrap();
-    assert_eq!(kubelet.dra_version, version);
-    let config = kube::Config::new(env.api.url().parse().unwrap());
-    let client = kube::Client::try_from(config).unwrap();
-    Node {
-        _dir: dir,
-        env,
-        plugin,
-        kubelet,
-        client,
-    }
-}
-
-fn result(request: &str, device: &str) -> Value {
-    json!({"request": request, "driver": DRIVER, "pool": NODE, "device": device})
-}
-
-fn gpu_config(sharing: Value) -> Value {
-    json!({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {
-        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": sharing}}})
-}
-
-impl Node {
-    /// Creates claim `name` allocated with `results` and `config`; returns
-    /// the kubelet's reference to it.
-    async fn claim(&self, name: &str, results: Value, config: Value) -> Claim {
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), "default");
-        let requests: Vec<Value> = {
-            let mut names: Vec<String> = results
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|r| {
-                    let n = r["request"].as_str().unwrap();
-                    n.split('/').next().unwrap().to_owned()
-                })
-                .collect();
-            names.sort();
-            names.dedup();
-            names
-                .into_iter()
-                .map(|n| json!({"name": n, "exactly": {"deviceClassName": "gpu.nvidia.com"}}))
-                .collect()
-        };
-        let claim: ResourceClaim = serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"devices": {"requests": requests}},
-        }))
-        .unwrap();
-        let created = api.create(&PostParams::default(), &claim).await.unwrap();
-        let status =
-            json!({"status": {"allocation": {"devices": {"results": results, "config": config}}}});
-        api.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
-            .await
-            .unwrap();
-        Claim::new("default", name, created.metadata.uid.unwrap())
-    }
-
-    async fn prepare(&self, claims: &[Claim]) -> std::collections::BTreeMap<String, PrepareResult> {
-        self.kubelet.prepare(claims).await.unwrap()
-    }
-
-    async fn prepare_ok(&self, claim: &Claim) -> PrepareResult {
-        let mut r = self.prepare(std::slice::from_ref(claim)).await;
-        let r = r.remove(&claim.uid).unwrap();
-        assert!(r.error.is_none(), "{:?}\n{}", r.error, self.plugin.stderr());
-        r
-    }
-
-    async fn unprepare_ok(&self, claim: &Claim) {
-        let r = self
-            .kubelet
-            .unprepare(std::slice::from_ref(claim))
-            .await
-            .unwrap();
-        assert_eq!(r[&claim.uid].error, None, "{}", self.plugin.stderr());
-    }
-
-    fn spec_path(&self, claim: &Claim) -> PathBuf {
-        self.env
-            .cdi_root
-            .join(format!("k8s.gpu.nvidia.com-claim_{}.json", claim.uid))
-    }
-
-    fn spec(&self, claim: &Claim) -> Value {
-        let text = std::fs::read_to_string(self.spec_path(claim)).unwrap();
-        serde_json::from_str(&text).unwrap()
-    }
-
-    /// The CDI device named `<uid>-<device>` in the claim's spec.
-    fn spec_device(&self, claim: &Claim, device: &str) -> Value {
-        let spec = self.spec(claim);
-        let name = format!("{}-{device}", claim.uid);
-        spec["devices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["name"] == name)
-            .cloned()
-            .unwrap_or_else(|| panic!("{name} not in {spec}"))
-    }
-
-    async fn status_devices(&self, claim: &Claim) -> Vec<Value> {
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), "default");
-        let c = api.get(&claim.name).await.unwrap();
-        let v = serde_json::to_value(c).unwrap();
-        v.pointer("/status/devices")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    fn checkpoint(&self) -> Value {
-        let path = self.plugin.plugins_dir.join(DRIVER).join("checkpoint.json");
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-    }
-
-    fn checkpoint_claims(&self) -> Vec<String> {
-        let c = self.checkpoint();
-        c["entries"]
-            .as_object()
-            .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    /// MPS daemons with directories in the state dir.
-    fn mps_daemons(&self) -> usize {
-        let dir = self.plugin.plugins_dir.join(DRIVER).join("mps");
-        std::fs::read_dir(dir).map_or(0, |d| {
-            d.filter(|e| e.as_ref().is_ok_and(|e| e.path().is_dir()))
-                .count()
-        })
-    }
-
-    /// Processes started from the fake driver root (daemons, clients); a
-    /// daemon told to quit may take a moment to be reaped, so a count of 0
-    /// is waited for (up to 5 s).
-    fn processes(&self) -> usize {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        loop {
-            let me = self.plugin.child.id();
-            let n = self
-                .env
-                .driver_root
-                .processes()
-                .into_iter()
-                .filter(|p| *p != me)
-                .count();
-            if n == 0 || std::time::Instant::now() > deadline {
-                for pid in self
-                    .env
-                    .driver_root
-                    .processes()
-                    .into_iter()
-                    .filter(|p| *p != me)
-                {
-                    eprintln!("left: {pid} {:?}", fake_driver_root::cmdline(pid));
-                }
-                return n;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-fn env_of(device: &Value) -> Vec<String> {
-    device["containerEdits"]["env"]
-        .as_array()
-        .map(|a| a.iter().map(|v| v.as_str().unwrap().to_owned()).collect())
-        .unwrap_or_default()
-}
+use common::prepare::{VENDOR_KIND, env_of, gpu_config, node, result};
+use common::{DRIVER, NODE};
+use gpu_dra_e2e::kubelet::{Claim, DraVersion};
+use serde_json::json;
 
 async fn whole_gpu(version: DraVersion) {
     let n = node("t4-inference", &[], version).await;
@@ -285,7 +89,7 @@ async fn whole_gpu(version: DraVersion) {
     // Idempotent: the same answer again, from the checkpoint.
     let again = n.prepare_ok(&c).await;
     assert_eq!(again.devices, r.devices);
-    assert_eq!(n.checkpoint_claims(), [c.uid.clone()]);
+    assert_eq!(n.checkpoint_claims(), std::slice::from_ref(&c.uid));
 
     n.unprepare_ok(&c).await;
     assert!(!n.spec_path(&c).exists());
@@ -386,7 +190,7 @@ async fn mps_claim_gets_a_daemon_with_its_limits_and_the_pipe() {
     );
     let status = n.status_devices(&c).await;
     assert!(status[0]["data"]["mpsDaemon"].is_string(), "{status:?}");
-    assert!(n.processes() > 0, "the daemon runs");
+    assert!(!n.live_processes().is_empty(), "the daemon runs");
     n.unprepare_ok(&c).await;
     assert_eq!(n.mps_daemons(), 0, "daemon stopped");
     assert_eq!(n.processes(), 0, "no process left");
@@ -579,7 +383,7 @@ async fn unusable_claims_get_precise_per_claim_errors_and_leave_nothing() {
         "{}",
         err(&renamed)
     );
-    assert_eq!(n.checkpoint_claims(), [ok.uid.clone()]);
+    assert_eq!(n.checkpoint_claims(), std::slice::from_ref(&ok.uid));
     let specs = std::fs::read_dir(&n.env.cdi_root).unwrap().count();
     assert_eq!(specs, 1, "only the good claim has a spec");
 }

@@ -1,0 +1,375 @@
+//! Claim-preparation helpers shared by the `prepare_*` tests: a node (a fake
+//! machine, the plugin process on it, a kubelet simulator registered with
+//! it, a kube client of the test API server) that can be restarted on the
+//! same machine, claims allocated in the API server, and views of what a
+//! prepare leaves on the node (CDI specs, checkpoint entries, MPS daemons,
+//! MIG instances in the fake NVML's state and capability files).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpu_dra_e2e::kubelet::{Claim, DraVersion, KubeletSim, PrepareResult};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use super::{DRIVER, NODE, Plugin, TestEnv, short_dir};
+
+/// The CDI kind of the plugin's claim specs.
+pub const VENDOR_KIND: &str = "k8s.gpu.nvidia.com/claim";
+
+/// A node: environment, plugin process, registered kubelet connection.
+pub struct Node {
+    pub dir: tempfile::TempDir,
+    pub env: Arc<TestEnv>,
+    pub plugin: Plugin,
+    pub kubelet: gpu_dra_e2e::kubelet::Plugin,
+    pub client: kube::Client,
+    version: DraVersion,
+    extra: Vec<String>,
+    /// Logs of the plugin runs so far, the current one last.
+    logs: Vec<PathBuf>,
+}
+
+/// A node on bundled machine `profile`, the plugin started with `extra`
+/// flags, registered in `version`.
+pub async fn node(profile: &str, extra: &[&str], version: DraVersion) -> Node {
+    node_with(profile, extra, version, &[]).await
+}
+
+/// Like [`node`], the plugin started with environment variables `envs`.
+pub async fn node_with(
+    profile: &str,
+    extra: &[&str],
+    version: DraVersion,
+    envs: &[(&str, &str)],
+) -> Node {
+    let dir = short_dir();
+    let env = Arc::new(TestEnv::builder(dir.path()).bundled(profile).build());
+    let plugin = Plugin::launch_with(&env, dir.path(), "run", extra, envs);
+    let kubelet = register(&plugin, version).await;
+    let config = kube::Config::new(env.api.url().parse().unwrap());
+    let client = kube::Client::try_from(config).unwrap();
+    Node {
+        logs: vec![plugin.log.clone()],
+        dir,
+        env,
+        plugin,
+        kubelet,
+        client,
+        version,
+        extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+    }
+}
+
+async fn register(plugin: &Plugin, version: DraVersion) -> gpu_dra_e2e::kubelet::Plugin {
+    let kubelet = KubeletSim::new()
+        .with_dra_versions([version])
+        .register(&plugin.reg_socket())
+        .await
+        .unwrap_or_else(|e| panic!("registration failed: {e}\n{}", plugin.stderr()));
+    assert_eq!(kubelet.dra_version, version);
+    kubelet
+}
+
+/// An allocation result of our driver on this node.
+pub fn result(request: &str, device: &str) -> Value {
+    json!({"request": request, "driver": DRIVER, "pool": NODE, "device": device})
+}
+
+/// A claim config with a `GpuConfig` of `sharing`.
+pub fn gpu_config(sharing: Value) -> Value {
+    json!({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": sharing}}})
+}
+
+/// A claim config with a `MigDeviceConfig` of `sharing`, for `requests`.
+pub fn mig_config(requests: &[&str], sharing: Value) -> Value {
+    json!({"source": "FromClaim", "requests": requests, "opaque": {"driver": DRIVER,
+        "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+        "sharing": sharing}}})
+}
+
+/// The `env` of a CDI device's container edits.
+pub fn env_of(device: &Value) -> Vec<String> {
+    device["containerEdits"]["env"]
+        .as_array()
+        .map(|a| a.iter().map(|v| v.as_str().unwrap().to_owned()).collect())
+        .unwrap_or_default()
+}
+
+impl Node {
+    /// The stderr of every plugin run on this node so far, each under a
+    /// header, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for log in &self.logs {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let _ = write!(out, "===== {} =====\n{text}", log.display());
+        }
+        out
+    }
+
+    /// Stops the plugin (SIGKILL if it still runs) and starts a new one on
+    /// the same machine, plugin directories and state (checkpoint, fake NVML
+    /// state, MPS daemons), with environment variables `envs`; registers the
+    /// kubelet with it again.
+    pub async fn restart(&mut self, envs: &[(&str, &str)]) {
+        let _ = self.plugin.child.kill();
+        let _ = self.plugin.child.wait();
+        let name = format!("run-{}", self.logs.len());
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        self.plugin = Plugin::launch_with(&self.env, self.dir.path(), &name, &extra, envs);
+        self.logs.push(self.plugin.log.clone());
+        self.kubelet = register(&self.plugin, self.version).await;
+    }
+
+    /// Waits for the published pool and returns its device names.
+    pub async fn device_names(&self) -> Vec<String> {
+        let slices = self.env.wait_pool(NODE, Duration::from_secs(20)).await;
+        slices
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .map(|d| d["name"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// Creates claim `name` allocated with `results` and `config`; returns
+    /// the kubelet's reference to it.
+    pub async fn claim(&self, name: &str, results: Value, config: Value) -> Claim {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), "default");
+        let requests: Vec<Value> = {
+            let mut names: Vec<String> = results
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    let n = r["request"].as_str().unwrap();
+                    n.split('/').next().unwrap().to_owned()
+                })
+                .collect();
+            names.sort();
+            names.dedup();
+            names
+                .into_iter()
+                .map(|n| json!({"name": n, "exactly": {"deviceClassName": "gpu.nvidia.com"}}))
+                .collect()
+        };
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"devices": {"requests": requests}},
+        }))
+        .unwrap();
+        let created = api.create(&PostParams::default(), &claim).await.unwrap();
+        let status =
+            json!({"status": {"allocation": {"devices": {"results": results, "config": config}}}});
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .unwrap();
+        Claim::new("default", name, created.metadata.uid.unwrap())
+    }
+
+    pub async fn prepare(&self, claims: &[Claim]) -> BTreeMap<String, PrepareResult> {
+        self.kubelet
+            .prepare(claims)
+            .await
+            .unwrap_or_else(|e| panic!("prepare call failed: {e}\n{}", self.logs()))
+    }
+
+    pub async fn prepare_ok(&self, claim: &Claim) -> PrepareResult {
+        let mut r = self.prepare(std::slice::from_ref(claim)).await;
+        let r = r.remove(&claim.uid).unwrap();
+        assert!(r.error.is_none(), "{:?}\n{}", r.error, self.logs());
+        r
+    }
+
+    pub async fn unprepare_ok(&self, claim: &Claim) {
+        let r = self
+            .kubelet
+            .unprepare(std::slice::from_ref(claim))
+            .await
+            .unwrap_or_else(|e| panic!("unprepare call failed: {e}\n{}", self.logs()));
+        assert_eq!(r[&claim.uid].error, None, "{}", self.logs());
+    }
+
+    pub fn spec_path(&self, claim: &Claim) -> PathBuf {
+        self.env
+            .cdi_root
+            .join(format!("k8s.gpu.nvidia.com-claim_{}.json", claim.uid))
+    }
+
+    pub fn spec(&self, claim: &Claim) -> Value {
+        let text = std::fs::read_to_string(self.spec_path(claim)).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// The CDI device named `<uid>-<device>` in the claim's spec.
+    pub fn spec_device(&self, claim: &Claim, device: &str) -> Value {
+        let spec = self.spec(claim);
+        let name = format!("{}-{device}", claim.uid);
+        spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} not in {spec}"))
+    }
+
+    /// Every file in the CDI directory (specs and temp files).
+    pub fn cdi_files(&self) -> Vec<String> {
+        let mut files: Vec<String> = std::fs::read_dir(&self.env.cdi_root)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        files.sort();
+        files
+    }
+
+    pub async fn status_devices(&self, claim: &Claim) -> Vec<Value> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), "default");
+        let c = api.get(&claim.name).await.unwrap();
+        let v = serde_json::to_value(c).unwrap();
+        v.pointer("/status/devices")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The plugin's state directory.
+    pub fn state_dir(&self) -> PathBuf {
+        self.plugin.plugins_dir.join(DRIVER)
+    }
+
+    /// The checkpoint file (`Null` when none was written yet).
+    pub fn checkpoint(&self) -> Value {
+        let path = self.state_dir().join("checkpoint.json");
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Value::Null,
+            Err(e) => panic!("{}: {e}", path.display()),
+        }
+    }
+
+    /// UIDs of the claims in the checkpoint.
+    pub fn checkpoint_claims(&self) -> Vec<String> {
+        let c = self.checkpoint();
+        c["entries"]
+            .as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// MPS daemons with directories in the state dir.
+    pub fn mps_daemons(&self) -> usize {
+        let dir = self.state_dir().join("mps");
+        std::fs::read_dir(dir).map_or(0, |d| {
+            d.filter(|e| e.as_ref().is_ok_and(|e| e.path().is_dir()))
+                .count()
+        })
+    }
+
+    /// Live processes started from the fake driver root (daemons,
+    /// clients), the plugin excluded, right now.
+    pub fn live_processes(&self) -> Vec<u32> {
+        let me = self.plugin.child.id();
+        self.env
+            .driver_root
+            .processes()
+            .into_iter()
+            .filter(|p| *p != me)
+            .collect()
+    }
+
+    /// Processes started from the fake driver root (daemons, clients), the
+    /// plugin excluded; a daemon told to quit may take a moment to be
+    /// reaped, so a count of 0 is waited for (up to 5 s).
+    pub fn processes(&self) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let left = self.live_processes();
+            if left.is_empty() || Instant::now() > deadline {
+                for pid in &left {
+                    eprintln!("left: {pid} {:?}", fake_driver_root::cmdline(*pid));
+                }
+                return left.len();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The fake NVML's state file (`Null` before the first change).
+    pub fn nvml_state(&self) -> Value {
+        let path = self.env.root.join("nvml-state.json");
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text).unwrap(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Value::Null,
+            Err(e) => panic!("{}: {e}", path.display()),
+        }
+    }
+
+    /// MIG GPU instances in the fake NVML's state: `(GPU UUID, GI id)`.
+    pub fn mig_instances(&self) -> Vec<(String, u64)> {
+        let state = self.nvml_state();
+        let mut out = Vec::new();
+        for gpu in state["gpus"].as_array().into_iter().flatten() {
+            for gi in gpu["gpuInstances"].as_array().into_iter().flatten() {
+                out.push((
+                    gpu["uuid"].as_str().unwrap_or_default().to_owned(),
+                    gi["id"].as_u64().unwrap_or_default(),
+                ));
+            }
+        }
+        out
+    }
+
+    /// Compute modes of the GPUs the fake NVML has state for, by UUID.
+    pub fn compute_modes(&self) -> BTreeMap<String, String> {
+        let state = self.nvml_state();
+        state["gpus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|g| {
+                (
+                    g["uuid"].as_str().unwrap_or_default().to_owned(),
+                    g["computeMode"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// MIG capability entries (`gpu<N>/mig/gi<G>`, `.../ci<C>`) under the
+    /// proc root, as the kernel shows them for existing instances.
+    pub fn mig_caps(&self) -> Vec<String> {
+        let root = self.env.proc_root.join("driver/nvidia/capabilities");
+        let mut out = Vec::new();
+        for gpu in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            let mig = gpu.path().join("mig");
+            for gi in std::fs::read_dir(&mig).into_iter().flatten().flatten() {
+                let name = gi.file_name().to_string_lossy().into_owned();
+                if !name.starts_with("gi") {
+                    continue;
+                }
+                out.push(format!("{}/{name}", gpu.file_name().to_string_lossy()));
+                for ci in std::fs::read_dir(gi.path()).into_iter().flatten().flatten() {
+                    let c = ci.file_name().to_string_lossy().into_owned();
+                    if c.starts_with("ci") {
+                        out.push(format!("{}/{name}/{c}", gpu.file_name().to_string_lossy()));
+                    }
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+}
