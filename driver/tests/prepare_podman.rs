@@ -76,7 +76,10 @@ async fn podman_runs_a_container_with_the_cdi_ids_the_plugin_returned() {
     let slices_api: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(client.clone());
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let mig = loop {
-        let list = slices_api.list(&Default::default()).await.unwrap();
+        let list = slices_api
+            .list(&kube::api::ListParams::default())
+            .await
+            .unwrap();
         let found = list
             .items
             .iter()

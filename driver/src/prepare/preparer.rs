@@ -229,6 +229,8 @@ impl Preparer {
             && entry.state == ClaimState::PrepareCompleted
         {
             tracing::debug!(claim = %uid, "already prepared; answering from the checkpoint");
+            // A crash may have come between the checkpoint and the status.
+            status::publish(inner, claim, &entry).await;
             return Ok(answer(&entry));
         }
         let object = self.fetch(claim).await?;
@@ -265,19 +267,20 @@ impl Preparer {
         let uid = ClaimUid(claim.uid.clone());
         let Some(entry) = inner.store.get(&uid) else {
             tracing::debug!(claim = %uid, "unprepare of a claim not prepared here: nothing to do");
+            // A crash may have come between the checkpoint and the status.
+            status::clear(inner, claim).await;
             return Ok(());
         };
         let minors = apply::entry_minors(&entry);
         let held = inner.locks.lock(&minors).await;
         let worker = Arc::clone(inner);
-        let cleared = entry.clone();
         tokio::task::spawn_blocking(move || apply::unprepare(&worker, &uid, &entry))
             .await
             .map_err(|e| ClaimError::Failed(format!("internal error: unprepare task failed: {e}")))?
             .map_err(|e| ClaimError::Failed(e.to_string()))?;
         drop(held);
         tracing::info!(claim = %claim.uid, namespace = %claim.namespace, name = %claim.name, "claim unprepared");
-        status::clear(inner, claim, &cleared).await;
+        status::clear(inner, claim).await;
         Ok(())
     }
 

@@ -348,20 +348,21 @@ fn setup(
                     })?;
                 }
                 if g.memory_shared || d.consumed_memory.is_some() {
-                    let edits = shared_gpu(inner, d, g, &mut entry.devices[i], others)?;
+                    let edits = shared_gpu(inner, &plan.uid, entry, i, d, g, others)?;
                     spec.add_edits(&names[i], edits)?;
                     continue;
                 }
                 if let Some(DeviceConfig::Gpu(cfg)) = &d.config {
                     if let Some(interval) = cfg.time_slice() {
-                        time_slice(inner, d, g, interval, &mut entry.devices[i])?;
+                        time_slice(inner, &plan.uid, entry, i, g, interval)?;
                     } else if let Some(mps) = cfg.mps() {
                         set_compute_mode(
                             inner,
-                            &d.device,
+                            &plan.uid,
+                            entry,
+                            i,
                             g.index,
                             ComputeMode::ExclusiveProcess,
-                            &mut entry.devices[i].sharing,
                         )?;
                         group(&mut mps_groups, mps, i, g.uuid.clone());
                     }
@@ -462,53 +463,64 @@ fn parse_mode(name: &str) -> Option<ComputeMode> {
     }
 }
 
-/// Sets the GPU's compute mode to `mode`, recording the previous one when
-/// it changes.
+/// Writes the entry, still `PrepareStarted`, so that a crash after the
+/// next hardware change finds it recorded and recovery undoes it.
+fn journal(
+    inner: &Inner,
+    uid: &ClaimUid,
+    entry: &ClaimEntry,
+    what: &str,
+) -> Result<(), PrepareError> {
+    commit(inner, Batch::new().put(uid.clone(), entry.clone()), what)
+}
+
+/// Sets the compute mode of device `i`'s GPU to `mode`. When it changes,
+/// the change (with the mode to restore) is recorded durably first.
 fn set_compute_mode(
     inner: &Inner,
-    device: &str,
+    uid: &ClaimUid,
+    entry: &mut ClaimEntry,
+    i: usize,
     index: u32,
     mode: ComputeMode,
-    sharing: &mut SharingApplied,
 ) -> Result<(), PrepareError> {
+    let device = entry.devices[i].device.clone();
     let nvml = |error| PrepareError::Nvml {
-        device: device.to_owned(),
+        device: device.clone(),
         error,
     };
     let current = inner.backend.gpu(index).map_err(nvml)?.compute_mode;
     if current == mode {
         return Ok(());
     }
-    inner.backend.set_compute_mode(index, mode).map_err(nvml)?;
-    sharing.compute_mode = Some(ComputeModeChange {
+    entry.devices[i].sharing.compute_mode = Some(ComputeModeChange {
         set: mode_name(mode).to_owned(),
         previous: mode_name(current).to_owned(),
     });
+    journal(inner, uid, entry, "record a compute mode change")?;
+    inner.backend.set_compute_mode(index, mode).map_err(nvml)?;
     Ok(())
 }
 
+/// Compute mode `Default` and the time slice, each recorded durably
+/// before it is set.
 fn time_slice(
     inner: &Inner,
-    d: &PlannedDevice,
+    uid: &ClaimUid,
+    entry: &mut ClaimEntry,
+    i: usize,
     g: &GpuTarget,
     interval: TimeSliceInterval,
-    record: &mut PreparedDeviceRecord,
 ) -> Result<(), PrepareError> {
-    set_compute_mode(
-        inner,
-        &d.device,
-        g.index,
-        ComputeMode::Default,
-        &mut record.sharing,
-    )?;
+    set_compute_mode(inner, uid, entry, i, g.index, ComputeMode::Default)?;
+    entry.devices[i].sharing.time_slice_interval = Some(format!("{interval:?}"));
+    journal(inner, uid, entry, "record a time-slice change")?;
     timeslice::set_timeslice(&inner.opts.driver_root, &g.uuid, interval).map_err(|error| {
         PrepareError::TimeSlice {
-            device: d.device.clone(),
+            device: entry.devices[i].device.clone(),
             error,
         }
-    })?;
-    record.sharing.time_slice_interval = Some(format!("{interval:?}"));
-    Ok(())
+    })
 }
 
 /// Id of the MPS daemon shared by the claims of a memory-shared GPU.
@@ -520,9 +532,11 @@ fn shared_daemon_id(minor: u32) -> String {
 /// claim) and this claim's per-client limits.
 fn shared_gpu(
     inner: &Inner,
+    uid: &ClaimUid,
+    entry: &mut ClaimEntry,
+    i: usize,
     d: &PlannedDevice,
     g: &GpuTarget,
-    record: &mut PreparedDeviceRecord,
     others: &[(&ClaimUid, &ClaimEntry)],
 ) -> Result<ContainerEdits, PrepareError> {
     let unsupported = |reason: String| PrepareError::Unsupported {
@@ -554,15 +568,9 @@ fn shared_gpu(
         .filter(|r| r.sharing.mps_daemon.as_ref().is_some_and(|m| m.id == id))
         .find_map(|r| r.sharing.compute_mode.clone());
     if let Some(change) = inherited {
-        record.sharing.compute_mode = Some(change);
+        entry.devices[i].sharing.compute_mode = Some(change);
     } else {
-        set_compute_mode(
-            inner,
-            &d.device,
-            g.index,
-            ComputeMode::ExclusiveProcess,
-            &mut record.sharing,
-        )?;
+        set_compute_mode(inner, uid, entry, i, g.index, ComputeMode::ExclusiveProcess)?;
     }
     let daemon = inner.mps.start(&DaemonConfig {
         id: id.clone(),
@@ -570,7 +578,7 @@ fn shared_gpu(
         active_thread_percentage: None,
         pinned_memory_limits: BTreeMap::new(),
     })?;
-    record.sharing.mps_daemon = Some(daemon);
+    entry.devices[i].sharing.mps_daemon = Some(daemon);
     failpoint("prepare-after-mps");
     let pinned_mib = (consumed / MIB).max(1);
     let percent = consumed

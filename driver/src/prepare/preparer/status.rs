@@ -120,7 +120,7 @@ pub(crate) async fn publish(inner: &Inner, claim: &ClaimRef, entry: &ClaimEntry)
 /// Removes our entries of an unprepared claim: read, drop the entries of
 /// this driver and node, write back under the read `resourceVersion`
 /// (retried on conflicts). Entries of other drivers are kept as they are.
-pub(crate) async fn clear(inner: &Inner, claim: &ClaimRef, _entry: &ClaimEntry) {
+pub(crate) async fn clear(inner: &Inner, claim: &ClaimRef) {
     let api: Api<ResourceClaim> = Api::namespaced(inner.client.clone(), &claim.namespace);
     for _ in 0..3 {
         let mut object = match api.get_opt(&claim.name).await {

@@ -1,0 +1,425 @@
+//! Concurrent claim preparation, end to end (real plugin binary, fake NVML,
+//! kubelet simulator, test API server):
+//!
+//! - 64 claims on the 8 GPUs of a DGX H100 with `--dynamic-mig`, prepared at
+//!   once (64 concurrent kubelet calls, and one call of 64 claims): every
+//!   one of the seven 1g.10gb placements of every GPU, plus one claim per GPU
+//!   for the whole GPU, which overlaps them. Every call is answered (no lock
+//!   timeout, no hang) and no device goes to two claims: per GPU, whichever
+//!   claim got the GPU's lock first decides: either the seven MIG claims
+//!   hold the GPU and the whole-GPU claim is refused, or the whole-GPU claim
+//!   holds it and the seven are refused, each refusal with the exclusivity
+//!   message naming a claim that holds the GPU, and leaving nothing. The MIG
+//!   devices created have distinct UUIDs. A retry of every refused claim is
+//!   refused again; unprepare of all 64 at once leaves nothing.
+//! - Prepares on different GPUs overlap: while a prepare on GPU 0 waits for
+//!   its MPS daemon, a prepare on GPU 1 completes, and one on GPU 0 waits.
+//!   Shown by the order of completion (with the margin of the plugin's MPS
+//!   readiness timeout), never by measuring durations.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use common::prepare::{Node, gpu_config, node, result};
+use common::{DRIVER, NODE};
+use futures::FutureExt;
+use gpu_dra_e2e::kubelet::{Claim, DraVersion, PrepareResult};
+use serde_json::{Value, json};
+
+/// Bound on everything one round of 64 calls may take: generous, a hang or
+/// a lock timeout shows as a failure instead of a stuck test.
+const ROUND_LIMIT: Duration = Duration::from_secs(120);
+const GPUS: u32 = 8;
+const PLACEMENTS: usize = 7;
+
+/// The exclusivity refusal (preparer's `PrepareError::Conflict`).
+const CONFLICT: &str = "a device is never given to two claims";
+
+/// One claim of the 64.
+struct Planned {
+    claim: Claim,
+    gpu: u32,
+    /// Whole GPU (else a 1g.10gb MIG device).
+    whole: bool,
+}
+
+/// The 64 claims: per GPU its seven 1g.10gb placements (from the published
+/// slices) and the whole GPU, the whole-GPU claim among the MIG claims.
+async fn sixty_four(n: &Node) -> Vec<Planned> {
+    let names = n.device_names().await;
+    let mut out = Vec::new();
+    for gpu in 0..GPUS {
+        let prefix = format!("gpu-{gpu}-mig-1g10gb-19-");
+        let mut placements: Vec<&String> =
+            names.iter().filter(|d| d.starts_with(&prefix)).collect();
+        placements.sort();
+        assert_eq!(
+            placements.len(),
+            PLACEMENTS,
+            "1g.10gb placements of GPU {gpu}: {placements:?}"
+        );
+        for (i, device) in placements.into_iter().enumerate() {
+            if i == 3 {
+                let claim = n
+                    .claim(
+                        &format!("whole-{gpu}"),
+                        json!([result("gpu", &format!("gpu-{gpu}"))]),
+                        json!([]),
+                    )
+                    .await;
+                out.push(Planned {
+                    claim,
+                    gpu,
+                    whole: true,
+                });
+            }
+            let claim = n
+                .claim(
+                    &format!("mig-{gpu}-{i}"),
+                    json!([result("mig", device)]),
+                    json!([]),
+                )
+                .await;
+            out.push(Planned {
+                claim,
+                gpu,
+                whole: false,
+            });
+        }
+    }
+    assert_eq!(out.len(), 64);
+    out
+}
+
+/// Prepares every claim with one concurrent kubelet call each.
+async fn prepare_concurrently(n: &Node, claims: &[Claim]) -> BTreeMap<String, PrepareResult> {
+    let calls = claims
+        .iter()
+        .map(|c| n.kubelet.prepare(std::slice::from_ref(c)));
+    let answers = tokio::time::timeout(ROUND_LIMIT, futures::future::join_all(calls))
+        .await
+        .unwrap_or_else(|_| panic!("prepares still running after {ROUND_LIMIT:?}\n{}", n.logs()));
+    let mut out = BTreeMap::new();
+    for (claim, answer) in claims.iter().zip(answers) {
+        let mut answer = answer
+            .unwrap_or_else(|e| panic!("prepare of {} failed: {e}\n{}", claim.name, n.logs()));
+        out.insert(claim.uid.clone(), answer.remove(&claim.uid).unwrap());
+    }
+    out
+}
+
+/// Prepares every claim in one kubelet call.
+async fn prepare_batch(n: &Node, claims: &[Claim]) -> BTreeMap<String, PrepareResult> {
+    tokio::time::timeout(ROUND_LIMIT, n.kubelet.prepare(claims))
+        .await
+        .unwrap_or_else(|_| panic!("batch still running after {ROUND_LIMIT:?}\n{}", n.logs()))
+        .unwrap_or_else(|e| panic!("batch prepare failed: {e}\n{}", n.logs()))
+}
+
+/// Our entries in the claim's `status.devices`.
+async fn our_status(n: &Node, claim: &Claim) -> Vec<Value> {
+    n.status_devices(claim)
+        .await
+        .into_iter()
+        .filter(|d| d["driver"] == DRIVER && d["pool"] == NODE)
+        .collect()
+}
+
+/// The claim a refusal names (`... already prepared for claim ns/name (uid)`).
+fn holder(error: &str) -> &str {
+    error
+        .split_once("already prepared for claim default/")
+        .and_then(|(_, rest)| rest.split_once(' '))
+        .map_or("", |(name, _)| name)
+}
+
+/// Checks the outcome of a round (see the module docs); returns the names
+/// of the claims that hold devices.
+async fn check_round(
+    n: &Node,
+    planned: &[Planned],
+    results: &BTreeMap<String, PrepareResult>,
+) -> BTreeSet<String> {
+    let ok = |p: &Planned| results[&p.claim.uid].error.is_none();
+    let winners: BTreeSet<String> = planned
+        .iter()
+        .filter(|p| ok(p))
+        .map(|p| p.claim.name.clone())
+        .collect();
+    let mut mig_uuids = BTreeSet::new();
+    for gpu in 0..GPUS {
+        let on_gpu: Vec<&Planned> = planned.iter().filter(|p| p.gpu == gpu).collect();
+        let whole = on_gpu.iter().find(|p| p.whole).unwrap();
+        let migs_ok = on_gpu.iter().filter(|p| !p.whole && ok(p)).count();
+        let expected = if ok(whole) { 0 } else { PLACEMENTS };
+        assert_eq!(
+            migs_ok,
+            expected,
+            "GPU {gpu}: whole-GPU claim {}, {migs_ok} MIG claims prepared: {:?}\n{}",
+            if ok(whole) { "prepared" } else { "refused" },
+            on_gpu
+                .iter()
+                .map(|p| (&p.claim.name, &results[&p.claim.uid].error))
+                .collect::<Vec<_>>(),
+            n.logs()
+        );
+        for p in on_gpu {
+            let r = &results[&p.claim.uid];
+            let status = our_status(n, &p.claim).await;
+            if let Some(error) = &r.error {
+                // Refused by the exclusivity rule, in favour of a claim that
+                // holds this GPU; nothing left behind.
+                assert!(
+                    error.contains(CONFLICT),
+                    "{}: {error}\n{}",
+                    p.claim.name,
+                    n.logs()
+                );
+                let by = holder(error);
+                let same_gpu = planned
+                    .iter()
+                    .any(|q| q.claim.name == by && q.gpu == gpu && winners.contains(by));
+                assert!(
+                    same_gpu,
+                    "{} refused for {by:?}, not a holder of GPU {gpu}: {error}",
+                    p.claim.name
+                );
+                assert!(r.devices.is_empty(), "{}: {:?}", p.claim.name, r.devices);
+                assert!(!n.spec_path(&p.claim).exists(), "{}", p.claim.name);
+                assert!(status.is_empty(), "{}: {status:?}", p.claim.name);
+                continue;
+            }
+            assert_eq!(r.devices.len(), 1, "{}: {:?}", p.claim.name, r.devices);
+            assert!(n.spec_path(&p.claim).is_file(), "{}", p.claim.name);
+            assert_eq!(status.len(), 1, "{}: {status:?}", p.claim.name);
+            let uuid = status[0]["data"]["uuid"].as_str().unwrap_or_default();
+            if p.whole {
+                assert!(uuid.starts_with("GPU-"), "{}: {status:?}", p.claim.name);
+            } else {
+                assert!(uuid.starts_with("MIG-"), "{}: {status:?}", p.claim.name);
+                assert!(
+                    mig_uuids.insert(uuid.to_owned()),
+                    "MIG UUID {uuid} given twice (again to {})",
+                    p.claim.name
+                );
+            }
+        }
+    }
+    let whole_won = planned.iter().filter(|p| p.whole && ok(p)).count();
+    eprintln!(
+        "GPUs held by their MIG claims: {}, by their whole-GPU claim: {whole_won}",
+        GPUS as usize - whole_won
+    );
+    // What the node holds matches the answers exactly.
+    let mut entries = n.checkpoint_claims();
+    entries.sort();
+    let mut expected: Vec<String> = planned
+        .iter()
+        .filter(|p| ok(p))
+        .map(|p| p.claim.uid.clone())
+        .collect();
+    expected.sort();
+    assert_eq!(entries, expected, "checkpoint entries\n{}", n.logs());
+    assert_eq!(n.cdi_files().len(), winners.len(), "{:?}", n.cdi_files());
+    assert_eq!(
+        n.mig_instances().len(),
+        mig_uuids.len(),
+        "MIG instances in NVML: {:?}",
+        n.mig_instances()
+    );
+    assert_eq!(
+        n.mig_caps().len(),
+        2 * mig_uuids.len(),
+        "{:?}",
+        n.mig_caps()
+    );
+    winners
+}
+
+/// Unprepares all claims at once and checks nothing is left.
+async fn unprepare_all(n: &Node, planned: &[Planned]) {
+    let calls = planned
+        .iter()
+        .map(|p| n.kubelet.unprepare(std::slice::from_ref(&p.claim)));
+    let answers = tokio::time::timeout(ROUND_LIMIT, futures::future::join_all(calls))
+        .await
+        .unwrap_or_else(|_| panic!("unprepares still running after {ROUND_LIMIT:?}"));
+    for (p, answer) in planned.iter().zip(answers) {
+        let answer = answer.unwrap_or_else(|e| panic!("unprepare of {}: {e}", p.claim.name));
+        assert_eq!(
+            answer[&p.claim.uid].error,
+            None,
+            "{}\n{}",
+            p.claim.name,
+            n.logs()
+        );
+        let status = our_status(n, &p.claim).await;
+        assert!(status.is_empty(), "{}: {status:?}", p.claim.name);
+    }
+    assert!(n.checkpoint_claims().is_empty(), "{:?}", n.checkpoint());
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    assert!(n.mig_instances().is_empty(), "{:?}", n.mig_instances());
+    assert!(n.mig_caps().is_empty(), "{:?}", n.mig_caps());
+}
+
+/// The whole scenario, the first round sent by `round`.
+async fn sixty_four_claims(batch: bool) {
+    let n = node("dgx-h100", &["--dynamic-mig"], DraVersion::V1).await;
+    let planned = sixty_four(&n).await;
+    let claims: Vec<Claim> = planned.iter().map(|p| p.claim.clone()).collect();
+    let results = if batch {
+        prepare_batch(&n, &claims).await
+    } else {
+        prepare_concurrently(&n, &claims).await
+    };
+    assert_eq!(results.len(), 64);
+    let winners = check_round(&n, &planned, &results).await;
+
+    // The state is settled now: every refused claim is refused again.
+    let losers: Vec<Claim> = planned
+        .iter()
+        .filter(|p| !winners.contains(&p.claim.name))
+        .map(|p| p.claim.clone())
+        .collect();
+    assert_eq!(losers.len(), 64 - winners.len());
+    let again = prepare_concurrently(&n, &losers).await;
+    for c in &losers {
+        let e = again[&c.uid].error.as_deref().unwrap_or_default();
+        assert!(e.contains(CONFLICT), "{}: {e:?}", c.name);
+    }
+    // And the prepared ones answer the same devices again.
+    let mut all = results.clone();
+    all.extend(again);
+    assert_eq!(
+        check_round(&n, &planned, &all).await,
+        winners,
+        "a retry changed the outcome"
+    );
+
+    unprepare_all(&n, &planned).await;
+}
+
+#[tokio::test]
+async fn sixty_four_concurrent_calls_on_eight_gpus_never_share_a_device() {
+    sixty_four_claims(false).await;
+}
+
+#[tokio::test]
+async fn one_call_of_sixty_four_claims_on_eight_gpus_never_shares_a_device() {
+    sixty_four_claims(true).await;
+}
+
+#[tokio::test]
+async fn prepares_on_different_gpus_overlap() {
+    let n = node("t4-inference", &[], DraVersion::V1).await;
+    // A: an MPS claim on GPU 0 whose daemon never gets ready, so its
+    // prepare holds GPU 0's lock until the plugin's readiness timeout
+    // (seconds) and then fails.
+    n.env
+        .driver_root
+        .set_behaviour(&fake_driver_root::Behaviour {
+            mps_never_ready: true,
+            ..fake_driver_root::Behaviour::default()
+        })
+        .unwrap();
+    let slow = n
+        .claim(
+            "slow",
+            json!([result("gpu", "gpu-0")]),
+            json!([gpu_config(json!({"strategy": "MPS"}))]),
+        )
+        .await;
+    // B: GPU 1. C: GPU 0 again.
+    let other = n
+        .claim("other-gpu", json!([result("gpu", "gpu-1")]), json!([]))
+        .await;
+    let same = n
+        .claim("same-gpu", json!([result("gpu", "gpu-0")]), json!([]))
+        .await;
+
+    let call_a = n.kubelet.prepare(std::slice::from_ref(&slow));
+    tokio::pin!(call_a);
+    // Drive A until it is inside its hardware step (the daemon was
+    // started), that is, holding GPU 0.
+    let limit = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        tokio::select! {
+            r = &mut call_a => panic!("A finished before its daemon started: {r:?}\n{}", n.logs()),
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+        let started = n
+            .env
+            .driver_root
+            .mps_control_calls()
+            // A line being written reads as malformed: not yet.
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.args.first().is_some_and(|a| a == "-d"));
+        if started {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < limit,
+            "A's daemon never started\n{}",
+            n.logs()
+        );
+    }
+
+    // B, on another GPU, completes while A still runs.
+    let call_b = n.kubelet.prepare(std::slice::from_ref(&other));
+    tokio::pin!(call_b);
+    let (rb, mut ra) = tokio::select! {
+        biased;
+        r = &mut call_b => (r.unwrap(), None),
+        r = &mut call_a => match (&mut call_b).now_or_never() {
+            // Both answered by the time this task ran: no order to see.
+            Some(rb) => (rb.unwrap(), Some(r)),
+            None => panic!("A finished before B (B waited for GPU 0's lock?): {r:?}\n{}", n.logs()),
+        },
+    };
+    assert_eq!(rb[&other.uid].error, None, "{}", n.logs());
+
+    // C, on A's GPU, is answered only after A: when C's answer is there,
+    // A's is too (within a second; a C that did not wait would be seconds
+    // ahead of A's readiness timeout).
+    let call_c = n.kubelet.prepare(std::slice::from_ref(&same));
+    tokio::pin!(call_c);
+    let rc = if ra.is_some() {
+        call_c.await
+    } else {
+        let (a_done, rc) = tokio::select! {
+            biased;
+            r = &mut call_a => (r, call_c.await),
+            r = &mut call_c => match tokio::time::timeout(Duration::from_secs(1), &mut call_a).await {
+                Ok(a_done) => (a_done, r),
+                Err(elapsed) => panic!("C finished before A ({elapsed}) on the same GPU: {r:?}\n{}", n.logs()),
+            },
+        };
+        ra = Some(a_done);
+        rc
+    };
+    let ra = ra.unwrap().unwrap();
+    let rc = rc.unwrap();
+    let error = ra[&slow.uid].error.clone().unwrap_or_default();
+    assert!(error.contains("not ready"), "A: {error:?}\n{}", n.logs());
+    assert_eq!(rc[&same.uid].error, None, "{}", n.logs());
+
+    // A's failure left nothing: no daemon, compute mode back.
+    assert_eq!(n.mps_daemons(), 0, "{}", n.logs());
+    assert_eq!(n.processes(), 0, "{}", n.logs());
+    assert!(!n.spec_path(&slow).exists());
+    let mut entries = n.checkpoint_claims();
+    entries.sort();
+    let mut expected = vec![other.uid.clone(), same.uid.clone()];
+    expected.sort();
+    assert_eq!(entries, expected);
+    let modes = n.compute_modes();
+    assert!(modes.values().all(|m| m == "Default"), "{modes:?}");
+
+    n.unprepare_ok(&other).await;
+    n.unprepare_ok(&same).await;
+    assert!(n.checkpoint_claims().is_empty());
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+}

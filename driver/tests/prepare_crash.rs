@@ -1,0 +1,312 @@
+//! Crash safety of claim preparation, end to end: the real plugin binary is
+//! made to abort (`GPU_DRA_FAILPOINT`, `std::process::abort`: for the files,
+//! daemons and fake hardware the same as SIGKILL) at every step of a
+//! prepare, of an unprepare, and of the checkpoint write, then restarted on
+//! the same machine (fake NVML state file, proc and dev roots, driver root,
+//! plugin state directory). Startup recovery must leave the node either
+//! clean (a half-prepared claim) or fully prepared (a completed one); the
+//! same prepare then succeeds, an unprepare succeeds, and nothing is left:
+//! no MIG instance (fake NVML state and capability files), no MPS daemon
+//! (directories and processes), no CDI file, no checkpoint entry, no
+//! `status.devices` entry of ours, every compute mode back to `Default`.
+//!
+//! The claim exercises every step: a whole GPU with time-slicing
+//! (`nvidia-smi compute-policy`), a whole GPU with an MPS config (MIG mode
+//! check, compute mode change, a control daemon), then a dynamic MIG
+//! device on another GPU with a `MigDeviceConfig` MPS config (GPU instance
+//! and compute instance creation, capability nodes, a second daemon), on a
+//! DGX H100 with `--dynamic-mig`.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
+
+use common::prepare::{Node, gpu_config, mig_config, node_with, result};
+use common::{DRIVER, NODE};
+use gpu_dra_e2e::kubelet::{Claim, DraVersion};
+use serde_json::json;
+
+const PROFILE: &str = "dgx-h100";
+const FLAGS: &[&str] = &["--dynamic-mig"];
+const FAILPOINT: &str = "GPU_DRA_FAILPOINT";
+/// The whole GPU with MPS; the MIG device is on GPU 0.
+const WHOLE: &str = "gpu-1";
+/// The whole GPU with time-slicing.
+const TIME_SLICED: &str = "gpu-2";
+
+/// The claim described in the module docs (and a time-sliced GPU first):
+/// `(claim, MIG device name)`.
+async fn full_claim(n: &Node) -> (Claim, String) {
+    let names = n.device_names().await;
+    let mig = names
+        .iter()
+        .find(|d| d.starts_with("gpu-0-mig-1g10gb-19-"))
+        .unwrap_or_else(|| panic!("no 1g.10gb placement on GPU 0 in {names:?}"))
+        .clone();
+    let mut whole = gpu_config(json!({"strategy": "MPS", "mpsConfig": {
+        "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "8Gi"}}));
+    whole["requests"] = json!(["whole"]);
+    let mut time_sliced =
+        gpu_config(json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}));
+    time_sliced["requests"] = json!(["ts"]);
+    let claim = n
+        .claim(
+            "crash",
+            json!([
+                result("ts", TIME_SLICED),
+                result("whole", WHOLE),
+                result("mig", &mig)
+            ]),
+            json!([
+                time_sliced,
+                whole,
+                mig_config(
+                    &["mig"],
+                    json!({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 20}})
+                ),
+            ]),
+        )
+        .await;
+    (claim, mig)
+}
+
+/// Our entries in the claim's `status.devices`.
+async fn our_status(n: &Node, claim: &Claim) -> Vec<serde_json::Value> {
+    n.status_devices(claim)
+        .await
+        .into_iter()
+        .filter(|d| d["driver"] == DRIVER && d["pool"] == NODE)
+        .collect()
+}
+
+/// Asserts that the node holds nothing of `claim`.
+async fn assert_clean(n: &Node, claim: &Claim, when: &str) {
+    let gis = n.mig_instances();
+    assert!(
+        gis.is_empty(),
+        "{when}: MIG instances left in NVML: {gis:?}\n{}",
+        n.logs()
+    );
+    let caps = n.mig_caps();
+    assert!(
+        caps.is_empty(),
+        "{when}: MIG capability files left: {caps:?}\n{}",
+        n.logs()
+    );
+    assert_eq!(
+        n.mps_daemons(),
+        0,
+        "{when}: MPS daemon directories left\n{}",
+        n.logs()
+    );
+    assert_eq!(n.processes(), 0, "{when}: MPS processes left\n{}", n.logs());
+    let files = n.cdi_files();
+    assert!(
+        files.is_empty(),
+        "{when}: CDI files left: {files:?}\n{}",
+        n.logs()
+    );
+    let entries = n.checkpoint_claims();
+    assert!(
+        entries.is_empty(),
+        "{when}: checkpoint entries left: {entries:?}\n{}",
+        n.logs()
+    );
+    {
+        let modes = n.compute_modes();
+        assert!(
+            modes.values().all(|m| m == "Default"),
+            "{when}: compute modes not restored: {modes:?}\n{}",
+            n.logs()
+        );
+        let slices = n.env.driver_root.gpu_state().unwrap().timeslice;
+        assert!(
+            slices.values().all(|v| *v == 0),
+            "{when}: time-slice intervals not reset: {slices:?}\n{}",
+            n.logs()
+        );
+    }
+    let status = our_status(n, claim).await;
+    assert!(
+        status.is_empty(),
+        "{when}: status.devices entries left: {status:?}\n{}",
+        n.logs()
+    );
+}
+
+/// Asserts that the node holds `claim` fully prepared: two daemons
+/// running, the MIG instance with its capability files, the CDI spec, the
+/// completed checkpoint entry, GPU 1 in exclusive-process mode.
+fn assert_prepared(n: &Node, claim: &Claim, when: &str) {
+    assert_eq!(n.mig_instances().len(), 1, "{when}\n{}", n.logs());
+    assert_eq!(n.mig_caps().len(), 2, "{when}: gi and ci\n{}", n.logs());
+    assert_eq!(n.mps_daemons(), 2, "{when}\n{}", n.logs());
+    assert!(
+        n.live_processes().len() >= 2,
+        "{when}: daemons not running\n{}",
+        n.logs()
+    );
+    assert!(n.spec_path(claim).is_file(), "{when}\n{}", n.logs());
+    assert_eq!(
+        n.checkpoint()["entries"][&claim.uid]["entry"]["state"],
+        "PrepareCompleted",
+        "{when}: {}\n{}",
+        n.checkpoint(),
+        n.logs()
+    );
+    let modes = n.compute_modes();
+    assert_eq!(
+        modes.values().filter(|m| *m == "ExclusiveProcess").count(),
+        1,
+        "{when}: {modes:?}\n{}",
+        n.logs()
+    );
+    let slices = n.env.driver_root.gpu_state().unwrap().timeslice;
+    assert_eq!(
+        slices.values().filter(|v| **v == 3).count(),
+        1,
+        "{when}: {slices:?}\n{}",
+        n.logs()
+    );
+}
+
+/// Waits for the aborted plugin and checks it died at the failpoint.
+fn assert_aborted(n: &mut Node, failpoint: &str) {
+    let status = n.plugin.wait_exit(Duration::from_secs(10));
+    assert_eq!(
+        status.signal(),
+        Some(6),
+        "{failpoint}: the plugin did not abort: {status}\n{}",
+        n.logs()
+    );
+    assert!(
+        n.plugin.stderr().contains("failpoint hit"),
+        "{failpoint}: not aborted by the failpoint\n{}",
+        n.logs()
+    );
+}
+
+/// A successful prepare of `claim` as the claim shape expects it.
+async fn prepare_and_check(n: &Node, claim: &Claim, mig: &str) {
+    let r = n.prepare_ok(claim).await;
+    let mut devices: Vec<&str> = r.devices.iter().map(|d| d.device_name.as_str()).collect();
+    devices.sort_unstable();
+    let mut expected = vec![TIME_SLICED, WHOLE, mig];
+    expected.sort_unstable();
+    assert_eq!(devices, expected, "{}", n.logs());
+    assert_prepared(n, claim, "after the prepare");
+    let status = our_status(n, claim).await;
+    assert_eq!(
+        status.len(),
+        3,
+        "status.devices after the prepare: {status:?}\n{}",
+        n.logs()
+    );
+    let mig_entry = status
+        .iter()
+        .find(|d| d["device"] == mig)
+        .unwrap_or_else(|| panic!("{mig} not in {status:?}"));
+    assert!(
+        mig_entry["data"]["uuid"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("MIG-")),
+        "{status:?}"
+    );
+}
+
+/// Crash in a prepare at `failpoint`, restart, recovery, prepare again,
+/// unprepare.
+async fn crash_in_prepare(failpoint: &str) {
+    let mut n = node_with(PROFILE, FLAGS, DraVersion::V1, &[(FAILPOINT, failpoint)]).await;
+    let (claim, mig) = full_claim(&n).await;
+    let answer = n.kubelet.prepare(std::slice::from_ref(&claim)).await;
+    assert!(
+        answer.is_err(),
+        "{failpoint}: the prepare was answered: {answer:?}\n{}",
+        n.logs()
+    );
+    assert_aborted(&mut n, failpoint);
+
+    n.restart(&[]).await;
+    if failpoint == "prepare-after-completed" {
+        // Completed before the crash: kept, daemons re-adopted.
+        assert_prepared(&n, &claim, &format!("{failpoint}: after recovery"));
+    } else {
+        // Half-prepared: recovery undid everything.
+        assert_clean(&n, &claim, &format!("{failpoint}: after recovery")).await;
+    }
+    prepare_and_check(&n, &claim, &mig).await;
+    n.unprepare_ok(&claim).await;
+    assert_clean(&n, &claim, &format!("{failpoint}: after the unprepare")).await;
+    assert_no_temp_files(&n);
+}
+
+/// Prepare, crash in the unprepare at `failpoint`, restart, unprepare
+/// again.
+async fn crash_in_unprepare(failpoint: &str) {
+    let mut n = node_with(PROFILE, FLAGS, DraVersion::V1, &[]).await;
+    let (claim, mig) = full_claim(&n).await;
+    prepare_and_check(&n, &claim, &mig).await;
+
+    n.restart(&[(FAILPOINT, failpoint)]).await;
+    let answer = n.kubelet.unprepare(std::slice::from_ref(&claim)).await;
+    assert!(
+        answer.is_err(),
+        "{failpoint}: the unprepare was answered: {answer:?}\n{}",
+        n.logs()
+    );
+    assert_aborted(&mut n, failpoint);
+
+    n.restart(&[]).await;
+    n.unprepare_ok(&claim).await;
+    assert_clean(&n, &claim, &format!("{failpoint}: after the unprepare")).await;
+    assert_no_temp_files(&n);
+    // Once more: an unprepare of a claim no longer known succeeds.
+    n.unprepare_ok(&claim).await;
+}
+
+/// No temp file of an interrupted checkpoint write is left once later
+/// writes succeeded.
+fn assert_no_temp_files(n: &Node) {
+    let temps: Vec<std::path::PathBuf> = std::fs::read_dir(n.state_dir())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "tmp"))
+        .collect();
+    assert!(temps.is_empty(), "{temps:?}\n{}", n.logs());
+}
+
+macro_rules! crash_tests {
+    ($runner:ident: $($name:ident => $failpoint:literal;)*) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                $runner($failpoint).await;
+            }
+        )*
+    };
+}
+
+crash_tests! { crash_in_prepare:
+    prepare_crash_after_started => "prepare-after-started";
+    prepare_crash_after_mig => "prepare-after-mig";
+    prepare_crash_after_mps => "prepare-after-mps";
+    prepare_crash_after_cdi => "prepare-after-cdi";
+    prepare_crash_after_completed => "prepare-after-completed";
+    prepare_crash_before_checkpoint_temp_write => "checkpoint-before-temp-write";
+    prepare_crash_mid_checkpoint_temp_write => "checkpoint-mid-temp-write";
+    prepare_crash_after_checkpoint_temp_write => "checkpoint-after-temp-write";
+    prepare_crash_after_checkpoint_rename => "checkpoint-after-rename";
+    prepare_crash_after_checkpoint_dir_sync => "checkpoint-after-dir-sync";
+}
+
+crash_tests! { crash_in_unprepare:
+    unprepare_crash_after_undo => "unprepare-after-undo";
+    unprepare_crash_before_checkpoint_temp_write => "checkpoint-before-temp-write";
+    unprepare_crash_mid_checkpoint_temp_write => "checkpoint-mid-temp-write";
+    unprepare_crash_after_checkpoint_temp_write => "checkpoint-after-temp-write";
+    unprepare_crash_after_checkpoint_rename => "checkpoint-after-rename";
+    unprepare_crash_after_checkpoint_dir_sync => "checkpoint-after-dir-sync";
+}
