@@ -1,43 +1,67 @@
-//! `bench`: the project's benchmarks (measurements, not timed tests). Each
-//! benchmark runs the real release binaries against the in-process test API
-//! server and the fake NVML, and every result lands in one table (Markdown,
-//! on stdout) with the goal it is judged against.
+//! `bench`: every benchmark of the project in one run and one table
+//! (measurements, not timed tests). The plugin benchmarks run the release
+//! `gpu-kubelet-plugin` against the in-process test API server, the fake
+//! NVML and a fake driver root, driven by the kubelet simulator over the
+//! plugin's real sockets; the webhook, CEL and allocator benchmarks are run
+//! by their own commands through cargo. Every result lands in one Markdown
+//! table on stdout, with the goal it is judged against and a verdict.
 //!
 //! ```text
-//! cargo build --release -p gpu-kubelet-plugin -p gpu-dra-e2e -p mock-nvml
-//! target/release/bench [--runs N] [--only SUBSTRING] [--env KEY=VALUE] [--smaps DIR]
+//! cargo run --release -p gpu-dra-e2e --bin bench [-- OPTIONS]
+//! target/release/bench [--runs N] [--iterations N] [--cycles N] [--only SUBSTRING]
+//!                      [--no-build] [--env KEY=VALUE] [--smaps DIR]
 //! ```
 //!
-//! The plugin binary is looked up next to this one (`target/release/`), the
-//! fake `libnvidia_ml.so` there too (`cargo build --release -p mock-nvml`).
-//! Add a benchmark by appending to [`BENCHMARKS`].
+//! Before measuring, the bench builds the release plugin and fake NVML
+//! (`cargo build --release -p gpu-kubelet-plugin -p mock-nvml`, a no-op when
+//! they are fresh) unless `--no-build`; the plugin is looked up next to this
+//! binary. Add a benchmark by appending to [`BENCHMARKS`].
 
-use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+// The modules live in `bench/` (a binary's root file looks for them next
+// to itself otherwise).
+#[path = "bench/external.rs"]
+mod external;
+#[path = "bench/node.rs"]
+mod node;
+#[path = "bench/prepare.rs"]
+mod prepare;
+#[path = "bench/start.rs"]
+mod start;
+#[path = "bench/table.rs"]
+mod table;
+
+use std::path::PathBuf;
+use std::process::Command;
 
 use anyhow::{Context as _, bail};
 use clap::Parser as _;
-use gpu_dra_e2e::apiserver::{
-    DeleteOptions, Resource, ServerOptions, Store, TestApiServer, ValidationRules, WriteOptions,
-};
-use serde_json::{Value, json};
+
+use table::{Row, Values};
 
 #[derive(Debug, clap::Parser)]
-#[command(name = "bench", about = "Benchmarks of the GPU DRA driver's programs")]
+#[command(name = "bench", about = "Benchmarks of the GPU DRA driver")]
 struct Args {
-    /// Runs per benchmark.
+    /// Runs of the plugin start benchmarks and of the 64-concurrent-claims
+    /// benchmark.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
     runs: u32,
+    /// Timed prepare/unprepare cycles per kind of claim.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    iterations: u32,
+    /// Prepare/unprepare cycles of the resident-memory benchmark.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(2..=1_000_000))]
+    cycles: u32,
     /// Run only the benchmarks whose name contains this.
     #[arg(long)]
     only: Option<String>,
-    /// Extra environment of the measured programs (`KEY=VALUE`, repeatable),
+    /// Do not build the plugin and the fake NVML first.
+    #[arg(long)]
+    no_build: bool,
+    /// Extra environment of the measured plugins (`KEY=VALUE`, repeatable),
     /// for experiments such as `MALLOC_ARENA_MAX=1`.
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
     envs: Vec<(String, String)>,
-    /// Copy each measured plugin's `/proc/<pid>/smaps` (read with its
+    /// Copy each started plugin's `/proc/<pid>/smaps` (read with its
     /// status) into this directory, to see where its resident memory is.
     #[arg(long, value_name = "DIR")]
     smaps: Option<PathBuf>,
@@ -50,110 +74,162 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// A named benchmark: runs `runs` times and returns its rows.
+/// How much each benchmark does.
+pub struct Settings {
+    /// Plugin starts; runs of 64 concurrent claims.
+    pub runs: u32,
+    /// Timed prepares per kind of claim.
+    pub iterations: usize,
+    /// Cycles of the memory benchmark.
+    pub cycles: usize,
+}
+
+/// A named benchmark: returns its rows.
 struct Benchmark {
     name: &'static str,
-    run: fn(&Ctx, &'static str, u32) -> anyhow::Result<Vec<Row>>,
+    run: fn(&Ctx, &'static str, &Settings) -> anyhow::Result<Vec<Row>>,
 }
 
 /// Every benchmark, in table order.
 const BENCHMARKS: &[Benchmark] = &[
     Benchmark {
+        name: "prepare, whole GPU",
+        run: |ctx, name, s| prepare::latency(ctx, name, s, prepare::Kind::WholeGpu),
+    },
+    Benchmark {
+        name: "prepare, MPS",
+        run: |ctx, name, s| prepare::latency(ctx, name, s, prepare::Kind::Mps),
+    },
+    Benchmark {
+        name: "prepare, dynamic MIG 1g.10gb",
+        run: |ctx, name, s| prepare::latency(ctx, name, s, prepare::Kind::DynamicMig),
+    },
+    Benchmark {
+        name: "64 concurrent claims, 8 GPUs, memory-shared",
+        run: |ctx, name, s| prepare::concurrent(ctx, name, s, prepare::Crowd::MemoryShared),
+    },
+    Benchmark {
+        name: "56 concurrent claims, 8 GPUs, MIG 1g.10gb",
+        run: |ctx, name, s| prepare::concurrent(ctx, name, s, prepare::Crowd::Mig),
+    },
+    Benchmark {
+        name: "prepare/unprepare cycles, memory",
+        run: prepare::memory,
+    },
+    Benchmark {
         name: "plugin start, dgx-h100",
-        run: |ctx, name, runs| plugin_start(ctx, name, runs, &[]),
+        run: |ctx, name, s| start::plugin_start(ctx, name, s.runs, &[]),
     },
     Benchmark {
         name: "plugin start, dgx-h100, dynamic MIG",
-        run: |ctx, name, runs| plugin_start(ctx, name, runs, &["--dynamic-mig"]),
+        run: |ctx, name, s| start::plugin_start(ctx, name, s.runs, &["--dynamic-mig"]),
+    },
+    Benchmark {
+        name: "admission webhook",
+        run: |ctx, name, _| Ok(external::webhook(ctx, name)),
+    },
+    Benchmark {
+        name: "CEL selectors",
+        run: |ctx, name, _| Ok(external::cel(ctx, name)),
+    },
+    Benchmark {
+        name: "allocator, 1,000 nodes x 8 GPUs, dynamic MIG",
+        run: |ctx, name, _| Ok(external::allocator(ctx, name)),
     },
 ];
 
-/// What benchmarks share: the runtime, the binaries, a scratch directory.
-struct Ctx {
-    runtime: tokio::runtime::Runtime,
-    plugin_bin: PathBuf,
-    scratch: PathBuf,
-    envs: Vec<(String, String)>,
-    smaps: Option<PathBuf>,
+/// What benchmarks share: the runtime, the binaries, scratch directories.
+pub struct Ctx {
+    pub runtime: tokio::runtime::Runtime,
+    pub plugin_bin: PathBuf,
+    /// Under /tmp: the plugins' state (on disk, as
+    /// `/var/lib/kubelet/plugins` is on a node).
+    pub scratch: PathBuf,
+    /// What a node keeps in memory (CDI specs in `/var/run/cdi`, the GPUs'
+    /// state, `/proc`, `/dev`): a tmpfs when there is one (`/dev/shm`),
+    /// else under [`Self::scratch`].
+    pub volatile: PathBuf,
+    pub envs: Vec<(String, String)>,
+    pub smaps: Option<PathBuf>,
+    /// The cargo that runs the other crates' benchmarks.
+    pub cargo: PathBuf,
+    /// The workspace root (cargo's working directory).
+    pub workspace: PathBuf,
 }
 
-/// How a row's samples are judged.
-#[derive(Clone, Copy)]
-enum Goal {
-    /// The 95th percentile is below this.
-    P95Below(f64),
-    /// The maximum is below this.
-    MaxBelow(f64),
-}
-
-/// One line of the table.
-struct Row {
-    benchmark: String,
-    metric: String,
-    unit: &'static str,
-    samples: Vec<f64>,
-    goal: Option<Goal>,
-}
-
-impl Row {
-    fn new(benchmark: &str, metric: &str, unit: &'static str, samples: Vec<f64>) -> Self {
-        Self {
-            benchmark: benchmark.to_owned(),
-            metric: metric.to_owned(),
-            unit,
-            samples,
-            goal: None,
-        }
+impl Ctx {
+    /// A fresh directory for benchmark `name` in the scratch directory.
+    pub fn dir_for(&self, name: &str) -> PathBuf {
+        let slug: String = name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        self.scratch.join(slug)
     }
 
-    fn goal(mut self, goal: Goal) -> Self {
-        self.goal = Some(goal);
-        self
+    /// The volatile directory that goes with `dir` (under
+    /// [`Self::scratch`]): CDI specs, the GPUs' state, `/proc`, `/dev`.
+    pub fn volatile_for(&self, dir: &std::path::Path) -> PathBuf {
+        let relative = dir.strip_prefix(&self.scratch).unwrap_or(dir);
+        self.volatile.join(relative)
     }
 }
 
-/// The `p`-th percentile (nearest rank) of sorted samples.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+/// The machine, for the report: CPUs, CPU model, kernel, load, date.
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    format!(
+        "{date}; {cpus} CPUs ({model}), kernel {}, load average {}",
+        kernel.trim(),
+        load()
+    )
 }
 
-fn table(rows: &[Row]) -> String {
-    let mut out = String::from(
-        "| benchmark | metric | n | p50 | p95 | max | goal | met |\n|---|---|---|---|---|---|---|---|\n",
-    );
-    for row in rows {
-        let mut s = row.samples.clone();
-        s.sort_by(f64::total_cmp);
-        let (p50, p95, max) = (percentile(&s, 50.0), percentile(&s, 95.0), s[s.len() - 1]);
-        let (goal, met) = match row.goal {
-            Some(Goal::P95Below(g)) => (format!("p95 < {g} {}", row.unit), yes_no(p95 < g)),
-            Some(Goal::MaxBelow(g)) => (format!("max < {g} {}", row.unit), yes_no(max < g)),
-            None => (String::new(), ""),
-        };
-        let _ = writeln!(
-            out,
-            "| {} | {} ({}) | {} | {:.1} | {:.1} | {:.1} | {} | {} |",
-            row.benchmark,
-            row.metric,
-            row.unit,
-            s.len(),
-            p50,
-            p95,
-            max,
-            goal,
-            met
-        );
-    }
-    out
-}
-
-fn yes_no(b: bool) -> &'static str {
-    if b { "yes" } else { "NO" }
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("the e2e crate has no parent directory")?
+        .to_path_buf();
+    let cargo = std::env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from);
+    if !args.no_build {
+        eprintln!("bench: building the release plugin and fake NVML");
+        let status = Command::new(&cargo)
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "gpu-kubelet-plugin",
+                "-p",
+                "mock-nvml",
+            ])
+            .current_dir(&workspace)
+            .status()
+            .context("running cargo build")?;
+        if !status.success() {
+            bail!("cargo build --release -p gpu-kubelet-plugin -p mock-nvml failed ({status})");
+        }
+    }
     let exe = std::env::current_exe().context("locating the bench binary")?;
     let dir = exe.parent().context("the bench binary has no directory")?;
     let plugin_bin = dir.join("gpu-kubelet-plugin");
@@ -170,451 +246,157 @@ fn main() -> anyhow::Result<()> {
             .build()
             .context("starting the async runtime")?,
         plugin_bin,
-        scratch: scratch.0.clone(),
+        scratch: scratch.disk.clone(),
+        volatile: scratch.volatile.clone(),
         envs: args.envs.clone(),
         smaps: args.smaps.clone(),
+        cargo,
+        workspace,
     };
     if let Some(dir) = &ctx.smaps {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
+    let settings = Settings {
+        runs: args.runs,
+        iterations: args.iterations as usize,
+        cycles: args.cycles as usize,
+    };
+    let before = machine();
     eprintln!(
-        "bench: plugin {}, {} runs per benchmark, extra environment {:?}",
+        "bench: {before}; plugin {}, {} runs, {} iterations, {} cycles, extra environment {:?}",
         ctx.plugin_bin.display(),
-        args.runs,
+        settings.runs,
+        settings.iterations,
+        settings.cycles,
         ctx.envs
     );
     let mut rows = Vec::new();
+    let mut failed = Vec::new();
     for b in BENCHMARKS {
         if args.only.as_deref().is_some_and(|o| !b.name.contains(o)) {
             continue;
         }
-        eprintln!("bench: {}", b.name);
-        rows.extend((b.run)(&ctx, b.name, args.runs).with_context(|| b.name)?);
+        eprintln!("bench: {} (load average {})", b.name, load());
+        let started = std::time::Instant::now();
+        match (b.run)(&ctx, b.name, &settings) {
+            Ok(r) => rows.extend(r),
+            Err(e) => {
+                eprintln!("bench: {} failed: {e:?}", b.name);
+                rows.push(Row::with(
+                    b.name,
+                    "benchmark",
+                    "",
+                    Values::Missing(summary(&e)),
+                ));
+                failed.push(b.name);
+            }
+        }
+        eprintln!(
+            "bench: {} took {:.1} s",
+            b.name,
+            started.elapsed().as_secs_f64()
+        );
     }
-    print!("{}", table(&rows));
+    println!("Started {before}; ended with load average {}.\n", load());
+    print!("{}", table::render(&rows));
+    if !failed.is_empty() {
+        bail!("benchmarks failed: {}", failed.join(", "));
+    }
     Ok(())
 }
 
-/// A scratch directory under /tmp (short, for socket paths), removed on
-/// drop.
-struct Scratch(PathBuf);
+/// An error in one line for the table: its first line and, when it goes
+/// on (a plugin log), its last non-empty line.
+fn summary(e: &anyhow::Error) -> String {
+    let text = format!("{e:#}");
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next().unwrap_or_default();
+    match lines.next_back() {
+        Some(last) => format!("{first} … {last}").replace('|', "/"),
+        None => first.replace('|', "/"),
+    }
+}
+
+/// The scratch directories, removed on drop: `/tmp/bench-<pid>` (short,
+/// for socket paths) and, where `/dev/shm` is a tmpfs,
+/// `/dev/shm/bench-<pid>` for what a node keeps in memory.
+struct Scratch {
+    disk: PathBuf,
+    volatile: PathBuf,
+}
 
 impl Scratch {
     fn create() -> anyhow::Result<Self> {
-        let dir = PathBuf::from(format!("/tmp/bench-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(Self(dir))
+        let disk = PathBuf::from(format!("/tmp/bench-{}", std::process::id()));
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let volatile = if shm_is_tmpfs(&mounts) {
+            PathBuf::from(format!("/dev/shm/bench-{}", std::process::id()))
+        } else {
+            disk.join("volatile")
+        };
+        for dir in [&disk, &volatile] {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        Ok(Self { disk, volatile })
     }
+}
+
+/// Whether `/proc/mounts` shows `/dev/shm` as a tmpfs.
+fn shm_is_tmpfs(mounts: &str) -> bool {
+    mounts.lines().any(|l| {
+        let mut f = l.split_whitespace().skip(1);
+        f.next() == Some("/dev/shm") && f.next() == Some("tmpfs")
+    })
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_dir_all(&self.volatile);
+        let _ = std::fs::remove_dir_all(&self.disk);
     }
-}
-
-// ---------------------------------------------------------------------------
-// Plugin start: spawn to complete pool, phases, resident memory.
-
-/// The node the plugin runs as.
-const NODE: &str = "bench-node";
-
-/// What one start measured (milliseconds, MiB).
-struct StartRun {
-    /// Spawn to the complete pool in the API server's store.
-    total_ms: f64,
-    /// Spawn to each logged milestone, in order of [`MILESTONES`].
-    milestones_ms: Vec<f64>,
-    /// `VmRSS`, `VmHWM`, `RssAnon`, `RssFile` after the pool is published
-    /// and the plugin idles.
-    rss_mib: f64,
-    hwm_mib: f64,
-    anon_mib: f64,
-    file_mib: f64,
-    /// The test API server's own work for the pool: applying the same
-    /// slices to a fresh store in-process (validation, server-side apply).
-    store_ms: f64,
-    /// From deleting one slice in the store to the complete pool again.
-    repair_ms: f64,
-    slices: usize,
-    devices: usize,
-    /// `/proc/<pid>/smaps` at the time of the status, when asked for.
-    smaps: Option<String>,
-}
-
-/// Log messages of the plugin that mark startup phases.
-const MILESTONES: [&str; 6] = [
-    "NVML loaded",
-    "Kubernetes client ready",
-    "GPU inventory ready",
-    "serving kubelet plugin sockets",
-    "publishing ResourceSlices",
-    "ResourceSlice pool in sync",
-];
-
-fn plugin_start(ctx: &Ctx, name: &str, runs: u32, flags: &[&str]) -> anyhow::Result<Vec<Row>> {
-    let machine = ctx.scratch.join(name.replace([' ', ','], "_"));
-    let profile = nvidia_ml::fixture::bundled_profile("dgx-h100");
-    let library = nvidia_ml::fixture::install(&machine.join("nvml"), &profile, None)
-        .context("installing the fake NVML (build it with `cargo build --release -p mock-nvml`)")?;
-    let sysfs = machine.join("sys");
-    nvidia_ml::Profile::load(&profile)?.write_sysfs(&sysfs)?;
-
-    let mut measured = Vec::new();
-    for i in 0..runs {
-        let dir = machine.join(format!("run{i}"));
-        std::fs::create_dir_all(&dir)?;
-        let run = ctx
-            .runtime
-            .block_on(start_once(ctx, &dir, &library, &sysfs, flags))
-            .with_context(|| format!("run {i}"))?;
-        if let (Some(out), Some(smaps)) = (&ctx.smaps, &run.smaps) {
-            let file = out.join(format!("{}-run{i}.smaps", name.replace([' ', ','], "_")));
-            std::fs::write(&file, smaps).with_context(|| format!("writing {}", file.display()))?;
-        }
-        measured.push(run);
-    }
-    let col = |f: fn(&StartRun) -> f64| measured.iter().map(f).collect::<Vec<f64>>();
-    let phase = |from: Option<usize>, to: usize| {
-        measured
-            .iter()
-            .map(|r| r.milestones_ms[to] - from.map_or(0.0, |f| r.milestones_ms[f]))
-            .collect::<Vec<f64>>()
-    };
-    let first = &measured[0];
-    eprintln!(
-        "bench: {name}: pool of {} slices, {} devices",
-        first.slices, first.devices
-    );
-    Ok(vec![
-        Row::new(
-            name,
-            "spawn to complete pool in the API server",
-            "ms",
-            col(|r| r.total_ms),
-        )
-        .goal(Goal::P95Below(100.0)),
-        Row::new(name, "  spawn to NVML loaded", "ms", phase(None, 0)),
-        Row::new(
-            name,
-            "  NVML loaded to kube client ready",
-            "ms",
-            phase(Some(0), 1),
-        ),
-        Row::new(
-            name,
-            "  kube client to GPU inventory",
-            "ms",
-            phase(Some(1), 2),
-        ),
-        Row::new(
-            name,
-            "  inventory to sockets serving",
-            "ms",
-            phase(Some(2), 3),
-        ),
-        Row::new(
-            name,
-            "  sockets to first write (rules, Node, build, list)",
-            "ms",
-            phase(Some(3), 4),
-        ),
-        Row::new(
-            name,
-            "  writes until pool in sync (plugin's view)",
-            "ms",
-            phase(Some(4), 5),
-        ),
-        Row::new(
-            name,
-            "    API server's share: the same applies in-process",
-            "ms",
-            col(|r| r.store_ms),
-        ),
-        Row::new(name, "VmRSS after publishing", "MiB", col(|r| r.rss_mib))
-            .goal(Goal::MaxBelow(16.0)),
-        Row::new(name, "  RssAnon (heap, stacks)", "MiB", col(|r| r.anon_mib)),
-        Row::new(
-            name,
-            "  RssFile (binary, libraries)",
-            "MiB",
-            col(|r| r.file_mib),
-        ),
-        Row::new(name, "VmHWM (peak resident)", "MiB", col(|r| r.hwm_mib)),
-        Row::new(
-            name,
-            "repair: one slice deleted to complete pool again",
-            "ms",
-            col(|r| r.repair_ms),
-        )
-        .goal(Goal::P95Below(2000.0)),
-    ])
-}
-
-/// One plugin start against a fresh API server.
-async fn start_once(
-    ctx: &Ctx,
-    dir: &Path,
-    library: &Path,
-    sysfs: &Path,
-    flags: &[&str],
-) -> anyhow::Result<StartRun> {
-    let server = TestApiServer::start(ServerOptions {
-        rules: ValidationRules::V1_35,
-        ..ServerOptions::default()
-    })
-    .await?;
-    server
-        .store()
-        .create(
-            Resource::Nodes,
-            None,
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
-            &WriteOptions::default(),
-        )
-        .map_err(|e| anyhow::anyhow!("creating the Node: {e:?}"))?;
-    let kubeconfig = dir.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig)?;
-    let log = dir.join("plugin.log");
-
-    let mut cmd = Command::new(&ctx.plugin_bin);
-    cmd.env_clear()
-        .env("RUST_LOG", "info")
-        .envs(ctx.envs.iter().map(|(k, v)| (k, v)))
-        .args(["--node-name", NODE, "--log-format", "json"])
-        .arg("--kubelet-registrar-dir")
-        .arg(dir.join("reg"))
-        .arg("--kubelet-plugins-dir")
-        .arg(dir.join("plugins"))
-        .arg("--nvml-lib")
-        .arg(library)
-        .arg("--sysfs-root")
-        .arg(sysfs)
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(flags)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?);
-
-    let wall0 = SystemTime::now();
-    let t0 = Instant::now();
-    let mut child = cmd.spawn().context("spawning the plugin")?;
-    let waited = server
-        .store()
-        .wait_for(Resource::ResourceSlices, Duration::from_secs(30), |items| {
-            complete_pool(items).is_some()
-        })
-        .await;
-    let total_ms = t0.elapsed().as_secs_f64() * 1000.0;
-    let Ok(items) = waited else {
-        let _ = child.kill();
-        bail!(
-            "no complete pool within 30 s; plugin log:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-    };
-    let (slices, devices) = complete_pool(&items).unwrap_or_default();
-
-    // Let the plugin settle (the publisher reports in sync after its last
-    // write), then read its memory.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
-        .context("reading the plugin's /proc status")?;
-    let smaps = match &ctx.smaps {
-        Some(_) => Some(
-            std::fs::read_to_string(format!("/proc/{}/smaps", child.id()))
-                .context("reading the plugin's /proc smaps")?,
-        ),
-        None => None,
-    };
-    let repair_ms = repair(&server, &items).await?;
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let exit = child.wait()?;
-    let text = std::fs::read_to_string(&log)?;
-    if !exit.success() {
-        bail!("the plugin exited with {exit}:\n{text}");
-    }
-    Ok(StartRun {
-        total_ms,
-        milestones_ms: milestones(&text, wall0)?,
-        rss_mib: proc_kib(&status, "VmRSS")? / 1024.0,
-        hwm_mib: proc_kib(&status, "VmHWM")? / 1024.0,
-        anon_mib: proc_kib(&status, "RssAnon")? / 1024.0,
-        file_mib: proc_kib(&status, "RssFile")? / 1024.0,
-        store_ms: store_work(&items)?,
-        repair_ms,
-        slices,
-        devices,
-        smaps,
-    })
-}
-
-/// Deletes the first slice of the pool behind the plugin's back and returns
-/// the milliseconds until the pool is complete again.
-async fn repair(server: &TestApiServer, pool: &[Value]) -> anyhow::Result<f64> {
-    let name = pool
-        .iter()
-        .filter(|s| s["spec"]["nodeName"] == NODE)
-        .find_map(|s| s["metadata"]["name"].as_str())
-        .context("no slice to delete")?;
-    let start = Instant::now();
-    server
-        .store()
-        .delete(
-            Resource::ResourceSlices,
-            None,
-            name,
-            &DeleteOptions::default(),
-        )
-        .map_err(|e| anyhow::anyhow!("deleting {name}: {e:?}"))?;
-    server
-        .store()
-        .wait_for(Resource::ResourceSlices, Duration::from_secs(30), |items| {
-            complete_pool(items).is_some()
-        })
-        .await
-        .map_err(|_| anyhow::anyhow!("{name} was not repaired within 30 s"))?;
-    Ok(start.elapsed().as_secs_f64() * 1000.0)
-}
-
-/// Milliseconds a fresh store takes to apply `slices` (as the plugin sent
-/// them: without the server-set fields), in-process, no HTTP.
-fn store_work(slices: &[Value]) -> anyhow::Result<f64> {
-    let store = Store::new(ValidationRules::V1_35, 1024, 1024);
-    let bodies: Vec<Value> = slices
-        .iter()
-        .map(|s| {
-            let mut body = s.clone();
-            if let Some(meta) = body["metadata"].as_object_mut() {
-                for key in [
-                    "uid",
-                    "resourceVersion",
-                    "creationTimestamp",
-                    "managedFields",
-                    "generation",
-                ] {
-                    meta.remove(key);
-                }
-            }
-            body
-        })
-        .collect();
-    let start = Instant::now();
-    for body in &bodies {
-        store
-            .apply(Resource::ResourceSlices, body, "gpu-kubelet-plugin", true)
-            .map_err(|e| anyhow::anyhow!("applying a slice in-process: {e:?}"))?;
-    }
-    Ok(start.elapsed().as_secs_f64() * 1000.0)
-}
-
-/// `(slices, devices)` when the stored ResourceSlices of [`NODE`] form a
-/// complete pool: all at the highest generation, as many as their
-/// `resourceSliceCount`.
-fn complete_pool(items: &[Value]) -> Option<(usize, usize)> {
-    gpu_dra_e2e::pool::complete(items.iter().filter(|s| s["spec"]["nodeName"] == NODE))
-        .filter(|p| p.stale == 0)
-        .map(|p| (p.slices, p.devices))
-}
-
-/// Milliseconds from `wall0` to each of [`MILESTONES`] in a JSON log.
-fn milestones(log: &str, wall0: SystemTime) -> anyhow::Result<Vec<f64>> {
-    let since = wall0.duration_since(UNIX_EPOCH)?;
-    let start = (since.as_secs() % 86_400) as f64 + f64::from(since.subsec_nanos()) / 1e9;
-    let lines: Vec<Value> = log
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    MILESTONES
-        .iter()
-        .map(|m| {
-            let line = lines
-                .iter()
-                .find(|l| l["message"] == *m)
-                .with_context(|| format!("{m:?} not logged:\n{log}"))?;
-            let ts = line["timestamp"].as_str().context("no timestamp")?;
-            let mut at = time_of_day(ts).with_context(|| format!("bad timestamp {ts}"))? - start;
-            if at < -43_200.0 {
-                at += 86_400.0; // across midnight
-            }
-            Ok(at * 1000.0)
-        })
-        .collect()
-}
-
-/// Seconds since midnight (UTC) of an RFC 3339 timestamp
-/// (`2026-11-21T19:06:45.538841Z`).
-fn time_of_day(ts: &str) -> Option<f64> {
-    let time = ts.split_once('T')?.1.strip_suffix('Z')?;
-    let mut parts = time.splitn(3, ':');
-    let h: f64 = parts.next()?.parse().ok()?;
-    let m: f64 = parts.next()?.parse().ok()?;
-    let s: f64 = parts.next()?.parse().ok()?;
-    Some(h * 3600.0 + m * 60.0 + s)
-}
-
-/// A `kB` field of `/proc/<pid>/status`.
-fn proc_kib(status: &str, field: &str) -> anyhow::Result<f64> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("{field} not in /proc status"))
 }
 
 #[cfg(test)]
 mod tests {
-    // The values compared are exact (small integers, parsed decimals).
-    #![allow(clippy::float_cmp)]
-
     use super::*;
 
     #[test]
-    fn percentiles_by_nearest_rank() {
-        let s: Vec<f64> = (1..=20).map(f64::from).collect();
-        assert_eq!(percentile(&s, 50.0), 10.0);
-        assert_eq!(percentile(&s, 95.0), 19.0);
-        assert_eq!(percentile(&s, 100.0), 20.0);
-        assert_eq!(percentile(&[7.0], 95.0), 7.0);
-    }
-
-    #[test]
-    fn timestamps_and_proc_fields_parse() {
-        assert_eq!(time_of_day("2026-11-21T01:02:03.5Z"), Some(3723.5));
-        assert_eq!(time_of_day("garbage"), None);
-        let status = "Name:\tx\nVmHWM:\t   12345 kB\nVmRSS:\t    2048 kB\n";
-        assert_eq!(proc_kib(status, "VmRSS").unwrap(), 2048.0);
-        assert_eq!(proc_kib(status, "VmHWM").unwrap(), 12345.0);
-        assert!(proc_kib(status, "VmSwap").is_err());
-    }
-
-    #[test]
-    fn a_pool_is_complete_only_at_one_generation_with_all_slices() {
-        let slice = |generation: i64, count: u64| json!({"spec": {"nodeName": NODE, "pool": {"generation": generation, "resourceSliceCount": count}, "devices": [{"name": "a"}]}});
-        assert_eq!(complete_pool(&[slice(0, 2), slice(0, 2)]), Some((2, 2)));
-        assert_eq!(complete_pool(&[slice(0, 2)]), None);
-        assert_eq!(complete_pool(&[slice(0, 2), slice(1, 2)]), None);
-        assert_eq!(complete_pool(&[]), None);
-    }
-
-    #[test]
-    fn the_table_judges_goals() {
-        let rows = [
-            Row::new("b", "t", "ms", vec![1.0, 2.0, 300.0]).goal(Goal::P95Below(100.0)),
-            Row::new("b", "m", "MiB", vec![5.0]).goal(Goal::MaxBelow(16.0)),
-        ];
-        let t = table(&rows);
-        assert!(
-            t.contains("| b | t (ms) | 3 | 2.0 | 300.0 | 300.0 | p95 < 100 ms | NO |"),
-            "{t}"
+    fn env_pairs_parse() {
+        assert_eq!(
+            parse_env("MALLOC_ARENA_MAX=1").unwrap(),
+            ("MALLOC_ARENA_MAX".to_owned(), "1".to_owned())
         );
-        assert!(
-            t.contains("| b | m (MiB) | 1 | 5.0 | 5.0 | 5.0 | max < 16 MiB | yes |"),
-            "{t}"
+        assert_eq!(parse_env("A=").unwrap(), ("A".to_owned(), String::new()));
+        for bad in ["", "=1", "NOEQUALS"] {
+            assert!(parse_env(bad).unwrap_err().contains("KEY=VALUE"), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn errors_fit_one_table_cell() {
+        let e = anyhow::anyhow!("the plugin exited with 1:\nlog line\n\nerror: no | config\n");
+        assert_eq!(
+            summary(&e),
+            "the plugin exited with 1: … error: no / config"
         );
+        assert_eq!(summary(&anyhow::anyhow!("short")), "short");
+    }
+
+    #[test]
+    fn shm_is_found_only_as_a_tmpfs() {
+        let tmpfs = "/dev/vda / ext4 rw 0 0\ntmpfs /dev/shm tmpfs rw,nosuid 0 0\n";
+        assert!(shm_is_tmpfs(tmpfs));
+        assert!(!shm_is_tmpfs(
+            "/dev/vda / ext4 rw 0 0\n/dev/vda /dev/shm ext4 rw 0 0\n"
+        ));
+        assert!(!shm_is_tmpfs(""));
+    }
+
+    #[test]
+    fn benchmark_names_are_unique() {
+        let mut names: Vec<&str> = BENCHMARKS.iter().map(|b| b.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), BENCHMARKS.len());
     }
 }

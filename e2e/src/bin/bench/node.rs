@@ -1,0 +1,388 @@
+//! A node for the prepare benchmarks: the release plugin on a fake machine
+//! (the fake NVML with a profile, its sysfs tree, stand-in `/dev` and
+//! `/proc`, a fake driver root with its MPS daemon), the in-process test API
+//! server holding the claims, and the kubelet simulator registered over the
+//! plugin's real sockets. Claims are written into the server's store
+//! in-process (allocated, as the scheduler would leave them); the plugin
+//! reads them over HTTP with its kube client.
+//!
+//! Where things are, as on a node: the plugin's state directory (checkpoint,
+//! MPS daemon directories) on disk under /tmp; CDI specs (`/var/run/cdi`),
+//! the GPUs' state, `/proc` and `/dev` on a tmpfs (`/dev/shm`) when the
+//! machine has one.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use gpu_dra_e2e::apiserver::{
+    DeleteOptions, PatchBody, Resource, ServerOptions, TestApiServer, ValidationRules, WriteOptions,
+};
+use gpu_dra_e2e::kubelet::{Claim, DraVersion, KubeletSim};
+use serde_json::{Value, json};
+
+use crate::Ctx;
+use crate::start::{NODE, proc_kib};
+
+/// The driver's name.
+pub const DRIVER: &str = "gpu.nvidia.com";
+/// Where the claims live.
+const NAMESPACE: &str = "default";
+/// The machine every prepare benchmark runs on: 8× H100 SXM 80 GB.
+pub const PROFILE: &str = "dgx-h100";
+
+/// The fake machine a plugin runs on: the fake NVML (with a state file,
+/// writing MIG capabilities into the stand-in `/proc` and `/dev`) for
+/// [`PROFILE`], its sysfs tree, and a fake driver root. The GPU state (the
+/// fake's state file), `/proc` and `/dev` are not on disk on a real node:
+/// they go to the volatile (tmpfs) directory, so the fake's own writes do
+/// not add disk flushes the real hardware does not have.
+pub struct Machine {
+    library: PathBuf,
+    sysfs: PathBuf,
+    dev_root: PathBuf,
+    proc_root: PathBuf,
+    driver_root: fake_driver_root::FakeDriverRoot,
+}
+
+impl Machine {
+    /// Lays the machine out in `dir`, its volatile parts in `volatile`.
+    pub fn create(dir: &Path, volatile: &Path) -> anyhow::Result<Self> {
+        for d in [dir, volatile] {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        let dev_root = volatile.join("devroot");
+        fake_driver_root::create_dev_root(&dev_root, &(0..16).collect::<Vec<u32>>())
+            .context("creating the stand-in dev root")?;
+        let proc_root = fake_driver_root::create_proc_root(&volatile.join("proc"))
+            .context("creating the stand-in proc root")?;
+        let driver_root = fake_driver_root::FakeDriverRoot::create(&dir.join("driver"))
+            .context("creating the fake driver root")?;
+        let profile = nvidia_ml::fixture::bundled_profile(PROFILE);
+        let library = nvidia_ml::fixture::install_with(
+            &dir.join("nvml"),
+            &profile,
+            &nvidia_ml::fixture::InstallOptions {
+                state: Some(volatile.join("nvml-state.json")),
+                proc_root: Some(proc_root.clone()),
+                dev_root: Some(dev_root.clone()),
+            },
+        )
+        .context("installing the fake NVML (build it with `cargo build --release -p mock-nvml`)")?;
+        let sysfs = dir.join("sys");
+        nvidia_ml::Profile::load(&profile)?.write_sysfs(&sysfs)?;
+        Ok(Self {
+            library,
+            sysfs,
+            dev_root,
+            proc_root,
+            driver_root,
+        })
+    }
+
+    /// The plugin flags pointing at this machine (all but `--cdi-root`).
+    pub fn args(&self) -> Vec<std::ffi::OsString> {
+        let mut args = Vec::new();
+        for (flag, path) in [
+            ("--nvml-lib", &self.library),
+            ("--sysfs-root", &self.sysfs),
+            ("--dev-root", &self.dev_root),
+            ("--proc-root", &self.proc_root),
+            ("--driver-root", &self.driver_root.path().to_path_buf()),
+        ] {
+            args.push(flag.into());
+            args.push(path.into());
+        }
+        args
+    }
+
+    /// Kills what was started from the driver root (MPS daemons).
+    pub fn kill_processes(&self) {
+        self.driver_root.kill_processes();
+    }
+}
+
+/// A running plugin on a fake machine, with its API server and kubelet.
+pub struct Node {
+    server: TestApiServer,
+    machine: Machine,
+    child: Child,
+    /// The plugin's JSON log.
+    pub log: PathBuf,
+    /// The plugin's state directory (checkpoint, MPS daemons).
+    pub state_dir: PathBuf,
+    kubelet: gpu_dra_e2e::kubelet::Plugin,
+    /// Device names of the published pool.
+    pub devices: Vec<String>,
+    next: AtomicU64,
+}
+
+impl Node {
+    /// Lays out the machine in `dir`, starts the plugin with `flags`, waits
+    /// for its complete pool and registers the kubelet simulator.
+    pub async fn start(ctx: &Ctx, dir: &Path, flags: &[&str]) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let machine = Machine::create(dir, &ctx.volatile_for(dir))?;
+
+        let server = TestApiServer::start(ServerOptions {
+            rules: ValidationRules::V1_35,
+            ..ServerOptions::default()
+        })
+        .await?;
+        server
+            .store()
+            .create(
+                Resource::Nodes,
+                None,
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
+                &WriteOptions::default(),
+            )
+            .map_err(|e| anyhow::anyhow!("creating the Node: {e:?}"))?;
+        let kubeconfig = dir.join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig)?;
+
+        let reg = dir.join("reg");
+        let plugins = dir.join("plugins");
+        let log = dir.join("plugin.log");
+        let mut cmd = Command::new(&ctx.plugin_bin);
+        cmd.env_clear()
+            .env("RUST_LOG", "info")
+            .envs(ctx.envs.iter().map(|(k, v)| (k, v)))
+            .args(["--node-name", NODE, "--log-format", "json"])
+            .arg("--kubelet-registrar-dir")
+            .arg(&reg)
+            .arg("--kubelet-plugins-dir")
+            .arg(&plugins)
+            .args(machine.args())
+            .arg("--cdi-root")
+            .arg(ctx.volatile_for(dir).join("cdi"))
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(flags)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?);
+        let mut child = cmd.spawn().context("spawning the plugin")?;
+
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("serving kubelet plugin sockets") {
+                break;
+            }
+            if let Some(status) = child.try_wait()? {
+                bail!("the plugin exited with {status}:\n{text}");
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("the plugin did not serve within 30 s:\n{text}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let items = server
+            .store()
+            .wait_for(Resource::ResourceSlices, Duration::from_secs(30), |items| {
+                crate::start::complete_pool(items).is_some()
+            })
+            .await
+            .map_err(|_| anyhow::anyhow!("no complete pool within 30 s"))?;
+        let devices = items
+            .iter()
+            .filter(|s| s["spec"]["nodeName"] == NODE)
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .filter_map(|d| d["name"].as_str().map(str::to_owned))
+            .collect();
+        let kubelet = KubeletSim::new()
+            .with_dra_versions([DraVersion::V1])
+            .register(&reg.join(format!("{DRIVER}-reg.sock")))
+            .await
+            .context("registering the plugin with the kubelet simulator")?;
+        Ok(Self {
+            server,
+            machine,
+            child,
+            log,
+            state_dir: plugins.join(DRIVER),
+            kubelet,
+            devices,
+            next: AtomicU64::new(0),
+        })
+    }
+
+    /// The first published device whose name starts with `prefix`.
+    pub fn device(&self, prefix: &str) -> anyhow::Result<String> {
+        self.devices
+            .iter()
+            .find(|d| d.starts_with(prefix))
+            .cloned()
+            .with_context(|| format!("no device {prefix}* in the pool"))
+    }
+
+    /// Creates a fresh ResourceClaim (new name, new UID) allocated with
+    /// `results` and `config`, as the scheduler leaves it.
+    pub fn claim(&self, results: &Value, config: &Value) -> anyhow::Result<Claim> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let name = format!("claim-{n}");
+        let mut requests: Vec<&str> = results
+            .as_array()
+            .context("results are not a list")?
+            .iter()
+            .filter_map(|r| r["request"].as_str())
+            .collect();
+        requests.sort_unstable();
+        requests.dedup();
+        let requests: Vec<Value> = requests
+            .into_iter()
+            .map(|r| json!({"name": r, "exactly": {"deviceClassName": DRIVER}}))
+            .collect();
+        let store = self.server.store();
+        let created = store
+            .create(
+                Resource::ResourceClaims,
+                Some(NAMESPACE),
+                json!({
+                    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "metadata": {"name": name, "namespace": NAMESPACE},
+                    "spec": {"devices": {"requests": requests}},
+                }),
+                &WriteOptions::default(),
+            )
+            .map_err(|e| anyhow::anyhow!("creating claim {name}: {e:?}"))?;
+        let uid = created["metadata"]["uid"]
+            .as_str()
+            .context("the created claim has no UID")?
+            .to_owned();
+        let status =
+            json!({"status": {"allocation": {"devices": {"results": results, "config": config}}}});
+        store
+            .patch(
+                Resource::ResourceClaims,
+                Some(NAMESPACE),
+                &name,
+                &PatchBody::Merge(status),
+                true,
+                &WriteOptions {
+                    field_manager: Some("bench-scheduler".into()),
+                    ..WriteOptions::default()
+                },
+            )
+            .map_err(|e| anyhow::anyhow!("allocating claim {name}: {e:?}"))?;
+        Ok(Claim::new(NAMESPACE, name, uid))
+    }
+
+    /// Deletes a claim's object (its pod is gone).
+    pub fn delete(&self, claim: &Claim) -> anyhow::Result<()> {
+        self.server
+            .store()
+            .delete(
+                Resource::ResourceClaims,
+                Some(NAMESPACE),
+                &claim.name,
+                &DeleteOptions::default(),
+            )
+            .map_err(|e| anyhow::anyhow!("deleting claim {}: {e:?}", claim.name))?;
+        Ok(())
+    }
+
+    /// NodePrepareResources for `claims` (one call); every claim must get
+    /// devices and no error.
+    pub async fn prepare(&self, claims: &[Claim]) -> anyhow::Result<()> {
+        let answers = self.kubelet.prepare(claims).await?;
+        for (uid, r) in answers {
+            if let Some(e) = r.error {
+                bail!("prepare of {uid} failed: {e}");
+            }
+            if r.devices.is_empty() {
+                bail!("prepare of {uid} returned no devices");
+            }
+        }
+        Ok(())
+    }
+
+    /// NodeUnprepareResources for `claims` (one call); no claim may fail.
+    pub async fn unprepare(&self, claims: &[Claim]) -> anyhow::Result<()> {
+        let answers = self.kubelet.unprepare(claims).await?;
+        for (uid, r) in answers {
+            if let Some(e) = r.error {
+                bail!("unprepare of {uid} failed: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// A `kB` field of the plugin's `/proc/<pid>/status`, in MiB.
+    pub fn memory_mib(&self, field: &str) -> anyhow::Result<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .context("reading the plugin's /proc status")?;
+        Ok(proc_kib(&status, field)? / 1024.0)
+    }
+
+    /// The plugin's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stops the plugin (SIGTERM; it must exit 0) and whatever it started
+    /// from the driver root.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = self.child.try_wait()? {
+                break s;
+            }
+            if Instant::now() > deadline {
+                bail!("the plugin did not exit within 20 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.machine.kill_processes();
+        if !status.success() {
+            bail!("the plugin exited with {status}:\n{}", self.log_text());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.machine.kill_processes();
+    }
+}
+
+/// The one durable write nothing can avoid: a small file written next to
+/// the plugin's checkpoint (same directory, same file system), fsynced,
+/// renamed over its old version, and the directory fsynced. Returns how
+/// long it took.
+pub fn durable_write(dir: &Path, round: usize) -> anyhow::Result<Duration> {
+    use std::io::Write as _;
+    let path = dir.join("bench-durable-write.json");
+    let temp = dir.join(".bench-durable-write.json.tmp");
+    // About the size of a checkpoint holding one claim.
+    let body = format!(
+        "{{\"round\": {round}, \"claim\": \"{:0>36}\", \"devices\": [\"gpu-{}\"], \"padding\": \"{}\"}}\n",
+        round,
+        round % 8,
+        "x".repeat(400)
+    );
+    let start = Instant::now();
+    let mut f =
+        std::fs::File::create(&temp).with_context(|| format!("creating {}", temp.display()))?;
+    f.write_all(body.as_bytes())?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&temp, &path)?;
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(start.elapsed())
+}
+
+/// One allocation result of `device` on this node for request `request`.
+pub fn result(request: &str, device: &str) -> Value {
+    json!({"request": request, "driver": DRIVER, "pool": NODE, "device": device})
+}

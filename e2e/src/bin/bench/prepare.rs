@@ -1,0 +1,537 @@
+//! Claim preparation as kubelet sees it (issue 4): prepare latency per kind
+//! of claim next to the one unavoidable durable write, 64 concurrent claims
+//! on 8 GPUs against one alone, and the plugin's resident memory over
+//! 10,000 prepare/unprepare cycles. Every call goes from the kubelet
+//! simulator over the plugin's real Unix socket; every claim is a fresh
+//! ResourceClaim (new UID) the plugin reads from the API server.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use gpu_dra_e2e::kubelet::Claim;
+use serde_json::{Value, json};
+
+use crate::node::{DRIVER, Node, durable_write, result};
+use crate::start::time_of_day;
+use crate::table::{Goal, Row, Stat, Values};
+use crate::{Ctx, Settings};
+
+/// GPUs of the machine ([`crate::node::PROFILE`]).
+const GPUS: usize = 8;
+
+/// The kinds of claim whose prepare is timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A whole GPU, no configuration.
+    WholeGpu,
+    /// A whole GPU with an MPS configuration: a control daemon per claim.
+    Mps,
+    /// A 1g.10gb MIG device created at prepare (`--dynamic-mig`).
+    DynamicMig,
+}
+
+impl Kind {
+    fn flags(self) -> &'static [&'static str] {
+        match self {
+            Self::WholeGpu | Self::Mps => &[],
+            Self::DynamicMig => &["--dynamic-mig"],
+        }
+    }
+
+    /// The device claim `i` gets (one GPU after the other).
+    fn device(self, node: &Node, i: usize) -> anyhow::Result<String> {
+        let gpu = i % GPUS;
+        match self {
+            Self::WholeGpu | Self::Mps => Ok(format!("gpu-{gpu}")),
+            Self::DynamicMig => node.device(&format!("gpu-{gpu}-mig-1g10gb")),
+        }
+    }
+
+    fn config(self) -> Value {
+        match self {
+            Self::WholeGpu | Self::DynamicMig => json!([]),
+            Self::Mps => json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
+                "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}}))]),
+        }
+    }
+}
+
+/// An opaque `GpuConfig` from the claim.
+fn gpu_config(sharing: Value) -> Value {
+    json!({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": sharing}}})
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn p50(samples: &[f64]) -> f64 {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    crate::table::percentile(&s, 50.0)
+}
+
+/// Prepare latency of `kind`: `iterations` fresh claims, one after the
+/// other, each prepared, unprepared and deleted, with one durable write
+/// timed right after each (same directory as the checkpoint), so both see
+/// the same disk at the same moment.
+pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow::Result<Vec<Row>> {
+    let dir = ctx.dir_for(name);
+    ctx.runtime.block_on(async {
+        let node = Node::start(ctx, &dir, kind.flags()).await?;
+        let config = kind.config();
+        let cycle = |i: usize| {
+            let node = &node;
+            let config = &config;
+            async move {
+                let device = kind.device(node, i)?;
+                let claim = node.claim(&json!([result("gpu", &device)]), config)?;
+                let sent = SystemTime::now();
+                let t = Instant::now();
+                node.prepare(std::slice::from_ref(&claim)).await?;
+                let prepare = t.elapsed();
+                let t = Instant::now();
+                node.unprepare(std::slice::from_ref(&claim)).await?;
+                let unprepare = t.elapsed();
+                node.delete(&claim)?;
+                anyhow::Ok((claim, sent, prepare, unprepare))
+            }
+        };
+        // The first prepare after start also finds the driver's files for
+        // every spec and opens the API connection: reported on its own.
+        let (_, _, first, _) = cycle(0).await.context("the first cycle")?;
+        let mut sent = Vec::new();
+        let (mut prepare, mut unprepare, mut write) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 1..=settings.iterations {
+            let (claim, at, p, u) = cycle(i).await.with_context(|| format!("cycle {i}"))?;
+            write.push(ms(durable_write(&node.state_dir, i)?));
+            sent.push((claim.uid, at, p));
+            prepare.push(ms(p));
+            unprepare.push(ms(u));
+        }
+        let (work, answer) = split_at_log(&node.log_text(), &sent)?;
+        node.stop()?;
+        let ratio = p50(&prepare) / p50(&write);
+        Ok(vec![
+            Row::new(name, "prepare, as kubelet sees it", "ms", prepare),
+            Row::new(
+                name,
+                "  to the plugin's \"claim prepared\" (read claim, plan, checkpoint, hardware, CDI spec)",
+                "ms",
+                work,
+            ),
+            Row::new(
+                name,
+                "  then status.devices written and the answer back",
+                "ms",
+                answer,
+            ),
+            Row::new(name, "unprepare", "ms", unprepare),
+            Row::with(
+                name,
+                "first prepare after start (not in the samples)",
+                "ms",
+                Values::One(ms(first)),
+            ),
+            Row::new(
+                name,
+                "durable write: write + fsync + rename + dir fsync, same dir",
+                "ms",
+                write,
+            ),
+            Row::with(
+                name,
+                "prepare p50 / durable write p50",
+                "x",
+                Values::One(ratio),
+            )
+            .goal(Goal::below(Stat::P50, 2.0)),
+        ])
+    })
+}
+
+/// Splits each timed prepare at the plugin's "claim prepared" log line:
+/// `(request to that line, that line to the answer)`, in ms.
+fn split_at_log(
+    log: &str,
+    sent: &[(String, SystemTime, Duration)],
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let mut prepared: HashMap<String, f64> = HashMap::new();
+    for line in log.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if v["message"] == "claim prepared"
+            && let (Some(uid), Some(ts)) = (v["claim"].as_str(), v["timestamp"].as_str())
+            && let Some(at) = time_of_day(ts)
+        {
+            prepared.insert(uid.to_owned(), at);
+        }
+    }
+    let mut work = Vec::with_capacity(sent.len());
+    let mut answer = Vec::with_capacity(sent.len());
+    for (uid, at, took) in sent {
+        let logged = prepared
+            .get(uid.as_str())
+            .with_context(|| format!("no \"claim prepared\" line for {uid}"))?;
+        let since = at.duration_since(UNIX_EPOCH)?;
+        let start = (since.as_secs() % 86_400) as f64 + f64::from(since.subsec_nanos()) / 1e9;
+        let mut to_log = logged - start;
+        if to_log < -43_200.0 {
+            to_log += 86_400.0; // across midnight
+        }
+        let to_log = (to_log * 1000.0).clamp(0.0, ms(*took));
+        work.push(to_log);
+        answer.push(ms(*took) - to_log);
+    }
+    Ok((work, answer))
+}
+
+/// A memory-shared claim of `memory` on GPU `gpu` (`--memory-sharing`):
+/// the result names a share of the device.
+fn share(node_gpu: usize, share_id: &str, memory: &str) -> Value {
+    let mut r = result("share", &format!("gpu-{node_gpu}"));
+    r["shareID"] = json!(share_id);
+    r["consumedCapacity"] = json!({"memory": memory});
+    json!([r])
+}
+
+/// What many claims at once are made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Crowd {
+    /// 64 memory-shared claims of 8 GiB, 8 per GPU (`--memory-sharing=all`):
+    /// each GPU's first claim starts its MPS daemon, the other seven join it.
+    MemoryShared,
+    /// 56 MIG 1g.10gb claims, 7 per GPU (`--dynamic-mig`): every placement
+    /// of every GPU created at once, no daemon.
+    Mig,
+}
+
+impl Crowd {
+    fn claims(self) -> usize {
+        match self {
+            Self::MemoryShared => 64,
+            Self::Mig => 56,
+        }
+    }
+
+    fn flags(self) -> &'static [&'static str] {
+        match self {
+            Self::MemoryShared => &["--memory-sharing=all"],
+            Self::Mig => &["--dynamic-mig"],
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Self::MemoryShared => "memory-shared claim",
+            Self::Mig => "MIG 1g.10gb claim",
+        }
+    }
+}
+
+/// Many claims at once on 8 GPUs against one alone. Each run prepares one
+/// claim alone, then sends one NodePrepareResources call per claim (as
+/// that many pods) all at once and times until the last answer; everything
+/// is unprepared between runs. The goal (under 3x) is the issue's, for 64
+/// claims; 1g.10gb MIG devices fit only 7 to an H100, so the MIG crowd is
+/// 56 and is shown for comparison, without a goal.
+pub fn concurrent(
+    ctx: &Ctx,
+    name: &str,
+    settings: &Settings,
+    crowd: Crowd,
+) -> anyhow::Result<Vec<Row>> {
+    let dir = ctx.dir_for(name);
+    let count = crowd.claims();
+    ctx.runtime.block_on(async {
+        let node = Node::start(ctx, &dir, crowd.flags()).await?;
+        let mut placements = Vec::new();
+        for gpu in 0..GPUS {
+            let prefix = format!("gpu-{gpu}-mig-1g10gb");
+            let mine: Vec<String> = node
+                .devices
+                .iter()
+                .filter(|d| d.starts_with(&prefix))
+                .cloned()
+                .collect();
+            placements.push(mine);
+        }
+        let mut id = 0u64;
+        // Claim `i` of a crowd: GPU `i % 8`, its `i / 8`-th share or
+        // placement.
+        let mut results = |i: usize| -> anyhow::Result<Value> {
+            let gpu = i % GPUS;
+            match crowd {
+                Crowd::MemoryShared => {
+                    id += 1;
+                    let share_id = format!("{:08x}-0000-4000-8000-{id:012x}", std::process::id());
+                    Ok(share(gpu, &share_id, "8Gi"))
+                }
+                Crowd::Mig => {
+                    let device = placements[gpu].get(i / GPUS).with_context(|| {
+                        format!("GPU {gpu} has no 1g.10gb placement {}", i / GPUS)
+                    })?;
+                    Ok(json!([result("mig", device)]))
+                }
+            }
+        };
+        let none = json!([]);
+        let (mut alone, mut wall, mut each) = (Vec::new(), Vec::new(), Vec::new());
+        // One unmeasured cycle: the first prepare also finds the driver's
+        // files and opens the API connection.
+        for run in 0..=settings.runs as usize {
+            let c = node.claim(&results(run % GPUS)?, &none)?;
+            let t = Instant::now();
+            node.prepare(std::slice::from_ref(&c)).await?;
+            let one = t.elapsed();
+            node.unprepare(std::slice::from_ref(&c)).await?;
+            node.delete(&c)?;
+            if run == 0 {
+                continue;
+            }
+            alone.push(ms(one));
+
+            let claims: Vec<Claim> = (0..count)
+                .map(|i| node.claim(&results(i)?, &none))
+                .collect::<anyhow::Result<_>>()?;
+            let t = Instant::now();
+            let calls = claims.iter().map(|c| {
+                let node = &node;
+                async move {
+                    node.prepare(std::slice::from_ref(c)).await?;
+                    anyhow::Ok(t.elapsed())
+                }
+            });
+            let done = futures::future::try_join_all(calls)
+                .await
+                .with_context(|| format!("run {run}: {count} concurrent prepares"))?;
+            wall.push(ms(t.elapsed()));
+            each.extend(done.into_iter().map(ms));
+            let undo = claims
+                .iter()
+                .map(|c| node.unprepare(std::slice::from_ref(c)));
+            futures::future::try_join_all(undo).await?;
+            for c in &claims {
+                node.delete(c)?;
+            }
+        }
+        node.stop()?;
+        let ratio = Row::with(
+            name,
+            &format!("{count} at once p50 / one alone p50"),
+            "x",
+            Values::One(p50(&wall) / p50(&alone)),
+        );
+        Ok(vec![
+            Row::new(
+                name,
+                &format!("one {} alone: prepare", crowd.what()),
+                "ms",
+                alone,
+            ),
+            Row::new(
+                name,
+                &format!(
+                    "{count} claims at once ({count} calls, {} per GPU): until the last answer",
+                    count / GPUS
+                ),
+                "ms",
+                wall,
+            ),
+            Row::new(
+                name,
+                &format!("  each of the {count}: until its answer"),
+                "ms",
+                each,
+            ),
+            match crowd {
+                Crowd::MemoryShared => ratio.goal(Goal::below(Stat::P50, 3.0)),
+                Crowd::Mig => ratio,
+            },
+        ])
+    })
+}
+
+/// Resident memory over prepare/unprepare cycles on a `--dynamic-mig`
+/// plugin: cycle 1 alone, then 8 workers (one per GPU, as 8 pods at a
+/// time) each alternating a whole-GPU claim and a 1g.10gb MIG claim on its
+/// GPU (every MIG claim creates and destroys an instance), until
+/// `settings.cycles` cycles. `VmRSS` is read once the plugin idles after
+/// cycle 1, after 1,000 cycles, halfway and at the end.
+pub fn memory(ctx: &Ctx, name: &str, settings: &Settings) -> anyhow::Result<Vec<Row>> {
+    let dir = ctx.dir_for(name);
+    let cycles = settings.cycles.max(2);
+    ctx.runtime.block_on(async {
+        let node = Node::start(ctx, &dir, &["--dynamic-mig"]).await?;
+        let none = json!([]);
+        let mut targets = Vec::new();
+        for gpu in 0..GPUS {
+            let mig = node.device(&format!("gpu-{gpu}-mig-1g10gb"))?;
+            targets.push([format!("gpu-{gpu}"), mig]);
+        }
+        let one = |device: String| {
+            let node = &node;
+            let none = &none;
+            async move {
+                let c = node.claim(&json!([result("gpu", &device)]), none)?;
+                node.prepare(std::slice::from_ref(&c)).await?;
+                node.unprepare(std::slice::from_ref(&c)).await?;
+                node.delete(&c)
+            }
+        };
+        let settle = || tokio::time::sleep(Duration::from_millis(300));
+        let start_rss = node.memory_mib("VmRSS")?;
+        one(targets[0][0].clone()).await.context("cycle 1")?;
+        settle().await;
+        let first = node.memory_mib("VmRSS")?;
+        let first_anon = node.memory_mib("RssAnon")?;
+
+        let done = AtomicUsize::new(1);
+        let mut checkpoints = Vec::new();
+        let started = Instant::now();
+        for target in checkpoints_of(cycles) {
+            let workers = (0..GPUS).map(|gpu| {
+                let done = &done;
+                let targets = &targets;
+                let one = &one;
+                async move {
+                    let mut turn = 0usize;
+                    loop {
+                        let k = done.fetch_add(1, Ordering::Relaxed);
+                        if k >= target {
+                            done.fetch_sub(1, Ordering::Relaxed);
+                            return anyhow::Ok(());
+                        }
+                        // Whole GPU and MIG device in turn on this GPU.
+                        let device = targets[gpu][turn % 2].clone();
+                        turn += 1;
+                        one(device)
+                            .await
+                            .with_context(|| format!("cycle {}", k + 1))?;
+                    }
+                }
+            });
+            futures::future::try_join_all(workers).await?;
+            let elapsed = started.elapsed();
+            settle().await;
+            checkpoints.push((
+                done.load(Ordering::Relaxed),
+                node.memory_mib("VmRSS")?,
+                elapsed,
+            ));
+        }
+        let end_anon = node.memory_mib("RssAnon")?;
+        let hwm = node.memory_mib("VmHWM")?;
+        node.stop()?;
+        let mut rows = vec![
+            Row::with(
+                name,
+                "VmRSS once serving, before any claim",
+                "MiB",
+                Values::One(start_rss),
+            ),
+            Row::with(
+                name,
+                "VmRSS after the first cycle",
+                "MiB",
+                Values::One(first),
+            ),
+        ];
+        for (n, rss, _) in &checkpoints {
+            rows.push(Row::with(
+                name,
+                &format!("VmRSS after {n} cycles"),
+                "MiB",
+                Values::One(*rss),
+            ));
+        }
+        let (n_end, end, elapsed) = checkpoints[checkpoints.len() - 1];
+        rows.push(
+            Row::with(
+                name,
+                &format!("growth of VmRSS, first cycle to {n_end}"),
+                "MiB",
+                Values::One(end - first),
+            )
+            .goal(Goal::below(Stat::P50, 1.0)),
+        );
+        if checkpoints.len() >= 2 {
+            // The trend once warm: a leak keeps its slope, warm-up does not.
+            let (n_mid, mid, _) = checkpoints[checkpoints.len() - 2];
+            rows.push(Row::with(
+                name,
+                &format!("  growth per 1,000 cycles from {n_mid} to {n_end}"),
+                "MiB",
+                Values::One((end - mid) * 1000.0 / (n_end - n_mid) as f64),
+            ));
+        }
+        rows.extend([
+            Row::with(
+                name,
+                &format!("  growth of RssAnon (heap, stacks), first cycle to {n_end}"),
+                "MiB",
+                Values::One(end_anon - first_anon),
+            ),
+            Row::with(name, "VmHWM (peak resident)", "MiB", Values::One(hwm)),
+            Row::with(
+                name,
+                "cycles per second (8 at a time)",
+                "1/s",
+                Values::One((n_end - 1) as f64 / elapsed.as_secs_f64()),
+            ),
+        ]);
+        Ok(rows)
+    })
+}
+
+/// Where memory is read during `cycles` cycles: after 1,000, halfway and
+/// at the end (only those past cycle 1, each once, in order).
+fn checkpoints_of(cycles: usize) -> Vec<usize> {
+    let mut at: Vec<usize> = [1000, cycles / 2, cycles]
+        .into_iter()
+        .filter(|&n| n > 1 && n <= cycles)
+        .collect();
+    at.sort_unstable();
+    at.dedup();
+    at
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prepare_splits_at_its_log_line() {
+        // Sent at 10:00:00.000 UTC, logged 12 ms later, answered at 20 ms.
+        let at = UNIX_EPOCH + Duration::from_secs(20_000 * 86_400 + 36_000);
+        let sent = vec![("u1".to_owned(), at, Duration::from_millis(20))];
+        let log = "not json\n{\"message\":\"claim prepared\",\"claim\":\"other\",\"timestamp\":\"2024-10-04T10:00:00.001Z\"}\n{\"message\":\"claim prepared\",\"claim\":\"u1\",\"timestamp\":\"2024-10-04T10:00:00.012Z\"}\n";
+        let (work, answer) = split_at_log(log, &sent).unwrap();
+        assert!((work[0] - 12.0).abs() < 1e-6, "{work:?}");
+        assert!((answer[0] - 8.0).abs() < 1e-6, "{answer:?}");
+        let missing = split_at_log("", &sent).unwrap_err().to_string();
+        assert!(missing.contains("u1"), "{missing}");
+    }
+
+    #[test]
+    fn claims_name_their_shares_and_devices() {
+        let r = share(3, "id-1", "8Gi");
+        assert_eq!(r[0]["device"], "gpu-3");
+        assert_eq!(r[0]["shareID"], "id-1");
+        assert_eq!(r[0]["consumedCapacity"]["memory"], "8Gi");
+        assert_eq!(Kind::Mps.config()[0]["opaque"]["driver"], DRIVER);
+        assert_eq!(Kind::WholeGpu.config(), json!([]));
+    }
+
+    #[test]
+    fn memory_is_read_at_1000_halfway_and_the_end() {
+        assert_eq!(checkpoints_of(10_000), [1000, 5000, 10_000]);
+        assert_eq!(checkpoints_of(1500), [750, 1000, 1500]);
+        assert_eq!(checkpoints_of(40), [20, 40]);
+        assert_eq!(checkpoints_of(2), [2]);
+    }
+}
