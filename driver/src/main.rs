@@ -35,7 +35,12 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let metrics = GrpcMetrics::register(&mut registry);
     let (stop_metrics, metrics_stopped) = watch::channel(false);
     let metrics_task = match flags.metrics_addr {
-        Some(addr) => Some(start_metrics(addr, registry, metrics_stopped).await?),
+        Some(addr) => {
+            let registration = flags
+                .kubelet_registrar_dir
+                .join(format!("{}-reg.sock", flags.driver_name));
+            Some(start_metrics(addr, registry, registration, metrics_stopped).await?)
+        }
         None => None,
     };
 
@@ -69,9 +74,13 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
 
 /// Binds the metrics endpoint (failing startup if the address is taken)
 /// and serves `/metrics` (OpenMetrics text) and `/healthz` until stopped.
+/// `/healthz` is the liveness probe through the registration socket: 200
+/// when a connection to it is accepted (the gRPC server kubelet talks to
+/// is alive), 503 otherwise (Kubernetes' gRPC probes reach TCP only).
 async fn start_metrics(
     addr: SocketAddr,
     registry: Registry,
+    registration: std::path::PathBuf,
     mut stopped: watch::Receiver<bool>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     use axum::http::StatusCode;
@@ -112,7 +121,30 @@ async fn start_metrics(
                 }
             }),
         )
-        .route("/healthz", get(|| async { "ok" }));
+        .route(
+            "/healthz",
+            get(move || {
+                let socket = registration.clone();
+                async move {
+                    let probe = tokio::time::timeout(
+                        std::time::Duration::from_secs(1),
+                        tokio::net::UnixStream::connect(&socket),
+                    )
+                    .await;
+                    match probe {
+                        Ok(Ok(_)) => (StatusCode::OK, "ok".to_owned()),
+                        Ok(Err(e)) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("registration socket {}: {e}", socket.display()),
+                        ),
+                        Err(_) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("registration socket {}: no answer in 1 s", socket.display()),
+                        ),
+                    }
+                }
+            }),
+        );
     Ok(tokio::spawn(async move {
         let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
             let _ = stopped.wait_for(|s| *s).await;

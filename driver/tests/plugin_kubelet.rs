@@ -308,8 +308,9 @@ async fn json_logs_and_metrics_endpoint() {
         .unwrap();
     p.prepare(&claims()).await.unwrap();
 
+    let metrics_addr = addr.clone();
     let text = tokio::task::spawn_blocking(move || {
-        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        let mut s = std::net::TcpStream::connect(&metrics_addr).unwrap();
         s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             .unwrap();
         let mut out = String::new();
@@ -333,4 +334,26 @@ async fn json_logs_and_metrics_endpoint() {
         text.contains("gpu_kubelet_plugin_kubelet_registered 1"),
         "{text}"
     );
+
+    // Liveness through the registration socket: alive while it serves,
+    // 503 once the socket is gone.
+    let get = |path: &'static str| {
+        let addr = addr.clone();
+        move || {
+            let mut s = std::net::TcpStream::connect(&addr).unwrap();
+            s.write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).unwrap();
+            out
+        }
+    };
+    let alive = tokio::task::spawn_blocking(get("/healthz")).await.unwrap();
+    assert!(alive.starts_with("HTTP/1.1 200"), "{alive}");
+    std::fs::remove_file(plugin.reg_socket()).unwrap();
+    let dead = tokio::task::spawn_blocking(get("/healthz")).await.unwrap();
+    assert!(dead.starts_with("HTTP/1.1 503"), "{dead}");
+    assert!(dead.contains("registration socket"), "{dead}");
 }
