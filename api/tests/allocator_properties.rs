@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::OnceLock;
 
 use allocator_support::{DRIVER, allocated};
-use gpu_dra_api::allocator::{Allocator, Outcome, SimulateOptions, Snapshot};
+use gpu_dra_api::allocator::{AllocError, Allocator, Outcome, SimulateOptions, Snapshot};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -772,6 +772,29 @@ fn cluster_strategy(max_devices: usize) -> impl Strategy<Value = Vec<PoolSpec>> 
     ]
 }
 
+/// Nodes of the wide clusters.
+const NODES: [&str; 8] = [
+    "node-a", "node-b", "node-c", "node-d", "node-e", "node-f", "node-g", "node-h",
+];
+
+/// Up to eight nodes with a pool each, and maybe a cluster-wide pool: long
+/// enough scans for helper threads to take part.
+fn wide_cluster_strategy(max_devices: usize) -> impl Strategy<Value = Vec<PoolSpec>> {
+    (2usize..=NODES.len(), any::<bool>()).prop_flat_map(move |(n, shared)| {
+        let local: Vec<_> = NODES[..n]
+            .iter()
+            .map(|node| pool_strategy(Some(*node), max_devices))
+            .collect();
+        let shared = if shared { 0..=1usize } else { 0..=0 };
+        (local, prop::collection::vec(pool_strategy(None, 2), shared)).prop_map(
+            |(mut pools, shared)| {
+                pools.extend(shared);
+                pools
+            },
+        )
+    })
+}
+
 fn sel_strategy() -> impl Strategy<Value = Option<Sel>> {
     prop_oneof![
         2 => Just(None),
@@ -826,6 +849,22 @@ fn allocator() -> &'static Allocator {
     ALLOCATOR.get_or_init(Allocator::new)
 }
 
+/// The simulation's full answer (allocations, explanation or error) with
+/// `threads` threads.
+fn answer(
+    snapshot: &Snapshot<'_>,
+    claim: &ResourceClaim,
+    threads: usize,
+    all_fitting_nodes: bool,
+) -> Result<Outcome, AllocError> {
+    let options = SimulateOptions {
+        threads,
+        all_fitting_nodes,
+        ..SimulateOptions::default()
+    };
+    allocator().simulate(snapshot, claim, &options)
+}
+
 fn simulate(pools: &[PoolSpec], allocated: &[ResourceClaim], claim: &ResourceClaim) -> Outcome {
     let slices = slices(pools);
     let classes = classes();
@@ -868,6 +907,42 @@ proptest! {
             } else {
                 prop_assert!(!outcome.explanation().unwrap().summary.is_empty());
             }
+        }
+    }
+
+    /// Helper threads (preparing pools ahead of the search, explaining in
+    /// parallel) never change the answer: allocations, explanations and
+    /// errors are those of the calling thread alone, on fresh snapshots
+    /// (helpers fill the caches) and on snapshots another simulation
+    /// warmed.
+    #[test]
+    fn threads_never_change_the_answer(
+        pools in wide_cluster_strategy(5),
+        before in prop::collection::vec(claim_strategy(2), 0..4),
+        spec in claim_strategy(3),
+        all_fitting_nodes in any::<bool>(),
+    ) {
+        let slices = slices(&pools);
+        let classes = classes();
+        let mut allocated_claims: Vec<ResourceClaim> = Vec::new();
+        for (k, b) in before.iter().enumerate() {
+            let claim = to_claim(&format!("b{k}"), b);
+            if let Some([first, ..]) = simulate(&pools, &allocated_claims, &claim).allocations() {
+                allocated_claims.push(allocated(claim, first));
+            }
+        }
+        let claim = to_claim("c", &spec);
+        let alone = answer(
+            &Snapshot::new(&slices, &classes, &allocated_claims),
+            &claim,
+            1,
+            all_fitting_nodes,
+        );
+        let warmed = Snapshot::new(&slices, &classes, &allocated_claims);
+        for threads in [2, 3, 8] {
+            let fresh = Snapshot::new(&slices, &classes, &allocated_claims);
+            prop_assert_eq!(&answer(&fresh, &claim, threads, all_fitting_nodes), &alone, "{} threads, fresh snapshot", threads);
+            prop_assert_eq!(&answer(&warmed, &claim, threads, all_fitting_nodes), &alone, "{} threads, warm snapshot", threads);
         }
     }
 

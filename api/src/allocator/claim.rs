@@ -101,6 +101,16 @@ pub(crate) struct Plan {
     pub claim_key: String,
 }
 
+impl Plan {
+    /// The first selector of each variant (the one every device it
+    /// considers meets).
+    pub(crate) fn first_selectors(&self) -> impl Iterator<Item = usize> + '_ {
+        self.variants
+            .iter()
+            .filter_map(|v| v.selectors.first().copied())
+    }
+}
+
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> AllocError {
     AllocError::InvalidClaim {
         field: field.into(),

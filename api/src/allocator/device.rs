@@ -1,10 +1,11 @@
 //! One device of a pool as the allocator sees it: where it is available,
 //! cheap lookups into its published attributes and capacities (used for
-//! memo keys and constraints), and its parsed details (CEL value,
-//! capacities with request policies, counter consumption, taints), parsed
-//! once, on first need.
+//! memo keys and constraints), and its parsed forms (CEL value; capacities
+//! with request policies, counter consumption, taints), parsed once, on
+//! first need, and kept apart from the device list so that it stays small.
 
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::sync::OnceLock;
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity};
@@ -24,6 +25,16 @@ pub(crate) enum Scope<'a> {
 }
 
 impl Scope<'_> {
+    /// The very same scope (the same name in memory, for a node): cheaper
+    /// than comparing names.
+    pub(crate) fn same(&self, other: &Scope<'_>) -> bool {
+        match (self, other) {
+            (Scope::Node(a), Scope::Node(b)) => std::ptr::eq(*a, *b),
+            (Scope::AnyNode, Scope::AnyNode) | (Scope::Nowhere, Scope::Nowhere) => true,
+            _ => false,
+        }
+    }
+
     pub(crate) fn includes(&self, node: Option<&str>) -> bool {
         match self {
             Scope::Node(n) => node == Some(*n),
@@ -36,7 +47,7 @@ impl Scope<'_> {
 /// A raw attribute or capacity value, as a memo key: equal keys give equal
 /// CEL values (the key is finer than CEL equality: `1Gi` and `1024Mi` are
 /// different keys).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) enum RawValue<'a> {
     /// Not published.
     Missing,
@@ -54,6 +65,59 @@ pub(crate) enum RawValue<'a> {
     Malformed,
 }
 
+impl PartialEq for RawValue<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (RawValue::Str(a), RawValue::Str(b))
+            | (RawValue::Version(a), RawValue::Version(b))
+            | (RawValue::Quantity(a), RawValue::Quantity(b)) => same(a.as_bytes(), b.as_bytes()),
+            (RawValue::Int(a), RawValue::Int(b)) => a == b,
+            (RawValue::Bool(a), RawValue::Bool(b)) => a == b,
+            (RawValue::Missing, RawValue::Missing) | (RawValue::Malformed, RawValue::Malformed) => {
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Eq for RawValue<'_> {}
+
+impl Hash for RawValue<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        std::mem::discriminant(self).hash(state);
+        match self {
+            RawValue::Str(s) | RawValue::Version(s) | RawValue::Quantity(s) => s.hash(state),
+            RawValue::Int(i) => i.hash(state),
+            RawValue::Bool(b) => b.hash(state),
+            RawValue::Missing | RawValue::Malformed => {}
+        }
+    }
+}
+
+/// Whether two short byte strings (names, values) are equal, compared in
+/// place: a call to `memcmp` for every compared name costs more than the
+/// comparison itself.
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word = |s: &[u8], at: usize| -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&s[at..at + 8]);
+        u64::from_ne_bytes(w)
+    };
+    if n < 8 {
+        return a.iter().zip(b).all(|(x, y)| x == y);
+    }
+    // the first and the last eight bytes cover up to 16; longer names
+    // compare the middle too
+    word(a, 0) == word(b, 0)
+        && word(a, n - 8) == word(b, n - 8)
+        && (n <= 16 || a[8..n - 8] == b[8..n - 8])
+}
+
 /// Looks up a published attribute or capacity by domain and id: a name
 /// qualified with the driver's domain wins over the bare id, as in
 /// Kubernetes. One pass comparing lengths first: a device has at most 32
@@ -65,13 +129,15 @@ pub(crate) fn lookup<'a, T>(
     id: &str,
     qualified: &str,
 ) -> Option<&'a T> {
-    let bare = domain == driver;
+    let bare = same(domain.as_bytes(), driver.as_bytes());
     let mut found = None;
     for (key, value) in map? {
-        if key.len() == qualified.len() && key == qualified {
+        if same(key.as_bytes(), qualified.as_bytes()) {
             return Some(value);
         }
-        if bare && key.len() == id.len() && key == id {
+        // keys are unique: once the bare id is found, only the qualified
+        // name can still come
+        if bare && found.is_none() && same(key.as_bytes(), id.as_bytes()) {
             found = Some(value);
         }
     }
@@ -150,53 +216,51 @@ pub(crate) struct Details<'a> {
     pub taints: Vec<Taint<'a>>,
 }
 
-/// A device of a prepared pool.
-#[derive(Debug)]
+/// A device of a prepared pool: the published object. (Its parsed forms
+/// are kept apart, in [`Parsed`], so that a pool's device list stays small:
+/// most devices are never parsed.)
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct PoolDevice<'a> {
     pub raw: &'a Device,
-    pub scope: Scope<'a>,
-    // boxed: most devices never need them, and a small `PoolDevice` keeps
-    // the first visit of a pool cheap
+}
+
+impl<'a> PoolDevice<'a> {
+    pub(crate) fn name(self) -> &'a str {
+        &self.raw.name
+    }
+
+    pub(crate) fn multi(self) -> bool {
+        self.raw.allow_multiple_allocations.unwrap_or(false)
+    }
+}
+
+/// A device's parsed forms, made on first need.
+#[derive(Debug, Default)]
+pub(crate) struct Parsed<'a> {
+    // boxed: most stay empty
     details: OnceLock<Box<Result<Details<'a>, String>>>,
     cel: OnceLock<Box<Result<CelDevice, String>>>,
 }
 
-impl<'a> PoolDevice<'a> {
-    pub(crate) fn new(raw: &'a Device, scope: Scope<'a>) -> Self {
-        PoolDevice {
-            raw,
-            scope,
-            details: OnceLock::new(),
-            cel: OnceLock::new(),
-        }
-    }
-
+impl<'a> Parsed<'a> {
     /// The device as CEL selectors see it (converted on first need).
-    pub(crate) fn cel(&self, driver: &str) -> Result<&CelDevice, &str> {
-        let cel: &Result<CelDevice, String> = self
-            .cel
-            .get_or_init(|| Box::new(parse_cel(self.raw, driver)));
+    pub(crate) fn cel(&self, raw: &Device, driver: &str) -> Result<&CelDevice, &str> {
+        let cel: &Result<CelDevice, String> =
+            self.cel.get_or_init(|| Box::new(parse_cel(raw, driver)));
         cel.as_ref().map_err(String::as_str)
-    }
-
-    pub(crate) fn name(&self) -> &'a str {
-        &self.raw.name
-    }
-
-    pub(crate) fn multi(&self) -> bool {
-        self.raw.allow_multiple_allocations.unwrap_or(false)
     }
 
     /// The parsed device; `counters` resolves `(counter set, counter)` to
     /// the pool's counter index.
     pub(crate) fn details(
         &self,
+        raw: &'a Device,
         driver: &'a str,
         counters: &dyn Fn(&str, &str) -> Option<usize>,
     ) -> Result<&Details<'a>, &str> {
         let details: &Result<Details<'a>, String> = self
             .details
-            .get_or_init(|| Box::new(parse_details(self.raw, driver, counters)));
+            .get_or_init(|| Box::new(parse_details(raw, driver, counters)));
         details.as_ref().map_err(String::as_str)
     }
 }
@@ -408,5 +472,40 @@ pub(crate) fn tolerates(
         "Exists" => true,
         "Equal" | "" => toleration.value.as_deref().unwrap_or("") == taint.value,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_compares_every_byte_of_every_length() {
+        for n in 0..40usize {
+            let a: Vec<u8> = (0..n).map(|i| b'a' + (i % 26) as u8).collect();
+            assert!(same(&a, &a.clone()), "{n}");
+            for k in 0..n {
+                let mut b = a.clone();
+                b[k] ^= 1;
+                assert!(!same(&a, &b), "length {n}, byte {k}");
+            }
+            assert!(!same(&a, &a[..n.saturating_sub(1)]) || n == 0);
+        }
+    }
+
+    #[test]
+    fn raw_values_compare_by_kind_and_text() {
+        let gpu = String::from("gpu");
+        assert_eq!(RawValue::Str("gpu"), RawValue::Str(&gpu));
+        assert_ne!(RawValue::Str("gpu"), RawValue::Version("gpu"));
+        assert_ne!(RawValue::Str("gpu"), RawValue::Str("mig"));
+        assert_eq!(RawValue::Int(3), RawValue::Int(3));
+        assert_ne!(RawValue::Missing, RawValue::Malformed);
+        let build = std::hash::BuildHasherDefault::<super::super::selectors::FastHasher>::default();
+        use std::hash::BuildHasher;
+        assert_eq!(
+            build.hash_one(RawValue::Str("gpu")),
+            build.hash_one(RawValue::Str(&gpu))
+        );
     }
 }

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use super::capacity::Fit;
 use super::claim::{Mode, Plan};
 use super::device::RawValue;
-use super::search::{Match, NodeSearch, Slot};
+use super::search::{Failure, Match, NodeSearch, Slot};
 use super::selectors::Read;
 pub use super::selectors::SelectorSource;
 
@@ -227,19 +227,19 @@ fn quantity_literal(expression: &str) -> Option<i128> {
 }
 
 /// Parses reused by [`quantity_distance`] within one report: the literal
-/// of each selector, and the last capacity text parsed (devices of a node
+/// of each selector, and the last capacity value parsed (devices of a node
 /// mostly repeat their values).
 #[derive(Default)]
 struct Distances<'a> {
     targets: Vec<(usize, Option<i128>)>,
-    last: Option<(&'a str, Option<i128>)>,
+    last: Option<(RawValue<'a>, Option<i128>)>,
 }
 
 /// For a selector reading one capacity and comparing it to a quantity
 /// literal: how far the device's capacity is from that literal (smaller is
 /// closer). Breaks ties between devices failing the same selector.
 fn quantity_distance<'a>(
-    search: &NodeSearch<'_, 'a>,
+    search: &mut NodeSearch<'_, 'a>,
     cache: &mut Distances<'a>,
     selector: usize,
     d: usize,
@@ -255,16 +255,24 @@ fn quantity_distance<'a>(
         cache.targets.push((selector, t));
         t
     }?;
-    let RawValue::Quantity(text) = read.raw(search.devs[d].device.raw, search.driver(d)) else {
+    // a memoised selector's only read has a column: its value without
+    // going back to the device
+    let raw = if entry.projection.as_ref().is_some_and(|p| p.len() == 1) {
+        let id = search.value_id(selector, 0, d)?;
+        search.snapshot_value(id)?
+    } else {
+        read.raw(search.devs[d].device.raw, search.driver(d))
+    };
+    let RawValue::Quantity(text) = raw else {
         return None;
     };
     let value = match cache.last {
-        Some((last, value)) if last == text => value,
+        Some((last, value)) if last == raw => value,
         _ => {
             let value = crate::quantity::Quantity::parse(text)
                 .ok()
                 .map(|q| q.nanos());
-            cache.last = Some((text, value));
+            cache.last = Some((raw, value));
             value
         }
     }?;
@@ -313,22 +321,26 @@ fn variant_report(search: &mut NodeSearch<'_, '_>, v: usize) -> VariantReport {
     for d in 0..search.devs.len() {
         let reached = match search.verdict(v, d) {
             Match::Yes | Match::Unknown => selectors.len(),
-            Match::No(k) => k,
-            Match::Error(k, e) => {
-                report.selector_errors += 1;
-                if report.first_error.is_none() {
-                    let source = &search.table.entries[selectors[k]].source;
-                    report.first_error = Some(format!(
-                        "{source} on device `{}`: {e}",
-                        search.devs[d].device.name()
-                    ));
+            &Match::No(k) => k,
+            Match::Failed(failure) => match &**failure {
+                Failure::Error(k, e) => {
+                    let k = *k;
+                    report.selector_errors += 1;
+                    if report.first_error.is_none() {
+                        let e = e.to_string();
+                        let source = &search.table.entries[selectors[k]].source;
+                        report.first_error = Some(format!(
+                            "{source} on device `{}`: {e}",
+                            search.devs[d].device.name()
+                        ));
+                    }
+                    k
                 }
-                k
-            }
-            Match::Malformed(_) => {
-                report.malformed += 1;
-                continue;
-            }
+                Failure::Malformed(_) => {
+                    report.malformed += 1;
+                    continue;
+                }
+            },
         };
         for stage in &mut report.stages[..reached] {
             stage.passed += 1;

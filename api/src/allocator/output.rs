@@ -164,7 +164,7 @@ pub(crate) fn node_allocation(search: &NodeSearch<'_, '_>) -> NodeAllocation {
                     .then(|| share_id(&search.plan.claim_key, index, &search.device_id(pick.dev))),
                 consumed_capacity,
                 tolerations: variant.tolerations.clone(),
-                node_local: matches!(dev.device.scope, Scope::Node(_)),
+                node_local: matches!(search.scope(pick.dev), Scope::Node(_)),
             }
         })
         .collect();

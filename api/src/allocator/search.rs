@@ -1,18 +1,21 @@
-//! The search for one node: the node's devices in the scheduler's order,
+//! The search: the nodes in order (with helper threads preparing the pools
+//! of the nodes ahead, and explaining the nodes that do not fit in
+//! parallel), and for one node its devices in the scheduler's order,
 //! cached selector results, the tentative allocation state (devices taken,
 //! counters and capacity consumed, constraint values), and the
 //! backtracking first-fit over requests, sub-requests and devices.
+
+use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::capacity::{self, Fit};
 use super::claim::{self, ConstraintKind, Mode, Plan};
-use super::device::{Details, PoolDevice, RawValue, lookup, raw_attribute, tolerates};
-use super::explain;
+use super::device::{Details, PoolDevice, RawValue, Scope, lookup, raw_attribute, tolerates};
+use super::explain::{self, NodeExplanation};
 use super::output::{self, NodeAllocation};
-use super::selectors::{FastMap, Memo, Recall, SelectorTable};
-use std::sync::Arc;
-
+use super::parallel::{self, Ahead, StopOnDrop};
+use super::selectors::{FastMap, Memo, Read, Recall, SelectorTable};
 use super::snapshot::{Column, Existing, Pool, PreparedPool, Snapshot};
 use super::{AllocError, MAX_RESULTS_PER_CLAIM, NodeFilter, Outcome, SimulateOptions};
 use crate::cel::{Compiler, EvalError, Evaluator};
@@ -43,47 +46,202 @@ pub(crate) fn simulate(
         NodeFilter::Node(n) => vec![Some(n.as_str())],
         NodeFilter::Nodes(list) => list.iter().map(|n| Some(n.as_str())).collect(),
     };
+    let threads = parallel::threads(options.threads, nodes.len());
+    let ctx = Context::new(compiler, snapshot, &plan, &table, options.max_search_steps);
     let mut memo = Memo::default();
-    let mut found = Vec::new();
-    // the selector verdicts of the nodes that do not fit, for explaining
-    let mut verdicts = Vec::with_capacity(nodes.len());
-    for node in &nodes {
-        let mut search = NodeSearch::new(
-            compiler,
-            snapshot,
-            &plan,
-            &table,
-            &mut memo,
-            *node,
-            options.max_search_steps,
-        );
-        if search.run()? {
-            found.push(output::node_allocation(&search));
-            if !options.all_fitting_nodes {
-                break;
-            }
-        } else if found.is_empty() {
-            verdicts.push(search.into_verdicts());
-        }
-    }
+    let (found, verdicts) = scan(&ctx, &mut memo, &nodes, options, threads)?;
     if !found.is_empty() {
         return Ok(Outcome::Satisfiable(found));
     }
-    let mut reports = Vec::with_capacity(nodes.len());
-    for (node, verdicts) in nodes.iter().zip(verdicts) {
-        let mut search = NodeSearch::new(
+    let reports = explain_nodes(&ctx, &mut memo, &nodes, verdicts, threads);
+    Ok(Outcome::Unsatisfiable(explain::explanation(reports, &plan)))
+}
+
+/// What the searches of every node of one simulation share.
+pub(crate) struct Context<'r, 'a> {
+    compiler: &'r Compiler,
+    snapshot: &'r Snapshot<'a>,
+    plan: &'r Plan,
+    table: &'r SelectorTable,
+    /// Per selector: the numbers of the reads of its projection (see
+    /// [`SliceIndex::read_number`](super::snapshot::SliceIndex::read_number)).
+    reads: Vec<Vec<usize>>,
+    /// Per selector: whether it is the first of a variant (it sees every
+    /// device the variant considers, so its columns are filled for whole
+    /// pools at once).
+    first: Vec<bool>,
+    /// What the first selectors read, with the reads' numbers: what is
+    /// read of every device.
+    eager: Vec<(usize, &'r Read)>,
+    budget: u64,
+}
+
+impl<'r, 'a> Context<'r, 'a> {
+    pub(crate) fn new(
+        compiler: &'r Compiler,
+        snapshot: &'r Snapshot<'a>,
+        plan: &'r Plan,
+        table: &'r SelectorTable,
+        budget: u64,
+    ) -> Self {
+        let reads: Vec<Vec<usize>> = table
+            .entries
+            .iter()
+            .map(|e| {
+                e.projection
+                    .iter()
+                    .flatten()
+                    .map(|r| snapshot.index.read_number(r))
+                    .collect()
+            })
+            .collect();
+        let mut first = vec![false; table.entries.len()];
+        let mut eager: Vec<(usize, &'r Read)> = Vec::new();
+        for sel in plan.first_selectors() {
+            first[sel] = true;
+            let projection = table.entries[sel].projection.iter().flatten();
+            for (&number, read) in reads[sel].iter().zip(projection) {
+                if !eager.iter().any(|(n, _)| *n == number) {
+                    eager.push((number, read));
+                }
+            }
+        }
+        Context {
             compiler,
             snapshot,
-            &plan,
-            &table,
-            &mut memo,
-            *node,
-            options.max_search_steps,
-        );
-        search.matches = verdicts;
-        reports.push(explain::explain_node(&mut search));
+            plan,
+            table,
+            reads,
+            first,
+            eager,
+            budget,
+        }
     }
-    Ok(Outcome::Unsatisfiable(explain::explanation(reports, &plan)))
+}
+
+/// The selector verdicts of one node: per variant, per device.
+pub(crate) type NodeVerdicts = Vec<Vec<Match>>;
+
+/// What a scan found: the nodes that fit, and the selector verdicts of the
+/// nodes that do not (in order, until the first fit), for explaining.
+type Scan = (Vec<NodeAllocation>, Vec<NodeVerdicts>);
+
+/// Searches the nodes in order. Once the first node does not fit, helper
+/// threads prepare the pools of the last nodes, walking back towards the
+/// search.
+fn scan(
+    ctx: &Context<'_, '_>,
+    memo: &mut Memo,
+    nodes: &[Option<&str>],
+    options: &SimulateOptions,
+    threads: usize,
+) -> Result<Scan, AllocError> {
+    let ahead = Ahead::new(nodes.len());
+    let warm = |i: usize| ctx.snapshot.warm(nodes[i], &ctx.eager);
+    std::thread::scope(|scope| {
+        let _stop = StopOnDrop(&ahead);
+        let mut found = Vec::new();
+        let mut verdicts = Vec::new();
+        let mut scratch = Scratch::default();
+        for (i, node) in nodes.iter().enumerate() {
+            ahead.reached(i);
+            if i == 1 && threads > 1 {
+                parallel::spawn_helpers(scope, &ahead, threads - 1, &warm);
+            }
+            let mut search = NodeSearch::new(ctx, *node, std::mem::take(memo), scratch);
+            let fits = search.run();
+            if matches!(fits, Ok(true)) {
+                found.push(output::node_allocation(&search));
+            }
+            let node_verdicts;
+            (node_verdicts, *memo, scratch) = search.finish();
+            if fits? {
+                if !options.all_fitting_nodes {
+                    break;
+                }
+            } else if found.is_empty() {
+                verdicts.push(node_verdicts);
+            }
+        }
+        Ok((found, verdicts))
+    })
+}
+
+/// Explains every node (seeded with its verdicts), in `threads` runs of
+/// consecutive nodes, each with its own copy of the memo.
+fn explain_nodes(
+    ctx: &Context<'_, '_>,
+    memo: &mut Memo,
+    nodes: &[Option<&str>],
+    verdicts: Vec<NodeVerdicts>,
+    threads: usize,
+) -> Vec<NodeExplanation> {
+    let explain_run = |memo: &mut Memo, nodes: &[Option<&str>], verdicts: Vec<NodeVerdicts>| {
+        let mut scratch = Scratch::default();
+        let mut reports = Vec::with_capacity(verdicts.len());
+        for (node, verdicts) in nodes.iter().zip(verdicts) {
+            let mut search =
+                NodeSearch::with_verdicts(ctx, *node, std::mem::take(memo), scratch, verdicts);
+            reports.push(explain::explain_node(&mut search));
+            (_, *memo, scratch) = search.finish();
+        }
+        reports
+    };
+    let runs = threads.min(verdicts.len());
+    if runs <= 1 {
+        return explain_run(memo, nodes, verdicts);
+    }
+    let size = verdicts.len().div_ceil(runs);
+    let mut rest = verdicts.into_iter();
+    // each run's verdicts, taken by the thread that explains it (or by
+    // this one, when a thread cannot be started)
+    let slots: Vec<Mutex<Option<Vec<NodeVerdicts>>>> = (0..runs)
+        .map(|_| Mutex::new(Some(rest.by_ref().take(size).collect())))
+        .collect();
+    let take = |k: usize| {
+        slots[k]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .unwrap_or_default()
+    };
+    std::thread::scope(|scope| {
+        let (explain_run, take) = (&explain_run, &take);
+        let handles: Vec<_> = (1..runs)
+            .map(|k| {
+                let mut own = memo.clone();
+                std::thread::Builder::new()
+                    .name("allocator-explain".to_owned())
+                    .spawn_scoped(scope, move || {
+                        explain_run(&mut own, &nodes[k * size..], take(k))
+                    })
+            })
+            .collect();
+        let mut reports = explain_run(memo, nodes, take(0));
+        for (k, handle) in (1..runs).zip(handles) {
+            let part = match handle {
+                Ok(handle) => handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(_) => explain_run(memo, &nodes[k * size..], take(k)),
+            };
+            reports.extend(part);
+        }
+        reports
+    })
+}
+
+/// The buffers of a node's search, handed from one node to the next so
+/// that a scan allocates them once.
+#[derive(Default)]
+pub(crate) struct Scratch<'r, 'a> {
+    pools: Vec<NodePool<'r, 'a>>,
+    devs: Vec<Dev<'r, 'a>>,
+    order: Vec<Slot>,
+    columns: Vec<Option<Vec<Arc<Column>>>>,
+    taken: Vec<bool>,
+    active: Vec<u32>,
+    counters: Vec<Vec<i128>>,
 }
 
 /// A relevant pool of the node.
@@ -126,14 +284,25 @@ pub(crate) enum Slot {
     InvalidPool(usize),
 }
 
-/// Cached selector verdict of a variant for a device.
+/// Cached selector verdict of a variant for a device (two words: a node
+/// keeps one per device and variant).
 #[derive(Debug, Clone)]
 pub(crate) enum Match {
     Unknown,
     Yes,
     /// Failed selector (index into the variant's selectors).
     No(usize),
+    /// The selectors could not judge the device (rare, so boxed).
+    Failed(Box<Failure>),
+}
+
+/// Why selectors could not judge a device.
+#[derive(Debug, Clone)]
+pub(crate) enum Failure {
+    /// Selector `stage` (index into the variant's selectors) failed at run
+    /// time.
     Error(usize, EvalError),
+    /// The device could not be converted for CEL.
     Malformed(String),
 }
 
@@ -161,11 +330,11 @@ enum ConstraintState<'a> {
 }
 
 pub(crate) struct NodeSearch<'r, 'a> {
-    compiler: &'r Compiler,
+    ctx: &'r Context<'r, 'a>,
     snapshot: &'r Snapshot<'a>,
     pub plan: &'r Plan,
     pub table: &'r SelectorTable,
-    memo: &'r mut Memo,
+    memo: Memo,
     pub node: Option<&'r str>,
     pub pools: Vec<NodePool<'r, 'a>>,
     pub devs: Vec<Dev<'r, 'a>>,
@@ -174,8 +343,9 @@ pub(crate) struct NodeSearch<'r, 'a> {
     pub matches: Vec<Vec<Match>>,
     evaluators: FastMap<usize, Evaluator>,
     unmemoised: FastMap<(usize, usize), Result<bool, EvalError>>,
-    /// Per (node pool, selector): the columns of the values it reads.
-    columns: FastMap<(usize, usize), Vec<Arc<Column>>>,
+    /// Per node pool and selector (`pool * selectors + selector`): the
+    /// columns of the values it reads.
+    columns: Vec<Option<Vec<Arc<Column>>>>,
     prechecked: Vec<Option<bool>>,
     all_lists: Vec<Option<Vec<usize>>>,
     // tentative state
@@ -191,23 +361,69 @@ pub(crate) struct NodeSearch<'r, 'a> {
     /// Constraints ignored (bit per constraint), for diagnosis.
     pub disabled: u64,
     steps: u64,
-    budget: u64,
 }
 
 impl<'r, 'a> NodeSearch<'r, 'a> {
+    /// A search of `node`, with the memo of the simulation so far and
+    /// buffers to fill (see [`finish`](Self::finish)).
     pub(crate) fn new(
-        compiler: &'r Compiler,
-        snapshot: &'r Snapshot<'a>,
-        plan: &'r Plan,
-        table: &'r SelectorTable,
-        memo: &'r mut Memo,
+        ctx: &'r Context<'r, 'a>,
         node: Option<&'r str>,
-        budget: u64,
+        memo: Memo,
+        scratch: Scratch<'r, 'a>,
     ) -> Self {
-        let mut pools = Vec::new();
-        let mut devs = Vec::new();
-        let mut order = Vec::new();
-        for index in snapshot.pools_for(node) {
+        Self::build(ctx, node, memo, scratch, None)
+    }
+
+    /// A search of `node` that knows the selector verdicts of an earlier
+    /// one (of the same simulation).
+    pub(crate) fn with_verdicts(
+        ctx: &'r Context<'r, 'a>,
+        node: Option<&'r str>,
+        memo: Memo,
+        scratch: Scratch<'r, 'a>,
+        verdicts: NodeVerdicts,
+    ) -> Self {
+        Self::build(ctx, node, memo, scratch, Some(verdicts))
+    }
+
+    /// The selector verdicts gathered (to seed an explanation), the memo
+    /// and the buffers, for the next node.
+    pub(crate) fn finish(self) -> (NodeVerdicts, Memo, Scratch<'r, 'a>) {
+        let scratch = Scratch {
+            pools: self.pools,
+            devs: self.devs,
+            order: self.order,
+            columns: self.columns,
+            taken: self.taken,
+            active: self.active,
+            counters: self.counters,
+        };
+        (self.matches, self.memo, scratch)
+    }
+
+    fn build(
+        ctx: &'r Context<'r, 'a>,
+        node: Option<&'r str>,
+        memo: Memo,
+        scratch: Scratch<'r, 'a>,
+        verdicts: Option<NodeVerdicts>,
+    ) -> Self {
+        let Scratch {
+            mut pools,
+            mut devs,
+            mut order,
+            mut columns,
+            taken,
+            active,
+            counters,
+        } = scratch;
+        pools.clear();
+        devs.clear();
+        order.clear();
+        let snapshot = ctx.snapshot;
+        let known = snapshot.known_node(node);
+        for &index in snapshot.pools_for(node).iter() {
             let pool = &snapshot.pools()[index];
             if !pool.complete() {
                 pools.push(NodePool {
@@ -218,7 +434,7 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
                 });
                 continue;
             }
-            let prepared = pool.prepared();
+            let prepared = pool.prepared_reading(ctx.eager.iter().map(|(_, r)| *r));
             let p = pools.len();
             let pool_use = match (prepared.invalid.as_deref(), snapshot.pool_use(index)) {
                 (Some(reason), _) | (None, Err(reason)) => {
@@ -239,51 +455,72 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
                 invalid: None,
                 base: &pool_use.base_available,
             });
-            for (i, device) in prepared.devices.iter().enumerate() {
-                if device.scope.includes(node) {
+            let existing = &pool_use.existing;
+            devs.reserve(prepared.devices.len());
+            order.reserve(prepared.devices.len());
+            for run in &prepared.runs {
+                let included = match run.scope {
+                    // a slice's scope names the node as `known` does: at
+                    // the same address, or it is another node
+                    Scope::Node(n) if run.known => known.is_some_and(|k| std::ptr::eq(k, n)),
+                    scope => scope.includes(node),
+                };
+                if !included {
+                    continue;
+                }
+                for (i, device) in prepared.devices[run.first..run.end].iter().enumerate() {
+                    let i = run.first + i;
                     order.push(Slot::Device(devs.len()));
                     devs.push(Dev {
                         pool: p,
                         index: i,
                         device,
-                        existing: pool_use.existing.get(&i),
+                        existing: if existing.is_empty() {
+                            None
+                        } else {
+                            existing.get(&i)
+                        },
                     });
                 }
             }
         }
-        let variants = plan.variants.len();
-        let counters = pools.iter().map(|p| p.base.to_vec()).collect();
+        let variants = ctx.plan.variants.len();
+        columns.clear();
+        columns.resize(pools.len() * ctx.table.entries.len(), None);
         NodeSearch {
-            compiler,
+            ctx,
             snapshot,
-            plan,
-            table,
+            plan: ctx.plan,
+            table: ctx.table,
             memo,
             node,
-            matches: vec![vec![Match::Unknown; devs.len()]; variants],
-            taken: vec![false; devs.len()],
-            active: vec![0; devs.len()],
+            matches: verdicts.unwrap_or_else(|| {
+                (0..variants)
+                    .map(|_| {
+                        let mut m = Vec::with_capacity(devs.len());
+                        m.resize_with(devs.len(), || Match::Unknown);
+                        m
+                    })
+                    .collect()
+            }),
             pools,
             devs,
             order,
             evaluators: FastMap::default(),
             unmemoised: FastMap::default(),
-            columns: FastMap::default(),
+            columns,
             prechecked: vec![None; variants],
             all_lists: vec![None; variants],
+            // the tentative state is sized by `reset`, when a search runs
+            taken,
+            active,
             counters,
             cap_used: FastMap::default(),
             constraints: Vec::new(),
             picks: Vec::new(),
             disabled: 0,
             steps: 0,
-            budget,
         }
-    }
-
-    /// The selector verdicts gathered (to seed an explanation).
-    pub(crate) fn into_verdicts(self) -> Vec<Vec<Match>> {
-        self.matches
     }
 
     pub(crate) fn node_label(&self) -> String {
@@ -304,14 +541,21 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         )
     }
 
+    /// Where device `d` can be used.
+    pub(crate) fn scope(&self, d: usize) -> Scope<'a> {
+        let dev = self.devs[d];
+        self.pools[dev.pool]
+            .prepared
+            .map_or(Scope::Nowhere, |p| p.scope(dev.index))
+    }
+
     /// The parsed device.
     pub(crate) fn details(&self, d: usize) -> Result<&'r Details<'a>, String> {
         let dev = self.devs[d];
         let pool = &self.pools[dev.pool];
         let prepared = pool.prepared.expect("devices come from prepared pools");
-        let lookup = |set: &str, name: &str| prepared.counter(set, name);
-        dev.device
-            .details(pool.pool.driver, &lookup)
+        prepared
+            .details(dev.index, pool.pool.driver)
             .map_err(str::to_owned)
     }
 
@@ -324,10 +568,15 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
 
     /// Resets the tentative state (for another search on the same node).
     pub(crate) fn reset(&mut self) {
-        self.taken.iter_mut().for_each(|t| *t = false);
-        self.active.iter_mut().for_each(|a| *a = 0);
-        for (p, pool) in self.pools.iter().enumerate() {
-            self.counters[p] = pool.base.to_vec();
+        let n = self.devs.len();
+        self.taken.clear();
+        self.taken.resize(n, false);
+        self.active.clear();
+        self.active.resize(n, 0);
+        self.counters.resize_with(self.pools.len(), Vec::new);
+        for (counters, pool) in self.counters.iter_mut().zip(&self.pools) {
+            counters.clear();
+            counters.extend_from_slice(pool.base);
         }
         self.cap_used.clear();
         self.picks.clear();
@@ -362,10 +611,10 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
 
     fn step(&mut self) -> Result<(), AllocError> {
         self.steps += 1;
-        if self.steps > self.budget {
+        if self.steps > self.ctx.budget {
             return Err(AllocError::SearchBudgetExhausted {
                 node: self.node_label(),
-                steps: self.budget,
+                steps: self.ctx.budget,
             });
         }
         Ok(())
@@ -497,9 +746,9 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
 
     /// The selector verdict of variant `v` for device `d`, evaluated on
     /// first need; errors are kept in the verdict.
-    pub(crate) fn verdict(&mut self, v: usize, d: usize) -> Match {
+    pub(crate) fn verdict(&mut self, v: usize, d: usize) -> &Match {
         if !matches!(self.matches[v][d], Match::Unknown) {
-            return self.matches[v][d].clone();
+            return &self.matches[v][d];
         }
         let mut verdict = Match::Yes;
         for (stage, &sel) in self.plan.variants[v].selectors.iter().enumerate() {
@@ -510,17 +759,17 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
                     break;
                 }
                 Ok(Err(e)) => {
-                    verdict = Match::Error(stage, e);
+                    verdict = Match::Failed(Box::new(Failure::Error(stage, e)));
                     break;
                 }
                 Err(reason) => {
-                    verdict = Match::Malformed(reason);
+                    verdict = Match::Failed(Box::new(Failure::Malformed(reason)));
                     break;
                 }
             }
         }
-        self.matches[v][d] = verdict.clone();
-        verdict
+        self.matches[v][d] = verdict;
+        &self.matches[v][d]
     }
 
     /// Whether the device passes the variant's selectors; errors abort.
@@ -528,34 +777,69 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         match self.verdict(v, d) {
             Match::Yes => Ok(true),
             Match::No(_) | Match::Unknown => Ok(false),
-            Match::Error(stage, source) => {
-                let sel = self.plan.variants[v].selectors[stage];
-                Err(AllocError::CelRuntime {
-                    location: self.table.entries[sel].source.location(),
-                    device: self.device_id(d),
-                    node: self.node_label(),
-                    source,
-                })
-            }
-            Match::Malformed(reason) => Err(self.malformed(d, reason)),
+            Match::Failed(failure) => match (**failure).clone() {
+                Failure::Error(stage, source) => {
+                    let sel = self.plan.variants[v].selectors[stage];
+                    Err(AllocError::CelRuntime {
+                        location: self.table.entries[sel].source.location(),
+                        device: self.device_id(d),
+                        node: self.node_label(),
+                        source,
+                    })
+                }
+                Failure::Malformed(reason) => Err(self.malformed(d, reason)),
+            },
         }
     }
 
     /// Gathers the columns of the values selector `sel` reads, for node
-    /// pool `p`.
-    fn ensure_columns(&mut self, p: usize, sel: usize) {
-        let snapshot = self.snapshot;
-        let table = self.table;
-        let pool = &self.pools[p];
-        self.columns.entry((p, sel)).or_insert_with(|| {
+    /// pool `p`. A first selector's are filled for all the pool's devices
+    /// at once (reading a value has no effect but its cost, and a pool's
+    /// values are cheapest read together); the others' device by device.
+    fn ensure_columns(&mut self, p: usize, sel: usize) -> usize {
+        let slot = p * self.table.entries.len() + sel;
+        if self.columns[slot].is_none() {
+            let pool = &self.pools[p];
             let prepared = pool.prepared.expect("devices come from prepared pools");
-            table.entries[sel]
+            let index = &self.snapshot.index;
+            let eager = self.ctx.first[sel];
+            let numbers = &self.ctx.reads[sel];
+            let columns = self.table.entries[sel]
                 .projection
                 .iter()
                 .flatten()
-                .map(|read| snapshot.index.column(pool.pool, prepared, read))
-                .collect()
-        });
+                .zip(numbers)
+                .map(|(read, &number)| {
+                    let column = index.numbered_column(pool.pool, prepared, number, read);
+                    if eager {
+                        index.fill_column(pool.pool, prepared, &column);
+                    }
+                    column
+                })
+                .collect();
+            self.columns[slot] = Some(columns);
+        }
+        slot
+    }
+
+    /// The id of the value that read `k` of selector `sel`'s projection
+    /// takes on device `d`.
+    pub(crate) fn value_id(&mut self, sel: usize, k: usize, d: usize) -> Option<u32> {
+        let dev = self.devs[d];
+        let slot = self.ensure_columns(dev.pool, sel);
+        let column = self.columns[slot].as_deref()?.get(k)?;
+        let pool = &self.pools[dev.pool];
+        let prepared = pool.prepared?;
+        Some(
+            self.snapshot
+                .index
+                .value_id(pool.pool, prepared, column, dev.index),
+        )
+    }
+
+    /// The value behind a column id.
+    pub(crate) fn snapshot_value(&self, id: u32) -> Option<RawValue<'a>> {
+        self.snapshot.index.value(id)
     }
 
     /// One selector on one device: memoised by the values it reads.
@@ -565,14 +849,15 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         let dev = self.devs[d];
         let memoised = entry.projection.is_some();
         if memoised {
-            self.ensure_columns(dev.pool, sel);
-            let columns = &self.columns[&(dev.pool, sel)];
+            let slot = self.ensure_columns(dev.pool, sel);
+            let columns = self.columns[slot].as_deref().unwrap_or_default();
             let pool = &self.pools[dev.pool];
             let prepared = pool.prepared.expect("devices come from prepared pools");
             let index = &self.snapshot.index;
-            let ids = columns
-                .iter()
-                .map(|c| index.value_id(pool.pool, prepared, c, dev.index));
+            let ids = columns.iter().map(|c| {
+                c.id(dev.index)
+                    .unwrap_or_else(|| index.value_id(pool.pool, prepared, c, dev.index))
+            });
             if let Recall::Hit(result) = self.memo.recall(sel, ids) {
                 return Ok(result);
             }
@@ -580,8 +865,13 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
             return Ok(r.clone());
         }
         if !self.evaluators.contains_key(&d) {
-            let cel = dev.device.cel(self.driver(d)).map_err(str::to_owned)?;
-            self.evaluators.insert(d, self.compiler.evaluator(cel));
+            let prepared = self.pools[dev.pool]
+                .prepared
+                .expect("devices come from prepared pools");
+            let cel = prepared
+                .cel(dev.index, self.driver(d))
+                .map_err(str::to_owned)?;
+            self.evaluators.insert(d, self.ctx.compiler.evaluator(cel));
         }
         let result = self.evaluators[&d].matches(&entry.selector);
         self.memo.evaluations += 1;
@@ -841,7 +1131,7 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
             }
             match self.verdict(v, d) {
                 Match::No(_) | Match::Unknown => continue,
-                Match::Error(..) | Match::Malformed(_) => {
+                Match::Failed(_) => {
                     found += 1;
                 }
                 Match::Yes => {

@@ -21,6 +21,7 @@ use cel::common::ast::{Expr, IdedExpr, LiteralValue, operators};
 use k8s_openapi::api::resource::v1::Device;
 
 use super::device::{RawValue, lookup, raw_attribute, raw_capacity};
+use super::snapshot::OVERFLOW_ID;
 use crate::cel::{EvalError, Selector};
 
 /// Where a selector comes from.
@@ -233,13 +234,23 @@ pub(crate) enum Recall {
 }
 
 /// Results of projectable selectors by (selector, ids of the values read).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Memo {
-    maps: Vec<FastMap<Vec<u32>, Result<bool, EvalError>>>,
+    selectors: Vec<SelectorMemo>,
     /// The key of the last miss.
     key: Vec<u32>,
     pub hits: u64,
     pub evaluations: u64,
+}
+
+/// The results of one selector.
+#[derive(Debug, Default, Clone)]
+struct SelectorMemo {
+    results: FastMap<Vec<u32>, Result<bool, EvalError>>,
+    /// The last key recalled and its result: devices of a pool come in runs
+    /// of equal values, so most recalls need no hashing.
+    last_key: Vec<u32>,
+    last: Option<Result<bool, EvalError>>,
 }
 
 impl Memo {
@@ -247,23 +258,44 @@ impl Memo {
     pub(crate) fn recall(&mut self, selector: usize, ids: impl Iterator<Item = u32>) -> Recall {
         self.key.clear();
         self.key.extend(ids);
-        if self.maps.len() <= selector {
-            self.maps.resize_with(selector + 1, FastMap::default);
+        if self.selectors.len() <= selector {
+            self.selectors
+                .resize_with(selector + 1, SelectorMemo::default);
         }
-        match self.maps[selector].get(self.key.as_slice()) {
+        let memo = &mut self.selectors[selector];
+        if let Some(r) = &memo.last
+            && same(&memo.last_key, &self.key)
+        {
+            self.hits += 1;
+            return Recall::Hit(r.clone());
+        }
+        match memo.results.get(self.key.as_slice()) {
             Some(r) => {
                 self.hits += 1;
+                memo.last_key.clone_from(&self.key);
+                memo.last = Some(r.clone());
                 Recall::Hit(r.clone())
             }
             None => Recall::Miss,
         }
     }
 
-    /// Stores the result for the key of the last [`Recall::Miss`].
+    /// Stores the result for the key of the last [`Recall::Miss`] (unless
+    /// ids ran out: such a key stands for more than one value).
     pub(crate) fn store(&mut self, selector: usize, result: Result<bool, EvalError>) {
-        let key = self.key.clone();
-        self.maps[selector].insert(key, result);
+        if self.key.contains(&OVERFLOW_ID) {
+            return;
+        }
+        let memo = &mut self.selectors[selector];
+        memo.last_key.clone_from(&self.key);
+        memo.last = Some(result.clone());
+        memo.results.insert(self.key.clone(), result);
     }
+}
+
+/// Whether two (short) keys are equal, compared in place.
+fn same(a: &[u32], b: &[u32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
 }
 
 /// The reads of a selector: (projection if complete, everything seen).

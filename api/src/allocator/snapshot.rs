@@ -4,21 +4,28 @@
 //!
 //! The slice-derived part is shared (behind an `Arc`) by every snapshot made
 //! with [`Snapshot::with_allocated`], and everything in it is computed
-//! lazily and kept: a pool is validated and indexed on first visit, and the
-//! values a selector reads are gathered per pool into columns of interned
-//! ids on first use. So a controller that keeps one snapshot per set of
-//! slices pays for each device once, not once per claim.
+//! lazily and kept, safely from several threads: a pool is validated and
+//! indexed on first visit, and the values a selector reads are gathered
+//! per pool into columns of interned ids on first use. So a controller that
+//! keeps one snapshot per set of slices pays for each device once, not once
+//! per claim. A first visit is bound by memory latency: it first reads the
+//! strings it will compare in a loop of independent reads (`touch`), which
+//! lets the processor overlap their cache misses.
 
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::fmt;
-use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
+use std::hash::{BuildHasher, BuildHasherDefault};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceClaim, ResourceSlice};
 
-use super::device::{PoolDevice, RawValue, Scope};
-use super::selectors::{FastMap, Read};
+use super::device::{Details, Parsed, PoolDevice, RawValue, Scope, same};
+use super::parallel::{self, Ahead, StopOnDrop};
+use super::selectors::{FastHasher, FastMap, Read};
+use crate::cel::CelDevice;
 use crate::quantity::Quantity;
 
 /// Devices of one pool used by allocated claims: `(driver, pool)` → device
@@ -43,10 +50,37 @@ pub(crate) struct SliceIndex<'a> {
     pub pools: Vec<Pool<'a>>,
     pub classes: HashMap<&'a str, &'a DeviceClass>,
     nodes: Vec<&'a str>,
-    node_pools: HashMap<&'a str, Vec<usize>>,
+    node_pools: FastMap<&'a str, Vec<usize>>,
     any_node_pools: Vec<usize>,
     /// Value ids of the columns.
-    values: Mutex<FastMap<RawValue<'a>, u32>>,
+    values: Mutex<Interner<'a>>,
+    /// The reads columns are kept for, numbered (the index of a pool's
+    /// column).
+    reads: Mutex<Vec<Read>>,
+}
+
+/// The values of the columns, numbered: equal values, equal ids.
+#[derive(Debug, Default)]
+struct Interner<'a> {
+    ids: FastMap<RawValue<'a>, u32>,
+    /// Id → value.
+    values: Vec<RawValue<'a>>,
+}
+
+impl<'a> Interner<'a> {
+    fn intern(&mut self, value: RawValue<'a>) -> u32 {
+        if let Some(&id) = self.ids.get(&value) {
+            return id;
+        }
+        // past `OVERFLOW_ID` values share it, and the memo ignores it
+        let id = u32::try_from(self.values.len()).unwrap_or(OVERFLOW_ID);
+        if id >= OVERFLOW_ID {
+            return OVERFLOW_ID;
+        }
+        self.values.push(value);
+        self.ids.insert(value, id);
+        id
+    }
 }
 
 /// What an allocated claim uses of a device.
@@ -81,6 +115,9 @@ pub(crate) struct Pool<'a> {
     pub driver: &'a str,
     pub name: &'a str,
     pub slices: Vec<&'a ResourceSlice>,
+    /// Per slice: the scope of its devices (unless they have their own),
+    /// with the node's name as in [`Snapshot::nodes`].
+    scopes: Vec<Scope<'a>>,
     pub expected: i64,
     prepared: OnceLock<PreparedPool<'a>>,
 }
@@ -88,8 +125,22 @@ pub(crate) struct Pool<'a> {
 impl<'a> Pool<'a> {
     /// The pool validated and indexed (on first call).
     pub(crate) fn prepared(&self) -> &PreparedPool<'a> {
-        self.prepared
-            .get_or_init(|| prepare(self).unwrap_or_else(PreparedPool::invalid))
+        self.prepared_reading(std::iter::empty())
+    }
+
+    /// [`prepared`](Self::prepared), when `reads` will be read of every
+    /// device next: a first call brings those values into the cache along
+    /// with what validation reads.
+    pub(crate) fn prepared_reading<'r>(
+        &self,
+        reads: impl Iterator<Item = &'r Read> + Clone,
+    ) -> &PreparedPool<'a> {
+        self.prepared.get_or_init(|| {
+            for slice in &self.slices {
+                std::hint::black_box(touch(slice, reads.clone()));
+            }
+            prepare(self).unwrap_or_else(PreparedPool::invalid)
+        })
     }
 
     pub(crate) fn id(&self) -> String {
@@ -110,6 +161,17 @@ impl<'a> Pool<'a> {
     }
 }
 
+/// Devices `first..end` of a pool, all with the same scope.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Run<'a> {
+    pub first: usize,
+    pub end: usize,
+    pub scope: Scope<'a>,
+    /// The scope of a slice: a node is named as in [`Snapshot::nodes`]
+    /// (the same address).
+    pub known: bool,
+}
+
 /// A counter of one of the pool's counter sets.
 #[derive(Debug, Clone)]
 pub(crate) struct Counter<'a> {
@@ -118,12 +180,12 @@ pub(crate) struct Counter<'a> {
     pub total: i128,
 }
 
-/// A counter set of a pool: its counters are `counters[first..]` of the
-/// pool, in the order of this map.
+/// A counter set of a pool: its counters are `counters[first..first + len]`
+/// of the pool, in name order.
 #[derive(Debug)]
-struct CounterSet<'a> {
-    counters: &'a BTreeMap<String, k8s_openapi::api::resource::v1::Counter>,
+struct CounterSet {
     first: usize,
+    len: usize,
 }
 
 /// How allocated claims use a device of the pool.
@@ -156,30 +218,78 @@ pub(crate) struct PoolUse {
 pub(crate) struct PreparedPool<'a> {
     pub invalid: Option<String>,
     pub devices: Vec<PoolDevice<'a>>,
+    /// The devices in runs of one scope (a slice's devices share theirs),
+    /// so that finding a node's devices reads no device.
+    pub runs: Vec<Run<'a>>,
     pub counters: Vec<Counter<'a>>,
-    sets: Vec<CounterSet<'a>>,
+    sets: Vec<CounterSet>,
     set_index: FastMap<&'a str, usize>,
-    by_name: FastMap<&'a str, usize>,
-    /// What selectors read, per device, as value ids.
-    columns: Mutex<FastMap<Read, Arc<Column>>>,
+    /// Device name → index, made when allocated claims are looked up.
+    by_name: OnceLock<FastMap<&'a str, usize>>,
+    /// Per device, its parsed forms; made when a first device is parsed.
+    parsed: OnceLock<Box<[Parsed<'a>]>>,
+    /// What selectors read, per device, as value ids; by read number.
+    columns: Mutex<Vec<Option<Arc<Column>>>>,
 }
 
-impl PreparedPool<'_> {
+impl<'a> PreparedPool<'a> {
     pub(crate) fn counter(&self, set: &str, name: &str) -> Option<usize> {
         let set = &self.sets[*self.set_index.get(set)?];
-        let offset = set.counters.keys().position(|k| k == name)?;
+        let offset = self.counters[set.first..set.first + set.len]
+            .iter()
+            .position(|c| c.name == name)?;
         Some(set.first + offset)
+    }
+
+    /// The index of the device named `name`.
+    pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
+        self.by_name
+            .get_or_init(|| {
+                self.devices
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| (d.name(), i))
+                    .collect()
+            })
+            .get(name)
+            .copied()
+    }
+
+    /// Where device `i` can be used.
+    pub(crate) fn scope(&self, i: usize) -> Scope<'a> {
+        let run = self.runs.partition_point(|r| r.end <= i);
+        self.runs.get(run).map_or(Scope::Nowhere, |r| r.scope)
+    }
+
+    fn parsed(&self, i: usize) -> &Parsed<'a> {
+        &self
+            .parsed
+            .get_or_init(|| self.devices.iter().map(|_| Parsed::default()).collect())[i]
+    }
+
+    /// Device `i` parsed (on first need).
+    pub(crate) fn details(&self, i: usize, driver: &'a str) -> Result<&Details<'a>, &str> {
+        let counters = |set: &str, name: &str| self.counter(set, name);
+        self.parsed(i)
+            .details(self.devices[i].raw, driver, &counters)
+    }
+
+    /// Device `i` as CEL selectors see it (converted on first need).
+    pub(crate) fn cel(&self, i: usize, driver: &str) -> Result<&CelDevice, &str> {
+        self.parsed(i).cel(self.devices[i].raw, driver)
     }
 
     fn invalid(reason: String) -> Self {
         PreparedPool {
             invalid: Some(reason),
             devices: Vec::new(),
+            runs: Vec::new(),
             counters: Vec::new(),
             sets: Vec::new(),
             set_index: FastMap::default(),
-            by_name: FastMap::default(),
-            columns: Mutex::new(FastMap::default()),
+            by_name: OnceLock::new(),
+            parsed: OnceLock::new(),
+            columns: Mutex::new(Vec::new()),
         }
     }
 }
@@ -210,7 +320,21 @@ impl<'a> SliceIndex<'a> {
         slices: impl IntoIterator<Item = &'a ResourceSlice>,
         classes: impl IntoIterator<Item = &'a DeviceClass>,
     ) -> Self {
-        let mut groups: HashMap<(&'a str, &'a str), Vec<&'a ResourceSlice>> = HashMap::new();
+        let slices: Vec<&'a ResourceSlice> = slices.into_iter().collect();
+        // the names grouping and sorting compare, with overlapping misses
+        // (see `touch`)
+        let mut acc = 0usize;
+        for slice in &slices {
+            let spec = &slice.spec;
+            acc = acc.wrapping_add(
+                first_byte(&spec.driver)
+                    ^ first_byte(&spec.pool.name)
+                    ^ spec.node_name.as_deref().map_or(0, first_byte)
+                    ^ slice.metadata.name.as_deref().map_or(0, first_byte),
+            );
+        }
+        std::hint::black_box(acc);
+        let mut groups: FastMap<(&'a str, &'a str), Vec<&'a ResourceSlice>> = FastMap::default();
         for slice in slices {
             let key = (slice.spec.driver.as_str(), slice.spec.pool.name.as_str());
             let group = groups.entry(key).or_default();
@@ -223,26 +347,39 @@ impl<'a> SliceIndex<'a> {
         let mut keys: Vec<_> = groups.keys().copied().collect();
         keys.sort_unstable();
         let mut pools = Vec::with_capacity(keys.len());
-        let mut node_pools: HashMap<&'a str, Vec<usize>> = HashMap::new();
+        let mut node_pools: FastMap<&'a str, Vec<usize>> = FastMap::default();
         let mut any_node_pools = Vec::new();
         for (index, key) in keys.into_iter().enumerate() {
             let mut slices = groups.remove(&key).unwrap_or_default();
             slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            // registers where devices are; returns the scope with the
+            // node's name as first seen (the node's key), so that scopes
+            // compare by address
             let mut add = |s: Scope<'a>| match s {
-                Scope::Node(n) => {
-                    let list = node_pools.entry(n).or_default();
-                    if list.last() != Some(&index) {
-                        list.push(index);
+                Scope::Node(n) => match node_pools.entry(n) {
+                    Entry::Occupied(mut e) => {
+                        let key = *e.key();
+                        if e.get().last() != Some(&index) {
+                            e.get_mut().push(index);
+                        }
+                        Scope::Node(key)
                     }
-                }
+                    Entry::Vacant(e) => {
+                        e.insert(vec![index]);
+                        s
+                    }
+                },
                 Scope::AnyNode => {
                     if any_node_pools.last() != Some(&index) {
                         any_node_pools.push(index);
                     }
+                    s
                 }
-                Scope::Nowhere => {}
+                Scope::Nowhere => s,
             };
+            let mut scopes = Vec::with_capacity(slices.len());
             for slice in &slices {
+                let mut shared = Scope::Nowhere;
                 if per_device(slice) {
                     for d in slice.spec.devices.iter().flatten() {
                         add(scope(
@@ -252,8 +389,9 @@ impl<'a> SliceIndex<'a> {
                         ));
                     }
                 } else if slice.spec.devices.as_ref().is_some_and(|d| !d.is_empty()) {
-                    add(slice_scope(slice));
+                    shared = add(slice_scope(slice));
                 }
+                scopes.push(shared);
             }
             pools.push(Pool {
                 driver: key.0,
@@ -262,6 +400,7 @@ impl<'a> SliceIndex<'a> {
                     .first()
                     .map_or(0, |s| s.spec.pool.resource_slice_count),
                 slices,
+                scopes,
                 prepared: OnceLock::new(),
             });
         }
@@ -277,32 +416,55 @@ impl<'a> SliceIndex<'a> {
             nodes,
             node_pools,
             any_node_pools,
-            values: Mutex::new(FastMap::default()),
+            values: Mutex::new(Interner::default()),
+            reads: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The number of `read` among the reads columns are kept for.
+    pub(crate) fn read_number(&self, read: &Read) -> usize {
+        let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = reads.iter().position(|r| r == read) {
+            return n;
+        }
+        reads.push(read.clone());
+        reads.len() - 1
     }
 
     /// The column of the values `read` takes on the devices of a prepared
     /// pool, as ids (equal ids, equal values), made once per pool and
-    /// read; its ids are filled on first need (see
-    /// [`value_id`](Self::value_id)), so a selector evaluated on a few
-    /// devices of a pool reads only those.
+    /// read; its ids are filled by [`fill_column`](Self::fill_column) or,
+    /// one device at a time, by [`value_id`](Self::value_id).
+    #[cfg(test)]
     pub(crate) fn column(
         &self,
         pool: &Pool<'a>,
         prepared: &PreparedPool<'a>,
         read: &Read,
     ) -> Arc<Column> {
+        self.numbered_column(pool, prepared, self.read_number(read), read)
+    }
+
+    /// [`column`](Self::column) for a read by its
+    /// [number](Self::read_number).
+    pub(crate) fn numbered_column(
+        &self,
+        pool: &Pool<'a>,
+        prepared: &PreparedPool<'a>,
+        number: usize,
+        read: &Read,
+    ) -> Arc<Column> {
         let mut columns = prepared
             .columns
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(c) = columns.get(read) {
+        if let Some(Some(c)) = columns.get(number) {
             return Arc::clone(c);
         }
         // the driver is the pool's: one value for all devices
-        let fill = match read {
-            Read::Driver => self.intern(RawValue::Str(pool.driver)),
-            _ => UNKNOWN_ID,
+        let (fill, complete) = match read {
+            Read::Driver => (self.intern(RawValue::Str(pool.driver)), true),
+            _ => (UNKNOWN_ID, prepared.devices.is_empty()),
         };
         let column = Arc::new(Column {
             read: read.clone(),
@@ -311,9 +473,51 @@ impl<'a> SliceIndex<'a> {
                 .iter()
                 .map(|_| AtomicU32::new(fill))
                 .collect(),
+            complete: AtomicBool::new(complete),
         });
-        columns.insert(read.clone(), Arc::clone(&column));
+        if columns.len() <= number {
+            columns.resize(number + 1, None);
+        }
+        columns[number] = Some(Arc::clone(&column));
         column
+    }
+
+    /// Fills every id of `column` still unknown: the values are read
+    /// without holding a lock, then numbered under one.
+    pub(crate) fn fill_column(
+        &self,
+        pool: &Pool<'a>,
+        prepared: &PreparedPool<'a>,
+        column: &Column,
+    ) {
+        if column.complete.load(AtomicOrdering::Acquire) {
+            return;
+        }
+        // the values, numbered locally (a pool has few distinct values,
+        // often in runs), without holding the lock
+        let mut distinct = Distinct::default();
+        let local: Vec<u32> = prepared
+            .devices
+            .iter()
+            .zip(&column.ids)
+            .map(|(device, id)| {
+                if id.load(AtomicOrdering::Relaxed) == UNKNOWN_ID {
+                    distinct.number(column.read.raw(device.raw, pool.driver))
+                } else {
+                    UNKNOWN_ID
+                }
+            })
+            .collect();
+        let global: Vec<u32> = {
+            let mut values = self.values.lock().unwrap_or_else(PoisonError::into_inner);
+            distinct.values.iter().map(|v| values.intern(*v)).collect()
+        };
+        for (n, id) in local.into_iter().zip(&column.ids) {
+            if let Some(&g) = global.get(n as usize) {
+                id.store(g, AtomicOrdering::Relaxed);
+            }
+        }
+        column.complete.store(true, AtomicOrdering::Release);
     }
 
     /// The id of the value of `column` on device `i` of the pool.
@@ -333,15 +537,75 @@ impl<'a> SliceIndex<'a> {
         id
     }
 
-    fn intern(&self, value: RawValue<'a>) -> u32 {
-        let mut values = self.values.lock().unwrap_or_else(PoisonError::into_inner);
-        let next = u32::try_from(values.len()).map_or(UNKNOWN_ID - 1, |n| n.min(UNKNOWN_ID - 1));
-        *values.entry(value).or_insert(next)
+    /// The value behind an id.
+    pub(crate) fn value(&self, id: u32) -> Option<RawValue<'a>> {
+        let values = self.values.lock().unwrap_or_else(PoisonError::into_inner);
+        values.values.get(id as usize).copied()
     }
+
+    fn intern(&self, value: RawValue<'a>) -> u32 {
+        self.values
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .intern(value)
+    }
+}
+
+/// The distinct values of a column, numbered in order of appearance.
+#[derive(Default)]
+struct Distinct<'a> {
+    values: Vec<RawValue<'a>>,
+    /// Value → number, once there are too many for a linear search.
+    index: FastMap<RawValue<'a>, u32>,
+    last: Option<(RawValue<'a>, u32)>,
+}
+
+impl<'a> Distinct<'a> {
+    /// Values searched linearly before an index is built.
+    const LINEAR: usize = 16;
+
+    fn number(&mut self, value: RawValue<'a>) -> u32 {
+        if let Some((v, n)) = self.last
+            && v == value
+        {
+            return n;
+        }
+        let found = if self.values.len() <= Self::LINEAR {
+            self.values.iter().position(|v| *v == value)
+        } else {
+            self.index.get(&value).map(|&n| n as usize)
+        };
+        let n = found.unwrap_or_else(|| {
+            self.values.push(value);
+            if self.values.len() == Self::LINEAR + 1 {
+                self.index = self
+                    .values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| (*v, index_u32(i)))
+                    .collect();
+            } else if self.values.len() > Self::LINEAR + 1 {
+                self.index.insert(value, index_u32(self.values.len() - 1));
+            }
+            self.values.len() - 1
+        });
+        let n = index_u32(n);
+        self.last = Some((value, n));
+        n
+    }
+}
+
+/// A pool's device index as `u32` (pools hold far fewer devices).
+fn index_u32(i: usize) -> u32 {
+    u32::try_from(i).unwrap_or(UNKNOWN_ID)
 }
 
 /// A column id not computed yet.
 const UNKNOWN_ID: u32 = u32::MAX;
+
+/// The id every value gets once `u32` ids run out (never in practice):
+/// values with it must not share memoised results.
+pub(crate) const OVERFLOW_ID: u32 = UNKNOWN_ID - 1;
 
 /// What a selector reads of the devices of one pool, as value ids, filled
 /// on first need.
@@ -349,6 +613,8 @@ const UNKNOWN_ID: u32 = u32::MAX;
 pub(crate) struct Column {
     read: Read,
     ids: Box<[AtomicU32]>,
+    /// Whether every id is known.
+    complete: AtomicBool,
 }
 
 impl Column {
@@ -357,15 +623,27 @@ impl Column {
     pub(crate) fn len(&self) -> usize {
         self.ids.len()
     }
+
+    /// The id of device `i`, if known.
+    pub(crate) fn id(&self, i: usize) -> Option<u32> {
+        let id = self.ids[i].load(AtomicOrdering::Relaxed);
+        (id != UNKNOWN_ID).then_some(id)
+    }
 }
 
 /// Validates and indexes a pool (slices only). Every device of the pool is
 /// touched here, so this is the cold cost of a full scan: it allocates
 /// little and compares names by merging sorted maps rather than hashing.
 fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
-    let mut counters = Vec::new();
-    let mut sets: Vec<CounterSet<'a>> = Vec::new();
+    let shared = || {
+        pool.slices
+            .iter()
+            .flat_map(|s| s.spec.shared_counters.iter().flatten())
+    };
+    let mut counters = Vec::with_capacity(shared().map(|set| set.counters.len()).sum());
+    let mut sets: Vec<CounterSet> = Vec::with_capacity(shared().count());
     let mut set_index: FastMap<&'a str, usize> = FastMap::default();
+    set_index.reserve(sets.capacity());
     // counter sets repeat a few values ("1", the memory size): parse each
     // distinct text once
     let mut parsed: Vec<(&'a str, i128)> = Vec::new();
@@ -375,8 +653,8 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
                 return Err(format!("duplicate counter set name {}", set.name));
             }
             sets.push(CounterSet {
-                counters: &set.counters,
                 first: counters.len(),
+                len: set.counters.len(),
             });
             for (name, counter) in &set.counters {
                 let text = counter.value.0.as_str();
@@ -411,22 +689,29 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
         .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
         .sum();
     let mut devices = Vec::with_capacity(total);
-    let mut by_name: FastMap<&'a str, usize> = FastMap::default();
-    by_name.reserve(total);
+    devices.extend(
+        pool.slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .map(|raw| PoolDevice { raw }),
+    );
+    let mut runs: Vec<Run<'a>> = Vec::new();
+    let duplicate = first_duplicate(devices.len(), |i| devices[i].name());
+    // the index of the device below
+    let mut index = 0;
     // the set of the previous consumption: devices consume from the same
     // set in runs
     let mut last_set: Option<(&'a str, usize)> = None;
-    for slice in &pool.slices {
+    for (slice, &slice_scope) in pool.slices.iter().zip(&pool.scopes) {
         let per_device = per_device(slice);
-        let slice_scope = slice_scope(slice);
         for d in slice.spec.devices.iter().flatten() {
-            if by_name.insert(d.name.as_str(), devices.len()).is_some() {
+            if duplicate == Some(index) {
                 return Err(format!("duplicate device name {}", d.name));
             }
             for consumption in d.consumes_counters.iter().flatten() {
                 let wanted = consumption.counter_set.as_str();
                 let set = match last_set {
-                    Some((name, i)) if name == wanted => i,
+                    Some((name, i)) if same(name.as_bytes(), wanted.as_bytes()) => i,
                     _ => {
                         let Some(&i) = set_index.get(wanted) else {
                             return Err(format!(
@@ -438,7 +723,8 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
                         i
                     }
                 };
-                if let Some(name) = first_unknown(consumption.counters.keys(), sets[set].counters) {
+                let known = &counters[sets[set].first..sets[set].first + sets[set].len];
+                if let Some(name) = first_unknown(consumption.counters.keys(), known) {
                     return Err(format!(
                         "device {} consumes unknown counter {name} of counter set {}",
                         d.name, consumption.counter_set
@@ -454,38 +740,148 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
             } else {
                 slice_scope
             };
-            devices.push(PoolDevice::new(d, s));
+            match runs.last_mut() {
+                Some(run) if run.known != per_device && run.scope.same(&s) => run.end += 1,
+                _ => runs.push(Run {
+                    first: index,
+                    end: index + 1,
+                    scope: s,
+                    known: !per_device,
+                }),
+            }
+            index += 1;
         }
     }
     Ok(PreparedPool {
         invalid: None,
         devices,
+        runs,
         counters,
         sets,
         set_index,
-        by_name,
-        columns: Mutex::new(FastMap::default()),
+        by_name: OnceLock::new(),
+        parsed: OnceLock::new(),
+        columns: Mutex::new(Vec::new()),
     })
 }
 
-/// The first of `names` (sorted) that is not a key of `known` (sorted as
-/// well: both are `BTreeMap` keys): one merging pass.
-fn first_unknown<'n, V>(
+/// The index of the first of `count` names (`name(i)`) that an earlier one
+/// repeats: names numbered by hash, sorted, and compared only where hashes
+/// are equal.
+pub(crate) fn first_duplicate<'n>(count: usize, name: impl Fn(usize) -> &'n str) -> Option<usize> {
+    let build = BuildHasherDefault::<FastHasher>::default();
+    let mut hashes: Vec<(u64, usize)> = (0..count).map(|i| (build.hash_one(name(i)), i)).collect();
+    hashes.sort_unstable();
+    let mut first: Option<usize> = None;
+    // within a run of equal hashes, indices ascend: the first name there
+    // that an earlier one of the run equals is the run's first repeat
+    for run in hashes.chunk_by(|a, b| a.0 == b.0) {
+        let repeat = run.iter().enumerate().skip(1).find_map(|(k, &(_, j))| {
+            run[..k]
+                .iter()
+                .any(|&(_, i)| name(i) == name(j))
+                .then_some(j)
+        });
+        if let Some(j) = repeat {
+            first = Some(first.map_or(j, |f| f.min(j)));
+        }
+    }
+    first
+}
+
+/// The first byte of `s` (0 for an empty string).
+fn first_byte(s: &str) -> usize {
+    s.as_bytes().first().map_or(0, |b| usize::from(*b))
+}
+
+/// Reads one byte of each string that validating a slice's counter sets and
+/// devices and then reading `reads` of the devices will compare: counter
+/// sets (names, counter names and values), device names, counter set
+/// names, consumed counter names, and the attributes and capacities (names
+/// and values) whose names are as long as those read. Nothing depends on these
+/// reads, so the processor overlaps their cache misses across devices,
+/// which the validation's chains of dependent reads cannot: a pool's first
+/// visit, bound by memory latency, costs a fraction. The result is
+/// meaningless (keep it from being optimised away).
+fn touch<'r>(slice: &ResourceSlice, reads: impl Iterator<Item = &'r Read> + Clone) -> usize {
+    // the lengths of the names to look for, bare and qualified
+    let mut attributes: Vec<usize> = Vec::new();
+    let mut capacities: Vec<usize> = Vec::new();
+    for read in reads {
+        match read {
+            Read::Attribute(k) => attributes.extend([k.id.len(), k.qualified.len()]),
+            Read::Capacity(k) => capacities.extend([k.id.len(), k.qualified.len()]),
+            Read::Driver | Read::AllowMultiple => {}
+        }
+    }
+    let mut acc = 0usize;
+    for set in slice.spec.shared_counters.iter().flatten() {
+        acc = acc.wrapping_add(first_byte(&set.name));
+        for (k, v) in &set.counters {
+            acc = acc.wrapping_add(first_byte(k) ^ first_byte(&v.value.0));
+        }
+    }
+    for d in slice.spec.devices.iter().flatten() {
+        acc = acc.wrapping_add(first_byte(&d.name));
+        for c in d.consumes_counters.iter().flatten() {
+            acc = acc.wrapping_add(first_byte(&c.counter_set));
+            for k in c.counters.keys() {
+                acc = acc.wrapping_add(first_byte(k));
+            }
+        }
+        if !attributes.is_empty() {
+            for (k, v) in d.attributes.iter().flatten() {
+                if attributes.contains(&k.len()) {
+                    let value = v.string.as_deref().or(v.version.as_deref()).unwrap_or("");
+                    acc = acc.wrapping_add(first_byte(k) ^ first_byte(value));
+                }
+            }
+        }
+        if !capacities.is_empty() {
+            for (k, v) in d.capacity.iter().flatten() {
+                if capacities.contains(&k.len()) {
+                    acc = acc.wrapping_add(first_byte(k) ^ first_byte(&v.value.0));
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// Like [`touch`], for what parsing a device's details reads: its
+/// capacities, the amounts of counters it consumes, its taints.
+fn touch_details(d: &Device) -> usize {
+    let mut acc = 0usize;
+    for (k, v) in d.capacity.iter().flatten() {
+        acc = acc.wrapping_add(first_byte(k) ^ first_byte(&v.value.0));
+    }
+    for c in d.consumes_counters.iter().flatten() {
+        for (k, v) in &c.counters {
+            acc = acc.wrapping_add(first_byte(k) ^ first_byte(&v.value.0));
+        }
+    }
+    for t in d.taints.iter().flatten() {
+        acc = acc.wrapping_add(first_byte(&t.key) ^ first_byte(&t.effect));
+    }
+    acc
+}
+
+/// The first of `names` (sorted) that is not the name of one of `known`
+/// (a counter set's counters, sorted as well: both come from `BTreeMap`
+/// keys, so each name can only be at or after the previous one's place):
+/// one forward pass that compares lengths and last bytes before whole
+/// names (counter names tend to differ only at the end: `memory-slice-0`,
+/// `memory-slice-1`, ...).
+fn first_unknown<'n>(
     names: impl Iterator<Item = &'n String>,
-    known: &BTreeMap<String, V>,
+    known: &[Counter<'_>],
 ) -> Option<&'n String> {
-    let mut known = known.keys().peekable();
+    let mut known = known.iter().map(|c| c.name.as_bytes());
     'names: for name in names {
-        while let Some(k) = known.peek() {
-            match k.as_str().cmp(name.as_str()) {
-                Ordering::Less => {
-                    known.next();
-                }
-                Ordering::Equal => {
-                    known.next();
-                    continue 'names;
-                }
-                Ordering::Greater => return Some(name),
+        let name_bytes = name.as_bytes();
+        for k in known.by_ref() {
+            if k.len() == name_bytes.len() && k.last() == name_bytes.last() && same(k, name_bytes) {
+                continue 'names;
             }
         }
         return Some(name);
@@ -498,14 +894,24 @@ fn read_allocated<'a>(
 ) -> (AllocatedByPool<'a>, Vec<String>) {
     let mut by_pool: AllocatedByPool<'a> = FastMap::default();
     let mut issues = Vec::new();
-    for claim in allocated {
-        let Some(results) = claim
+    let results_of = |claim: &'a ResourceClaim| {
+        claim
             .status
             .as_ref()
             .and_then(|s| s.allocation.as_ref())
             .and_then(|a| a.devices.as_ref())
             .and_then(|d| d.results.as_ref())
-        else {
+    };
+    let claims: Vec<&'a ResourceClaim> = allocated.into_iter().collect();
+    // the names the index below hashes, brought into the cache first with
+    // overlapping misses (see `touch`)
+    let mut acc = 0usize;
+    for r in claims.iter().filter_map(|c| results_of(c)).flatten() {
+        acc = acc.wrapping_add(first_byte(&r.driver) ^ first_byte(&r.pool) ^ first_byte(&r.device));
+    }
+    std::hint::black_box(acc);
+    for claim in claims {
+        let Some(results) = results_of(claim) else {
             continue;
         };
         for r in results {
@@ -599,10 +1005,32 @@ impl<'a> Snapshot<'a> {
     }
 
     /// Incomplete and invalid pools. Validates every pool (work that
-    /// simulations otherwise do only for the pools they visit).
+    /// simulations otherwise do only for the pools they visit), on every
+    /// core the machine offers when there are many.
     pub fn pool_issues(&self) -> Vec<PoolIssue> {
+        let pools = &self.index.pools;
+        let ahead = Ahead::new(pools.len());
+        // helpers only for pools still to prepare
+        let unprepared = pools.iter().filter(|p| p.prepared.get().is_none()).count();
+        let threads = parallel::threads(0, unprepared);
+        let prepare = |i: usize| {
+            if pools[i].complete() {
+                let _ = self.pool_use(i);
+            }
+        };
+        std::thread::scope(|scope| {
+            let _stop = StopOnDrop(&ahead);
+            if threads > 1 {
+                parallel::spawn_helpers(scope, &ahead, threads - 1, &prepare);
+            }
+            self.collect_issues(&ahead)
+        })
+    }
+
+    fn collect_issues(&self, ahead: &Ahead) -> Vec<PoolIssue> {
         let mut issues = Vec::new();
         for (i, pool) in self.index.pools.iter().enumerate() {
+            ahead.reached(i);
             let reason = if pool.complete() {
                 match (pool.prepared().invalid.as_deref(), self.pool_use(i)) {
                     (Some(reason), _) | (None, Err(reason)) => format!("invalid: {reason}"),
@@ -627,11 +1055,21 @@ impl<'a> Snapshot<'a> {
         &self.index.classes
     }
 
+    /// `node` as named in [`nodes`](Self::nodes) (the same address), if
+    /// a slice or device names it: scopes of slices compare by address.
+    pub(crate) fn known_node(&self, node: Option<&str>) -> Option<&'a str> {
+        self.index.node_pools.get_key_value(node?).map(|(k, _)| *k)
+    }
+
     /// The pools a node sees, in allocation order (ascending index).
-    pub(crate) fn pools_for(&self, node: Option<&str>) -> Vec<usize> {
+    pub(crate) fn pools_for(&self, node: Option<&str>) -> Cow<'_, [usize]> {
         let local = node
             .and_then(|n| self.index.node_pools.get(n))
             .map_or(&[][..], Vec::as_slice);
+        // both lists ascend: only a mix needs sorting
+        if self.index.any_node_pools.is_empty() {
+            return Cow::Borrowed(local);
+        }
         let mut all: Vec<usize> = local
             .iter()
             .chain(&self.index.any_node_pools)
@@ -639,7 +1077,28 @@ impl<'a> Snapshot<'a> {
             .collect();
         all.sort_unstable();
         all.dedup();
-        all
+        Cow::Owned(all)
+    }
+
+    /// Prepares what a search of `node` reads: its pools validated and
+    /// indexed, what the allocated claims use of them, and the columns of
+    /// `reads` (with their numbers). Helper threads run it ahead of the search; it raises no
+    /// errors (the search meets them itself).
+    pub(crate) fn warm(&self, node: Option<&str>, reads: &[(usize, &Read)]) {
+        for &i in self.pools_for(node).iter() {
+            let pool = &self.index.pools[i];
+            if !pool.complete() {
+                continue;
+            }
+            let prepared = pool.prepared_reading(reads.iter().map(|(_, r)| *r));
+            if prepared.invalid.is_some() || self.pool_use(i).is_err() {
+                continue;
+            }
+            for &(number, read) in reads {
+                let column = self.index.numbered_column(pool, prepared, number, read);
+                self.index.fill_column(pool, prepared, &column);
+            }
+        }
     }
 
     /// What the allocated claims use of pool `i` (complete and valid);
@@ -661,13 +1120,20 @@ impl<'a> Snapshot<'a> {
         let Some(used) = self.allocated.get(&(pool.driver, pool.name)) else {
             return Ok(result);
         };
-        let lookup = |set: &str, counter: &str| prepared.counter(set, counter);
+        // what parsing the used devices reads, with overlapping misses
+        let mut acc = 0usize;
+        for name in used.keys() {
+            if let Some(index) = prepared.index_of(name) {
+                acc = acc.wrapping_add(touch_details(prepared.devices[index].raw));
+            }
+        }
+        std::hint::black_box(acc);
         for (name, u) in used {
-            let Some(&index) = prepared.by_name.get(name) else {
+            let Some(index) = prepared.index_of(name) else {
                 continue;
             };
-            let details = prepared.devices[index]
-                .details(pool.driver, &lookup)
+            let details = prepared
+                .details(index, pool.driver)
                 .map_err(|e| format!("device {name}: {e}"))?;
             let mut capacity = vec![0i128; details.capacities.len()];
             for (cname, q) in &u.consumed {

@@ -1,6 +1,6 @@
-//! Unit tests of the allocator's internals: the selector memo and the
-//! per-pool value columns. The rules themselves are tested through the
-//! public API in `api/tests/allocator_*.rs`.
+//! Unit tests of the allocator's internals: the selector memo, the
+//! per-pool value columns and pool validation. The rules themselves are
+//! tested through the public API in `api/tests/allocator_*.rs`.
 
 use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
 
 use super::claim;
-use super::search::{Match, NodeSearch};
+use super::search::{Context, Match, NodeSearch, Scratch};
 use super::selectors::{FastHasher, Memo, Read, SelectorTable};
 use super::snapshot::Snapshot;
 use crate::cel::Compiler;
@@ -51,14 +51,15 @@ fn verdicts(snapshot: &Snapshot<'_>, claim: &ResourceClaim) -> (Vec<bool>, u64) 
     let compiler = Compiler::new();
     let mut table = SelectorTable::default();
     let plan = claim::plan(claim, snapshot.classes(), &mut table, &compiler).unwrap();
+    let ctx = Context::new(&compiler, snapshot, &plan, &table, 1000);
     let mut memo = Memo::default();
     let mut out = Vec::new();
     for n in snapshot.nodes() {
-        let mut search =
-            NodeSearch::new(&compiler, snapshot, &plan, &table, &mut memo, Some(n), 1000);
+        let mut search = NodeSearch::new(&ctx, Some(n), memo, Scratch::default());
         for d in 0..search.devs.len() {
             out.push(matches!(search.verdict(0, d), Match::Yes));
         }
+        (_, memo, _) = search.finish();
     }
     (out, memo.evaluations)
 }
@@ -205,4 +206,85 @@ fn unknown_counters_are_found_wherever_they_sort() {
             "{consumed:?}"
         );
     }
+}
+
+/// A pool with one counter set `cs` (counter `c`) and these devices:
+/// `(name, consumed counter or none)`.
+fn named_pool(devices: &[(&str, Option<&str>)]) -> ResourceSlice {
+    let devices: Vec<Value> = devices
+        .iter()
+        .map(|(name, counter)| match counter {
+            Some(c) => json!({"name": name, "consumesCounters": [
+                {"counterSet": "cs", "counters": {*c: {"value": "1"}}}]}),
+            None => json!({"name": name}),
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": "s"},
+        "spec": {"driver": "gpu.example.com", "nodeName": "n",
+                 "pool": {"name": "p", "generation": 0, "resourceSliceCount": 1},
+                 "sharedCounters": [{"name": "cs", "counters": {"c": {"value": "2"}}}],
+                 "devices": devices}
+    }))
+    .unwrap()
+}
+
+fn pool_reason(devices: &[(&str, Option<&str>)]) -> Option<String> {
+    let slices = [named_pool(devices)];
+    let snapshot = Snapshot::new(&slices, &[], &[]);
+    snapshot.pool_issues().into_iter().map(|i| i.reason).next()
+}
+
+#[test]
+fn the_first_repeated_name_in_device_order_is_reported() {
+    assert_eq!(pool_reason(&[("a", None), ("b", None), ("c", None)]), None);
+    // `b` repeats at index 3, `a` at index 4: `b` comes first
+    assert_eq!(
+        pool_reason(&[
+            ("a", None),
+            ("b", None),
+            ("c", None),
+            ("b", None),
+            ("a", None)
+        ]),
+        Some("invalid: duplicate device name b".to_owned())
+    );
+    // three of a kind: reported once, at its first repeat
+    assert_eq!(
+        pool_reason(&[
+            ("x", None),
+            ("y", None),
+            ("x", None),
+            ("x", None),
+            ("y", None)
+        ]),
+        Some("invalid: duplicate device name x".to_owned())
+    );
+}
+
+#[test]
+fn pool_errors_are_reported_in_device_order() {
+    // a bad consumption before the repeated name wins, and after it loses
+    assert_eq!(
+        pool_reason(&[("a", Some("nope")), ("b", None), ("b", None)]),
+        Some("invalid: device a consumes unknown counter nope of counter set cs".to_owned())
+    );
+    assert_eq!(
+        pool_reason(&[("a", None), ("a", Some("nope"))]),
+        Some("invalid: duplicate device name a".to_owned())
+    );
+    assert_eq!(
+        pool_reason(&[("a", None), ("b", Some("c")), ("a", Some("nope"))]),
+        Some("invalid: duplicate device name a".to_owned())
+    );
+}
+
+#[test]
+fn first_duplicate_compares_names_where_hashes_meet() {
+    use super::snapshot::first_duplicate;
+    let names = ["gpu-0", "gpu-1", "gpu-0-mig-1", "gpu-1", "gpu-0"];
+    assert_eq!(first_duplicate(names.len(), |i| names[i]), Some(3));
+    let many: Vec<String> = (0..500).map(|i| format!("dev-{i}")).collect();
+    assert_eq!(first_duplicate(many.len(), |i| &many[i]), None);
+    assert_eq!(first_duplicate(0, |_| ""), None);
 }
