@@ -119,6 +119,28 @@ pub struct Node {
     next: AtomicU64,
 }
 
+/// A test API server (1.35 rules) holding the Node object, and a
+/// kubeconfig for it written to `<dir>/kubeconfig`.
+pub async fn api_server_with_node(dir: &Path) -> anyhow::Result<(TestApiServer, PathBuf)> {
+    let server = TestApiServer::start(ServerOptions {
+        rules: ValidationRules::V1_35,
+        ..ServerOptions::default()
+    })
+    .await?;
+    server
+        .store()
+        .create(
+            Resource::Nodes,
+            None,
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
+            &WriteOptions::default(),
+        )
+        .map_err(|e| anyhow::anyhow!("creating the Node: {e:?}"))?;
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig)?;
+    Ok((server, kubeconfig))
+}
+
 impl Node {
     /// Lays out the machine in `dir`, starts the plugin with `flags`, waits
     /// for its complete pool and registers the kubelet simulator.
@@ -126,22 +148,7 @@ impl Node {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let machine = Machine::create(dir, &ctx.volatile_for(dir))?;
 
-        let server = TestApiServer::start(ServerOptions {
-            rules: ValidationRules::V1_35,
-            ..ServerOptions::default()
-        })
-        .await?;
-        server
-            .store()
-            .create(
-                Resource::Nodes,
-                None,
-                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
-                &WriteOptions::default(),
-            )
-            .map_err(|e| anyhow::anyhow!("creating the Node: {e:?}"))?;
-        let kubeconfig = dir.join("kubeconfig");
-        server.write_kubeconfig(&kubeconfig)?;
+        let (server, kubeconfig) = api_server_with_node(dir).await?;
 
         let reg = dir.join("reg");
         let plugins = dir.join("plugins");

@@ -7,10 +7,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
-use gpu_dra_e2e::apiserver::{
-    DeleteOptions, Resource, ServerOptions, Store, TestApiServer, ValidationRules, WriteOptions,
-};
-use serde_json::{Value, json};
+use gpu_dra_e2e::apiserver::{DeleteOptions, Resource, Store, TestApiServer, ValidationRules};
+use serde_json::Value;
 
 use crate::Ctx;
 use crate::node::Machine;
@@ -154,22 +152,7 @@ async fn start_once(
     machine: &Machine,
     flags: &[&str],
 ) -> anyhow::Result<StartRun> {
-    let server = TestApiServer::start(ServerOptions {
-        rules: ValidationRules::V1_35,
-        ..ServerOptions::default()
-    })
-    .await?;
-    server
-        .store()
-        .create(
-            Resource::Nodes,
-            None,
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
-            &WriteOptions::default(),
-        )
-        .map_err(|e| anyhow::anyhow!("creating the Node: {e:?}"))?;
-    let kubeconfig = dir.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig)?;
+    let (server, kubeconfig) = crate::node::api_server_with_node(dir).await?;
     let log = dir.join("plugin.log");
 
     let mut cmd = Command::new(&ctx.plugin_bin);
@@ -364,6 +347,8 @@ pub fn proc_kib(status: &str, field: &str) -> anyhow::Result<f64> {
 mod tests {
     // The values compared are exact (small integers, parsed decimals).
     #![allow(clippy::float_cmp)]
+
+    use serde_json::json;
 
     use super::*;
 
