@@ -47,6 +47,7 @@ use crate::prepare::cdi::{ContainerEdits, HostRoot, NodeLocator, SpecDir};
 use crate::prepare::checkpoint::{
     self, Batch, ClaimEntry, ClaimState, ClaimUid, PreparedDeviceRecord, Store,
 };
+use crate::prepare::mig::MigRequest;
 use crate::prepare::mps::MpsControl;
 
 pub use recover::RecoveryReport;
@@ -394,12 +395,14 @@ pub fn catalog(inventory: &Inventory, build: &BuildOptions) -> HashMap<String, T
                     continue;
                 };
                 Target::Mig(MigTarget {
-                    gpu_index: gpu.info.index,
-                    parent_minor,
-                    parent_uuid: gpu.info.uuid.clone(),
-                    profile_id,
-                    placement_start,
-                    placement_size,
+                    request: MigRequest {
+                        gpu_index: gpu.info.index,
+                        parent_minor,
+                        parent_uuid: gpu.info.uuid.clone(),
+                        profile_id,
+                        placement_start,
+                        placement_size,
+                    },
                     dynamic: build.dynamic_mig,
                 })
             }

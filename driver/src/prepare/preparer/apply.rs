@@ -30,7 +30,7 @@ use crate::prepare::checkpoint::{
     Batch, ClaimEntry, ClaimState, ClaimUid, ComputeModeChange, DeviceKind, PreparedDeviceRecord,
     SharingApplied,
 };
-use crate::prepare::mig::{self, MigRequest};
+use crate::prepare::mig;
 use crate::prepare::mps::{self, DaemonConfig};
 use crate::prepare::timeslice;
 
@@ -213,11 +213,11 @@ fn planned_record(d: &PlannedDevice) -> PreparedDeviceRecord {
             minor: g.minor,
         },
         Target::Mig(m) => DeviceKind::Mig {
-            parent_uuid: m.parent_uuid.clone(),
-            parent_minor: m.parent_minor,
-            profile_id: m.profile_id,
-            placement_start: m.placement_start,
-            placement_size: m.placement_size,
+            parent_uuid: m.request.parent_uuid.clone(),
+            parent_minor: m.request.parent_minor,
+            profile_id: m.request.profile_id,
+            placement_start: m.request.placement_start,
+            placement_size: m.request.placement_size,
             gpu_instance_id: None,
             compute_instance_id: None,
             mig_uuid: None,
@@ -263,7 +263,11 @@ fn planned_footprint(d: &PlannedDevice) -> Footprint {
     match &d.target {
         Target::Gpu(g) if d.share_id.is_some() || g.memory_shared => Footprint::Share(g.minor),
         Target::Gpu(g) => Footprint::Whole(g.minor),
-        Target::Mig(m) => Footprint::Slices(m.parent_minor, m.placement_start, m.placement_size),
+        Target::Mig(m) => Footprint::Slices(
+            m.request.parent_minor,
+            m.request.placement_start,
+            m.request.placement_size,
+        ),
     }
 }
 
@@ -370,7 +374,7 @@ fn setup(
             }
             Target::Mig(m) => {
                 let (gi, ci, uuid) = mig_device(inner, d, m, &mut entry.devices[i])?;
-                let nodes = inner.nodes.mig(m.parent_minor, gi, ci)?;
+                let nodes = inner.nodes.mig(m.request.parent_minor, gi, ci)?;
                 spec.add_mig(&names[i], &nodes)?;
                 if d.admin {
                     continue;
@@ -604,18 +608,7 @@ fn mig_device(
         error,
     };
     let (gi, ci, uuid, created) = if m.dynamic && !d.admin {
-        let made = mig::create(
-            &*inner.backend,
-            &MigRequest {
-                gpu_index: m.gpu_index,
-                parent_minor: m.parent_minor,
-                parent_uuid: m.parent_uuid.clone(),
-                profile_id: m.profile_id,
-                placement_start: m.placement_start,
-                placement_size: m.placement_size,
-            },
-        )
-        .map_err(mig_error)?;
+        let made = mig::create(&*inner.backend, &m.request).map_err(mig_error)?;
         (
             made.gpu_instance_id,
             made.compute_instance_id,
@@ -625,7 +618,7 @@ fn mig_device(
     } else {
         let info = inner
             .backend
-            .gpu(m.gpu_index)
+            .gpu(m.request.gpu_index)
             .map_err(|error| PrepareError::Nvml {
                 device: d.device.clone(),
                 error,
@@ -634,7 +627,10 @@ fn mig_device(
             .mig
             .iter()
             .flat_map(|mig| mig.devices.iter())
-            .find(|x| x.profile_id == m.profile_id && x.placement.start == m.placement_start)
+            .find(|x| {
+                x.profile_id == m.request.profile_id
+                    && x.placement.start == m.request.placement_start
+            })
             .ok_or_else(|| PrepareError::Unsupported {
                 device: d.device.clone(),
                 reason: if d.admin {
@@ -675,7 +671,7 @@ fn mig_device(
 fn index_of(inner: &Inner, uuid: &str) -> Option<u32> {
     inner.catalog.values().find_map(|t| match t {
         Target::Gpu(g) if g.uuid == uuid => Some(g.index),
-        Target::Mig(m) if m.parent_uuid == uuid => Some(m.gpu_index),
+        Target::Mig(m) if m.request.parent_uuid == uuid => Some(m.request.gpu_index),
         _ => None,
     })
 }

@@ -23,6 +23,7 @@ use gpu_dra_api::quantity::Quantity;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use crate::prepare::checkpoint::ClaimUid;
+use crate::prepare::mig::MigRequest;
 
 /// The hardware behind one published device, as the preparer needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,18 +54,8 @@ pub struct GpuTarget {
 /// A MIG device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MigTarget {
-    /// NVML index of the parent GPU.
-    pub gpu_index: u32,
-    /// Minor of the parent GPU.
-    pub parent_minor: u32,
-    /// UUID of the parent GPU.
-    pub parent_uuid: String,
-    /// GPU instance profile id.
-    pub profile_id: u32,
-    /// First memory slice.
-    pub placement_start: u32,
-    /// Number of memory slices.
-    pub placement_size: u32,
+    /// Where it is (or is to be created): parent GPU, profile, placement.
+    pub request: MigRequest,
     /// Created at prepare (dynamic MIG) rather than found at discovery.
     pub dynamic: bool,
 }
@@ -74,7 +65,7 @@ impl Target {
     pub fn gpu_minor(&self) -> u32 {
         match self {
             Target::Gpu(g) => g.minor,
-            Target::Mig(m) => m.parent_minor,
+            Target::Mig(m) => m.request.parent_minor,
         }
     }
 

@@ -23,12 +23,14 @@ fn catalog() -> HashMap<String, Target> {
         (
             "gpu-2-mig-1g10gb-19-3".to_owned(),
             Target::Mig(MigTarget {
-                gpu_index: 2,
-                parent_minor: 2,
-                parent_uuid: "GPU-2".into(),
-                profile_id: 19,
-                placement_start: 3,
-                placement_size: 1,
+                request: MigRequest {
+                    gpu_index: 2,
+                    parent_minor: 2,
+                    parent_uuid: "GPU-2".into(),
+                    profile_id: 19,
+                    placement_start: 3,
+                    placement_size: 1,
+                },
                 dynamic: true,
             }),
         ),
