@@ -38,6 +38,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # sets that; the image only carries the binary.
 FROM gcr.io/distroless/cc-debian12 AS gpu-kubelet-plugin
 COPY --from=build /out/gpu-kubelet-plugin /usr/bin/gpu-kubelet-plugin
+# One glibc malloc arena (the chart sets it too): see BENCHMARKS.md, memory.
+ENV MALLOC_ARENA_MAX=1
 ENTRYPOINT ["/usr/bin/gpu-kubelet-plugin"]
 
 # The plugin with the fake libnvidia-ml and its machine profiles, on a Debian base with a
@@ -48,6 +50,7 @@ FROM debian:bookworm-slim AS gpu-kubelet-plugin-fake-nvml
 COPY --from=build /out/gpu-kubelet-plugin /usr/bin/gpu-kubelet-plugin
 COPY --from=build-fake-nvml /out/libnvidia-ml.so.1 /opt/mock-nvml/libnvidia-ml.so.1
 COPY hack/mock-nvml/profiles/ /opt/mock-nvml/profiles/
+ENV MALLOC_ARENA_MAX=1
 ENTRYPOINT ["/usr/bin/gpu-kubelet-plugin"]
 
 # The controller needs no privileges: distroless "nonroot" (uid 65532).

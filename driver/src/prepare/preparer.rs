@@ -9,12 +9,14 @@
 //! 3. take the locks of exactly its GPUs ([`locks`]); check that no other
 //!    prepared claim holds an overlapping device (the last line of defence
 //!    against double allocation; admin access and memory shares excepted);
-//! 4. commit `PrepareStarted` (grouped with concurrent claims into one
-//!    checkpoint write), set the hardware up ([`apply`]: MIG instances,
-//!    compute mode, time-slice, MPS daemons), write the CDI spec, commit
-//!    `PrepareCompleted`; a failure rolls back what this attempt did and
+//! 4. set the hardware up ([`apply`]: MIG instances, compute mode,
+//!    time-slice, MPS daemons; a change startup recovery could not find
+//!    by itself is journalled as `PrepareStarted` before it is made),
+//!    write the CDI spec; a failure rolls back what this attempt did and
 //!    removes the entry;
-//! 5. publish `status.devices` for the claim ([`status`], best effort).
+//! 5. commit `PrepareCompleted` (grouped with concurrent claims into one
+//!    checkpoint write) and, at the same time, publish `status.devices`
+//!    for the claim ([`status`], best effort); answer kubelet.
 //!
 //! Unprepare works from the checkpoint alone: undo what the entry records,
 //! delete the spec, remove the entry; an unknown claim is already
@@ -245,11 +247,40 @@ impl Preparer {
         .map_err(|e: PlanError| ClaimError::Failed(e.to_string()))?;
         let held = inner.locks.lock(&plan.gpu_minors()).await;
         let worker = Arc::clone(inner);
-        let entry = tokio::task::spawn_blocking(move || apply::prepare(&worker, &plan))
+        let staged = tokio::task::spawn_blocking(move || apply::stage(&worker, &plan))
             .await
             .map_err(|e| ClaimError::Failed(format!("internal error: prepare task failed: {e}")))?
             .map_err(|e| ClaimError::Failed(e.to_string()))?;
-        drop(held);
+        let entry = match staged {
+            apply::Staged::Done(entry) => {
+                drop(held);
+                status::publish(inner, claim, &entry).await;
+                entry
+            }
+            apply::Staged::Ready(entry) => {
+                // The checkpoint commit and the status write overlap: each
+                // is a round trip (disk, API server) the other need not
+                // wait for. A crash between them leaves a status that the
+                // retried prepare or the unprepare (of an unknown claim)
+                // rewrites.
+                let worker = Arc::clone(inner);
+                let (uid, record) = (uid.clone(), entry.clone());
+                let commit =
+                    tokio::task::spawn_blocking(move || apply::complete(&worker, &uid, &record));
+                let (committed, ()) = tokio::join!(commit, status::publish(inner, claim, &entry));
+                drop(held);
+                let failed = match committed {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(e) => Some(format!("internal error: prepare task failed: {e}")),
+                };
+                if let Some(message) = failed {
+                    status::clear(inner, claim).await;
+                    return Err(ClaimError::Failed(message));
+                }
+                entry
+            }
+        };
         tracing::info!(
             claim = %uid,
             namespace = %claim.namespace,
@@ -257,9 +288,7 @@ impl Preparer {
             devices = entry.devices.len(),
             "claim prepared"
         );
-        let devices = answer(&entry);
-        status::publish(inner, claim, &entry).await;
-        Ok(devices)
+        Ok(answer(&entry))
     }
 
     /// Unprepares one claim from its checkpoint entry; unknown = done.

@@ -138,6 +138,10 @@ const BENCHMARKS: &[Benchmark] = &[
     },
 ];
 
+/// The plugin's environment as the image and the chart set it
+/// (`Dockerfile`, the DaemonSet template); `--env` adds to it and wins.
+pub const DEPLOYED_ENV: &[(&str, &str)] = &[("MALLOC_ARENA_MAX", "1")];
+
 /// What benchmarks share: the runtime, the binaries, scratch directories.
 pub struct Ctx {
     pub runtime: tokio::runtime::Runtime,
@@ -248,7 +252,11 @@ fn main() -> anyhow::Result<()> {
         plugin_bin,
         scratch: scratch.disk.clone(),
         volatile: scratch.volatile.clone(),
-        envs: args.envs.clone(),
+        envs: DEPLOYED_ENV
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .chain(args.envs.iter().cloned())
+            .collect(),
         smaps: args.smaps.clone(),
         cargo,
         workspace,
@@ -327,7 +335,8 @@ struct Scratch {
 
 impl Scratch {
     fn create() -> anyhow::Result<Self> {
-        let disk = PathBuf::from(format!("/tmp/bench-{}", std::process::id()));
+        let base = std::env::var_os("BENCH_DISK_DIR").unwrap_or_else(|| "/tmp".into());
+        let disk = PathBuf::from(base).join(format!("bench-{}", std::process::id()));
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
         let volatile = if shm_is_tmpfs(&mounts) {
             PathBuf::from(format!("/dev/shm/bench-{}", std::process::id()))
@@ -359,6 +368,27 @@ impl Drop for Scratch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bench runs the plugin with the environment it is deployed with.
+    #[test]
+    fn deployed_env_matches_the_image_and_the_chart() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+        let daemonset = std::fs::read_to_string(
+            root.join("deployments/helm/gpu-dra-driver/templates/kubelet-plugin-daemonset.yaml"),
+        )
+        .unwrap();
+        for (key, value) in DEPLOYED_ENV {
+            let image = format!("ENV {key}={value}");
+            assert_eq!(
+                dockerfile.matches(&image).count(),
+                2,
+                "both plugin images set {image}"
+            );
+            let chart = format!("- name: {key}\n              value: \"{value}\"");
+            assert!(daemonset.contains(&chart), "the DaemonSet sets {chart}");
+        }
+    }
 
     #[test]
     fn env_pairs_parse() {

@@ -113,14 +113,33 @@ fn failpoint(name: &str) {
     }
 }
 
-/// Prepares `plan`; see the module docs. Returns the completed entry.
-pub(crate) fn prepare(inner: &Inner, plan: &ClaimPlan) -> Result<ClaimEntry, PrepareError> {
+/// What [`stage`] leaves for [`complete`].
+pub(crate) enum Staged {
+    /// The claim was completed by a concurrent call while this one waited
+    /// for the locks: answer its entry.
+    Done(ClaimEntry),
+    /// The hardware is set up and the CDI spec written; the entry, now
+    /// `PrepareCompleted`, still has to be committed.
+    Ready(ClaimEntry),
+}
+
+/// Sets up the hardware of `plan` and writes its CDI spec (see the module
+/// docs); the caller commits the entry with [`complete`].
+///
+/// Nothing is written to the checkpoint before the first change that
+/// startup recovery could not find on its own: compute mode and
+/// time-slice changes are journalled (`PrepareStarted`) before they are
+/// made. What recovery finds by looking (MIG devices in dynamic mode, MPS
+/// daemons, CDI specs that no completed claim references) is recorded only
+/// with `PrepareCompleted`: a crash before it leaves them to the sweep, and
+/// a whole-GPU or MIG prepare costs one checkpoint write, not two.
+pub(crate) fn stage(inner: &Inner, plan: &ClaimPlan) -> Result<Staged, PrepareError> {
     let snapshot = inner.store.snapshot();
     if let Some(stale) = snapshot.claims.get(&plan.uid) {
         // A completed entry appeared while we waited for the locks (the
         // same claim prepared by a concurrent call): answer it.
         if stale.state == ClaimState::PrepareCompleted {
-            return Ok(stale.clone());
+            return Ok(Staged::Done(stale.clone()));
         }
         tracing::warn!(claim = %plan.uid, "an earlier attempt left the claim half-prepared; undoing it first");
         let others = others(&snapshot.claims, &plan.uid);
@@ -138,35 +157,58 @@ pub(crate) fn prepare(inner: &Inner, plan: &ClaimPlan) -> Result<ClaimEntry, Pre
     let mut entry = entry_for(plan, ClaimState::PrepareStarted);
     entry.devices = plan.devices.iter().map(planned_record).collect();
     entry.cdi_spec_paths = vec![spec_path];
-    commit(
-        inner,
-        Batch::new().put(plan.uid.clone(), entry.clone()),
-        "PrepareStarted",
-    )?;
     failpoint("prepare-after-started");
 
-    let result = setup(inner, plan, &mut entry, &others_now).and_then(|()| {
-        entry.state = ClaimState::PrepareCompleted;
-        commit(
-            inner,
-            Batch::new().put(plan.uid.clone(), entry.clone()),
-            "PrepareCompleted",
-        )
-    });
+    if let Err(e) = setup(inner, plan, &mut entry, &others_now) {
+        return Err(roll_back(inner, &plan.uid, entry, &others_now, e));
+    }
+    entry.state = ClaimState::PrepareCompleted;
+    Ok(Staged::Ready(entry))
+}
+
+/// Commits the entry [`stage`] made ready; on failure undoes the claim.
+pub(crate) fn complete(
+    inner: &Inner,
+    uid: &ClaimUid,
+    entry: &ClaimEntry,
+) -> Result<(), PrepareError> {
+    let result = commit(
+        inner,
+        Batch::new().put(uid.clone(), entry.clone()),
+        "PrepareCompleted",
+    );
     if let Err(e) = result {
-        tracing::warn!(claim = %plan.uid, error = %e, "prepare failed; rolling back");
-        if let Err(undo_errors) = undo(inner, &plan.uid, &entry, &others_now) {
-            tracing::error!(claim = %plan.uid, errors = ?undo_errors, "rollback incomplete; the entry stays for a retry");
-            let _ = inner
-                .store
-                .commit(Batch::new().put(plan.uid.clone(), entry));
-            return Err(e);
-        }
-        commit(inner, Batch::new().remove(plan.uid.clone()), "rollback")?;
-        return Err(e);
+        let snapshot = inner.store.snapshot();
+        let others_now = others(&snapshot.claims, uid);
+        return Err(roll_back(inner, uid, entry.clone(), &others_now, e));
     }
     failpoint("prepare-after-completed");
-    Ok(entry)
+    Ok(())
+}
+
+/// Undoes a failed prepare and drops its entry if one was journalled;
+/// returns the prepare's error. An incomplete undo leaves the entry
+/// (`PrepareStarted`) so the next attempt or the next start retries it.
+fn roll_back(
+    inner: &Inner,
+    uid: &ClaimUid,
+    mut entry: ClaimEntry,
+    others: &[(&ClaimUid, &ClaimEntry)],
+    error: PrepareError,
+) -> PrepareError {
+    tracing::warn!(claim = %uid, error = %error, "prepare failed; rolling back");
+    entry.state = ClaimState::PrepareStarted;
+    if let Err(undo_errors) = undo(inner, uid, &entry, others) {
+        tracing::error!(claim = %uid, errors = ?undo_errors, "rollback incomplete; the entry stays for a retry");
+        let _ = inner.store.commit(Batch::new().put(uid.clone(), entry));
+        return error;
+    }
+    if inner.store.get(uid).is_some()
+        && let Err(e) = commit(inner, Batch::new().remove(uid.clone()), "rollback")
+    {
+        return e;
+    }
+    error
 }
 
 /// Undoes `entry` and removes it from the checkpoint.

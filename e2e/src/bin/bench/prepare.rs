@@ -119,13 +119,13 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
             Row::new(name, "prepare, as kubelet sees it", "ms", prepare),
             Row::new(
                 name,
-                "  to the plugin's \"claim prepared\" (read claim, plan, checkpoint, hardware, CDI spec)",
+                "  to the plugin's \"claim prepared\" (read claim, plan, hardware, CDI spec, then checkpoint commit and status.devices write side by side)",
                 "ms",
                 work,
             ),
             Row::new(
                 name,
-                "  then status.devices written and the answer back",
+                "  then the answer back",
                 "ms",
                 answer,
             ),
