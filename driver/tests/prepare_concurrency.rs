@@ -423,3 +423,117 @@ async fn prepares_on_different_gpus_overlap() {
     assert!(n.checkpoint_claims().is_empty());
     assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
 }
+
+#[tokio::test]
+async fn concurrent_calls_for_one_claim_prepare_it_once() {
+    let n = node("dgx-h100", &["--dynamic-mig"], DraVersion::V1).await;
+    let mig = n
+        .device_names()
+        .await
+        .into_iter()
+        .find(|d| d.starts_with("gpu-0-mig-1g"))
+        .expect("a 1g MIG device of GPU 0 is published");
+    let claim = n
+        .claim("once", json!([result("mig", &mig)]), json!([]))
+        .await;
+    // Four kubelet calls for the same claim at once (a retry racing the
+    // first call): one prepare, four identical answers.
+    let calls = (0..4).map(|_| n.kubelet.prepare(std::slice::from_ref(&claim)));
+    let answers = tokio::time::timeout(ROUND_LIMIT, futures::future::join_all(calls))
+        .await
+        .unwrap_or_else(|_| panic!("prepares still running\n{}", n.logs()));
+    let answers: Vec<PrepareResult> = answers
+        .into_iter()
+        .map(|a| {
+            let mut a = a.unwrap_or_else(|e| panic!("prepare call failed: {e}\n{}", n.logs()));
+            a.remove(&claim.uid).unwrap()
+        })
+        .collect();
+    for a in &answers {
+        assert!(a.error.is_none(), "{:?}\n{}", a.error, n.logs());
+        assert_eq!(
+            a.devices, answers[0].devices,
+            "every call gets the same answer"
+        );
+    }
+    assert_eq!(
+        n.mig_instances().len(),
+        1,
+        "one MIG device: {:?}",
+        n.mig_instances()
+    );
+    assert_eq!(n.cdi_files().len(), 1, "{:?}", n.cdi_files());
+    assert_eq!(n.checkpoint_claims(), vec![claim.uid.clone()]);
+    // Two unprepares at once: one undoes, the other finds nothing.
+    let calls = (0..2).map(|_| n.kubelet.unprepare(std::slice::from_ref(&claim)));
+    for answer in futures::future::join_all(calls).await {
+        let answer = answer.unwrap_or_else(|e| panic!("unprepare call failed: {e}\n{}", n.logs()));
+        assert_eq!(answer[&claim.uid].error, None, "{}", n.logs());
+    }
+    assert!(n.mig_instances().is_empty(), "{:?}", n.mig_instances());
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    assert!(n.checkpoint_claims().is_empty());
+}
+
+#[tokio::test]
+async fn memory_shares_prepared_and_unprepared_at_once_keep_the_daemon_while_used() {
+    let n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
+    let mut claims = Vec::new();
+    for i in 0..8 {
+        let mut r = result("share", "gpu-1");
+        r["shareID"] = json!(format!("11111111-0000-4000-8000-00000000000{i}"));
+        r["consumedCapacity"] = json!({"memory": "1Gi"});
+        claims.push(n.claim(&format!("share-{i}"), json!([r]), json!([])).await);
+    }
+    let answers = prepare_concurrently(&n, &claims).await;
+    for (uid, a) in &answers {
+        assert!(a.error.is_none(), "{uid}: {:?}\n{}", a.error, n.logs());
+    }
+    assert_eq!(n.mps_daemons(), 1, "one daemon for the GPU\n{}", n.logs());
+    assert_eq!(n.checkpoint_claims().len(), 8);
+    let exclusive = |n: &Node| {
+        n.compute_modes()
+            .values()
+            .filter(|m| *m == "ExclusiveProcess")
+            .count()
+    };
+    assert_eq!(exclusive(&n), 1, "the shared GPU: {:?}", n.compute_modes());
+
+    // Half leave at once while the other half are prepared again (answered
+    // from the checkpoint): the daemon stays for the four left.
+    let (leaving, staying) = claims.split_at(4);
+    let unprepares = leaving
+        .iter()
+        .map(|c| n.kubelet.unprepare(std::slice::from_ref(c)));
+    let again = prepare_concurrently(&n, staying);
+    let (gone, again) = tokio::join!(futures::future::join_all(unprepares), again);
+    for g in gone {
+        assert!(
+            g.unwrap().values().all(|r| r.error.is_none()),
+            "{}",
+            n.logs()
+        );
+    }
+    assert!(again.values().all(|r| r.error.is_none()), "{}", n.logs());
+    assert_eq!(n.mps_daemons(), 1, "four claims still use the daemon");
+
+    let unprepares = staying
+        .iter()
+        .map(|c| n.kubelet.unprepare(std::slice::from_ref(c)));
+    for g in futures::future::join_all(unprepares).await {
+        assert!(
+            g.unwrap().values().all(|r| r.error.is_none()),
+            "{}",
+            n.logs()
+        );
+    }
+    assert_eq!(
+        n.mps_daemons(),
+        0,
+        "stopped after the last claim\n{}",
+        n.logs()
+    );
+    assert_eq!(n.processes(), 0, "no process left");
+    assert_eq!(exclusive(&n), 0, "mode restored: {:?}", n.compute_modes());
+    assert!(n.checkpoint_claims().is_empty());
+}

@@ -27,6 +27,7 @@
 
 mod apply;
 pub mod locks;
+mod pending;
 pub mod plan;
 mod recover;
 mod status;
@@ -163,6 +164,8 @@ pub(crate) struct Inner {
     catalog: HashMap<String, Target>,
     store: Store,
     locks: GpuLocks,
+    /// Claims staged and being committed (see [`pending`]).
+    pending: pending::Pending,
     mps: MpsControl,
     nodes: NodeLocator,
     /// Claim-level CDI edits (driver files, control nodes, hooks), found on
@@ -203,6 +206,7 @@ impl Preparer {
                 catalog,
                 store,
                 locks: GpuLocks::default(),
+                pending: pending::Pending::default(),
                 mps,
                 nodes,
                 common_edits: Mutex::new(None),
@@ -228,57 +232,87 @@ impl Preparer {
     pub async fn prepare_one(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, ClaimError> {
         let inner = &self.inner;
         let uid = ClaimUid(claim.uid.clone());
-        if let Some(entry) = inner.store.get(&uid)
-            && entry.state == ClaimState::PrepareCompleted
-        {
+        if let Some(entry) = self.completed(&uid).await {
             tracing::debug!(claim = %uid, "already prepared; answering from the checkpoint");
             // A crash may have come between the checkpoint and the status.
             status::publish(inner, claim, &entry).await;
             return Ok(answer(&entry));
         }
         let object = self.fetch(claim).await?;
-        let plan = plan::plan(
-            &object,
-            &claim.uid,
-            &inner.opts.driver_name,
-            &inner.opts.node_name,
-            &inner.catalog,
-        )
-        .map_err(|e: PlanError| ClaimError::Failed(e.to_string()))?;
-        let held = inner.locks.lock(&plan.gpu_minors()).await;
-        let worker = Arc::clone(inner);
-        let staged = tokio::task::spawn_blocking(move || apply::stage(&worker, &plan))
-            .await
-            .map_err(|e| ClaimError::Failed(format!("internal error: prepare task failed: {e}")))?
-            .map_err(|e| ClaimError::Failed(e.to_string()))?;
-        let entry = match staged {
-            apply::Staged::Done(entry) => {
-                drop(held);
-                status::publish(inner, claim, &entry).await;
-                entry
-            }
-            apply::Staged::Ready(entry) => {
-                // The checkpoint commit and the status write overlap: each
-                // is a round trip (disk, API server) the other need not
-                // wait for. A crash between them leaves a status that the
-                // retried prepare or the unprepare (of an unknown claim)
-                // rewrites.
-                let worker = Arc::clone(inner);
-                let (uid, record) = (uid.clone(), entry.clone());
-                let commit =
-                    tokio::task::spawn_blocking(move || apply::complete(&worker, &uid, &record));
-                let (committed, ()) = tokio::join!(commit, status::publish(inner, claim, &entry));
-                drop(held);
-                let failed = match committed {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(e.to_string()),
-                    Err(e) => Some(format!("internal error: prepare task failed: {e}")),
-                };
-                if let Some(message) = failed {
-                    status::clear(inner, claim).await;
-                    return Err(ClaimError::Failed(message));
+        let plan = Arc::new(
+            plan::plan(
+                &object,
+                &claim.uid,
+                &inner.opts.driver_name,
+                &inner.opts.node_name,
+                &inner.catalog,
+            )
+            .map_err(|e: PlanError| ClaimError::Failed(e.to_string()))?,
+        );
+        let failed = |e: &dyn std::fmt::Display| ClaimError::Failed(e.to_string());
+        let task_failed = |e: tokio::task::JoinError| {
+            failed(&format!("internal error: prepare task failed: {e}"))
+        };
+        let entry = loop {
+            let held = inner.locks.lock(&plan.gpu_minors()).await;
+            let (worker, work) = (Arc::clone(inner), Arc::clone(&plan));
+            let staged = tokio::task::spawn_blocking(move || apply::stage(&worker, &work))
+                .await
+                .map_err(task_failed)?
+                .map_err(|e| failed(&e))?;
+            match staged {
+                apply::Staged::Done(entry) => {
+                    drop(held);
+                    status::publish(inner, claim, &entry).await;
+                    break entry;
                 }
-                entry
+                apply::Staged::InFlight => {
+                    // A concurrent call for the same claim is committing.
+                    drop(held);
+                    inner.pending.wait_settled(&uid).await;
+                    if let Some(entry) = inner.store.get(&uid)
+                        && entry.state == ClaimState::PrepareCompleted
+                    {
+                        status::publish(inner, claim, &entry).await;
+                        break entry;
+                    }
+                }
+                apply::Staged::Ready(entry) => {
+                    // The GPU locks go now: the entry is pending, so other
+                    // claims on these GPUs see it while it is committed, and
+                    // their commits join this one in one checkpoint write.
+                    drop(held);
+                    let _settle = pending::Settle::new(&inner.pending, &uid);
+                    // The checkpoint commit and the status write overlap:
+                    // each is a round trip (disk, API server) the other need
+                    // not wait for. A crash between them leaves a status
+                    // that the retried prepare or the unprepare (of an
+                    // unknown claim) rewrites.
+                    let (worker, key, record) = (Arc::clone(inner), uid.clone(), entry.clone());
+                    let commit = tokio::task::spawn_blocking(move || {
+                        apply::complete(&worker, &key, &record)
+                    });
+                    let (committed, ()) =
+                        tokio::join!(commit, status::publish(inner, claim, &entry));
+                    let error = match committed {
+                        Ok(Ok(())) => break entry,
+                        Ok(Err(e)) => e,
+                        Err(e) => apply::PrepareError::Checkpoint {
+                            step: "PrepareCompleted".to_owned(),
+                            reason: format!("internal error: commit task failed: {e}"),
+                        },
+                    };
+                    let held = inner.locks.lock(&plan.gpu_minors()).await;
+                    let (worker, key) = (Arc::clone(inner), uid.clone());
+                    let error = tokio::task::spawn_blocking(move || {
+                        apply::abandon(&worker, &key, entry, error)
+                    })
+                    .await
+                    .map_err(task_failed)?;
+                    drop(held);
+                    status::clear(inner, claim).await;
+                    return Err(failed(&error));
+                }
             }
         };
         tracing::info!(
@@ -291,10 +325,21 @@ impl Preparer {
         Ok(answer(&entry))
     }
 
+    /// The completed entry of `uid`, once no call is committing it.
+    async fn completed(&self, uid: &ClaimUid) -> Option<ClaimEntry> {
+        self.inner.pending.wait_settled(uid).await;
+        self.inner
+            .store
+            .get(uid)
+            .filter(|e| e.state == ClaimState::PrepareCompleted)
+    }
+
     /// Unprepares one claim from its checkpoint entry; unknown = done.
     pub async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), ClaimError> {
         let inner = &self.inner;
         let uid = ClaimUid(claim.uid.clone());
+        // A prepare of this claim still committing finishes first.
+        inner.pending.wait_settled(&uid).await;
         let Some(entry) = inner.store.get(&uid) else {
             tracing::debug!(claim = %uid, "unprepare of a claim not prepared here: nothing to do");
             // A crash may have come between the checkpoint and the status.
@@ -336,8 +381,19 @@ impl ClaimPreparer for Preparer {
         claims: &'a [ClaimRef],
     ) -> BoxFuture<'a, ClaimResults<Vec<PreparedDevice>>> {
         Box::pin(async move {
-            let results =
-                futures::future::join_all(claims.iter().map(|c| self.prepare_one(c))).await;
+            // Each claim in a task of its own: a call kubelet gives up on
+            // (its future dropped) does not stop a prepare half-way.
+            let tasks = claims.iter().map(|c| {
+                let (me, c) = (self.clone(), c.clone());
+                tokio::spawn(async move { me.prepare_one(&c).await })
+            });
+            let results = futures::future::join_all(tasks).await.into_iter().map(|r| {
+                r.unwrap_or_else(|e| {
+                    Err(ClaimError::Failed(format!(
+                        "internal error: prepare task failed: {e}"
+                    )))
+                })
+            });
             claims
                 .iter()
                 .zip(results)
@@ -348,8 +404,17 @@ impl ClaimPreparer for Preparer {
 
     fn unprepare<'a>(&'a self, claims: &'a [ClaimRef]) -> BoxFuture<'a, ClaimResults<()>> {
         Box::pin(async move {
-            let results =
-                futures::future::join_all(claims.iter().map(|c| self.unprepare_one(c))).await;
+            let tasks = claims.iter().map(|c| {
+                let (me, c) = (self.clone(), c.clone());
+                tokio::spawn(async move { me.unprepare_one(&c).await })
+            });
+            let results = futures::future::join_all(tasks).await.into_iter().map(|r| {
+                r.unwrap_or_else(|e| {
+                    Err(ClaimError::Failed(format!(
+                        "internal error: unprepare task failed: {e}"
+                    )))
+                })
+            });
             claims
                 .iter()
                 .zip(results)

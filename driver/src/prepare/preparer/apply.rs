@@ -119,8 +119,12 @@ pub(crate) enum Staged {
     /// for the locks: answer its entry.
     Done(ClaimEntry),
     /// The hardware is set up and the CDI spec written; the entry, now
-    /// `PrepareCompleted`, still has to be committed.
+    /// `PrepareCompleted` and registered as pending (see
+    /// [`super::pending::Pending`]), still has to be committed.
     Ready(ClaimEntry),
+    /// Another call is committing this claim right now: wait for it to
+    /// settle and look again.
+    InFlight,
 }
 
 /// Sets up the hardware of `plan` and writes its CDI spec (see the module
@@ -134,6 +138,9 @@ pub(crate) enum Staged {
 /// with `PrepareCompleted`: a crash before it leaves them to the sweep, and
 /// a whole-GPU or MIG prepare costs one checkpoint write, not two.
 pub(crate) fn stage(inner: &Inner, plan: &ClaimPlan) -> Result<Staged, PrepareError> {
+    if inner.pending.contains(&plan.uid) {
+        return Ok(Staged::InFlight);
+    }
     let snapshot = inner.store.snapshot();
     if let Some(stale) = snapshot.claims.get(&plan.uid) {
         // A completed entry appeared while we waited for the locks (the
@@ -150,7 +157,8 @@ pub(crate) fn stage(inner: &Inner, plan: &ClaimPlan) -> Result<Staged, PrepareEr
             "drop stale entry",
         )?;
     }
-    let others_now = others(&snapshot.claims, &plan.uid);
+    let view = inner.pending.overlay(snapshot.claims);
+    let others_now = others(&view, &plan.uid);
     check_conflicts(plan, &others_now)?;
 
     let spec_path = inner.opts.cdi.path(&plan.uid.0)?;
@@ -163,27 +171,37 @@ pub(crate) fn stage(inner: &Inner, plan: &ClaimPlan) -> Result<Staged, PrepareEr
         return Err(roll_back(inner, &plan.uid, entry, &others_now, e));
     }
     entry.state = ClaimState::PrepareCompleted;
+    inner.pending.insert(plan.uid.clone(), entry.clone());
     Ok(Staged::Ready(entry))
 }
 
-/// Commits the entry [`stage`] made ready; on failure undoes the claim.
+/// Commits the entry [`stage`] made ready. Needs no GPU lock: the entry is
+/// pending until the caller settles it, so every other prepare and
+/// unprepare sees it.
 pub(crate) fn complete(
     inner: &Inner,
     uid: &ClaimUid,
     entry: &ClaimEntry,
 ) -> Result<(), PrepareError> {
-    let result = commit(
+    commit(
         inner,
         Batch::new().put(uid.clone(), entry.clone()),
         "PrepareCompleted",
-    );
-    if let Err(e) = result {
-        let snapshot = inner.store.snapshot();
-        let others_now = others(&snapshot.claims, uid);
-        return Err(roll_back(inner, uid, entry.clone(), &others_now, e));
-    }
+    )?;
     failpoint("prepare-after-completed");
     Ok(())
+}
+
+/// Undoes a staged claim whose commit failed (under its GPU locks again).
+pub(crate) fn abandon(
+    inner: &Inner,
+    uid: &ClaimUid,
+    entry: ClaimEntry,
+    error: PrepareError,
+) -> PrepareError {
+    let view = inner.pending.overlay(inner.store.snapshot().claims);
+    let others_now = others(&view, uid);
+    roll_back(inner, uid, entry, &others_now, error)
 }
 
 /// Undoes a failed prepare and drops its entry if one was journalled;
@@ -217,8 +235,8 @@ pub(crate) fn unprepare(
     uid: &ClaimUid,
     entry: &ClaimEntry,
 ) -> Result<(), PrepareError> {
-    let snapshot = inner.store.snapshot();
-    let others = others(&snapshot.claims, uid);
+    let view = inner.pending.overlay(inner.store.snapshot().claims);
+    let others = others(&view, uid);
     undo(inner, uid, entry, &others).map_err(PrepareError::Undo)?;
     failpoint("unprepare-after-undo");
     commit(inner, Batch::new().remove(uid.clone()), "unprepare")
