@@ -600,6 +600,22 @@ impl MpsControl {
         // argv of the launch, then the pipe directory the daemon sees.
         let (mut argv, pipe_env): (Vec<std::ffi::OsString>, &Path) = match self.shm_mode {
             ShmMode::PrivateMount => {
+                // The daemon's /dev/shm is mounted over: what it needs
+                // afterwards (its program, log and pipe directories) must
+                // not be under /dev/shm.
+                for (what, path) in [
+                    ("state directory", &dirs.root),
+                    ("driver root", &self.driver_root.path),
+                ] {
+                    if path.starts_with("/dev/shm") {
+                        return Err(MpsError::PrivateShmUnavailable {
+                            reason: format!(
+                                "the {what} {} is under /dev/shm, which an MPS daemon gets replaced by its own shm directory; move it (--state-dir, --container-driver-root)",
+                                path.display()
+                            ),
+                        });
+                    }
+                }
                 let unshare = find_system_program("unshare").ok_or_else(|| {
                     MpsError::PrivateShmUnavailable {
                         reason: "no unshare program".into(),

@@ -501,6 +501,26 @@ fn hostile_configs_start_nothing_and_create_nothing() {
 }
 
 #[test]
+fn private_mount_refuses_a_state_dir_under_dev_shm() {
+    let env = Env::new();
+    let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("SKIPPED private_mount_refuses_a_state_dir_under_dev_shm: no /dev/shm");
+        return;
+    };
+    let mps = MpsControl::new(HostRoot::same(env.fake.path()), HostRoot::same(dir.path()))
+        .with_shm_mode(ShmMode::PrivateMount)
+        .with_timeouts(fast());
+    let err = mps.start(&cfg("claim-1")).unwrap_err().to_string();
+    assert!(
+        err.contains("state directory")
+            && err.contains("is under /dev/shm")
+            && err.contains("--state-dir"),
+        "{err}"
+    );
+    assert_eq!(env.fake.calls().unwrap(), vec![], "nothing was run");
+}
+
+#[test]
 fn private_mount_gives_the_daemon_its_shm_dir_as_dev_shm() {
     let (mode, why) = ShmMode::detect();
     if mode != ShmMode::PrivateMount {
