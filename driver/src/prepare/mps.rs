@@ -415,27 +415,23 @@ pub struct MpsControl {
     driver_root: HostRoot,
     state_dir: HostRoot,
     timeouts: Timeouts,
-    shm_mode: ShmMode,
+    /// Detected at the first daemon start (two process starts: kept off
+    /// the plugin's start path), unless forced.
+    shm_mode: std::sync::OnceLock<ShmMode>,
     locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
 
 impl MpsControl {
     /// Daemons run `<driver_root>/usr/bin/nvidia-cuda-mps-control` and live
     /// in `<state_dir>/mps/<id>/{pipe,log,shm}`. The [`ShmMode`] is detected
-    /// here (a warning is logged when it falls back to [`ShmMode::Inherit`]).
+    /// when first needed (a warning is logged when it falls back to
+    /// [`ShmMode::Inherit`]).
     pub fn new(driver_root: HostRoot, state_dir: HostRoot) -> Self {
-        let (shm_mode, why) = ShmMode::detect();
-        if let Some(reason) = why {
-            tracing::warn!(
-                %reason,
-                "MPS daemons will share the plugin's /dev/shm: containers of MPS claims cannot reach their servers' shared memory on real GPUs"
-            );
-        }
         Self {
             driver_root,
             state_dir,
             timeouts: Timeouts::default(),
-            shm_mode,
+            shm_mode: std::sync::OnceLock::new(),
             locks: Mutex::new(HashMap::new()),
         }
     }
@@ -449,13 +445,22 @@ impl MpsControl {
     /// Forces a [`ShmMode`]; [`ShmMode::PrivateMount`] where it cannot work
     /// makes every start fail with [`MpsError::PrivateShmUnavailable`].
     pub fn with_shm_mode(mut self, mode: ShmMode) -> Self {
-        self.shm_mode = mode;
+        self.shm_mode = std::sync::OnceLock::from(mode);
         self
     }
 
-    /// The [`ShmMode`] daemons are started with.
+    /// The [`ShmMode`] daemons are started with (detected on first use).
     pub fn shm_mode(&self) -> ShmMode {
-        self.shm_mode
+        *self.shm_mode.get_or_init(|| {
+            let (mode, why) = ShmMode::detect();
+            if let Some(reason) = why {
+                tracing::warn!(
+                    %reason,
+                    "MPS daemons will share the plugin's /dev/shm: containers of MPS claims cannot reach their servers' shared memory on real GPUs"
+                );
+            }
+            mode
+        })
     }
 
     /// The directories of daemon `id`.
@@ -541,7 +546,7 @@ impl MpsControl {
                     daemon = %cfg.id,
                     pid,
                     devices = %cfg.visible_devices(),
-                    shm = ?self.shm_mode,
+                    shm = ?self.shm_mode(),
                     elapsed_ms = started.elapsed().as_millis(),
                     "started MPS control daemon"
                 );
@@ -598,7 +603,7 @@ impl MpsControl {
         let out = fs::File::create(&out_path).map_err(io_err("create", &out_path))?;
         let err = out.try_clone().map_err(io_err("dup", &out_path))?;
         // argv of the launch, then the pipe directory the daemon sees.
-        let (mut argv, pipe_env): (Vec<std::ffi::OsString>, &Path) = match self.shm_mode {
+        let (mut argv, pipe_env): (Vec<std::ffi::OsString>, &Path) = match self.shm_mode() {
             ShmMode::PrivateMount => {
                 // The daemon's /dev/shm is mounted over: what it needs
                 // afterwards (its program, log and pipe directories) must
