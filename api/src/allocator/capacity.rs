@@ -64,7 +64,7 @@ pub(crate) fn fit(
     if let Some(c) = caps
         .iter()
         .zip(&consumed)
-        .find(|(cap, c)| violates(**c, cap.policy.as_ref()))
+        .find(|(cap, c)| violates(**c, cap.policy.as_deref()))
     {
         return Ok(Fit::Policy(c.0.published.to_owned()));
     }
@@ -85,7 +85,7 @@ pub(crate) fn fit(
 
 /// What one allocation consumes of `cap` for the request `req`.
 pub(crate) fn consumed(req: Option<i128>, cap: &Capacity<'_>) -> Result<i128, String> {
-    let policy = cap.policy.as_ref();
+    let policy = cap.policy.as_deref();
     let Some(r) = req else {
         return Ok(policy.and_then(|p| p.default).unwrap_or(cap.value()));
     };
@@ -151,7 +151,7 @@ mod tests {
             domain: "gpu.example.com",
             id: "memory",
             quantity: Quantity::parse(value).unwrap(),
-            policy,
+            policy: policy.map(Box::new),
         }
     }
 

@@ -189,7 +189,9 @@ pub(crate) struct Capacity<'a> {
     pub id: &'a str,
     /// The value, with the format it was written in.
     pub quantity: Quantity,
-    pub policy: Option<Policy>,
+    /// Boxed: most capacities have none, and a device's capacities are
+    /// kept for every device parsed.
+    pub policy: Option<Box<Policy>>,
 }
 
 impl Capacity<'_> {
@@ -248,6 +250,11 @@ impl<'a> Parsed<'a> {
         let cel: &Result<CelDevice, String> =
             self.cel.get_or_init(|| Box::new(parse_cel(raw, driver)));
         cel.as_ref().map_err(String::as_str)
+    }
+
+    /// Whether [`details`](Self::details) has been called.
+    pub(crate) fn has_details(&self) -> bool {
+        self.details.get().is_some()
     }
 
     /// The parsed device; `counters` resolves `(counter set, counter)` to
@@ -312,13 +319,25 @@ fn parse_cel(raw: &Device, driver: &str) -> Result<CelDevice, String> {
 }
 
 fn parse_capacities<'a>(raw: &'a Device, driver: &'a str) -> Result<Vec<Capacity<'a>>, String> {
-    let mut capacities: Vec<Capacity<'a>> = Vec::new();
-    if let Some(caps) = &raw.capacity {
-        let (qualified, bare): (Vec<_>, Vec<_>) =
-            caps.iter().partition(|(name, _)| name.contains('/'));
-        for (name, cap) in qualified.into_iter().chain(bare) {
+    let Some(caps) = &raw.capacity else {
+        return Ok(Vec::new());
+    };
+    let mut capacities: Vec<Capacity<'a>> = Vec::with_capacity(caps.len());
+    // names qualified with a domain first: one with the driver's domain
+    // wins over the bare id (bare ids cannot repeat each other, nor can
+    // qualified names)
+    let mut driver_domain = 0usize;
+    for qualified in [true, false] {
+        for (name, cap) in caps {
+            if name.contains('/') != qualified {
+                continue;
+            }
             let (domain, id) = split_qualified_name(driver, name).map_err(|e| e.to_string())?;
-            if capacities.iter().any(|c| c.domain == domain && c.id == id) {
+            if qualified {
+                driver_domain += usize::from(domain == driver);
+            } else if driver_domain > 0
+                && capacities.iter().any(|c| c.domain == domain && c.id == id)
+            {
                 continue;
             }
             let value = quantity(&cap.value.0, || format!("capacity {name}"))?;
@@ -328,7 +347,7 @@ fn parse_capacities<'a>(raw: &'a Device, driver: &'a str) -> Result<Vec<Capacity
             let policy = cap
                 .request_policy
                 .as_ref()
-                .map(|p| parse_policy(p, name))
+                .map(|p| parse_policy(p, name).map(Box::new))
                 .transpose()?;
             capacities.push(Capacity {
                 published: name,
@@ -348,7 +367,13 @@ fn parse_details<'a>(
     counters: &dyn Fn(&str, &str) -> Option<usize>,
 ) -> Result<Details<'a>, String> {
     let capacities = parse_capacities(raw, driver)?;
-    let mut consumes: Vec<(usize, i128)> = Vec::new();
+    let mut consumes: Vec<(usize, i128)> = Vec::with_capacity(
+        raw.consumes_counters
+            .iter()
+            .flatten()
+            .map(|c| c.counters.len())
+            .sum(),
+    );
     for consumption in raw.consumes_counters.iter().flatten() {
         for (name, counter) in &consumption.counters {
             let index = counters(&consumption.counter_set, name).ok_or_else(|| {

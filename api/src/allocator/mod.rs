@@ -70,7 +70,11 @@
 //! request, which sees every device). Selector results are memoised by
 //! those ids (1,000 nodes of identical GPUs cost a handful of CEL
 //! evaluations), and the search stops at the first node that fits unless
-//! all are asked for.
+//! all are asked for. Before searching a node, a precheck counts the
+//! devices that could serve each request; a device short of counters next
+//! to the allocated claims is remembered as such by the snapshot (not by
+//! the slices' part: other claims, other counters), so that later
+//! simulations drop it without reading it again.
 //!
 //! A cold full scan is bound by memory latency, not by computation: every
 //! device's name and consumed counters (validation) and the attributes its

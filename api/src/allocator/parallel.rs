@@ -106,12 +106,27 @@ pub(crate) fn spawn_helpers<'scope, F>(
 ) where
     F: Fn(usize) + Sync,
 {
+    spawn_helpers_with(scope, ahead, helpers, move |(): &mut (), item| work(item));
+}
+
+/// [`spawn_helpers`] where each helper keeps a state `S` (made by the
+/// helper, starting from `S::default()`) from one item to the next.
+pub(crate) fn spawn_helpers_with<'scope, S, F>(
+    scope: &'scope Scope<'scope, '_>,
+    ahead: &'scope Ahead,
+    helpers: usize,
+    work: F,
+) where
+    S: Default,
+    F: Fn(&mut S, usize) + Send + Copy + 'scope,
+{
     for _ in 0..helpers {
         let spawned = Builder::new()
             .name("allocator-helper".to_owned())
             .spawn_scoped(scope, move || {
+                let mut state = S::default();
                 while let Some(item) = ahead.take() {
-                    work(item);
+                    work(&mut state, item);
                 }
             });
         if spawned.is_err() {

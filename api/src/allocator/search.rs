@@ -5,6 +5,7 @@
 //! counters and capacity consumed, constraint values), and the
 //! backtracking first-fit over requests, sub-requests and devices.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -16,7 +17,7 @@ use super::explain::{self, NodeExplanation};
 use super::output::{self, NodeAllocation};
 use super::parallel::{self, Ahead, StopOnDrop};
 use super::selectors::{FastMap, Memo, Read, Recall, SelectorTable};
-use super::snapshot::{Column, Existing, Pool, PreparedPool, Snapshot};
+use super::snapshot::{Column, CountersLeft, Existing, Pool, PoolUse, PreparedPool, Snapshot};
 use super::{AllocError, MAX_RESULTS_PER_CLAIM, NodeFilter, Outcome, SimulateOptions};
 use crate::cel::{Compiler, EvalError, Evaluator};
 
@@ -74,6 +75,10 @@ pub(crate) struct Context<'r, 'a> {
     /// read of every device.
     eager: Vec<(usize, &'r Read)>,
     budget: u64,
+    /// Set once a precheck parses a device: from then on helper threads
+    /// run the prechecks of the nodes they prepare, so that the parsing
+    /// (kept in the snapshot) is shared between cores.
+    parsing: AtomicBool,
 }
 
 impl<'r, 'a> Context<'r, 'a> {
@@ -115,6 +120,7 @@ impl<'r, 'a> Context<'r, 'a> {
             first,
             eager,
             budget,
+            parsing: AtomicBool::new(false),
         }
     }
 }
@@ -128,16 +134,28 @@ type Scan = (Vec<NodeAllocation>, Vec<NodeVerdicts>);
 
 /// Searches the nodes in order. Once the first node does not fit, helper
 /// threads prepare the pools of the last nodes, walking back towards the
-/// search.
-fn scan(
-    ctx: &Context<'_, '_>,
+/// search; once a precheck has had to parse devices, they run the
+/// prechecks of those nodes too (what they parse and learn is kept in the
+/// snapshot, the answer is the walk's).
+fn scan<'r, 'a>(
+    ctx: &'r Context<'r, 'a>,
     memo: &mut Memo,
-    nodes: &[Option<&str>],
+    nodes: &[Option<&'r str>],
     options: &SimulateOptions,
     threads: usize,
 ) -> Result<Scan, AllocError> {
     let ahead = Ahead::new(nodes.len());
-    let warm = |i: usize| ctx.snapshot.warm(nodes[i], &ctx.eager);
+    // a helper's memo and buffers, kept from node to node
+    let warm = |state: &mut (Memo, Scratch<'r, 'a>), i: usize| {
+        ctx.snapshot.warm(nodes[i], &ctx.eager);
+        if ctx.parsing.load(Ordering::Relaxed) {
+            let (memo, scratch) = std::mem::take(state);
+            let mut search = NodeSearch::new(ctx, nodes[i], memo, scratch);
+            search.precheck_all();
+            let (_, memo, scratch) = search.finish();
+            *state = (memo, scratch);
+        }
+    };
     std::thread::scope(|scope| {
         let _stop = StopOnDrop(&ahead);
         let mut found = Vec::new();
@@ -146,7 +164,7 @@ fn scan(
         for (i, node) in nodes.iter().enumerate() {
             ahead.reached(i);
             if i == 1 && threads > 1 {
-                parallel::spawn_helpers(scope, &ahead, threads - 1, &warm);
+                parallel::spawn_helpers_with(scope, &ahead, threads - 1, warm);
             }
             let mut search = NodeSearch::new(ctx, *node, std::mem::take(memo), scratch);
             let fits = search.run();
@@ -253,6 +271,8 @@ pub(crate) struct NodePool<'r, 'a> {
     pub invalid: Option<String>,
     /// Counters left by the allocated claims.
     pub base: &'r [i128],
+    /// What the allocated claims use of the pool (complete, valid pools).
+    pub uses: Option<&'r PoolUse>,
 }
 
 /// A device of the node.
@@ -431,6 +451,7 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
                     prepared: None,
                     invalid: None,
                     base: &[],
+                    uses: None,
                 });
                 continue;
             }
@@ -443,6 +464,7 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
                         prepared: Some(prepared),
                         invalid: Some(reason.to_owned()),
                         base: &[],
+                        uses: None,
                     });
                     order.push(Slot::InvalidPool(p));
                     continue;
@@ -454,8 +476,10 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
                 prepared: Some(prepared),
                 invalid: None,
                 base: &pool_use.base_available,
+                uses: Some(pool_use),
             });
-            let existing = &pool_use.existing;
+            // devices come in ascending index, like the uses
+            let mut existing = pool_use.existing.iter().peekable();
             devs.reserve(prepared.devices.len());
             order.reserve(prepared.devices.len());
             for run in &prepared.runs {
@@ -471,15 +495,12 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
                 for (i, device) in prepared.devices[run.first..run.end].iter().enumerate() {
                     let i = run.first + i;
                     order.push(Slot::Device(devs.len()));
+                    while existing.next_if(|(e, _)| *e < i).is_some() {}
                     devs.push(Dev {
                         pool: p,
                         index: i,
                         device,
-                        existing: if existing.is_empty() {
-                            None
-                        } else {
-                            existing.get(&i)
-                        },
+                        existing: existing.next_if(|(e, _)| *e == i).map(|(_, e)| e),
                     });
                 }
             }
@@ -1102,6 +1123,67 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         }
     }
 
+    /// What the snapshot knows of device `d`'s counters next to the
+    /// allocated claims.
+    fn known_counters_left(&self, d: usize) -> CountersLeft {
+        let dev = self.devs[d];
+        self.pools[dev.pool]
+            .uses
+            .map_or(CountersLeft::Unknown, |u| u.counters_left(dev.index))
+    }
+
+    /// Whether device `d` (parsed: `details`) is short of counters next to
+    /// the allocated claims (not the tentative allocation: the answer is
+    /// kept in the snapshot for later searches).
+    fn learn_counters_left(&self, d: usize, details: &Details<'_>) -> CountersLeft {
+        let dev = self.devs[d];
+        let pool = &self.pools[dev.pool];
+        let left = if !dev.counters_consumed()
+            && !details.consumes.is_empty()
+            && !Self::counters_fit(details, pool.base)
+        {
+            CountersLeft::Short
+        } else {
+            CountersLeft::Enough
+        };
+        if let Some(uses) = pool.uses {
+            uses.learn_counters_left(dev.index, left);
+        }
+        left
+    }
+
+    /// Reads what parsing the devices from `from` on that
+    /// [`precheck`](Self::precheck) may parse for variant `v` reads, in a
+    /// loop of independent reads (see `touch` in the snapshot), so that a
+    /// first search of a pool pays for their cache misses together rather
+    /// than one after the other.
+    fn prefetch_details(&mut self, v: usize, admin: bool, from: usize) {
+        let mut acc = 0usize;
+        for d in from..self.devs.len() {
+            let dev = self.devs[d];
+            if (!admin && dev.in_use()) || !matches!(self.verdict(v, d), Match::Yes) {
+                continue;
+            }
+            if !admin && self.known_counters_left(d) == CountersLeft::Short {
+                continue;
+            }
+            if let Some(prepared) = self.pools[dev.pool].prepared
+                && !prepared.parsed_details(dev.index)
+            {
+                acc = acc.wrapping_add(prepared.touch_details(dev.index));
+            }
+        }
+        std::hint::black_box(acc);
+    }
+
+    /// Runs the precheck of every variant (a helper thread's preparation
+    /// of a node: what it parses and learns is kept in the snapshot).
+    fn precheck_all(&mut self) {
+        for v in 0..self.plan.variants.len() {
+            self.precheck(v);
+        }
+    }
+
     /// Cheap necessary condition for variant `v`: enough devices that could
     /// be available when nothing else of this claim is allocated. Never
     /// raises errors (a device whose selectors fail with an error counts as
@@ -1123,44 +1205,67 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
             return true;
         }
         let admin = self.plan.variants[v].admin;
+        // once a device must be parsed, what the devices after it need is
+        // brought in together, when verdicts are cheap (memoised)
+        let mut prefetched = !self.plan.variants[v]
+            .selectors
+            .iter()
+            .all(|&sel| self.table.entries[sel].projection.is_some());
         let mut found = 0;
         for d in 0..self.devs.len() {
             let dev = self.devs[d];
             if !admin && dev.in_use() {
                 continue;
             }
-            match self.verdict(v, d) {
+            let selected = match self.verdict(v, d) {
                 Match::No(_) | Match::Unknown => continue,
-                Match::Failed(_) => {
-                    found += 1;
+                Match::Failed(_) => false,
+                Match::Yes => true,
+            };
+            if !selected {
+                // a selector error: the search meets it itself
+                found += 1;
+            } else if !admin && self.known_counters_left(d) == CountersLeft::Short {
+                // short of counters (known from an earlier search of this
+                // snapshot): dropped without reading the device
+                continue;
+            } else {
+                if let Some(prepared) = self.pools[dev.pool].prepared
+                    && !prepared.parsed_details(dev.index)
+                {
+                    self.ctx.parsing.store(true, Ordering::Relaxed);
+                    if !prefetched {
+                        prefetched = true;
+                        self.prefetch_details(v, admin, d);
+                    }
                 }
-                Match::Yes => {
-                    let Ok(details) = self.details(d) else {
-                        found += 1;
-                        continue;
-                    };
-                    if !admin {
-                        match self.fit(v, d, details, false) {
-                            Ok(Fit::Fits(_)) | Err(_) => {}
-                            Ok(_) => continue,
-                        }
-                        // the counters left by allocated claims, not the
-                        // tentative ones: the verdict is cached
-                        let base = self.pools[dev.pool].base;
-                        if !dev.counters_consumed()
-                            && !details.consumes.is_empty()
-                            && !Self::counters_fit(details, base)
+                match self.details(d) {
+                    // the search meets the error itself
+                    Err(_) => found += 1,
+                    Ok(details) => {
+                        // all of these must hold, in any order (a capacity
+                        // error counts as a candidate): the counters, which
+                        // the snapshot remembers, first
+                        if !admin
+                            && (self.learn_counters_left(d, details) == CountersLeft::Short
+                                || matches!(
+                                    self.fit(v, d, details, false),
+                                    Ok(Fit::Missing(_)
+                                        | Fit::Policy(_)
+                                        | Fit::TooLarge(_)
+                                        | Fit::Exhausted(_))
+                                ))
                         {
                             continue;
                         }
+                        if !self.tolerated(v, details) {
+                            continue;
+                        }
+                        if dev.device.multi() {
+                            return true;
+                        }
+                        found += 1;
                     }
-                    if !self.tolerated(v, details) {
-                        continue;
-                    }
-                    if dev.device.multi() {
-                        return true;
-                    }
-                    found += 1;
                 }
             }
             if found >= needed {

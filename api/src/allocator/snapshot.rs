@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceClaim, ResourceSlice};
@@ -207,10 +207,54 @@ impl Existing {
 /// What the allocated claims use of a pool.
 #[derive(Debug, Default)]
 pub(crate) struct PoolUse {
-    /// Device index → use.
-    pub existing: FastMap<usize, Existing>,
+    /// (device index, use), by index.
+    pub existing: Vec<(usize, Existing)>,
     /// Counters left (may be negative).
     pub base_available: Vec<i128>,
+    /// Per device, whether it is short of counters next to the allocated
+    /// claims alone ([`CountersLeft`], as a byte), learnt on first need:
+    /// it depends only on the device and on this snapshot's claims, so a
+    /// search of the same snapshot needs no more than this byte to drop a
+    /// device whose counters are used up.
+    counters_left: Box<[AtomicU8]>,
+}
+
+/// What [`PoolUse`] knows of a device's counters next to the allocated
+/// claims (the counters a search starts from).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CountersLeft {
+    /// Not known yet.
+    Unknown = 0,
+    /// The device can be parsed and the counters left cover it (or it
+    /// consumes none, or its counters are already consumed by its own
+    /// allocations).
+    Enough = 1,
+    /// The device can be parsed, consumes counters not consumed by its own
+    /// allocations, and the counters left do not cover them: no allocation
+    /// of this snapshot can get them (a search only consumes more).
+    Short = 2,
+}
+
+impl PoolUse {
+    /// What is known of device `i`'s counters.
+    pub(crate) fn counters_left(&self, i: usize) -> CountersLeft {
+        match self
+            .counters_left
+            .get(i)
+            .map(|b| b.load(AtomicOrdering::Relaxed))
+        {
+            Some(1) => CountersLeft::Enough,
+            Some(2) => CountersLeft::Short,
+            _ => CountersLeft::Unknown,
+        }
+    }
+
+    /// Records what was learnt of device `i`'s counters.
+    pub(crate) fn learn_counters_left(&self, i: usize, left: CountersLeft) {
+        if let Some(b) = self.counters_left.get(i) {
+            b.store(left as u8, AtomicOrdering::Relaxed);
+        }
+    }
 }
 
 /// A validated, indexed pool.
@@ -224,8 +268,10 @@ pub(crate) struct PreparedPool<'a> {
     pub counters: Vec<Counter<'a>>,
     sets: Vec<CounterSet>,
     set_index: FastMap<&'a str, usize>,
-    /// Device name → index, made when allocated claims are looked up.
-    by_name: OnceLock<FastMap<&'a str, usize>>,
+    /// The devices' names as (hash, index), sorted: finds a device by name
+    /// without reading the other names (made by validation, which looks
+    /// for duplicates this way).
+    by_hash: Box<[u64]>,
     /// Per device, its parsed forms; made when a first device is parsed.
     parsed: OnceLock<Box<[Parsed<'a>]>>,
     /// What selectors read, per device, as value ids; by read number.
@@ -243,16 +289,13 @@ impl<'a> PreparedPool<'a> {
 
     /// The index of the device named `name`.
     pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
-        self.by_name
-            .get_or_init(|| {
-                self.devices
-                    .iter()
-                    .enumerate()
-                    .map(|(i, d)| (d.name(), i))
-                    .collect()
-            })
-            .get(name)
-            .copied()
+        let hash = name_hash(name);
+        let from = self.by_hash.partition_point(|&e| e & HASH_BITS < hash);
+        self.by_hash[from..]
+            .iter()
+            .take_while(|&&e| e & HASH_BITS == hash)
+            .map(|&e| (e & !HASH_BITS) as usize)
+            .find(|&i| same(self.devices[i].name().as_bytes(), name.as_bytes()))
     }
 
     /// Where device `i` can be used.
@@ -274,6 +317,18 @@ impl<'a> PreparedPool<'a> {
             .details(self.devices[i].raw, driver, &counters)
     }
 
+    /// Whether device `i` has been parsed (see [`details`](Self::details)).
+    pub(crate) fn parsed_details(&self, i: usize) -> bool {
+        self.parsed.get().is_some_and(|p| p[i].has_details())
+    }
+
+    /// Reads one byte of each string that parsing device `i` reads, so
+    /// that a loop over devices about to be parsed overlaps their cache
+    /// misses (see [`touch`]); the result is meaningless.
+    pub(crate) fn touch_details(&self, i: usize) -> usize {
+        touch_details(self.devices[i].raw)
+    }
+
     /// Device `i` as CEL selectors see it (converted on first need).
     pub(crate) fn cel(&self, i: usize, driver: &str) -> Result<&CelDevice, &str> {
         self.parsed(i).cel(self.devices[i].raw, driver)
@@ -287,7 +342,7 @@ impl<'a> PreparedPool<'a> {
             counters: Vec::new(),
             sets: Vec::new(),
             set_index: FastMap::default(),
-            by_name: OnceLock::new(),
+            by_hash: Box::default(),
             parsed: OnceLock::new(),
             columns: Mutex::new(Vec::new()),
         }
@@ -696,7 +751,8 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
             .map(|raw| PoolDevice { raw }),
     );
     let mut runs: Vec<Run<'a>> = Vec::new();
-    let duplicate = first_duplicate(devices.len(), |i| devices[i].name());
+    let by_hash = name_hashes(devices.len(), |i| devices[i].name());
+    let duplicate = first_repeat(&by_hash, |i| devices[i].name());
     // the index of the device below
     let mut index = 0;
     // the set of the previous consumption: devices consume from the same
@@ -759,7 +815,7 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
         counters,
         sets,
         set_index,
-        by_name: OnceLock::new(),
+        by_hash: by_hash.into_boxed_slice(),
         parsed: OnceLock::new(),
         columns: Mutex::new(Vec::new()),
     })
@@ -768,18 +824,41 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
 /// The index of the first of `count` names (`name(i)`) that an earlier one
 /// repeats: names numbered by hash, sorted, and compared only where hashes
 /// are equal.
+#[cfg(test)]
 pub(crate) fn first_duplicate<'n>(count: usize, name: impl Fn(usize) -> &'n str) -> Option<usize> {
-    let build = BuildHasherDefault::<FastHasher>::default();
-    let mut hashes: Vec<(u64, usize)> = (0..count).map(|i| (build.hash_one(name(i)), i)).collect();
+    first_repeat(&name_hashes(count, &name), name)
+}
+
+/// The high half of an entry of [`name_hashes`]: the name's hash.
+const HASH_BITS: u64 = !(u32::MAX as u64);
+
+/// The hash of a name, in [`HASH_BITS`].
+fn name_hash(name: &str) -> u64 {
+    BuildHasherDefault::<FastHasher>::default().hash_one(name) & HASH_BITS
+}
+
+/// The `count` names (`name(i)`, fewer than 2^32) as their hash (high
+/// half) and index (low half), sorted: one word per name.
+fn name_hashes<'n>(count: usize, name: impl Fn(usize) -> &'n str) -> Vec<u64> {
+    let mut hashes: Vec<u64> = (0..count)
+        .map(|i| name_hash(name(i)) | (i as u64 & !HASH_BITS))
+        .collect();
     hashes.sort_unstable();
+    hashes
+}
+
+/// [`first_duplicate`] on the names' [hashes](name_hashes).
+fn first_repeat<'n>(hashes: &[u64], name: impl Fn(usize) -> &'n str) -> Option<usize> {
+    let index = |e: u64| (e & !HASH_BITS) as usize;
     let mut first: Option<usize> = None;
     // within a run of equal hashes, indices ascend: the first name there
     // that an earlier one of the run equals is the run's first repeat
-    for run in hashes.chunk_by(|a, b| a.0 == b.0) {
-        let repeat = run.iter().enumerate().skip(1).find_map(|(k, &(_, j))| {
+    for run in hashes.chunk_by(|a, b| a & HASH_BITS == b & HASH_BITS) {
+        let repeat = run.iter().enumerate().skip(1).find_map(|(k, &e)| {
+            let j = index(e);
             run[..k]
                 .iter()
-                .any(|&(_, i)| name(i) == name(j))
+                .any(|&i| name(index(i)) == name(j))
                 .then_some(j)
         });
         if let Some(j) = repeat {
@@ -1114,8 +1193,13 @@ impl<'a> Snapshot<'a> {
         let pool = &self.index.pools[i];
         let prepared = pool.prepared();
         let mut result = PoolUse {
-            existing: FastMap::default(),
+            existing: Vec::new(),
             base_available: prepared.counters.iter().map(|c| c.total).collect(),
+            counters_left: prepared
+                .devices
+                .iter()
+                .map(|_| AtomicU8::new(CountersLeft::Unknown as u8))
+                .collect(),
         };
         let Some(used) = self.allocated.get(&(pool.driver, pool.name)) else {
             return Ok(result);
@@ -1159,8 +1243,9 @@ impl<'a> Snapshot<'a> {
                         result.base_available[counter].saturating_sub(amount);
                 }
             }
-            result.existing.insert(index, e);
+            result.existing.push((index, e));
         }
+        result.existing.sort_unstable_by_key(|&(i, _)| i);
         Ok(result)
     }
 }

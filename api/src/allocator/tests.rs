@@ -1,5 +1,6 @@
 //! Unit tests of the allocator's internals: the selector memo, the
-//! per-pool value columns and pool validation. The rules themselves are
+//! per-pool value columns, pool validation, finding devices by name, and
+//! the precheck's pruning of devices short of counters. The rules themselves are
 //! tested through the public API in `api/tests/allocator_*.rs`.
 
 use std::hash::{BuildHasher, BuildHasherDefault};
@@ -8,10 +9,10 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
 
-use super::claim;
 use super::search::{Context, Match, NodeSearch, Scratch};
 use super::selectors::{FastHasher, Memo, Read, SelectorTable};
 use super::snapshot::Snapshot;
+use super::{AllocError, Allocator, Outcome, SimulateOptions, claim};
 use crate::cel::Compiler;
 
 fn node(n: usize, gpus: usize) -> ResourceSlice {
@@ -287,4 +288,247 @@ fn first_duplicate_compares_names_where_hashes_meet() {
     let many: Vec<String> = (0..500).map(|i| format!("dev-{i}")).collect();
     assert_eq!(first_duplicate(many.len(), |i| &many[i]), None);
     assert_eq!(first_duplicate(0, |_| ""), None);
+}
+
+// ---------------------------------------------------------------- counters
+// The precheck drops a device short of counters next to the allocated
+// claims, and the snapshot remembers it. These show that it drops only
+// devices that cannot be allocated: each fails if the pruning went further.
+
+/// Node `node`'s pool: counter set `cs` with `mem: 2`; a GPU `whole`
+/// consuming all of it; two `part`s consuming 1 each; `extra` devices
+/// (JSON) after them.
+fn partitioned(node: &str, extra: &[Value]) -> ResourceSlice {
+    let consumes =
+        |amount: &str| json!([{"counterSet": "cs", "counters": {"mem": {"value": amount}}}]);
+    let mut devices = vec![
+        json!({"name": "whole", "attributes": {"type": {"string": "gpu"}}, "consumesCounters": consumes("2")}),
+        json!({"name": "part-0", "attributes": {"type": {"string": "part"}}, "consumesCounters": consumes("1")}),
+        json!({"name": "part-1", "attributes": {"type": {"string": "part"}}, "consumesCounters": consumes("1")}),
+    ];
+    devices.extend(extra.iter().cloned());
+    serde_json::from_value(json!({
+        "metadata": {"name": node},
+        "spec": {"driver": "gpu.example.com", "nodeName": node,
+                 "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
+                 "sharedCounters": [{"name": "cs", "counters": {"mem": {"value": "2"}}}],
+                 "devices": devices}
+    }))
+    .unwrap()
+}
+
+fn type_class(name: &str) -> DeviceClass {
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"selectors": [
+        {"cel": {"expression": format!("device.attributes['gpu.example.com'].type == '{name}'")}}]}}))
+    .unwrap()
+}
+
+fn request_of(class: &str, admin: bool) -> ResourceClaim {
+    serde_json::from_value(
+        json!({"metadata": {"name": "c", "namespace": "default"}, "spec": {"devices": {"requests": [
+        {"name": "r", "exactly": {"deviceClassName": class, "adminAccess": admin}}]}}}),
+    )
+    .unwrap()
+}
+
+/// A claim allocated `device` of `node` (with a share ID when `shared`).
+fn holding(name: &str, node: &str, device: &str, shared: bool) -> ResourceClaim {
+    let mut result =
+        json!({"request": "r", "driver": "gpu.example.com", "pool": node, "device": device});
+    if shared {
+        result["shareID"] = json!("7e1b0c4e-0000-4000-8000-000000000001");
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": []}},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }))
+    .unwrap()
+}
+
+fn run(snapshot: &Snapshot<'_>, claim: &ResourceClaim, threads: usize) -> Outcome {
+    let options = SimulateOptions {
+        threads,
+        ..SimulateOptions::default()
+    };
+    Allocator::new()
+        .simulate(snapshot, claim, &options)
+        .unwrap()
+}
+
+/// The devices of the first allocation, as `node/device`.
+fn picked(outcome: &Outcome) -> Vec<String> {
+    outcome.allocations().map_or_else(Vec::new, |a| {
+        a[0].results
+            .iter()
+            .map(|r| format!("{}/{}", r.pool, r.device))
+            .collect()
+    })
+}
+
+#[test]
+fn counters_short_in_one_snapshot_are_not_short_in_another() {
+    let slices = [partitioned("node-a", &[])];
+    let classes = [type_class("part")];
+    let busy = [holding("busy", "node-a", "whole", false)];
+    let part = request_of("part", false);
+    // the crowded snapshot first: its verdict must not leak into the
+    // free one (they share everything derived from the slices)
+    let crowded = Snapshot::new(&slices, &classes, &busy);
+    let first = run(&crowded, &part, 1);
+    assert!(!first.is_satisfiable());
+    let free = crowded.with_allocated(&[]);
+    assert_eq!(picked(&run(&free, &part, 1)), ["node-a/part-0"]);
+    // and the other way round: learnt "enough" in the free one, then the
+    // crowded one must still say no, as must a second, remembering run
+    let free = Snapshot::new(&slices, &classes, &[]);
+    assert_eq!(picked(&run(&free, &part, 1)), ["node-a/part-0"]);
+    let crowded = free.with_allocated(&busy);
+    assert_eq!(run(&crowded, &part, 1), first);
+    assert_eq!(
+        run(&crowded, &part, 1),
+        first,
+        "remembered: the same answer"
+    );
+}
+
+#[test]
+fn a_device_consuming_nothing_of_a_used_up_counter_is_still_a_candidate() {
+    let zero = json!({"name": "zero", "attributes": {"type": {"string": "part"}},
+        "consumesCounters": [{"counterSet": "cs", "counters": {"mem": {"value": "0"}}}]});
+    let slices = [partitioned("node-a", &[zero])];
+    let classes = [type_class("part")];
+    let busy = [holding("busy", "node-a", "whole", false)];
+    let snapshot = Snapshot::new(&slices, &classes, &busy);
+    for _ in 0..2 {
+        assert_eq!(
+            picked(&run(&snapshot, &request_of("part", false), 1)),
+            ["node-a/zero"]
+        );
+    }
+}
+
+#[test]
+fn a_shared_device_already_consuming_its_counters_can_be_shared_again() {
+    let shared = json!({"name": "shared", "allowMultipleAllocations": true,
+        "attributes": {"type": {"string": "shared"}},
+        "consumesCounters": [{"counterSet": "cs", "counters": {"mem": {"value": "2"}}}]});
+    let slices = [partitioned("node-a", &[shared])];
+    let classes = [type_class("shared"), type_class("part")];
+    // the share uses up `mem`, but only once for the device
+    let busy = [holding("busy", "node-a", "shared", true)];
+    let snapshot = Snapshot::new(&slices, &classes, &busy);
+    for _ in 0..2 {
+        assert_eq!(
+            picked(&run(&snapshot, &request_of("shared", false), 1)),
+            ["node-a/shared"]
+        );
+        assert!(!run(&snapshot, &request_of("part", false), 1).is_satisfiable());
+    }
+}
+
+#[test]
+fn admin_access_ignores_used_up_counters() {
+    let slices = [partitioned("node-a", &[])];
+    let classes = [type_class("part")];
+    let busy = [holding("busy", "node-a", "whole", false)];
+    let snapshot = Snapshot::new(&slices, &classes, &busy);
+    // learn "short" with an ordinary request first, then ask as an admin
+    assert!(!run(&snapshot, &request_of("part", false), 1).is_satisfiable());
+    assert_eq!(
+        picked(&run(&snapshot, &request_of("part", true), 1)),
+        ["node-a/part-0"]
+    );
+}
+
+#[test]
+fn an_unparsable_device_is_met_by_the_search_not_skipped() {
+    // a negative consumption is only found when the device is parsed: the
+    // precheck must leave it to the search, which reports it
+    let bad = json!({"name": "bad", "attributes": {"type": {"string": "odd"}},
+        "consumesCounters": [{"counterSet": "cs", "counters": {"mem": {"value": "-1"}}}]});
+    let slices = [partitioned("node-a", &[bad])];
+    let classes = [type_class("odd")];
+    let snapshot = Snapshot::new(&slices, &classes, &[]);
+    let err = Allocator::new()
+        .simulate(
+            &snapshot,
+            &request_of("odd", false),
+            &SimulateOptions::default(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, AllocError::MalformedDevice { device, .. } if device == "gpu.example.com/node-a/bad"),
+        "{err}"
+    );
+}
+
+#[test]
+fn helpers_that_precheck_ahead_change_no_answer() {
+    // 40 nodes, counters used up on all but the last: the first search
+    // parses devices, so helpers precheck the nodes from the back
+    let slices: Vec<ResourceSlice> = (0..40)
+        .map(|n| partitioned(&format!("node-{n:02}"), &[]))
+        .collect();
+    let classes = [type_class("part")];
+    let busy: Vec<ResourceClaim> = (0..39)
+        .map(|n| {
+            holding(
+                &format!("busy-{n}"),
+                &format!("node-{n:02}"),
+                "whole",
+                false,
+            )
+        })
+        .collect();
+    let part = request_of("part", false);
+    let alone = run(&Snapshot::new(&slices, &classes, &busy), &part, 1);
+    assert_eq!(picked(&alone), ["node-39/part-0"]);
+    for threads in [2, 3, 8] {
+        let snapshot = Snapshot::new(&slices, &classes, &busy);
+        assert_eq!(run(&snapshot, &part, threads), alone, "{threads} threads");
+        assert_eq!(
+            run(&snapshot, &part, threads),
+            alone,
+            "{threads} threads, again"
+        );
+    }
+    // nothing free anywhere: the same explanation either way
+    let all: Vec<ResourceClaim> = (0..40)
+        .map(|n| {
+            holding(
+                &format!("busy-{n}"),
+                &format!("node-{n:02}"),
+                "whole",
+                false,
+            )
+        })
+        .collect();
+    let alone = run(&Snapshot::new(&slices, &classes, &all), &part, 1);
+    assert!(!alone.is_satisfiable());
+    let snapshot = Snapshot::new(&slices, &classes, &all);
+    assert_eq!(run(&snapshot, &part, 3), alone);
+    assert_eq!(run(&snapshot, &part, 3), alone);
+}
+
+#[test]
+fn devices_are_found_by_name_through_their_hashes() {
+    let names: Vec<String> = (0..300).map(|i| format!("dev-{i}")).collect();
+    let devices: Vec<Value> = names.iter().map(|n| json!({"name": n})).collect();
+    let slice: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": "s"},
+        "spec": {"driver": "gpu.example.com", "nodeName": "n",
+                 "pool": {"name": "p", "generation": 0, "resourceSliceCount": 1},
+                 "devices": devices}
+    }))
+    .unwrap();
+    let slices = [slice];
+    let snapshot = Snapshot::new(&slices, &[], &[]);
+    let prepared = snapshot.pools()[0].prepared();
+    for (i, name) in names.iter().enumerate() {
+        assert_eq!(prepared.index_of(name), Some(i), "{name}");
+    }
+    for missing in ["dev-300", "dev-", "", "dev-01", "DEV-1"] {
+        assert_eq!(prepared.index_of(missing), None, "{missing}");
+    }
 }
