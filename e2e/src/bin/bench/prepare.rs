@@ -179,7 +179,11 @@ fn daemon_starts(log: &str) -> Vec<f64> {
     log.lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
         .filter(|v| v["message"] == "started MPS control daemon")
-        .filter_map(|v| v["elapsed_ms"].as_f64())
+        // A u128 field is logged as a string.
+        .filter_map(|v| {
+            let e = &v["elapsed_ms"];
+            e.as_f64().or_else(|| e.as_str().and_then(|s| s.parse().ok()))
+        })
         .collect()
 }
 
@@ -549,7 +553,7 @@ mod tests {
 
     #[test]
     fn daemon_starts_are_read_from_the_log() {
-        let log = "x\n{\"message\":\"started MPS control daemon\",\"elapsed_ms\":41}\n{\"message\":\"claim prepared\",\"elapsed_ms\":7}\n{\"message\":\"started MPS control daemon\",\"elapsed_ms\":39}\n";
+        let log = "x\n{\"message\":\"started MPS control daemon\",\"elapsed_ms\":41}\n{\"message\":\"claim prepared\",\"elapsed_ms\":7}\n{\"message\":\"started MPS control daemon\",\"elapsed_ms\":\"39\"}\n";
         assert_eq!(daemon_starts(log), vec![41.0, 39.0]);
         assert!(daemon_starts("").is_empty());
     }
