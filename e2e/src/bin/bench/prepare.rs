@@ -182,7 +182,8 @@ fn daemon_starts(log: &str) -> Vec<f64> {
         // A u128 field is logged as a string.
         .filter_map(|v| {
             let e = &v["elapsed_ms"];
-            e.as_f64().or_else(|| e.as_str().and_then(|s| s.parse().ok()))
+            e.as_f64()
+                .or_else(|| e.as_str().and_then(|s| s.parse().ok()))
         })
         .collect()
 }
