@@ -471,16 +471,20 @@ fn helpers_that_precheck_ahead_change_no_answer() {
         .map(|n| partitioned(&format!("node-{n:02}"), &[]))
         .collect();
     let classes = [type_class("part")];
-    let busy: Vec<ResourceClaim> = (0..39)
-        .map(|n| {
-            holding(
-                &format!("busy-{n}"),
-                &format!("node-{n:02}"),
-                "whole",
-                false,
-            )
-        })
-        .collect();
+    // the whole device of each of the first `n` nodes taken
+    let busy_on = |n: usize| -> Vec<ResourceClaim> {
+        (0..n)
+            .map(|n| {
+                holding(
+                    &format!("busy-{n}"),
+                    &format!("node-{n:02}"),
+                    "whole",
+                    false,
+                )
+            })
+            .collect()
+    };
+    let busy = busy_on(39);
     let part = request_of("part", false);
     let alone = run(&Snapshot::new(&slices, &classes, &busy), &part, 1);
     assert_eq!(picked(&alone), ["node-39/part-0"]);
@@ -494,16 +498,7 @@ fn helpers_that_precheck_ahead_change_no_answer() {
         );
     }
     // nothing free anywhere: the same explanation either way
-    let all: Vec<ResourceClaim> = (0..40)
-        .map(|n| {
-            holding(
-                &format!("busy-{n}"),
-                &format!("node-{n:02}"),
-                "whole",
-                false,
-            )
-        })
-        .collect();
+    let all = busy_on(40);
     let alone = run(&Snapshot::new(&slices, &classes, &all), &part, 1);
     assert!(!alone.is_satisfiable());
     let snapshot = Snapshot::new(&slices, &classes, &all);

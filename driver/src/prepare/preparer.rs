@@ -380,48 +380,43 @@ impl ClaimPreparer for Preparer {
         &'a self,
         claims: &'a [ClaimRef],
     ) -> BoxFuture<'a, ClaimResults<Vec<PreparedDevice>>> {
-        Box::pin(async move {
-            // Each claim in a task of its own: a call kubelet gives up on
-            // (its future dropped) does not stop a prepare half-way.
-            let tasks = claims.iter().map(|c| {
-                let (me, c) = (self.clone(), c.clone());
-                tokio::spawn(async move { me.prepare_one(&c).await })
-            });
-            let results = futures::future::join_all(tasks).await.into_iter().map(|r| {
-                r.unwrap_or_else(|e| {
-                    Err(ClaimError::Failed(format!(
-                        "internal error: prepare task failed: {e}"
-                    )))
-                })
-            });
-            claims
-                .iter()
-                .zip(results)
-                .map(|(c, r)| (c.uid.clone(), r))
-                .collect()
-        })
+        let me = self.clone();
+        Box::pin(per_claim(claims, "prepare", move |c| {
+            let me = me.clone();
+            async move { me.prepare_one(&c).await }
+        }))
     }
 
     fn unprepare<'a>(&'a self, claims: &'a [ClaimRef]) -> BoxFuture<'a, ClaimResults<()>> {
-        Box::pin(async move {
-            let tasks = claims.iter().map(|c| {
-                let (me, c) = (self.clone(), c.clone());
-                tokio::spawn(async move { me.unprepare_one(&c).await })
-            });
-            let results = futures::future::join_all(tasks).await.into_iter().map(|r| {
-                r.unwrap_or_else(|e| {
-                    Err(ClaimError::Failed(format!(
-                        "internal error: unprepare task failed: {e}"
-                    )))
-                })
-            });
-            claims
-                .iter()
-                .zip(results)
-                .map(|(c, r)| (c.uid.clone(), r))
-                .collect()
-        })
+        let me = self.clone();
+        Box::pin(per_claim(claims, "unprepare", move |c| {
+            let me = me.clone();
+            async move { me.unprepare_one(&c).await }
+        }))
     }
+}
+
+/// Runs `work` for every claim, each in a task of its own: a call kubelet
+/// gives up on (its future dropped) does not stop a claim half-way.
+async fn per_claim<T, F, Fut>(claims: &[ClaimRef], what: &str, work: F) -> ClaimResults<T>
+where
+    T: Send + 'static,
+    F: Fn(ClaimRef) -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClaimError>> + Send + 'static,
+{
+    let tasks = claims.iter().map(|c| tokio::spawn(work(c.clone())));
+    let results = futures::future::join_all(tasks).await.into_iter().map(|r| {
+        r.unwrap_or_else(|e| {
+            Err(ClaimError::Failed(format!(
+                "internal error: {what} task failed: {e}"
+            )))
+        })
+    });
+    claims
+        .iter()
+        .zip(results)
+        .map(|(c, r)| (c.uid.clone(), r))
+        .collect()
 }
 
 /// The kubelet answer recorded in a completed entry.
