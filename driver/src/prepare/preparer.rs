@@ -267,15 +267,11 @@ impl Preparer {
                     break entry;
                 }
                 apply::Staged::InFlight => {
-                    // A concurrent call for the same claim is committing.
+                    // A concurrent call for the same claim is committing:
+                    // once it settles, staging again answers its entry (or
+                    // prepares afresh if it failed).
                     drop(held);
                     inner.pending.wait_settled(&uid).await;
-                    if let Some(entry) = inner.store.get(&uid)
-                        && entry.state == ClaimState::PrepareCompleted
-                    {
-                        status::publish(inner, claim, &entry).await;
-                        break entry;
-                    }
                 }
                 apply::Staged::Ready(entry) => {
                     // The GPU locks go now: the entry is pending, so other
