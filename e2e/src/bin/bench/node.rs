@@ -119,6 +119,38 @@ pub struct Node {
     next: AtomicU64,
 }
 
+/// The plugin's command line on `machine`, as every benchmark runs it:
+/// the deployed environment, JSON logs to `log`, sockets and state under
+/// `dir` (`reg/`, `plugins/`), CDI specs on the volatile side, and `flags`.
+pub fn plugin_command(
+    ctx: &Ctx,
+    dir: &Path,
+    machine: &Machine,
+    kubeconfig: &Path,
+    flags: &[&str],
+    log: &Path,
+) -> anyhow::Result<Command> {
+    let mut cmd = Command::new(&ctx.plugin_bin);
+    cmd.env_clear()
+        .env("RUST_LOG", "info")
+        .envs(ctx.envs.iter().map(|(k, v)| (k, v)))
+        .args(["--node-name", NODE, "--log-format", "json"])
+        .arg("--kubelet-registrar-dir")
+        .arg(dir.join("reg"))
+        .arg("--kubelet-plugins-dir")
+        .arg(dir.join("plugins"))
+        .args(machine.args())
+        .arg("--cdi-root")
+        .arg(ctx.volatile_for(dir).join("cdi"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(flags)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?);
+    Ok(cmd)
+}
+
 /// A test API server (1.35 rules) holding the Node object, and a
 /// kubeconfig for it written to `<dir>/kubeconfig`.
 pub async fn api_server_with_node(dir: &Path) -> anyhow::Result<(TestApiServer, PathBuf)> {
@@ -153,24 +185,7 @@ impl Node {
         let reg = dir.join("reg");
         let plugins = dir.join("plugins");
         let log = dir.join("plugin.log");
-        let mut cmd = Command::new(&ctx.plugin_bin);
-        cmd.env_clear()
-            .env("RUST_LOG", "info")
-            .envs(ctx.envs.iter().map(|(k, v)| (k, v)))
-            .args(["--node-name", NODE, "--log-format", "json"])
-            .arg("--kubelet-registrar-dir")
-            .arg(&reg)
-            .arg("--kubelet-plugins-dir")
-            .arg(&plugins)
-            .args(machine.args())
-            .arg("--cdi-root")
-            .arg(ctx.volatile_for(dir).join("cdi"))
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .args(flags)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?);
+        let mut cmd = plugin_command(ctx, dir, &machine, &kubeconfig, flags, &log)?;
         let mut child = cmd.spawn().context("spawning the plugin")?;
 
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -3,7 +3,7 @@
 //! the repair of a slice deleted behind its back.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
@@ -155,24 +155,7 @@ async fn start_once(
     let (server, kubeconfig) = crate::node::api_server_with_node(dir).await?;
     let log = dir.join("plugin.log");
 
-    let mut cmd = Command::new(&ctx.plugin_bin);
-    cmd.env_clear()
-        .env("RUST_LOG", "info")
-        .envs(ctx.envs.iter().map(|(k, v)| (k, v)))
-        .args(["--node-name", NODE, "--log-format", "json"])
-        .arg("--kubelet-registrar-dir")
-        .arg(dir.join("reg"))
-        .arg("--kubelet-plugins-dir")
-        .arg(dir.join("plugins"))
-        .args(machine.args())
-        .arg("--cdi-root")
-        .arg(ctx.volatile_for(dir).join("cdi"))
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(flags)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?);
+    let mut cmd = crate::node::plugin_command(ctx, dir, machine, &kubeconfig, flags, &log)?;
 
     let wall0 = SystemTime::now();
     let t0 = Instant::now();
