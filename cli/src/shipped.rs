@@ -47,20 +47,27 @@ pub fn classes() -> anyhow::Result<Vec<Value>> {
     Ok(classes)
 }
 
+/// The `*.yaml`/`*.yml` file names in `dir`, sorted (for the tests that
+/// keep embedded file lists in step with their directories).
+#[cfg(test)]
+pub(crate) fn yaml_file_names(dir: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn embedded_list_matches_the_directory() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deviceclasses");
-        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-            .collect();
-        on_disk.sort();
+        let on_disk = yaml_file_names(concat!(env!("CARGO_MANIFEST_DIR"), "/../deviceclasses"));
         let mut embedded: Vec<String> = FILES.iter().map(|(n, _)| (*n).to_owned()).collect();
         embedded.sort();
         assert_eq!(embedded, on_disk, "add new class files to shipped::FILES");

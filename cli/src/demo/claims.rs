@@ -116,14 +116,8 @@ mod tests {
 
     #[test]
     fn embedded_list_matches_the_directory() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../demo");
-        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-            .collect();
-        on_disk.sort();
+        let on_disk =
+            crate::shipped::yaml_file_names(concat!(env!("CARGO_MANIFEST_DIR"), "/../demo"));
         let mut embedded: Vec<String> = FILES.iter().map(|(n, _, _)| (*n).to_owned()).collect();
         embedded.sort();
         assert_eq!(embedded, on_disk, "add new demo manifests to claims::FILES");
