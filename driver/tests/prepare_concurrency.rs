@@ -118,9 +118,10 @@ async fn prepare_batch(n: &Node, claims: &[Claim]) -> BTreeMap<String, PrepareRe
         .unwrap_or_else(|e| panic!("batch prepare failed: {e}\n{}", n.logs()))
 }
 
-/// Our entries in the claim's `status.devices`.
-async fn our_status(n: &Node, claim: &Claim) -> Vec<Value> {
-    n.status_devices(claim)
+/// Our entries in the claim's `status.devices`, once there are
+/// `expected` entries (written in the background after the answer).
+async fn our_status(n: &Node, claim: &Claim, expected: usize) -> Vec<Value> {
+    n.status_devices_eventually(claim, expected)
         .await
         .into_iter()
         .filter(|d| d["driver"] == DRIVER && d["pool"] == NODE)
@@ -167,7 +168,7 @@ async fn check_round(
         );
         for p in on_gpu {
             let r = &results[&p.claim.uid];
-            let status = our_status(n, &p.claim).await;
+            let status = our_status(n, &p.claim, usize::from(r.error.is_none())).await;
             if let Some(error) = &r.error {
                 // Refused by the exclusivity rule, in favour of a claim that
                 // holds this GPU; nothing left behind.
@@ -255,7 +256,7 @@ async fn unprepare_all(n: &Node, planned: &[Planned]) {
             p.claim.name,
             n.logs()
         );
-        let status = our_status(n, &p.claim).await;
+        let status = our_status(n, &p.claim, 0).await;
         assert!(status.is_empty(), "{}: {status:?}", p.claim.name);
     }
     assert!(n.checkpoint_claims().is_empty(), "{:?}", n.checkpoint());

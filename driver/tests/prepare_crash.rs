@@ -71,9 +71,10 @@ async fn full_claim(n: &Node) -> (Claim, String) {
     (claim, mig)
 }
 
-/// Our entries in the claim's `status.devices`.
-async fn our_status(n: &Node, claim: &Claim) -> Vec<serde_json::Value> {
-    n.status_devices(claim)
+/// Our entries in the claim's `status.devices`, once there are
+/// `expected` entries (written in the background after the answer).
+async fn our_status(n: &Node, claim: &Claim, expected: usize) -> Vec<serde_json::Value> {
+    n.status_devices_eventually(claim, expected)
         .await
         .into_iter()
         .filter(|d| d["driver"] == DRIVER && d["pool"] == NODE)
@@ -127,7 +128,7 @@ async fn assert_clean(n: &Node, claim: &Claim, when: &str) {
             n.logs()
         );
     }
-    let status = our_status(n, claim).await;
+    let status = our_status(n, claim, 0).await;
     assert!(
         status.is_empty(),
         "{when}: status.devices entries left: {status:?}\n{}",
@@ -196,7 +197,7 @@ async fn prepare_and_check(n: &Node, claim: &Claim, mig: &str) {
     expected.sort_unstable();
     assert_eq!(devices, expected, "{}", n.logs());
     assert_prepared(n, claim, "after the prepare");
-    let status = our_status(n, claim).await;
+    let status = our_status(n, claim, 3).await;
     assert_eq!(
         status.len(),
         3,

@@ -75,7 +75,7 @@ async fn whole_gpu(version: DraVersion) {
     assert!(n.env.driver_root.nvidia_smi_calls().unwrap().is_empty());
 
     // The claim's status shows what the pod got.
-    let status = n.status_devices(&c).await;
+    let status = n.status_devices_eventually(&c, 1).await;
     assert_eq!(status.len(), 1, "{status:?}");
     assert_eq!(status[0]["device"], "gpu-1");
     assert_eq!(status[0]["conditions"][0]["type"], "Ready");
@@ -108,6 +108,52 @@ async fn whole_gpu_v1() {
 #[tokio::test]
 async fn whole_gpu_v1beta1() {
     whole_gpu(DraVersion::V1beta1).await;
+}
+
+/// The status write runs after the answer: a plugin killed before it
+/// lands writes it at its next start, for claims still prepared.
+#[tokio::test]
+async fn a_status_lost_in_a_crash_is_written_at_the_next_start() {
+    let mut n = node("t4-inference", &[], DraVersion::V1).await;
+    let kept = n
+        .claim("kept", json!([result("gpu", "gpu-0")]), json!([]))
+        .await;
+    let gone = n
+        .claim("gone", json!([result("gpu", "gpu-1")]), json!([]))
+        .await;
+    n.prepare_ok(&kept).await;
+    n.prepare_ok(&gone).await;
+    assert_eq!(n.status_devices_eventually(&kept, 1).await.len(), 1);
+    assert_eq!(n.status_devices_eventually(&gone, 1).await.len(), 1);
+    // As if the plugin died between its answer and the write: no entries.
+    let api: kube::Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+        kube::Api::namespaced(n.client.clone(), "default");
+    for c in [&kept, &gone] {
+        let mut object = api.get(&c.name).await.unwrap();
+        object.status.as_mut().unwrap().devices = None;
+        api.replace_status(&c.name, &kube::api::PostParams::default(), &object)
+            .await
+            .unwrap();
+        assert!(n.status_devices(c).await.is_empty());
+    }
+    // A claim deleted while the plugin was down is skipped.
+    api.delete(&gone.name, &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    n.restart(&[]).await;
+    let status = n.status_devices_eventually(&kept, 1).await;
+    assert_eq!(status.len(), 1, "{status:?}\n{}", n.logs());
+    assert_eq!(status[0]["device"], "gpu-0");
+    assert!(
+        n.logs()
+            .contains("status.devices of prepared claims written again"),
+        "{}",
+        n.logs()
+    );
+    n.unprepare_ok(&kept).await;
+    n.unprepare_ok(&gone).await;
+    assert!(n.status_devices(&kept).await.is_empty());
+    assert!(n.checkpoint_claims().is_empty());
 }
 
 #[tokio::test]
@@ -188,7 +234,7 @@ async fn mps_claim_gets_a_daemon_with_its_limits_and_the_pipe() {
             .as_array()
             .is_some_and(|m| !m.is_empty())
     );
-    let status = n.status_devices(&c).await;
+    let status = n.status_devices_eventually(&c, 1).await;
     assert!(status[0]["data"]["mpsDaemon"].is_string(), "{status:?}");
     assert!(!n.live_processes().is_empty(), "the daemon runs");
     n.unprepare_ok(&c).await;
@@ -227,7 +273,7 @@ async fn dynamic_mig_creates_and_destroys_the_instance() {
     );
     let caps = n.env.proc_root.join("driver/nvidia/capabilities/gpu0/mig");
     assert!(caps.exists(), "the GPU instance's capability files exist");
-    let status = n.status_devices(&c).await;
+    let status = n.status_devices_eventually(&c, 1).await;
     assert!(
         status[0]["data"]["uuid"]
             .as_str()

@@ -241,10 +241,28 @@ pub async fn walk(cluster: &Cluster<'_>, claim: &DemoClaim) -> anyhow::Result<Wa
         .cloned();
     let prepared = Prepared::resolve(&answer.devices, &registry, entry.as_ref())
         .with_context(|| format!("resolve the CDI devices of {}", claim.name))?;
-    let stored = claims.get(&claim.name).await?;
-    walked.status_devices = stored.status.and_then(|s| s.devices).map_or(0, |d| d.len());
+    walked.status_devices = status_devices(&claims, &claim.name, answer.devices.len()).await?;
     walked.outcome = Outcome::Prepared(prepared);
     Ok(walked)
+}
+
+/// How many `status.devices` entries claim `name` has, once it has
+/// `expected`: the plugin writes them in the background after its answer.
+/// Gives up after 5 s with what is there.
+async fn status_devices(
+    claims: &Api<ResourceClaim>,
+    name: &str,
+    expected: usize,
+) -> anyhow::Result<usize> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let stored = claims.get(name).await?;
+        let n = stored.status.and_then(|s| s.devices).map_or(0, |d| d.len());
+        if n >= expected || std::time::Instant::now() >= deadline {
+            return Ok(n);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
 }
 
 /// ResourceSlices, DeviceClasses, and the allocated claims other than

@@ -15,8 +15,8 @@
 //!    write the CDI spec; a failure rolls back what this attempt did and
 //!    removes the entry;
 //! 5. commit `PrepareCompleted` (grouped with concurrent claims into one
-//!    checkpoint write) and, at the same time, publish `status.devices`
-//!    for the claim ([`status`], best effort); answer kubelet.
+//!    checkpoint write); answer kubelet, while `status.devices` of the
+//!    claim is written in the background ([`status`], best effort).
 //!
 //! Unprepare works from the checkpoint alone: undo what the entry records,
 //! delete the spec, remove the entry; an unknown claim is already
@@ -166,6 +166,8 @@ pub(crate) struct Inner {
     locks: GpuLocks,
     /// Claims staged and being committed (see [`pending`]).
     pending: pending::Pending,
+    /// `status.devices` writes still running (see [`status`]).
+    status_writes: status::Writes,
     mps: MpsControl,
     nodes: NodeLocator,
     /// Claim-level CDI edits (driver files, control nodes, hooks), found on
@@ -207,6 +209,7 @@ impl Preparer {
                 store,
                 locks: GpuLocks::default(),
                 pending: pending::Pending::default(),
+                status_writes: status::Writes::default(),
                 mps,
                 nodes,
                 common_edits: Mutex::new(None),
@@ -220,6 +223,7 @@ impl Preparer {
         let (inner, report) = inner;
         report.log();
         tokio::spawn(supervise_mps(Arc::downgrade(&inner)));
+        tokio::spawn(status::republish_missing(Arc::downgrade(&inner)));
         Ok((Self { inner }, report))
     }
 
@@ -235,7 +239,7 @@ impl Preparer {
         if let Some(entry) = self.completed(&uid).await {
             tracing::debug!(claim = %uid, "already prepared; answering from the checkpoint");
             // A crash may have come between the checkpoint and the status.
-            status::publish(inner, claim, &entry).await;
+            inner.status_writes.publish(inner, claim, &entry);
             return Ok(answer(&entry));
         }
         let object = self.fetch(claim).await?;
@@ -263,7 +267,7 @@ impl Preparer {
             match staged {
                 apply::Staged::Done(entry) => {
                     drop(held);
-                    status::publish(inner, claim, &entry).await;
+                    inner.status_writes.publish(inner, claim, &entry);
                     break entry;
                 }
                 apply::Staged::InFlight => {
@@ -279,19 +283,16 @@ impl Preparer {
                     // their commits join this one in one checkpoint write.
                     drop(held);
                     let _settle = pending::Settle::new(&inner.pending, &uid);
-                    // The checkpoint commit and the status write overlap:
-                    // each is a round trip (disk, API server) the other need
-                    // not wait for. A crash between them leaves a status
-                    // that the retried prepare or the unprepare (of an
-                    // unknown claim) rewrites.
                     let (worker, key, record) = (Arc::clone(inner), uid.clone(), entry.clone());
-                    let commit = tokio::task::spawn_blocking(move || {
+                    let committed = tokio::task::spawn_blocking(move || {
                         apply::complete(&worker, &key, &record)
-                    });
-                    let (committed, ()) =
-                        tokio::join!(commit, status::publish(inner, claim, &entry));
+                    })
+                    .await;
                     let error = match committed {
-                        Ok(Ok(())) => break entry,
+                        Ok(Ok(())) => {
+                            inner.status_writes.publish(inner, claim, &entry);
+                            break entry;
+                        }
                         Ok(Err(e)) => e,
                         Err(e) => apply::PrepareError::Checkpoint {
                             step: "PrepareCompleted".to_owned(),
@@ -306,7 +307,6 @@ impl Preparer {
                     .await
                     .map_err(task_failed)?;
                     drop(held);
-                    status::clear(inner, claim).await;
                     return Err(failed(&error));
                 }
             }
@@ -339,6 +339,7 @@ impl Preparer {
         let Some(entry) = inner.store.get(&uid) else {
             tracing::debug!(claim = %uid, "unprepare of a claim not prepared here: nothing to do");
             // A crash may have come between the checkpoint and the status.
+            inner.status_writes.settle(&uid).await;
             status::clear(inner, claim).await;
             return Ok(());
         };
@@ -351,6 +352,9 @@ impl Preparer {
             .map_err(|e| ClaimError::Failed(e.to_string()))?;
         drop(held);
         tracing::info!(claim = %claim.uid, namespace = %claim.namespace, name = %claim.name, "claim unprepared");
+        // The entry is gone, so no new status write starts; one still
+        // running lands before the clear.
+        inner.status_writes.settle(&ClaimUid(claim.uid.clone())).await;
         status::clear(inner, claim).await;
         Ok(())
     }

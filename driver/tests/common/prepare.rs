@@ -234,6 +234,20 @@ impl Node {
         files
     }
 
+    /// The claim's `status.devices` once it holds `n` entries: the plugin
+    /// writes it in the background after answering, so a read right after
+    /// the answer can come first. Gives up after 10 s with what is there.
+    pub async fn status_devices_eventually(&self, claim: &Claim, n: usize) -> Vec<Value> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let got = self.status_devices(claim).await;
+            if got.len() == n || std::time::Instant::now() >= deadline {
+                return got;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     pub async fn status_devices(&self, claim: &Claim) -> Vec<Value> {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), "default");
         let c = api.get(&claim.name).await.unwrap();

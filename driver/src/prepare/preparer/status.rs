@@ -10,6 +10,20 @@
 //! ownership rules, which differ between versions). Best effort: the
 //! pod runs without it, so a failure (RBAC, a deleted claim) is logged, not
 //! returned to kubelet.
+//!
+//! The write runs in the background, after kubelet has its answer
+//! ([`Writes::publish`]): on a cluster it is an API server round trip with
+//! an etcd write behind it, which a prepare (a pod start) need not wait
+//! for. Writes of one claim land in order; unprepare waits for the claim's
+//! write before clearing ([`Writes::settle`]), so a late write never brings
+//! cleared entries back. A crash before the write lands is covered at the
+//! next start: every completed claim whose entries are missing is
+//! published again ([`republish_missing`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
@@ -18,7 +32,12 @@ use serde_json::{Value, json};
 
 use super::Inner;
 use crate::grpc::dra::ClaimRef;
-use crate::prepare::checkpoint::{ClaimEntry, DeviceKind};
+use crate::prepare::checkpoint::{ClaimEntry, ClaimState, ClaimUid, DeviceKind};
+
+/// Attempts of one background write (transport errors and 5xx/429 only).
+const ATTEMPTS: u32 = 3;
+/// The wait before the second attempt; doubled before the third.
+const RETRY_DELAY: Duration = Duration::from_millis(200);
 
 /// The field manager: driver and node, so plugins of several nodes sharing
 /// a claim do not take each other's entries.
@@ -89,32 +108,203 @@ fn now() -> String {
         .to_string()
 }
 
-async fn apply(inner: &Inner, claim: &ClaimRef, body: Value, what: &str) {
-    let api: Api<ResourceClaim> = Api::namespaced(inner.client.clone(), &claim.namespace);
-    let params = PatchParams::apply(&manager(inner)).force();
-    match api
-        .patch_status(&claim.name, &params, &Patch::Apply(body))
-        .await
-    {
-        Ok(_) => tracing::debug!(claim = %claim.uid, what, "claim status written"),
-        Err(kube::Error::Api(e)) if e.code == 404 => {
-            tracing::debug!(claim = %claim.uid, what, "claim gone; no status to write");
-        }
-        Err(e) => tracing::warn!(
-            claim = %claim.uid,
-            namespace = %claim.namespace,
-            name = %claim.name,
-            what,
-            error = %e,
-            "cannot write the claim's status.devices (the pod is not affected)"
-        ),
+/// Whether a failed write is worth another attempt: the server or the
+/// connection failed, not the request.
+fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code >= 500 || s.code == 429,
+        _ => true,
     }
 }
 
-/// Publishes the devices of a prepared claim.
-pub(crate) async fn publish(inner: &Inner, claim: &ClaimRef, entry: &ClaimEntry) {
-    let body = body(&inner.opts.driver_name, claim, Some(entry), &now());
-    apply(inner, claim, body, "prepared").await;
+/// Applies `body` to the claim's status (up to [`ATTEMPTS`] times).
+async fn apply(client: &kube::Client, manager: &str, claim: &ClaimRef, body: Value, what: &str) {
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &claim.namespace);
+    let params = PatchParams::apply(manager).force();
+    let mut delay = RETRY_DELAY;
+    for attempt in 1..=ATTEMPTS {
+        match api
+            .patch_status(&claim.name, &params, &Patch::Apply(&body))
+            .await
+        {
+            Ok(_) => {
+                tracing::debug!(claim = %claim.uid, what, "claim status written");
+                return;
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                tracing::debug!(claim = %claim.uid, what, "claim gone; no status to write");
+                return;
+            }
+            Err(e) if attempt < ATTEMPTS && transient(&e) => {
+                tracing::debug!(claim = %claim.uid, what, attempt, error = %e, "claim status write failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    claim = %claim.uid,
+                    namespace = %claim.namespace,
+                    name = %claim.name,
+                    what,
+                    attempt,
+                    error = %e,
+                    "cannot write the claim's status.devices (the pod is not affected)"
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// A running write: its generation (to tell it from a later one) and task.
+type Running = HashMap<ClaimUid, (u64, tokio::task::JoinHandle<()>)>;
+
+/// Background status writes still running, by claim.
+#[derive(Default)]
+pub(crate) struct Writes {
+    running: Arc<Mutex<Running>>,
+    generation: AtomicU64,
+}
+
+impl Writes {
+    /// Publishes the devices of a prepared claim in the background, after
+    /// any earlier write of the same claim, if the claim is still
+    /// prepared. Unprepare removes the checkpoint entry, then
+    /// [`settle`](Self::settle)s, then clears: the check here and the
+    /// settle take the same lock, so a write either is awaited by the
+    /// settle or never starts.
+    pub(crate) fn publish(&self, inner: &Inner, claim: &ClaimRef, entry: &ClaimEntry) {
+        let body = body(&inner.opts.driver_name, claim, Some(entry), &now());
+        let (client, manager, claim) = (inner.client.clone(), manager(inner), claim.clone());
+        let uid = ClaimUid(claim.uid.clone());
+        let prepared = || {
+            inner
+                .store
+                .get(&uid)
+                .is_some_and(|e| e.state == ClaimState::PrepareCompleted)
+        };
+        let write = async move {
+            apply(&client, &manager, &claim, body, "prepared").await;
+        };
+        if !self.spawn_if(uid.clone(), prepared, write) {
+            tracing::debug!(claim = %uid, "claim unprepared meanwhile; status not written");
+        }
+    }
+
+    /// Runs `write` in a task of its own once the earlier write of `uid`
+    /// (if any) is done, when `wanted` (asked under the lock) says so.
+    fn spawn_if(
+        &self,
+        uid: ClaimUid,
+        wanted: impl FnOnce() -> bool,
+        write: impl Future<Output = ()> + Send + 'static,
+    ) -> bool {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+        let running = Arc::clone(&self.running);
+        // The map stays locked until the new write is in it, so the write
+        // cannot remove itself before it was added.
+        let mut map = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        if !wanted() {
+            return false;
+        }
+        let earlier = map.remove(&uid).map(|(_, handle)| handle);
+        let key = uid.clone();
+        let handle = tokio::spawn(async move {
+            if let Some(earlier) = earlier {
+                let _ = earlier.await;
+            }
+            write.await;
+            let mut map = running.lock().unwrap_or_else(PoisonError::into_inner);
+            if map.get(&key).is_some_and(|(g, _)| *g == generation) {
+                map.remove(&key);
+            }
+        });
+        map.insert(uid, (generation, handle));
+        true
+    }
+
+    /// Waits until no status write of `uid` runs.
+    pub(crate) async fn settle(&self, uid: &ClaimUid) {
+        let handle = self
+            .running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(uid);
+        if let Some((_, handle)) = handle {
+            let _ = handle.await;
+        }
+    }
+
+    /// Claims with a write still running.
+    #[cfg(test)]
+    fn running(&self) -> usize {
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+/// Publishes, one claim after the other, the devices of completed claims
+/// whose `status.devices` lacks some of ours (a crash came between the
+/// answer to kubelet and the write). Claims that are gone or were
+/// replaced (another UID) are skipped.
+/// Holds the preparer only while publishing, not across API calls.
+pub(crate) async fn republish_missing(inner: std::sync::Weak<Inner>) {
+    let Some((client, driver, node, completed)) = inner.upgrade().map(|inner| {
+        (
+            inner.client.clone(),
+            inner.opts.driver_name.clone(),
+            inner.opts.node_name.clone(),
+            completed_entries(&inner),
+        )
+    }) else {
+        return;
+    };
+    let mut published = 0_usize;
+    for (uid, entry) in completed {
+        let claim = ClaimRef {
+            namespace: entry.namespace.clone(),
+            name: entry.name.clone(),
+            uid: uid.0.clone(),
+        };
+        let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &claim.namespace);
+        let object = match api.get_opt(&claim.name).await {
+            Ok(Some(o)) if o.metadata.uid.as_deref() == Some(uid.0.as_str()) => o,
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::warn!(claim = %uid, error = %e, "cannot read a prepared claim to check its status.devices");
+                continue;
+            }
+        };
+        let ours = object
+            .status
+            .and_then(|s| s.devices)
+            .unwrap_or_default()
+            .iter()
+            .filter(|d| d.driver == driver && d.pool == node)
+            .count();
+        if ours < entry.devices.len() {
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            inner.status_writes.publish(&inner, &claim, &entry);
+            published += 1;
+        }
+    }
+    if published > 0 {
+        tracing::info!(claims = published, "status.devices of prepared claims written again");
+    }
+}
+
+fn completed_entries(inner: &Inner) -> Vec<(ClaimUid, ClaimEntry)> {
+    inner
+        .store
+        .snapshot()
+        .claims
+        .into_iter()
+        .filter(|(_, e)| e.state == ClaimState::PrepareCompleted)
+        .collect()
 }
 
 /// Removes our entries of an unprepared claim: read, drop the entries of
@@ -153,4 +343,110 @@ pub(crate) async fn clear(inner: &Inner, claim: &ClaimRef) {
         }
     }
     tracing::warn!(claim = %claim.uid, "status.devices not cleared: the claim kept changing");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::Mutex;
+
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    fn uid(s: &str) -> ClaimUid {
+        ClaimUid(s.to_owned())
+    }
+
+    #[tokio::test]
+    async fn writes_of_one_claim_land_in_order_and_settle_waits_for_the_last() {
+        let writes = Writes::default();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (release, held) = oneshot::channel::<()>();
+        let first = Arc::clone(&log);
+        assert!(writes.spawn_if(uid("a"), || true, async move {
+            let _ = held.await;
+            first.lock().unwrap().push("a1");
+        }));
+        let second = Arc::clone(&log);
+        assert!(writes.spawn_if(uid("a"), || true, async move {
+            second.lock().unwrap().push("a2");
+        }));
+        let other = Arc::clone(&log);
+        assert!(writes.spawn_if(uid("b"), || true, async move {
+            other.lock().unwrap().push("b1");
+        }));
+        // Another claim's write does not wait for claim a's.
+        writes.settle(&uid("b")).await;
+        assert_eq!(*log.lock().unwrap(), ["b1"]);
+        assert_eq!(writes.running(), 1, "claim a's writes are still running");
+
+        let settled = tokio::spawn({
+            let log = Arc::clone(&log);
+            let writes = Arc::new(writes);
+            async move {
+                writes.settle(&uid("a")).await;
+                let seen = log.lock().unwrap().clone();
+                (seen, writes.running())
+            }
+        });
+        tokio::task::yield_now().await;
+        assert!(!settled.is_finished(), "settle returned before the write landed");
+        release.send(()).unwrap();
+        let (seen, running) = settled.await.unwrap();
+        assert_eq!(seen, ["b1", "a1", "a2"]);
+        assert_eq!(running, 0);
+    }
+
+    #[tokio::test]
+    async fn a_finished_write_leaves_nothing_behind_and_settle_of_unknown_is_immediate() {
+        let writes = Writes::default();
+        let (done, finished) = oneshot::channel::<()>();
+        assert!(writes.spawn_if(uid("a"), || true, async move {
+            let _ = done.send(());
+        }));
+        finished.await.unwrap();
+        // The task removes itself right after its write.
+        for _ in 0..100 {
+            if writes.running() == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(writes.running(), 0);
+        writes.settle(&uid("a")).await;
+        writes.settle(&uid("never")).await;
+    }
+
+    #[tokio::test]
+    async fn an_unwanted_write_never_runs() {
+        let writes = Writes::default();
+        let ran = Arc::new(Mutex::new(false));
+        let flag = Arc::clone(&ran);
+        let started = writes.spawn_if(uid("a"), || false, async move {
+            *flag.lock().unwrap() = true;
+        });
+        assert!(!started);
+        assert_eq!(writes.running(), 0);
+        writes.settle(&uid("a")).await;
+        tokio::task::yield_now().await;
+        assert!(!*ran.lock().unwrap());
+    }
+
+    #[test]
+    fn only_server_and_transport_failures_are_retried() {
+        let api = |code: u16| {
+            kube::Error::Api(
+                kube::core::Status::failure("x", "y")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        assert!(transient(&api(500)));
+        assert!(transient(&api(503)));
+        assert!(transient(&api(429)));
+        assert!(!transient(&api(403)));
+        assert!(!transient(&api(422)));
+        assert!(!transient(&api(409)));
+    }
 }

@@ -122,7 +122,7 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
             Row::new(name, "prepare, as kubelet sees it", "ms", prepare),
             Row::new(
                 name,
-                "  to the plugin's \"claim prepared\" (read claim, plan, hardware, CDI spec, then checkpoint commit and status.devices write side by side)",
+                "  to the plugin's \"claim prepared\" (read claim, plan, hardware, CDI spec, checkpoint commit; status.devices is written after the answer)",
                 "ms",
                 work,
             ),
