@@ -354,7 +354,10 @@ impl Preparer {
         tracing::info!(claim = %claim.uid, namespace = %claim.namespace, name = %claim.name, "claim unprepared");
         // The entry is gone, so no new status write starts; one still
         // running lands before the clear.
-        inner.status_writes.settle(&ClaimUid(claim.uid.clone())).await;
+        inner
+            .status_writes
+            .settle(&ClaimUid(claim.uid.clone()))
+            .await;
         status::clear(inner, claim).await;
         Ok(())
     }

@@ -293,7 +293,10 @@ pub(crate) async fn republish_missing(inner: std::sync::Weak<Inner>) {
         }
     }
     if published > 0 {
-        tracing::info!(claims = published, "status.devices of prepared claims written again");
+        tracing::info!(
+            claims = published,
+            "status.devices of prepared claims written again"
+        );
     }
 }
 
@@ -391,7 +394,10 @@ mod tests {
             }
         });
         tokio::task::yield_now().await;
-        assert!(!settled.is_finished(), "settle returned before the write landed");
+        assert!(
+            !settled.is_finished(),
+            "settle returned before the write landed"
+        );
         release.send(()).unwrap();
         let (seen, running) = settled.await.unwrap();
         assert_eq!(seen, ["b1", "a1", "a2"]);
