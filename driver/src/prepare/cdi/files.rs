@@ -4,10 +4,18 @@
 //! Name: `<vendor>-<class>_<claimUID>.json`, as CDI's transient spec names.
 //! A write goes to a hidden temp file in the same directory whose name ends
 //! in `.tmp` (runtimes only load `.json`/`.yaml`, so they never see it), is
-//! fsynced, made mode 0644, renamed over the final name and the directory is
-//! fsynced: readers see the old spec or the new one, never a partial one.
+//! made mode 0644 and renamed over the final name: readers see the old spec
+//! or the new one, never a partial one.
+//!
+//! No fsync: a spec only has to outlive the plugin process (a killed
+//! process loses nothing the kernel already has), not the machine. What a
+//! power loss or kernel crash could leave half-written belongs to the
+//! previous boot, whose prepared claims the checkpoint discards (boot id);
+//! the startup sweep then deletes every spec no claim references, whatever
+//! its content. With the CDI root on a disk (`/etc/cdi`) an fsync would be
+//! a second durable write in every prepare, for nothing.
 
-use std::fs::{self, File, OpenOptions, Permissions};
+use std::fs::{self, OpenOptions, Permissions};
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -104,7 +112,6 @@ impl SpecDir {
             let _ = fs::remove_file(&temp);
         }
         result?;
-        sync_dir(&self.root)?;
         Ok(path)
     }
 
@@ -183,16 +190,8 @@ fn write_then_rename(temp: &Path, path: &Path, bytes: &[u8]) -> Result<(), CdiEr
     // The umask may have narrowed the mode at creation.
     file.set_permissions(Permissions::from_mode(0o644))
         .map_err(|e| CdiError::io("chmod", temp, e))?;
-    file.sync_all()
-        .map_err(|e| CdiError::io("fsync", temp, e))?;
     drop(file);
     fs::rename(temp, path).map_err(|e| CdiError::io("rename", path, e))
-}
-
-fn sync_dir(dir: &Path) -> Result<(), CdiError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| CdiError::io("fsync", dir, e))
 }
 
 #[cfg(test)]
