@@ -156,6 +156,45 @@ async fn a_status_lost_in_a_crash_is_written_at_the_next_start() {
     assert!(n.checkpoint_claims().is_empty());
 }
 
+/// A checkpoint commit that fails after the hardware is set up: the
+/// claim gets the error, the MIG instance and the CDI spec are undone, the
+/// status is not written, and once the disk works the prepare succeeds.
+#[tokio::test]
+async fn a_failed_commit_rolls_the_prepare_back() {
+    let n = node("dgx-h100", &["--dynamic-mig"], DraVersion::V1).await;
+    let name = n
+        .device_names()
+        .await
+        .into_iter()
+        .find(|d| d.starts_with("gpu-0-mig-1g10gb"))
+        .expect("a 1g.10gb placement on GPU 0");
+    let c = n
+        .claim("mig", json!([result("mig", &name)]), json!([]))
+        .await;
+    // The checkpoint's temp file cannot be created, even by root.
+    let blocker = n.state_dir().join("checkpoint.json.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    let r = n.prepare(std::slice::from_ref(&c)).await;
+    let error = r[&c.uid].error.clone().unwrap_or_default();
+    assert!(
+        error.contains("PrepareCompleted") && error.contains("checkpoint.json.tmp"),
+        "{error}\n{}",
+        n.logs()
+    );
+    assert!(n.mig_instances().is_empty(), "{:?}", n.mig_instances());
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    assert!(n.checkpoint_claims().is_empty());
+    assert!(n.status_devices(&c).await.is_empty());
+
+    std::fs::remove_dir(&blocker).unwrap();
+    let r = n.prepare_ok(&c).await;
+    assert_eq!(r.devices[0].device_name, name);
+    assert_eq!(n.mig_instances().len(), 1);
+    assert_eq!(n.status_devices_eventually(&c, 1).await.len(), 1);
+    n.unprepare_ok(&c).await;
+    assert!(n.mig_instances().is_empty());
+}
+
 #[tokio::test]
 async fn time_slicing_sets_and_resets_the_interval() {
     let n = node("t4-inference", &[], DraVersion::V1).await;

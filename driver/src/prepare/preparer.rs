@@ -260,55 +260,19 @@ impl Preparer {
         let entry = loop {
             let held = inner.locks.lock(&plan.gpu_minors()).await;
             let (worker, work) = (Arc::clone(inner), Arc::clone(&plan));
-            let staged = tokio::task::spawn_blocking(move || apply::stage(&worker, &work))
+            let attempt = tokio::task::spawn_blocking(move || attempt(&worker, &work, held))
                 .await
                 .map_err(task_failed)?
                 .map_err(|e| failed(&e))?;
-            match staged {
-                apply::Staged::Done(entry) => {
-                    drop(held);
+            match attempt {
+                Attempt::Prepared(entry) => {
                     inner.status_writes.publish(inner, claim, &entry);
                     break entry;
                 }
-                apply::Staged::InFlight => {
-                    // A concurrent call for the same claim is committing:
-                    // once it settles, staging again answers its entry (or
-                    // prepares afresh if it failed).
-                    drop(held);
-                    inner.pending.wait_settled(&uid).await;
-                }
-                apply::Staged::Ready(entry) => {
-                    // The GPU locks go now: the entry is pending, so other
-                    // claims on these GPUs see it while it is committed, and
-                    // their commits join this one in one checkpoint write.
-                    drop(held);
-                    let _settle = pending::Settle::new(&inner.pending, &uid);
-                    let (worker, key, record) = (Arc::clone(inner), uid.clone(), entry.clone());
-                    let committed = tokio::task::spawn_blocking(move || {
-                        apply::complete(&worker, &key, &record)
-                    })
-                    .await;
-                    let error = match committed {
-                        Ok(Ok(())) => {
-                            inner.status_writes.publish(inner, claim, &entry);
-                            break entry;
-                        }
-                        Ok(Err(e)) => e,
-                        Err(e) => apply::PrepareError::Checkpoint {
-                            step: "PrepareCompleted".to_owned(),
-                            reason: format!("internal error: commit task failed: {e}"),
-                        },
-                    };
-                    let held = inner.locks.lock(&plan.gpu_minors()).await;
-                    let (worker, key) = (Arc::clone(inner), uid.clone());
-                    let error = tokio::task::spawn_blocking(move || {
-                        apply::abandon(&worker, &key, entry, error)
-                    })
-                    .await
-                    .map_err(task_failed)?;
-                    drop(held);
-                    return Err(failed(&error));
-                }
+                // A concurrent call for the same claim is committing: once
+                // it settles, staging again answers its entry (or prepares
+                // afresh if it failed).
+                Attempt::InFlight => inner.pending.wait_settled(&uid).await,
             }
         };
         tracing::info!(
@@ -396,6 +360,54 @@ impl ClaimPreparer for Preparer {
             let me = me.clone();
             async move { me.unprepare_one(&c).await }
         }))
+    }
+}
+
+/// What the blocking part of one prepare attempt ended with.
+enum Attempt {
+    /// Committed, or completed by a concurrent call: answer it.
+    Prepared(ClaimEntry),
+    /// Another call is committing this claim: wait for it and look again.
+    InFlight,
+}
+
+/// Stages `plan` under the GPU locks `held`, lets them go, and commits
+/// the entry, on one blocking thread (each hop between the runtime and a
+/// blocking thread costs a wake-up). Until it settles the entry is
+/// pending: other claims on these GPUs see it while it is committed, and
+/// their commits join this one in one checkpoint write. A failed commit
+/// is rolled back under the locks again.
+fn attempt(
+    inner: &Arc<Inner>,
+    plan: &plan::ClaimPlan,
+    held: locks::Held,
+) -> Result<Attempt, apply::PrepareError> {
+    let entry = match apply::stage(inner, plan)? {
+        apply::Staged::Done(entry) => return Ok(Attempt::Prepared(entry)),
+        apply::Staged::InFlight => return Ok(Attempt::InFlight),
+        apply::Staged::Ready(entry) => entry,
+    };
+    drop(held);
+    let _settle = pending::Settle::new(&inner.pending, &plan.uid);
+    let committed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        apply::complete(inner, &plan.uid, &entry)
+    }))
+    .unwrap_or_else(|_| {
+        Err(apply::PrepareError::Checkpoint {
+            step: "PrepareCompleted".to_owned(),
+            reason: "internal error: the commit panicked".to_owned(),
+        })
+    });
+    match committed {
+        Ok(()) => Ok(Attempt::Prepared(entry)),
+        Err(error) => {
+            // A blocking thread may wait for the async locks.
+            let held =
+                tokio::runtime::Handle::current().block_on(inner.locks.lock(&plan.gpu_minors()));
+            let error = apply::abandon(inner, &plan.uid, entry, error);
+            drop(held);
+            Err(error)
+        }
     }
 }
 

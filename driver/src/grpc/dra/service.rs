@@ -68,7 +68,7 @@ impl DraCore {
         for (uid, r) in &answers {
             match r {
                 Ok(_) => {
-                    tracing::info!(claim = %uid, ?operation, "claim done");
+                    tracing::debug!(claim = %uid, ?operation, "claim done");
                     self.metrics.claim(operation, Outcome::ok);
                 }
                 Err(e) => {
@@ -136,7 +136,7 @@ impl v1::dra_plugin_server::DraPlugin for DraV1 {
         request: Request<v1::NodePrepareResourcesRequest>,
     ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
         let claims = claim_refs!(request.into_inner().claims);
-        tracing::info!(
+        tracing::debug!(
             version = "v1",
             claims = claims.len(),
             "NodePrepareResources"
@@ -178,7 +178,7 @@ impl v1::dra_plugin_server::DraPlugin for DraV1 {
         request: Request<v1::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
         let claims = claim_refs!(request.into_inner().claims);
-        tracing::info!(
+        tracing::debug!(
             version = "v1",
             claims = claims.len(),
             "NodeUnprepareResources"
@@ -229,7 +229,7 @@ impl v1beta1::dra_plugin_server::DraPlugin for DraV1beta1 {
         request: Request<v1beta1::NodePrepareResourcesRequest>,
     ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
         let claims = claim_refs!(request.into_inner().claims);
-        tracing::info!(
+        tracing::debug!(
             version = "v1beta1",
             claims = claims.len(),
             "NodePrepareResources"
@@ -266,7 +266,7 @@ impl v1beta1::dra_plugin_server::DraPlugin for DraV1beta1 {
         request: Request<v1beta1::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
         let claims = claim_refs!(request.into_inner().claims);
-        tracing::info!(
+        tracing::debug!(
             version = "v1beta1",
             claims = claims.len(),
             "NodeUnprepareResources"
