@@ -184,6 +184,9 @@ impl Writes {
                 .is_some_and(|e| e.state == ClaimState::PrepareCompleted)
         };
         let write = async move {
+            // The answer to kubelet is queued behind this task on the
+            // runtime: let it go out first.
+            tokio::task::yield_now().await;
             apply(&client, &manager, &claim, body, "prepared").await;
         };
         if !self.spawn_if(uid.clone(), prepared, write) {
