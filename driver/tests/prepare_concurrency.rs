@@ -428,12 +428,7 @@ async fn prepares_on_different_gpus_overlap() {
 #[tokio::test]
 async fn concurrent_calls_for_one_claim_prepare_it_once() {
     let n = node("dgx-h100", &["--dynamic-mig"], DraVersion::V1).await;
-    let mig = n
-        .device_names()
-        .await
-        .into_iter()
-        .find(|d| d.starts_with("gpu-0-mig-1g"))
-        .expect("a 1g MIG device of GPU 0 is published");
+    let mig = n.device_starting_with("gpu-0-mig-1g").await;
     let claim = n
         .claim("once", json!([result("mig", &mig)]), json!([]))
         .await;

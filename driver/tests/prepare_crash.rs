@@ -38,12 +38,7 @@ const TIME_SLICED: &str = "gpu-2";
 /// The claim described in the module docs (and a time-sliced GPU first):
 /// `(claim, MIG device name)`.
 async fn full_claim(n: &Node) -> (Claim, String) {
-    let names = n.device_names().await;
-    let mig = names
-        .iter()
-        .find(|d| d.starts_with("gpu-0-mig-1g10gb-19-"))
-        .unwrap_or_else(|| panic!("no 1g.10gb placement on GPU 0 in {names:?}"))
-        .clone();
+    let mig = n.device_starting_with("gpu-0-mig-1g10gb-19-").await;
     let mut whole = gpu_config(json!({"strategy": "MPS", "mpsConfig": {
         "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "8Gi"}}));
     whole["requests"] = json!(["whole"]);

@@ -162,12 +162,7 @@ async fn a_status_lost_in_a_crash_is_written_at_the_next_start() {
 #[tokio::test]
 async fn a_failed_commit_rolls_the_prepare_back() {
     let n = node("dgx-h100", &["--dynamic-mig"], DraVersion::V1).await;
-    let name = n
-        .device_names()
-        .await
-        .into_iter()
-        .find(|d| d.starts_with("gpu-0-mig-1g10gb"))
-        .expect("a 1g.10gb placement on GPU 0");
+    let name = n.device_starting_with("gpu-0-mig-1g10gb").await;
     let c = n
         .claim("mig", json!([result("mig", &name)]), json!([]))
         .await;

@@ -128,6 +128,16 @@ impl Node {
         self.kubelet = register(&self.plugin, self.version).await;
     }
 
+    /// The first published device whose name starts with `prefix`.
+    pub async fn device_starting_with(&self, prefix: &str) -> String {
+        let names = self.device_names().await;
+        names
+            .iter()
+            .find(|d| d.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no device {prefix}* in {names:?}"))
+            .clone()
+    }
+
     /// Waits for the published pool and returns its device names.
     pub async fn device_names(&self) -> Vec<String> {
         let slices = self.env.wait_pool(NODE, Duration::from_secs(20)).await;
