@@ -18,7 +18,9 @@
 //! write before clearing ([`Writes::settle`]), so a late write never brings
 //! cleared entries back. A crash before the write lands is covered at the
 //! next start: every completed claim whose entries are missing is
-//! published again ([`republish_missing`]).
+//! published again ([`republish_missing`]). Every request gives up after
+//! [`REQUEST_TIMEOUT`], so a hung API server delays an unprepare by a
+//! bounded time, never forever.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,8 +36,13 @@ use super::Inner;
 use crate::grpc::dra::ClaimRef;
 use crate::prepare::checkpoint::{ClaimEntry, ClaimState, ClaimUid, DeviceKind};
 
-/// Attempts of one background write (transport errors and 5xx/429 only).
+/// Attempts of one background write (transport errors, timeouts and
+/// 5xx/429 only).
 const ATTEMPTS: u32 = 3;
+/// How long one API request may take. The kube client has no read timeout
+/// of its own (watches are long), and an unprepare waits for the claim's
+/// write and its clear: a hung API server must not hang it.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// The wait before the second attempt; doubled before the third.
 const RETRY_DELAY: Duration = Duration::from_millis(200);
 
@@ -117,26 +124,50 @@ fn transient(e: &kube::Error) -> bool {
     }
 }
 
-/// Applies `body` to the claim's status (up to [`ATTEMPTS`] times).
-async fn apply(client: &kube::Client, manager: &str, claim: &ClaimRef, body: Value, what: &str) {
+/// `request`, failed with a transport-level error after `limit`.
+async fn bounded<T>(
+    limit: Duration,
+    request: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    tokio::time::timeout(limit, request)
+        .await
+        .unwrap_or_else(|_| {
+            Err(kube::Error::Service(
+                format!(
+                    "no answer from the API server within {} ms",
+                    limit.as_millis()
+                )
+                .into(),
+            ))
+        })
+}
+
+/// Applies `body` to the claim's status (up to [`ATTEMPTS`] times, each
+/// request bounded by `limit`).
+async fn apply(
+    client: &kube::Client,
+    manager: &str,
+    claim: &ClaimRef,
+    body: Value,
+    limit: Duration,
+) {
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &claim.namespace);
     let params = PatchParams::apply(manager).force();
     let mut delay = RETRY_DELAY;
     for attempt in 1..=ATTEMPTS {
-        match api
-            .patch_status(&claim.name, &params, &Patch::Apply(&body))
-            .await
-        {
+        let patch = Patch::Apply(&body);
+        let request = api.patch_status(&claim.name, &params, &patch);
+        match bounded(limit, request).await {
             Ok(_) => {
-                tracing::debug!(claim = %claim.uid, what, "claim status written");
+                tracing::debug!(claim = %claim.uid, "claim status written");
                 return;
             }
             Err(kube::Error::Api(e)) if e.code == 404 => {
-                tracing::debug!(claim = %claim.uid, what, "claim gone; no status to write");
+                tracing::debug!(claim = %claim.uid, "claim gone; no status to write");
                 return;
             }
             Err(e) if attempt < ATTEMPTS && transient(&e) => {
-                tracing::debug!(claim = %claim.uid, what, attempt, error = %e, "claim status write failed; retrying");
+                tracing::debug!(claim = %claim.uid, attempt, error = %e, "claim status write failed; retrying");
                 tokio::time::sleep(delay).await;
                 delay *= 2;
             }
@@ -145,7 +176,6 @@ async fn apply(client: &kube::Client, manager: &str, claim: &ClaimRef, body: Val
                     claim = %claim.uid,
                     namespace = %claim.namespace,
                     name = %claim.name,
-                    what,
                     attempt,
                     error = %e,
                     "cannot write the claim's status.devices (the pod is not affected)"
@@ -187,7 +217,7 @@ impl Writes {
             // The answer to kubelet is queued behind this task on the
             // runtime: let it go out first.
             tokio::task::yield_now().await;
-            apply(&client, &manager, &claim, body, "prepared").await;
+            apply(&client, &manager, &claim, body, REQUEST_TIMEOUT).await;
         };
         if !self.spawn_if(uid.clone(), prepared, write) {
             tracing::debug!(claim = %uid, "claim unprepared meanwhile; status not written");
@@ -272,7 +302,7 @@ pub(crate) async fn republish_missing(inner: std::sync::Weak<Inner>) {
             uid: uid.0.clone(),
         };
         let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &claim.namespace);
-        let object = match api.get_opt(&claim.name).await {
+        let object = match bounded(REQUEST_TIMEOUT, api.get_opt(&claim.name)).await {
             Ok(Some(o)) if o.metadata.uid.as_deref() == Some(uid.0.as_str()) => o,
             Ok(_) => continue,
             Err(e) => {
@@ -319,7 +349,7 @@ fn completed_entries(inner: &Inner) -> Vec<(ClaimUid, ClaimEntry)> {
 pub(crate) async fn clear(inner: &Inner, claim: &ClaimRef) {
     let api: Api<ResourceClaim> = Api::namespaced(inner.client.clone(), &claim.namespace);
     for _ in 0..3 {
-        let mut object = match api.get_opt(&claim.name).await {
+        let mut object = match bounded(REQUEST_TIMEOUT, api.get_opt(&claim.name)).await {
             Ok(Some(o)) if o.metadata.uid.as_deref() == Some(claim.uid.as_str()) => o,
             Ok(_) => return,
             Err(e) => {
@@ -335,10 +365,9 @@ pub(crate) async fn clear(inner: &Inner, claim: &ClaimRef) {
         if devices.len() == before {
             return;
         }
-        match api
-            .replace_status(&claim.name, &kube::api::PostParams::default(), &object)
-            .await
-        {
+        let params = kube::api::PostParams::default();
+        let request = api.replace_status(&claim.name, &params, &object);
+        match bounded(REQUEST_TIMEOUT, request).await {
             Ok(_) => return,
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(kube::Error::Api(e)) if e.code == 404 => return,
@@ -440,6 +469,48 @@ mod tests {
         writes.settle(&uid("a")).await;
         tokio::task::yield_now().await;
         assert!(!*ran.lock().unwrap());
+    }
+
+    /// An API server that accepts connections and never answers: each
+    /// attempt gives up after its limit, and all attempts are made.
+    #[tokio::test]
+    async fn a_hung_api_server_costs_a_bounded_wait_and_every_attempt() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: http::Uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        let server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                held.push(socket);
+            }
+        });
+        let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
+        let claim = ClaimRef {
+            namespace: "default".into(),
+            name: "c".into(),
+            uid: "u".into(),
+        };
+        let body = body("gpu.nvidia.com", &claim, None, &now());
+        let write = apply(&client, "m", &claim, body, Duration::from_millis(50));
+        tokio::time::timeout(Duration::from_secs(20), write)
+            .await
+            .expect("the write gave up on its own");
+        // One connection per attempt: a timed-out request's connection is
+        // not reused.
+        assert_eq!(accepted.load(Ordering::SeqCst), ATTEMPTS as usize);
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn bounded_names_the_limit() {
+        let never = std::future::pending::<Result<(), kube::Error>>();
+        let error = bounded(Duration::from_millis(10), never).await.unwrap_err();
+        assert!(error.to_string().contains("within 10 ms"), "{error}");
+        assert!(transient(&error));
     }
 
     #[test]
