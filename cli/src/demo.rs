@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser as _;
-use gpu_dra_e2e::apiserver::{Resource, ServerOptions, TestApiServer, WriteOptions};
+use gpu_dra_e2e::apiserver::{Resource, ServerOptions, TestApiServer};
 use gpu_dra_e2e::kubelet::KubeletSim;
 use gpu_dra_e2e::pool;
 use gpu_kubelet_plugin::flags::Flags;
@@ -278,12 +278,7 @@ async fn demo(out: &Printer, settings: &Settings<'_>) -> Result<(Value, Vec<Stri
         .context("write the kubeconfig")?;
     server
         .store()
-        .create(
-            Resource::Nodes,
-            None,
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
-            &WriteOptions::default(),
-        )
+        .create_node(NODE)
         .map_err(|e| anyhow::anyhow!("{}", e.message))
         .context("create the Node")?;
     let client = kube::Client::try_from(kube::Config::new(

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_dra_e2e::apiserver::{
-    Resource, Selectors, ServerOptions, Store, TestApiServer, ValidationRules, WriteOptions,
+    Resource, Selectors, ServerOptions, Store, TestApiServer, ValidationRules,
 };
-use serde_json::{Value, json};
+use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gpu-kubelet-plugin");
 pub const DRIVER: &str = "gpu.nvidia.com";
@@ -106,15 +106,7 @@ impl ApiServer {
 
     /// Creates the Node object `name`; returns its UID.
     pub fn create_node(&self, name: &str) -> String {
-        let node = self
-            .store
-            .create(
-                Resource::Nodes,
-                None,
-                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
-                &WriteOptions::default(),
-            )
-            .unwrap();
+        let node = self.store.create_node(name).unwrap();
         node["metadata"]["uid"].as_str().unwrap().to_owned()
     }
 }

@@ -6,14 +6,11 @@
 
 use std::time::Duration;
 
-use gpu_dra_e2e::apiserver::{
-    Resource, Selectors, ServerOptions, TestApiServer, ValidationRules, WriteOptions,
-};
+use gpu_dra_e2e::apiserver::{Resource, Selectors, ServerOptions, TestApiServer, ValidationRules};
 use gpu_kubelet_plugin::discovery::{DiscoveredGpu, Inventory};
 use gpu_kubelet_plugin::slices::{Flags, PublishStatus, Publisher, PublisherOptions};
 use gpu_nvml::{ComputeMode, GpuInfo, MigInfo, MigPlacement, MigProfile, NvLinkInfo, SystemInfo};
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use serde_json::json;
 use tokio::sync::{oneshot, watch};
 
 pub const NODE: &str = "node-a";
@@ -199,15 +196,7 @@ pub async fn server(rules: ValidationRules) -> TestApiServer {
 
 /// Creates the Node object.
 pub fn create_node(server: &TestApiServer) {
-    server
-        .store()
-        .create(
-            Resource::Nodes,
-            None,
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
-            &WriteOptions::default(),
-        )
-        .unwrap();
+    server.store().create_node(NODE).unwrap();
 }
 
 /// A kube client talking HTTP to `server`.

@@ -470,6 +470,16 @@ impl Store {
     // ----------------------------------------------------------------------------------------
     // Writes
 
+    /// Creates the (cluster-scoped) Node `name`, as kubelet registers its node; returns it.
+    pub fn create_node(&self, name: &str) -> Result<Value, ApiError> {
+        self.create(
+            Resource::Nodes,
+            None,
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
+            &WriteOptions::default(),
+        )
+    }
+
     /// Creates an object. `namespace` is the namespace of the request (for namespaced resources
     /// it must agree with `metadata.namespace` when both are set); `None` takes the object's.
     pub fn create(

@@ -161,12 +161,7 @@ pub async fn api_server_with_node(dir: &Path) -> anyhow::Result<(TestApiServer, 
     .await?;
     server
         .store()
-        .create(
-            Resource::Nodes,
-            None,
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
-            &WriteOptions::default(),
-        )
+        .create_node(NODE)
         .map_err(|e| anyhow::anyhow!("creating the Node: {e:?}"))?;
     let kubeconfig = dir.join("kubeconfig");
     server.write_kubeconfig(&kubeconfig)?;
