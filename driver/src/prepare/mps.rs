@@ -662,24 +662,18 @@ impl MpsControl {
             source,
         })?;
         let deadline = Instant::now() + self.timeouts.command;
-        let mut attempt = 0;
-        let status = loop {
-            if let Some(status) = child.try_wait().map_err(io_err("wait for", program))? {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(MpsError::StartFailed {
-                    id: cfg.id.clone(),
-                    output: format!(
-                        "`-d` did not return within {} ms and was killed",
-                        self.timeouts.command.as_millis()
-                    ),
-                });
-            }
-            thread::sleep(backoff(attempt));
-            attempt += 1;
+        let Some(status) =
+            exec::wait_until(&mut child, deadline).map_err(io_err("wait for", program))?
+        else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(MpsError::StartFailed {
+                id: cfg.id.clone(),
+                output: format!(
+                    "`-d` did not return within {} ms and was killed",
+                    self.timeouts.command.as_millis()
+                ),
+            });
         };
         if !status.success() {
             let printed = fs::read_to_string(&out_path).unwrap_or_default();

@@ -168,6 +168,8 @@ pub struct Behaviour {
     pub mps_never_ready: bool,
     /// How long a client waits for an answer (default 5000).
     pub mps_reply_timeout_ms: Option<u32>,
+    /// The daemon waits this long before answering each command.
+    pub mps_reply_delay_ms: u32,
     /// The daemon refuses every command with this first word (e.g.
     /// `set_default_device_pinned_mem_limit`), as a real daemon refuses a
     /// setting it does not support.
@@ -386,6 +388,7 @@ impl FakeDriverRoot {
              FAKE_MPS_START_DELAY_MS={}\n\
              FAKE_MPS_NEVER_READY={}\n\
              FAKE_MPS_REPLY_TIMEOUT_MS={}\n\
+             FAKE_MPS_REPLY_DELAY_MS={}\n\
              FAKE_MPS_REFUSE={}\n",
             sh_quote(&self.options.gpus.join(" ")),
             sh_quote(smi_message),
@@ -393,6 +396,7 @@ impl FakeDriverRoot {
             b.mps_start_delay_ms,
             u8::from(b.mps_never_ready),
             b.mps_reply_timeout_ms.unwrap_or(5000),
+            b.mps_reply_delay_ms,
             sh_quote(b.mps_refused_command.as_deref().unwrap_or("")),
         );
         write_file(&self.root.join(BEHAVIOUR_FILE), text.as_bytes(), 0o644)

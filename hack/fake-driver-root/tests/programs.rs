@@ -459,6 +459,73 @@ fn mps_slow_start_never_ready_and_start_failure() {
 }
 
 #[test]
+fn a_client_waits_for_a_slow_answer_and_gives_up_on_a_dead_or_silent_daemon() {
+    let mps = Mps::new(Options::default());
+    let pid = mps.start();
+    // A slow answer is waited for (and no reply FIFO is left behind).
+    let slow = |delay: u32, timeout: Option<u32>| Behaviour {
+        mps_reply_delay_ms: delay,
+        mps_reply_timeout_ms: timeout,
+        ..Behaviour::default()
+    };
+    mps.root.set_behaviour(&slow(200, None)).unwrap();
+    let begun = Instant::now();
+    let out = mps.control(&[], "set_default_active_thread_percentage 30\n");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "30\n");
+    assert!(begun.elapsed() >= Duration::from_millis(200));
+    let leftovers = |pipe: &Path| -> Vec<String> {
+        fs::read_dir(pipe)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".reply"))
+            .collect()
+    };
+    assert_eq!(leftovers(&mps.pipe), Vec::<String>::new());
+
+    // Past the client's reply timeout it gives up with a clear message.
+    mps.root.set_behaviour(&slow(1500, Some(100))).unwrap();
+    let begun = Instant::now();
+    let out = mps.control(&[], "get_server_list\n");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr),
+        "Timed out waiting for the MPS control daemon\n"
+    );
+    assert!(
+        begun.elapsed() < Duration::from_millis(1200),
+        "{:?}",
+        begun.elapsed()
+    );
+    assert_eq!(leftovers(&mps.pipe), Vec::<String>::new());
+    // The daemon still answers the abandoned request into nothing, then goes on.
+    mps.root.set_behaviour(&slow(0, None)).unwrap();
+    sleep(Duration::from_millis(1500));
+    assert!(mps.control(&[], "get_server_list\n").status.success());
+    assert!(is_alive(pid));
+
+    // A daemon that dies while a client waits is noticed.
+    mps.root.set_behaviour(&slow(5000, None)).unwrap();
+    let killer = std::thread::spawn(move || {
+        sleep(Duration::from_millis(150));
+        assert!(fake_driver_root::kill(pid));
+    });
+    let begun = Instant::now();
+    let out = mps.control(&[], "get_server_list\n");
+    killer.join().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr),
+        "MPS control daemon exited before answering\n"
+    );
+    assert!(
+        begun.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        begun.elapsed()
+    );
+}
+
+#[test]
 fn killed_daemon_is_seen_dead_and_a_new_one_starts() {
     let mps = Mps::new(Options::default());
     let pid = mps.start();
@@ -504,7 +571,7 @@ fn programs_run_under_busybox_sh_and_applets() {
     let applets = mps.pipe.parent().unwrap().join("bb");
     fs::create_dir(&applets).unwrap();
     for applet in [
-        "cat", "date", "mv", "rm", "mkdir", "mkfifo", "sleep", "setsid", "stat", "sh",
+        "date", "mv", "rm", "mkdir", "mkfifo", "sleep", "setsid", "stat", "sh",
     ] {
         symlink(busybox, applets.join(applet)).unwrap();
     }

@@ -9,11 +9,16 @@
 //! environment leaks in (the plugin's own `CUDA_VISIBLE_DEVICES`, for one).
 
 use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
+use rustix::io::Errno;
+use rustix::process::{Pid, PidfdFlags, pidfd_open};
 
 use crate::prepare::cdi::driver_root::LIB_DIRS;
 
@@ -158,6 +163,46 @@ pub(crate) fn backoff(attempt: u32) -> Duration {
     })
 }
 
+/// A descriptor that becomes readable when `child` exits (a pidfd; `None`
+/// where the kernel has none, before Linux 5.3).
+fn exit_notifier(child: &Child) -> Option<OwnedFd> {
+    let pid = Pid::from_raw(i32::try_from(child.id()).ok()?)?;
+    // Not reaped before we do, so the pid still names our child.
+    pidfd_open(pid, PidfdFlags::empty()).ok()
+}
+
+/// Waits until `child` exits or `deadline` passes (`None`). The kernel wakes
+/// the wait the moment the child exits (its pidfd becomes readable), so a
+/// quick program costs no polling interval; without pidfds it polls with
+/// [`backoff`].
+pub(crate) fn wait_until(child: &mut Child, deadline: Instant) -> io::Result<Option<ExitStatus>> {
+    let notifier = exit_notifier(child);
+    let mut attempt = 0;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        if let Some(fd) = &notifier {
+            let timeout = Timespec::try_from(left).unwrap_or(Timespec {
+                tv_sec: i64::MAX,
+                tv_nsec: 0,
+            });
+            let mut fds = [PollFd::new(fd, PollFlags::IN)];
+            match poll(&mut fds, Some(&timeout)) {
+                Ok(_) | Err(Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            thread::sleep(backoff(attempt).min(left));
+            attempt += 1;
+        }
+    }
+}
+
 /// Runs `cmd` with `stdin` (or `/dev/null`), stdout and stderr captured;
 /// kills it after `timeout`.
 pub(crate) fn run(
@@ -179,25 +224,17 @@ pub(crate) fn run(
     }
     let out = drain(child.stdout.take());
     let err = drain(child.stderr.take());
-    let deadline = Instant::now() + timeout;
-    let mut attempt = 0;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() >= deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(RunError::TimedOut);
-            }
-            Ok(None) => {
-                thread::sleep(backoff(attempt));
-                attempt += 1;
-            }
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(RunError::Wait(e));
-            }
+    let status = match wait_until(&mut child, Instant::now() + timeout) {
+        Ok(Some(status)) => status,
+        Ok(None) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(RunError::TimedOut);
+        }
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(RunError::Wait(e));
         }
     };
     // A grandchild holding the pipes open must not hang us: wait briefly.
@@ -242,6 +279,38 @@ mod tests {
         let err = run(&mut cmd, None, Duration::from_millis(100)).unwrap_err();
         assert!(matches!(err, RunError::TimedOut), "{err}");
         assert!(begun.elapsed() < Duration::from_secs(4));
+    }
+
+    #[test]
+    fn a_wait_ends_when_the_program_does_not_at_a_poll_interval() {
+        // The exit wakes the wait (a pidfd on this kernel), status intact.
+        for _ in 0..3 {
+            let mut cmd = Command::new("/bin/true");
+            let mut child = spawn(&mut cmd).unwrap();
+            assert!(exit_notifier(&child).is_some(), "no pidfd on this kernel");
+            let status = wait_until(&mut child, Instant::now() + Duration::from_secs(5))
+                .unwrap()
+                .unwrap();
+            assert!(status.success());
+        }
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args(["-c", "exit 4"]);
+        let mut child = spawn(&mut cmd).unwrap();
+        let status = wait_until(&mut child, Instant::now() + Duration::from_secs(5))
+            .unwrap()
+            .unwrap();
+        assert_eq!(status.code(), Some(4));
+        // A program still running at the deadline is left running.
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args(["-c", "exec sleep 5"]);
+        let mut child = spawn(&mut cmd).unwrap();
+        let begun = Instant::now();
+        let waited = wait_until(&mut child, begun + Duration::from_millis(50)).unwrap();
+        assert!(waited.is_none());
+        assert!(begun.elapsed() >= Duration::from_millis(50));
+        assert!(child.try_wait().unwrap().is_none());
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]

@@ -5,7 +5,12 @@
 # sends each stdin line to the daemon found through CUDA_MPS_PIPE_DIRECTORY
 # and prints the answer. The real daemon listens on a UNIX socket
 # `<pipe>/control`; sh has none, so the fake's `control` is a FIFO carrying
-# `<client pid> <command>` lines, answered through `<pipe>/.reply.<pid>`.
+# `<client pid> <command>` lines, answered through the client's own FIFO
+# `<pipe>/.reply.<pid>` (status line, output lines, an end line).
+#
+# Like the real programs, the hot paths start no other program where sh can
+# do the work itself: a real daemon answers a command without forking, and
+# the stand-in's cost should not drown what the plugin around it costs.
 fake_record_call "$@"
 
 PIPE=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}
@@ -19,7 +24,7 @@ daemon_pid() {
     [ -r "$PIDF" ] || return 1
     read -r dp <"$PIDF" || return 1
     fake_digits "$dp" || return 1
-    dst=$(cat "/proc/$dp/stat" 2>/dev/null) || return 1
+    { read -r dst <"/proc/$dp/stat"; } 2>/dev/null || return 1
     dst=${dst##*\) }
     case $dst in
     Z* | X*) return 1 ;;
@@ -27,8 +32,23 @@ daemon_pid() {
     printf '%s\n' "$dp"
 }
 
+# The time for the log lines that follow (one `date` per request, not per line).
+mps_now() {
+    NOW=$(date '+%Y-%m-%d %H:%M:%S')
+}
+
 mps_log() {
-    printf '[%s.000 Control %5d] %s\n' "$(date '+%Y-%m-%d %H:%M:%S')" "$DPID" "$1" >>"$LOGD/control.log"
+    printf '[%s.000 Control %5d] %s\n' "$NOW" "$DPID" "$1" >>"$LOGD/control.log"
+}
+
+# Removes files that exist (`rm` is a program; most of the time there is
+# nothing to remove).
+rm_present() {
+    for rp_f; do
+        if [ -e "$rp_f" ] || [ -L "$rp_f" ]; then
+            rm -f "$rp_f"
+        fi
+    done
 }
 
 # --- daemon side ---
@@ -122,9 +142,11 @@ handle() {
 run_daemon() {
     DPID=$$
     # A dead daemon's endpoint must not be mistaken for this one's.
-    rm -f "$FIFO" "$FIFO.new"
+    rm_present "$FIFO" "$FIFO.new"
     fake_sleep_ms "$FAKE_MPS_START_DELAY_MS"
-    printf '%s\n' "$DPID" >"$PIDF.tmp" && mv -f "$PIDF.tmp" "$PIDF" || exit 1
+    # One short write: a reader sees no file, an empty one or the whole pid.
+    printf '%s\n' "$DPID" >"$PIDF" || exit 1
+    mps_now
     mps_log "Starting control daemon using socket $FIFO"
     mps_log "To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY=$PIPE"
     shm=$(stat -L -c '%d:%i' /dev/shm 2>/dev/null) || shm=unknown
@@ -138,7 +160,7 @@ run_daemon() {
             sleep 1
         done
     fi
-    trap 'rm -f "$FIFO" "$PIDF"; exit 0' TERM INT
+    trap 'rm_present "$FIFO" "$PIDF"; exit 0' TERM INT
     # The FIFO is opened before it gets its name, so a client that sees
     # `control` never writes into a FIFO nobody holds (data written into a
     # FIFO without a reader is lost when the writer closes it). Read-write:
@@ -153,6 +175,7 @@ run_daemon() {
             mps_log "Invalid request ignored"
             continue
         fi
+        mps_now
         mps_log "Accepting connection..."
         mps_log "NEW UI"
         mps_log "Cmd:$cmd"
@@ -160,22 +183,52 @@ run_daemon() {
         if [ -r "$FAKE_CONF" ]; then
             . "$FAKE_CONF"
         fi
+        fake_sleep_ms "$FAKE_MPS_REPLY_DELAY_MS"
         handle "$cmd"
         fake_record mps-command "$PIPE" "$cmd" "$st"
+        # The client made and holds its reply FIFO; opened read-write, the
+        # open never blocks, even for a client that is gone. (No FIFO: a
+        # forged or abandoned request, nobody to answer.)
         rf="$PIPE/.reply.$cpid"
-        printf '%s\n%s\n' "$st" "$out" >"$rf.tmp" && mv -f "$rf.tmp" "$rf"
+        if [ -p "$rf" ]; then
+            printf '%s\n%s\n%s\n' "$st" "$out" "$REPLY_END" 2>/dev/null 1<>"$rf" || :
+        fi
         mps_log "UI closed"
         if [ "$quitting" = 1 ]; then
             mps_log "Exit"
-            rm -f "$FIFO" "$PIDF" "$STATE"
+            rm_present "$FIFO" "$PIDF" "$STATE"
             exit 0
         fi
     done
 }
 
 # --- client side ---
+# The line that ends a reply (output lines are never this).
+REPLY_END='--- end of reply ---'
+
+# Runs in the background while a client waits: answers for the daemon when it
+# died (`X`) or took longer than the behaviour's reply timeout (`T`). Its
+# first check comes after 50 ms; most replies come well before, and then it is
+# killed unseen.
+reply_watch() {
+    rw_waited=0
+    while :; do
+        sleep 0.05
+        rw_waited=$((rw_waited + 50))
+        if ! daemon_pid >/dev/null; then
+            printf 'X\n' 1<>"$rf"
+            exit 0
+        fi
+        if [ "$rw_waited" -ge "$FAKE_MPS_REPLY_TIMEOUT_MS" ]; then
+            printf 'T\n' 1<>"$rf"
+            exit 0
+        fi
+    done
+}
+
 run_client() {
     rc=0
+    rf="$PIPE/.reply.$$"
     while IFS= read -r line || [ -n "$line" ]; do
         [ -n "$line" ] || continue
         if ! daemon_pid >/dev/null || [ ! -p "$FIFO" ]; then
@@ -187,32 +240,37 @@ run_client() {
             rc=1
             continue
         fi
-        rf="$PIPE/.reply.$$"
-        rm -f "$rf"
+        # The reply FIFO is held open (read-write, so the open does not
+        # block) before the request goes out: nothing the daemon writes is lost.
+        rm_present "$rf"
+        mkfifo -m 600 "$rf" || exit 1
+        exec 5<>"$rf"
+        reply_watch </dev/null >/dev/null 2>&1 &
+        watcher=$!
         exec 4<>"$FIFO"
         printf '%s %s\n' "$$" "$line" >&4
         exec 4>&-
-        waited=0
-        while [ ! -e "$rf" ]; do
-            # (The reply is checked again: `quit` answers, then exits.)
-            if ! daemon_pid >/dev/null && [ ! -e "$rf" ]; then
-                printf '%s\n' "MPS control daemon exited before answering" >&2
-                exit 1
-            fi
-            if [ "$waited" -ge "$FAKE_MPS_REPLY_TIMEOUT_MS" ]; then
-                printf '%s\n' "Timed out waiting for the MPS control daemon" >&2
-                exit 1
-            fi
-            sleep 0.005
-            waited=$((waited + 5))
+        read -r st <&5
+        case $st in
+        X)
+            kill "$watcher" 2>/dev/null
+            printf '%s\n' "MPS control daemon exited before answering" >&2
+            rm_present "$rf"
+            exit 1
+            ;;
+        T)
+            printf '%s\n' "Timed out waiting for the MPS control daemon" >&2
+            rm_present "$rf"
+            exit 1
+            ;;
+        esac
+        kill "$watcher" 2>/dev/null
+        while IFS= read -r reply <&5; do
+            [ "$reply" != "$REPLY_END" ] || break
+            [ -z "$reply" ] || printf '%s\n' "$reply"
         done
-        {
-            read -r st
-            while IFS= read -r reply; do
-                [ -z "$reply" ] || printf '%s\n' "$reply"
-            done
-        } <"$rf"
-        rm -f "$rf"
+        exec 5<&-
+        rm_present "$rf"
         [ "$st" = 0 ] || rc=1
     done
     exit "$rc"
@@ -228,7 +286,9 @@ case ${1-} in
         printf '%s\n' "An instance of this daemon is already running" >&2
         exit 1
     fi
-    mkdir -p "$PIPE" "$LOGD" || exit 1
+    if [ ! -d "$PIPE" ] || [ ! -d "$LOGD" ]; then
+        mkdir -p "$PIPE" "$LOGD" || exit 1
+    fi
     if command -v setsid >/dev/null 2>&1; then
         setsid "$0" --fake-daemon </dev/null >/dev/null 2>&1 &
     else
