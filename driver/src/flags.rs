@@ -81,6 +81,13 @@ pub struct Flags {
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
+    /// Run the plugin as a child of this process, which restarts it when it
+    /// dies and reaps what it leaves, so MPS daemons outlive a plugin crash
+    /// (for the container's main process; see `supervise`). The plugin gets
+    /// every other flag as given.
+    #[arg(long)]
+    pub supervise: bool,
+
     #[command(flatten)]
     pub discovery: crate::discovery::Flags,
 
@@ -135,6 +142,7 @@ mod tests {
         assert_eq!(f.cdi_root, PathBuf::from("/var/run/cdi"));
         assert_eq!(f.driver_root, PathBuf::from("/"));
         assert_eq!(f.log_format, LogFormat::Text);
+        assert!(!f.supervise);
         assert_eq!(f.metrics_addr, None);
         assert_eq!(f.dev_root, PathBuf::from("/"));
         assert_eq!(f.proc_root, PathBuf::from("/proc"));

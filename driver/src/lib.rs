@@ -8,7 +8,8 @@
 //! - [`discovery`]: the node's GPUs through the NVML backend, plus sysfs topology;
 //! - [`devices`]: the device model (GPUs, MIG devices, dynamic MIG placements);
 //! - [`slices`]: building and publishing ResourceSlices;
-//! - [`plugin`]: the whole plugin wired together (start, orderly shutdown).
+//! - [`plugin`]: the whole plugin wired together (start, orderly shutdown);
+//! - [`supervise`]: `--supervise`, the plugin as a restarted child process.
 
 pub mod devices;
 pub mod discovery;
@@ -17,3 +18,4 @@ pub mod grpc;
 pub mod plugin;
 pub mod prepare;
 pub mod slices;
+pub mod supervise;

@@ -3,6 +3,8 @@
 //! the kubelet-facing gRPC servers, the ResourceSlice publisher). Startup
 //! errors are printed as one `error: ...` line with a non-zero exit (2 for
 //! bad flags, 1 otherwise); SIGTERM/SIGINT deregister, drain and exit 0.
+//! With `--supervise` this process only starts the plugin as its child and
+//! keeps it running ([`supervise`]).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -11,6 +13,7 @@ use anyhow::Context as _;
 use gpu_kubelet_plugin::flags::Flags;
 use gpu_kubelet_plugin::grpc::{self, metrics::GrpcMetrics};
 use gpu_kubelet_plugin::plugin::Plugin;
+use gpu_kubelet_plugin::supervise;
 use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -21,6 +24,9 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     gpu_dra_cmdline::init_logging(flags.log_format);
+    if flags.supervise {
+        return supervise();
+    }
     // One runtime thread: the plugin's async work (kubelet gRPC, the API
     // server) waits on I/O, and NVML calls run on the blocking pool. Each
     // extra worker thread would get its own glibc malloc arena, which keeps
@@ -28,6 +34,26 @@ fn main() -> ExitCode {
     // publisher, 17.8 MiB resident with the multi-threaded runtime, 16.2
     // MiB with one thread).
     gpu_dra_cmdline::run(tokio::runtime::Builder::new_current_thread(), run(flags))
+}
+
+/// `--supervise`: the same program with the same flags, minus that one, as
+/// a child that is restarted when it dies.
+fn supervise() -> ExitCode {
+    let program = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: cannot find this program to start it supervised: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let args = supervise::child_args(std::env::args_os().skip(1));
+    match supervise::run(&program, &args, &supervise::Policy::default()) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn run(flags: Flags) -> anyhow::Result<()> {

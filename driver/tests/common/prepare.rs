@@ -128,6 +128,12 @@ impl Node {
         self.kubelet = register(&self.plugin, self.version).await;
     }
 
+    /// Registers the kubelet again with the plugin's new sockets (after the
+    /// plugin process was restarted by its supervisor).
+    pub async fn reregister(&mut self) {
+        self.kubelet = register(&self.plugin, self.version).await;
+    }
+
     /// The first published device whose name starts with `prefix`.
     pub async fn device_starting_with(&self, prefix: &str) -> String {
         let names = self.device_names().await;
