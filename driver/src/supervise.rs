@@ -225,13 +225,14 @@ pub fn run(program: &Path, args: &[OsString], policy: &Policy) -> Result<u8, Sup
     }
 }
 
-/// Reaps every exited child; returns how `pid` ended when it is among them.
-fn reap(pid: u32) -> Result<Option<Ended>, SuperviseError> {
+/// Reaps every exited child; returns how the plugin `pid` ended when it is
+/// among them.
+fn reap(pid: Option<u32>) -> Result<Option<Ended>, SuperviseError> {
     let mut ours = None;
     loop {
         match rustix::process::wait(WaitOptions::NOHANG) {
             Ok(Some((p, status))) => {
-                if p.as_raw_nonzero().get().cast_unsigned() == pid {
+                if Some(p.as_raw_nonzero().get().cast_unsigned()) == pid {
                     ours = Ended::from_status(status);
                 } else {
                     tracing::debug!(pid = p.as_raw_nonzero().get(), "reaped an orphaned process");
@@ -250,7 +251,7 @@ fn reap(pid: u32) -> Result<Option<Ended>, SuperviseError> {
 fn wait_for(pid: u32, signals: &mut Signals) -> Result<(Ended, Option<i32>), SuperviseError> {
     let mut stop = None;
     loop {
-        if let Some(ended) = reap(pid)? {
+        if let Some(ended) = reap(Some(pid))? {
             return Ok((ended, stop));
         }
         for signal in signals.wait() {
@@ -274,7 +275,7 @@ fn wait_for(pid: u32, signals: &mut Signals) -> Result<(Ended, Option<i32>), Sup
 fn pause(delay: Duration, signals: &mut Signals) -> Result<Option<i32>, SuperviseError> {
     let until = Instant::now() + delay;
     loop {
-        reap(0)?;
+        reap(None)?;
         for signal in signals.pending() {
             if signal == SIGTERM || signal == SIGINT {
                 return Ok(Some(signal));

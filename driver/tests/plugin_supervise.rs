@@ -45,7 +45,9 @@ async fn until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
-#[tokio::test]
+// Multi-threaded: the kubelet simulator's connection must stay responsive
+// while the test blocks on the plugin's exit (the drain waits for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_crash_under_the_supervisor_leaves_the_mps_daemon_running() {
     let mut n = node("t4-inference", &["--supervise"], DraVersion::V1).await;
     let supervisor = n.plugin.child.id();
@@ -111,18 +113,10 @@ async fn a_plugin_crash_under_the_supervisor_leaves_the_mps_daemon_running() {
     assert_eq!(n.mps_daemons(), 0);
 
     // SIGTERM: the plugin's orderly shutdown, then the supervisor exits 0.
-    // (Waited for off the runtime, so the kubelet side keeps answering the
-    // plugin's graceful HTTP/2 shutdown.)
     let second = plugin_children(supervisor);
     n.plugin.signal("TERM");
-    let mut plugin = n.plugin;
-    let (status, plugin) = tokio::task::spawn_blocking(move || {
-        let status = plugin.wait_exit(Duration::from_secs(20));
-        (status, plugin)
-    })
-    .await
-    .unwrap();
-    let log = plugin.stderr();
+    let status = tokio::task::block_in_place(|| n.plugin.wait_exit(Duration::from_secs(20)));
+    let log = n.plugin.stderr();
     assert_eq!(status.code(), Some(0), "{log}");
     assert!(second.iter().all(|p| !fake_driver_root::is_alive(*p)));
     assert!(

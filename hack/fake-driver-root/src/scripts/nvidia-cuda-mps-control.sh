@@ -41,14 +41,18 @@ mps_log() {
     printf '[%s.000 Control %5d] %s\n' "$NOW" "$DPID" "$1" >>"$LOGD/control.log"
 }
 
-# Removes files that exist (`rm` is a program; most of the time there is
-# nothing to remove).
+# Removes those of the files that exist, with one `rm` at most (`rm` is a
+# program; most of the time there is nothing to remove).
 rm_present() {
     for rp_f; do
+        shift
         if [ -e "$rp_f" ] || [ -L "$rp_f" ]; then
-            rm -f "$rp_f"
+            set -- "$@" "$rp_f"
         fi
     done
+    if [ $# -gt 0 ]; then
+        rm -f "$@"
+    fi
 }
 
 # --- daemon side ---
