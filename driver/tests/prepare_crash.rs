@@ -1,7 +1,9 @@
 //! Crash safety of claim preparation, end to end: the real plugin binary is
 //! made to abort (`GPU_DRA_FAILPOINT`, `std::process::abort`: for the files,
 //! daemons and fake hardware the same as SIGKILL) at every step of a
-//! prepare, of an unprepare, and of the checkpoint write, then restarted on
+//! prepare, of an unprepare, and of the checkpoint write (every step of the
+//! first write; each later write of the prepare torn and made durable,
+//! `checkpoint-<step>@N`), then restarted on
 //! the same machine (fake NVML state file, proc and dev roots, driver root,
 //! plugin state directory). Startup recovery must leave the node either
 //! clean (a half-prepared claim) or fully prepared (a completed one); the
@@ -211,9 +213,18 @@ async fn prepare_and_check(n: &Node, claim: &Claim, mig: &str) {
     );
 }
 
+/// What startup recovery must leave after a crash in a prepare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum After {
+    /// The crash came before `PrepareCompleted` was durable: all undone.
+    Clean,
+    /// `PrepareCompleted` was durable: kept, daemons re-adopted.
+    Prepared,
+}
+
 /// Crash in a prepare at `failpoint`, restart, recovery, prepare again,
 /// unprepare.
-async fn crash_in_prepare(failpoint: &str) {
+async fn crash_in_prepare(failpoint: &str, after: After) {
     let mut n = node_with(PROFILE, FLAGS, DraVersion::V1, &[(FAILPOINT, failpoint)]).await;
     let (claim, mig) = full_claim(&n).await;
     let answer = n.kubelet.prepare(std::slice::from_ref(&claim)).await;
@@ -225,12 +236,9 @@ async fn crash_in_prepare(failpoint: &str) {
     assert_aborted(&mut n, failpoint);
 
     n.restart(&[]).await;
-    if failpoint == "prepare-after-completed" {
-        // Completed before the crash: kept, daemons re-adopted.
-        assert_prepared(&n, &claim, &format!("{failpoint}: after recovery"));
-    } else {
-        // Half-prepared: recovery undid everything.
-        assert_clean(&n, &claim, &format!("{failpoint}: after recovery")).await;
+    match after {
+        After::Prepared => assert_prepared(&n, &claim, &format!("{failpoint}: after recovery")),
+        After::Clean => assert_clean(&n, &claim, &format!("{failpoint}: after recovery")).await,
     }
     prepare_and_check(&n, &claim, &mig).await;
     n.unprepare_ok(&claim).await;
@@ -274,35 +282,87 @@ fn assert_no_temp_files(n: &Node) {
     assert!(temps.is_empty(), "{temps:?}\n{}", n.logs());
 }
 
-macro_rules! crash_tests {
-    ($runner:ident: $($name:ident => $failpoint:literal;)*) => {
+/// Checkpoint writes of the full claim's prepare, in order: the journal
+/// before the time-slice change, the journal before the MPS GPU's compute
+/// mode change, then `PrepareCompleted` (nothing else is journalled: the
+/// time-sliced GPU is in `Default` mode already, and what the MIG device
+/// gets is found by the startup sweep).
+const PREPARE_WRITES: u32 = 3;
+
+macro_rules! prepare_crash_tests {
+    ($($name:ident => $failpoint:expr, $after:ident;)*) => {
         $(
             #[tokio::test]
             async fn $name() {
-                $runner($failpoint).await;
+                crash_in_prepare(&$failpoint, After::$after).await;
             }
         )*
     };
 }
 
-crash_tests! { crash_in_prepare:
-    prepare_crash_after_started => "prepare-after-started";
-    prepare_crash_after_mig => "prepare-after-mig";
-    prepare_crash_after_mps => "prepare-after-mps";
-    prepare_crash_after_cdi => "prepare-after-cdi";
-    prepare_crash_after_completed => "prepare-after-completed";
-    prepare_crash_before_checkpoint_temp_write => "checkpoint-before-temp-write";
-    prepare_crash_mid_checkpoint_temp_write => "checkpoint-mid-temp-write";
-    prepare_crash_after_checkpoint_temp_write => "checkpoint-after-temp-write";
-    prepare_crash_after_checkpoint_rename => "checkpoint-after-rename";
-    prepare_crash_after_checkpoint_dir_sync => "checkpoint-after-dir-sync";
+macro_rules! unprepare_crash_tests {
+    ($($name:ident => $failpoint:literal;)*) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                crash_in_unprepare($failpoint).await;
+            }
+        )*
+    };
 }
 
-crash_tests! { crash_in_unprepare:
+prepare_crash_tests! {
+    prepare_crash_after_started => "prepare-after-started", Clean;
+    prepare_crash_after_mig => "prepare-after-mig", Clean;
+    prepare_crash_after_mps => "prepare-after-mps", Clean;
+    prepare_crash_after_cdi => "prepare-after-cdi", Clean;
+    prepare_crash_after_completed => "prepare-after-completed", Prepared;
+    // The first checkpoint write (the time-slice journal), at every step.
+    prepare_crash_before_checkpoint_temp_write => "checkpoint-before-temp-write", Clean;
+    prepare_crash_mid_checkpoint_temp_write => "checkpoint-mid-temp-write", Clean;
+    prepare_crash_after_checkpoint_temp_write => "checkpoint-after-temp-write", Clean;
+    prepare_crash_after_checkpoint_rename => "checkpoint-after-rename", Clean;
+    prepare_crash_after_checkpoint_dir_sync => "checkpoint-after-dir-sync", Clean;
+    // The later writes, each torn and each made durable: the compute mode
+    // journal (the old entry or the new one is on disk, the change not yet
+    // made) and PrepareCompleted (torn: all undone; durable: kept).
+    prepare_crash_mid_second_checkpoint_write => "checkpoint-mid-temp-write@2", Clean;
+    prepare_crash_after_second_checkpoint_rename => "checkpoint-after-rename@2", Clean;
+    prepare_crash_mid_completed_checkpoint_write =>
+        format!("checkpoint-mid-temp-write@{PREPARE_WRITES}"), Clean;
+    prepare_crash_after_completed_checkpoint_rename =>
+        format!("checkpoint-after-rename@{PREPARE_WRITES}"), Prepared;
+}
+
+unprepare_crash_tests! {
     unprepare_crash_after_undo => "unprepare-after-undo";
     unprepare_crash_before_checkpoint_temp_write => "checkpoint-before-temp-write";
     unprepare_crash_mid_checkpoint_temp_write => "checkpoint-mid-temp-write";
     unprepare_crash_after_checkpoint_temp_write => "checkpoint-after-temp-write";
     unprepare_crash_after_checkpoint_rename => "checkpoint-after-rename";
     unprepare_crash_after_checkpoint_dir_sync => "checkpoint-after-dir-sync";
+}
+
+/// The prepare writes the checkpoint exactly [`PREPARE_WRITES`] times: a
+/// failpoint at the next write does not fire in the prepare (the tests at
+/// `@PREPARE_WRITES` show that write is `PrepareCompleted`), it fires in
+/// the unprepare's one write, and the restarted plugin finishes the
+/// unprepare.
+#[tokio::test]
+async fn the_full_claim_prepare_writes_the_checkpoint_exactly_that_often() {
+    let failpoint = format!("checkpoint-before-temp-write@{}", PREPARE_WRITES + 1);
+    let mut n = node_with(PROFILE, FLAGS, DraVersion::V1, &[(FAILPOINT, &failpoint)]).await;
+    let (claim, mig) = full_claim(&n).await;
+    prepare_and_check(&n, &claim, &mig).await;
+    let answer = n.kubelet.unprepare(std::slice::from_ref(&claim)).await;
+    assert!(
+        answer.is_err(),
+        "{failpoint}: the unprepare was answered: {answer:?}\n{}",
+        n.logs()
+    );
+    assert_aborted(&mut n, &failpoint);
+    n.restart(&[]).await;
+    n.unprepare_ok(&claim).await;
+    assert_clean(&n, &claim, "after the unprepare").await;
+    assert_no_temp_files(&n);
 }

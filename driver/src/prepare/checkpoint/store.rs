@@ -40,7 +40,10 @@ use super::{
 /// Environment variable naming a step at which a checkpoint commit aborts
 /// the process, for crash tests: `checkpoint-before-temp-write`,
 /// `checkpoint-mid-temp-write`, `checkpoint-after-temp-write`,
-/// `checkpoint-after-rename`, `checkpoint-after-dir-sync`.
+/// `checkpoint-after-rename`, `checkpoint-after-dir-sync`, each optionally
+/// followed by `@N`: at the N-th commit write since the store was opened
+/// (default: the first). Other values are left to the prepare code's own
+/// step failpoints; a malformed `checkpoint-` value is logged and not armed.
 pub const FAILPOINT_ENV: &str = "GPU_DRA_FAILPOINT";
 
 /// A step of a commit at which a crash test kills the process.
@@ -53,21 +56,67 @@ enum Failpoint {
     AfterDirSync,
 }
 
-impl Failpoint {
+/// A failpoint and the commit write (1-based, counted from open) it hits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Armed {
+    at: Failpoint,
+    write: u64,
+}
+
+/// Longest `@N` accepted, so a hostile value cannot make a huge number.
+const MAX_FAILPOINT_WRITE: u64 = 1_000_000;
+
+impl Armed {
     fn from_env() -> Option<Self> {
-        let name = std::env::var(FAILPOINT_ENV).ok()?;
-        let point = match name.as_str() {
-            "checkpoint-before-temp-write" => Self::BeforeTempWrite,
-            "checkpoint-mid-temp-write" => Self::MidTempWrite,
-            "checkpoint-after-temp-write" => Self::AfterTempWrite,
-            "checkpoint-after-rename" => Self::AfterRename,
-            "checkpoint-after-dir-sync" => Self::AfterDirSync,
-            _ => return None,
-        };
-        tracing::warn!(failpoint = %name, "checkpoint failpoint armed: the process will abort");
-        Some(point)
+        let value = std::env::var(FAILPOINT_ENV).ok()?;
+        match Self::parse(&value) {
+            Ok(Some(armed)) => {
+                tracing::warn!(failpoint = %value, "checkpoint failpoint armed: the process will abort");
+                Some(armed)
+            }
+            Ok(None) => None,
+            Err(reason) => {
+                tracing::error!(failpoint = %value, reason, "checkpoint failpoint not armed");
+                None
+            }
+        }
     }
 
+    /// `Ok(None)` for a value that is not a checkpoint failpoint.
+    fn parse(value: &str) -> Result<Option<Self>, &'static str> {
+        if !value.starts_with("checkpoint-") {
+            return Ok(None);
+        }
+        let (name, write) = match value.split_once('@') {
+            None => (value, 1),
+            Some((name, n)) => {
+                let write = n
+                    .parse::<u64>()
+                    .map_err(|_| "the part after @ is not a whole number")?;
+                if write == 0 || write > MAX_FAILPOINT_WRITE {
+                    return Err("the write after @ must be between 1 and 1000000");
+                }
+                (name, write)
+            }
+        };
+        let at = match name {
+            "checkpoint-before-temp-write" => Failpoint::BeforeTempWrite,
+            "checkpoint-mid-temp-write" => Failpoint::MidTempWrite,
+            "checkpoint-after-temp-write" => Failpoint::AfterTempWrite,
+            "checkpoint-after-rename" => Failpoint::AfterRename,
+            "checkpoint-after-dir-sync" => Failpoint::AfterDirSync,
+            _ => return Err("unknown checkpoint failpoint"),
+        };
+        Ok(Some(Self { at, write }))
+    }
+
+    /// The step armed for commit write number `write`, if any.
+    fn for_write(armed: Option<Self>, write: u64) -> Option<Failpoint> {
+        armed.filter(|a| a.write == write).map(|a| a.at)
+    }
+}
+
+impl Failpoint {
     /// Aborts the process (no destructors, no flushing: for the files on
     /// disk the same as SIGKILL) when `self` is `at`.
     fn hit(armed: Option<Self>, at: Self) {
@@ -145,7 +194,7 @@ struct Shared {
 pub struct Store {
     dir: PathBuf,
     path: PathBuf,
-    failpoint: Option<Failpoint>,
+    failpoint: Option<Armed>,
     shared: Mutex<Shared>,
     written: Condvar,
     writes: AtomicU64,
@@ -176,7 +225,7 @@ impl Store {
         let store = Self {
             dir: state_dir.to_owned(),
             path: state_dir.join(FILE_NAME),
-            failpoint: Failpoint::from_env(),
+            failpoint: Armed::from_env(),
             shared: Mutex::new(Shared::default()),
             written: Condvar::new(),
             writes: AtomicU64::new(0),
@@ -321,7 +370,11 @@ impl Store {
             }
             let result = format::encode(&next)
                 .map_err(|e| failure("serialise checkpoint", &self.path, e.into()))
-                .and_then(|bytes| self.write_atomic(&self.path, &bytes, self.failpoint));
+                .and_then(|bytes| {
+                    let armed =
+                        Armed::for_write(self.failpoint, self.writes.load(Ordering::Relaxed) + 1);
+                    self.write_atomic(&self.path, &bytes, armed)
+                });
             self.writes.fetch_add(1, Ordering::Relaxed);
 
             shared = self.lock();
@@ -514,5 +567,64 @@ fn failure(step: &'static str, path: &Path, e: io::Error) -> WriteFailure {
         step,
         path: path.to_owned(),
         source: Arc::new(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Armed, Failpoint};
+
+    #[test]
+    fn failpoints_parse_with_and_without_a_write_number() {
+        assert_eq!(
+            Armed::parse("checkpoint-mid-temp-write"),
+            Ok(Some(Armed {
+                at: Failpoint::MidTempWrite,
+                write: 1
+            }))
+        );
+        assert_eq!(
+            Armed::parse("checkpoint-after-rename@3"),
+            Ok(Some(Armed {
+                at: Failpoint::AfterRename,
+                write: 3
+            }))
+        );
+        // The prepare code's own step failpoints are not the store's.
+        assert_eq!(Armed::parse("prepare-after-mig"), Ok(None));
+        assert_eq!(Armed::parse(""), Ok(None));
+    }
+
+    #[test]
+    fn malformed_checkpoint_failpoints_are_refused_with_the_reason() {
+        for (value, reason) in [
+            ("checkpoint-after-renam", "unknown checkpoint failpoint"),
+            ("checkpoint-after-rename@", "not a whole number"),
+            ("checkpoint-after-rename@x", "not a whole number"),
+            ("checkpoint-after-rename@-1", "not a whole number"),
+            ("checkpoint-after-rename@1@2", "not a whole number"),
+            ("checkpoint-after-rename@0", "between 1 and"),
+            ("checkpoint-after-rename@1000001", "between 1 and"),
+            (
+                "checkpoint-after-rename@99999999999999999999999",
+                "not a whole number",
+            ),
+            ("checkpoint-@2", "unknown checkpoint failpoint"),
+        ] {
+            let got = Armed::parse(value);
+            assert!(
+                matches!(got, Err(r) if r.contains(reason)),
+                "{value:?}: {got:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_failpoint_hits_only_its_write() {
+        let armed = Armed::parse("checkpoint-after-temp-write@2").unwrap();
+        assert_eq!(Armed::for_write(armed, 1), None);
+        assert_eq!(Armed::for_write(armed, 2), Some(Failpoint::AfterTempWrite));
+        assert_eq!(Armed::for_write(armed, 3), None);
+        assert_eq!(Armed::for_write(None, 1), None);
     }
 }
