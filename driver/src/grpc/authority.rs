@@ -6,23 +6,38 @@
 //! grpc-go clients send the socket path itself (`/var/lib/...`) or its
 //! percent-encoded form (`%2Fvar%2Flib%2F...`), both of which h2 rejects.
 //!
-//! So every accepted connection runs through a small proxy: bytes from the
-//! client are parsed into HTTP/2 frames, each header block is HPACK-decoded,
-//! an invalid `:authority` is replaced by `localhost`, and the block is
-//! re-encoded with literals only (no dynamic table, no Huffman), so the
-//! server's decoder state never depends on what the client's encoder did.
-//! All other frames, and everything the server sends, pass through as they
-//! are. A connection whose frames or header blocks are malformed is closed,
-//! as h2 itself would do.
+//! So every accepted connection is wrapped in [`AuthorityFix`], which the
+//! server reads through (no task, no extra copy of what the server sends):
+//! bytes from the client are parsed into HTTP/2 frames until the first
+//! header block is complete, and that block is HPACK-decoded.
+//! - Its `:authority` is valid (or absent), as with kubelet: the block goes
+//!   to the server as it came and the connection becomes a plain pass-through
+//!   (reads go straight to the socket). A gRPC client sends one authority for
+//!   all calls of a connection; should a later call carry an invalid one
+//!   after all, h2 resets that stream only.
+//! - It is invalid: the block and every later one are decoded with the
+//!   client's table, the `:authority` is replaced by `localhost`, and each is
+//!   re-encoded with literals only (no dynamic table, no Huffman), so the
+//!   server's decoder state never depends on what the client's encoder did.
+//!
+//! All other frames pass through as they are. A connection whose frames or
+//! header blocks are malformed gets a read error, and the server closes it,
+//! as h2 itself would.
+//!
+//! The frame parsing is a byte-in, byte-out filter ([`Inbound`]), so it is
+//! tested without sockets and cannot depend on how reads are split.
 
 use std::borrow::Cow;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::UnixStream;
 
 /// The HTTP/2 client connection preface.
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// Frame types this proxy looks into.
+/// Frame types this filter looks into.
 const HEADERS: u8 = 0x1;
 const CONTINUATION: u8 = 0x9;
 /// Frame flags.
@@ -40,15 +55,12 @@ const MAX_HEADER_LIST: usize = 256 * 1024;
 const MAX_TABLE: usize = 4096;
 /// What replaces an invalid `:authority`.
 const REPLACEMENT: &[u8] = b"localhost";
-/// Buffer between the proxy and the in-process server.
-const PIPE: usize = 64 * 1024;
+/// Bytes read from the socket at a time while frames are still parsed.
+const READ_CHUNK: usize = 8192;
 
-/// Why a client connection was closed by the proxy.
+/// Why a client connection is closed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ProxyError {
-    /// Reading from the client or writing to the server failed.
-    #[error("i/o error: {0}")]
-    Io(#[from] std::io::Error),
     /// The client broke HTTP/2 framing rules.
     #[error("protocol error: {0}")]
     Protocol(&'static str),
@@ -57,102 +69,144 @@ pub(crate) enum ProxyError {
     Compression(loona_hpack::decoder::DecoderError),
 }
 
-/// Starts the proxy for one accepted client connection and returns the
-/// stream the gRPC server should serve instead.
-pub(crate) fn proxy(client: UnixStream) -> DuplexStream {
-    let (server_side, proxy_side) = tokio::io::duplex(PIPE);
-    tokio::spawn(async move {
-        let (client_rd, mut client_wr) = client.into_split();
-        let (proxy_rd, mut proxy_wr) = tokio::io::split(proxy_side);
-        let inbound = async move {
-            let r = pump_inbound(client_rd, &mut proxy_wr).await;
-            // Whatever happened, the server sees the end of the input.
-            let _ = proxy_wr.shutdown().await;
-            r
-        };
-        let outbound = async move {
-            let mut proxy_rd = proxy_rd;
-            let r = tokio::io::copy(&mut proxy_rd, &mut client_wr).await;
-            let _ = client_wr.shutdown().await;
-            r
-        };
-        tokio::pin!(inbound, outbound);
-        tokio::select! {
-            r = &mut inbound => {
-                if let Err(e) = r {
-                    tracing::debug!(error = %e, "closing client connection");
-                    return;
-                }
-                // The client finished sending; let the server finish answering.
-                let _ = outbound.await;
-            }
-            // The server closed the connection: drop the client side too.
-            _ = &mut outbound => {}
-        }
-    });
-    server_side
+/// What the filter does with the client's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Expecting the connection preface.
+    Preface,
+    /// Parsing frames until the first header block is complete.
+    Inspect,
+    /// Rewriting every header block (the first one had a bad authority).
+    Rewrite,
+    /// Passing everything through as it is.
+    Passthrough,
 }
 
-/// Copies the client's byte stream to the server, rewriting header blocks.
-pub(crate) async fn pump_inbound<R, W>(mut rd: R, wr: &mut W) -> Result<(), ProxyError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut preface = [0u8; PREFACE.len()];
-    if !read_exact_or_eof(&mut rd, &mut preface).await? {
-        return Ok(());
-    }
-    wr.write_all(&preface).await?;
-    if &preface != PREFACE {
-        // Not HTTP/2 with prior knowledge: let the server reject it.
-        tokio::io::copy(&mut rd, wr).await?;
-        return Ok(());
-    }
-    let mut rewriter = Rewriter::new();
-    // The header block being collected: stream id, HEADERS flags, priority
-    // bytes, fragments so far.
-    let mut open: Option<OpenBlock> = None;
-    loop {
-        let mut head = [0u8; 9];
-        if !read_exact_or_eof(&mut rd, &mut head).await? {
-            return if open.is_some() {
-                Err(ProxyError::Protocol(
-                    "connection ended inside a header block",
-                ))
-            } else {
-                Ok(())
-            };
+/// The client-to-server byte filter of one connection.
+pub(crate) struct Inbound {
+    mode: Mode,
+    /// Input not yet turned into output (at most a frame or a header block).
+    pending: Vec<u8>,
+    /// Payload bytes of a pass-through frame still to copy.
+    copying: usize,
+    /// The header block being collected, and its frames as they came.
+    open: Option<(OpenBlock, Vec<u8>)>,
+    rewriter: Rewriter,
+}
+
+impl Inbound {
+    pub(crate) fn new() -> Self {
+        Self {
+            mode: Mode::Preface,
+            pending: Vec::new(),
+            copying: 0,
+            open: None,
+            rewriter: Rewriter::new(),
         }
+    }
+
+    /// Whether everything from now on passes through unread.
+    pub(crate) fn is_passthrough(&self) -> bool {
+        self.mode == Mode::Passthrough && self.pending.is_empty()
+    }
+
+    /// Takes the next bytes from the client and appends what the server
+    /// should see to `out`.
+    pub(crate) fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<(), ProxyError> {
+        self.pending.extend_from_slice(input);
+        loop {
+            if self.mode == Mode::Passthrough {
+                out.append(&mut self.pending);
+                return Ok(());
+            }
+            if self.copying > 0 {
+                let n = self.copying.min(self.pending.len());
+                out.extend(self.pending.drain(..n));
+                self.copying -= n;
+                if self.copying > 0 {
+                    return Ok(());
+                }
+                continue;
+            }
+            if self.mode == Mode::Preface {
+                let n = self.pending.len().min(PREFACE.len());
+                if self.pending[..n] != PREFACE[..n] {
+                    // Not HTTP/2 with prior knowledge: let the server reject it.
+                    self.mode = Mode::Passthrough;
+                    continue;
+                }
+                if n < PREFACE.len() {
+                    return Ok(());
+                }
+                out.extend(self.pending.drain(..PREFACE.len()));
+                self.mode = Mode::Inspect;
+                continue;
+            }
+            if !self.next_frame(out)? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The client closed its side: fails when it stopped inside a frame.
+    pub(crate) fn end(&mut self, out: &mut Vec<u8>) -> Result<(), ProxyError> {
+        match self.mode {
+            // A partial preface is handed on: the server rejects it.
+            Mode::Passthrough | Mode::Preface => {
+                out.append(&mut self.pending);
+                Ok(())
+            }
+            Mode::Inspect | Mode::Rewrite if self.open.is_some() => Err(ProxyError::Protocol(
+                "connection ended inside a header block",
+            )),
+            Mode::Inspect | Mode::Rewrite if self.copying > 0 || !self.pending.is_empty() => {
+                Err(ProxyError::Protocol("connection ended inside a frame"))
+            }
+            Mode::Inspect | Mode::Rewrite => Ok(()),
+        }
+    }
+
+    /// Handles the frame at the start of `pending`; `false` when it is not
+    /// complete yet (only HEADERS and CONTINUATION wait for their payload).
+    fn next_frame(&mut self, out: &mut Vec<u8>) -> Result<bool, ProxyError> {
+        let Some(head) = self.pending.get(..9) else {
+            return Ok(false);
+        };
         let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
-        let kind = head[3];
-        let flags = head[4];
+        let (kind, flags) = (head[3], head[4]);
         let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-        match (kind, open.as_mut()) {
+        match (kind, self.open.as_mut()) {
             (HEADERS, None) => {
                 if len > MAX_BLOCK {
                     return Err(ProxyError::Protocol("header block too large"));
                 }
-                let payload = read_payload(&mut rd, len).await?;
-                let block = OpenBlock::from_headers(stream, flags, &payload)?;
+                if self.pending.len() < 9 + len {
+                    return Ok(false);
+                }
+                let frame: Vec<u8> = self.pending.drain(..9 + len).collect();
+                let block = OpenBlock::from_headers(stream, flags, &frame[9..])?;
                 if flags & END_HEADERS == 0 {
-                    open = Some(block);
+                    self.open = Some((block, frame));
                 } else {
-                    wr.write_all(&rewriter.finish(block)?).await?;
+                    self.finish(block, &frame, out)?;
                 }
             }
-            (CONTINUATION, Some(block)) => {
+            (CONTINUATION, Some((block, _))) => {
                 if stream != block.stream {
                     return Err(ProxyError::Protocol("CONTINUATION on another stream"));
                 }
                 if block.fragment.len() + len > MAX_BLOCK {
                     return Err(ProxyError::Protocol("header block too large"));
                 }
-                let payload = read_payload(&mut rd, len).await?;
-                block.fragment.extend_from_slice(&payload);
+                if self.pending.len() < 9 + len {
+                    return Ok(false);
+                }
+                let (block, raw) = self.open.as_mut().expect("matched Some above");
+                block.fragment.extend_from_slice(&self.pending[9..9 + len]);
+                raw.extend(self.pending.drain(..9 + len));
                 if flags & END_HEADERS != 0 {
-                    let done = open.take().expect("matched Some above");
-                    wr.write_all(&rewriter.finish(done)?).await?;
+                    let (block, raw) = self.open.take().expect("matched Some above");
+                    self.finish(block, &raw, out)?;
                 }
             }
             (_, Some(_)) => {
@@ -164,43 +218,138 @@ where
                 return Err(ProxyError::Protocol("CONTINUATION without HEADERS"));
             }
             (_, None) => {
-                wr.write_all(&head).await?;
-                let copied = tokio::io::copy(&mut (&mut rd).take(len as u64), wr).await?;
-                if copied != len as u64 {
-                    return Err(ProxyError::Protocol("connection ended inside a frame"));
+                out.extend(self.pending.drain(..9));
+                self.copying = len;
+            }
+        }
+        Ok(true)
+    }
+
+    /// A complete header block: `raw` is its frames as the client sent them.
+    fn finish(
+        &mut self,
+        block: OpenBlock,
+        raw: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), ProxyError> {
+        let (encoded, replaced) = self.rewriter.rewrite_block(&block.fragment)?;
+        if self.mode == Mode::Inspect && !replaced {
+            out.extend_from_slice(raw);
+            self.mode = Mode::Passthrough;
+        } else {
+            out.extend(frame_block(&block, &encoded));
+            self.mode = Mode::Rewrite;
+        }
+        Ok(())
+    }
+}
+
+/// A client connection as the gRPC server reads it: see the module docs.
+pub(crate) struct AuthorityFix<S> {
+    inner: S,
+    filter: Inbound,
+    /// Filtered bytes not yet handed to the server, from `out_pos`.
+    out: Vec<u8>,
+    out_pos: usize,
+    eof: bool,
+}
+
+impl<S> AuthorityFix<S> {
+    pub(crate) fn new(inner: S) -> Self {
+        Self {
+            inner,
+            filter: Inbound::new(),
+            out: Vec::new(),
+            out_pos: 0,
+            eof: false,
+        }
+    }
+}
+
+fn closing(e: &ProxyError) -> io::Error {
+    tracing::debug!(error = %e, "closing client connection");
+    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if this.out_pos < this.out.len() {
+                let n = buf.remaining().min(this.out.len() - this.out_pos);
+                buf.put_slice(&this.out[this.out_pos..this.out_pos + n]);
+                this.out_pos += n;
+                if this.out_pos == this.out.len() {
+                    this.out.clear();
+                    this.out_pos = 0;
                 }
+                return Poll::Ready(Ok(()));
+            }
+            if this.eof {
+                return Poll::Ready(Ok(()));
+            }
+            if this.filter.is_passthrough() {
+                return Pin::new(&mut this.inner).poll_read(cx, buf);
+            }
+            let mut chunk = [0u8; READ_CHUNK];
+            let mut read = ReadBuf::new(&mut chunk);
+            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read))?;
+            let result = if read.filled().is_empty() {
+                this.eof = true;
+                this.filter.end(&mut this.out)
+            } else {
+                this.filter.feed(read.filled(), &mut this.out)
+            };
+            if let Err(e) = result {
+                this.eof = true;
+                this.out.clear();
+                this.out_pos = 0;
+                return Poll::Ready(Err(closing(&e)));
             }
         }
     }
 }
 
-/// Reads exactly `buf.len()` bytes; `false` on a clean end of stream before
-/// the first byte.
-async fn read_exact_or_eof<R: AsyncRead + Unpin>(
-    rd: &mut R,
-    buf: &mut [u8],
-) -> Result<bool, ProxyError> {
-    let mut got = 0;
-    while got < buf.len() {
-        let n = rd.read(&mut buf[got..]).await?;
-        if n == 0 {
-            return if got == 0 {
-                Ok(false)
-            } else {
-                Err(ProxyError::Protocol("connection ended inside a frame"))
-            };
-        }
-        got += n;
+impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
     }
-    Ok(true)
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
 }
 
-async fn read_payload<R: AsyncRead + Unpin>(rd: &mut R, len: usize) -> Result<Vec<u8>, ProxyError> {
-    let mut payload = vec![0u8; len];
-    if len > 0 && !read_exact_or_eof(rd, &mut payload).await? {
-        return Err(ProxyError::Protocol("connection ended inside a frame"));
+impl tonic::transport::server::Connected for AuthorityFix<UnixStream> {
+    type ConnectInfo = <UnixStream as tonic::transport::server::Connected>::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
     }
-    Ok(payload)
 }
 
 /// A header block being collected from HEADERS + CONTINUATION frames.
@@ -262,19 +411,13 @@ impl Rewriter {
         Self { decoder }
     }
 
-    /// Decodes a complete block, fixes `:authority`, and returns the
-    /// HEADERS (+ CONTINUATION) frames to send to the server.
-    pub(crate) fn finish(&mut self, block: OpenBlock) -> Result<Vec<u8>, ProxyError> {
-        let encoded = self.rewrite_block(&block.fragment)?;
-        Ok(frame_block(&block, &encoded))
-    }
-
     /// Decodes one header block and re-encodes it with literals only,
-    /// replacing an invalid `:authority`.
-    pub(crate) fn rewrite_block(&mut self, fragment: &[u8]) -> Result<Vec<u8>, ProxyError> {
+    /// replacing an invalid `:authority`; `true` when it replaced one.
+    pub(crate) fn rewrite_block(&mut self, fragment: &[u8]) -> Result<(Vec<u8>, bool), ProxyError> {
         let mut out = Vec::with_capacity(fragment.len() * 2);
         let mut size = 0usize;
         let mut too_large = false;
+        let mut replaced = false;
         self.decoder
             .decode_with_cb(fragment, |name: Cow<[u8]>, value: Cow<[u8]>| {
                 // RFC 7541 §4.1 entry size; stops collecting (not decoding,
@@ -287,6 +430,7 @@ impl Rewriter {
                     return;
                 }
                 let value: &[u8] = if name.as_ref() == b":authority" && !valid_authority(&value) {
+                    replaced = true;
                     tracing::debug!(
                         authority = %String::from_utf8_lossy(&value),
                         "replacing an :authority the HTTP/2 server would reject"
@@ -301,7 +445,7 @@ impl Rewriter {
         if too_large {
             return Err(ProxyError::Protocol("header list too large"));
         }
-        Ok(out)
+        Ok((out, replaced))
     }
 }
 

@@ -211,15 +211,15 @@ impl Server {
     }
 }
 
-/// Accepted connections, each behind the `:authority` proxy.
+/// Accepted connections, each behind the `:authority` fix.
 fn incoming(
     listener: UnixListener,
-) -> impl Stream<Item = Result<tokio::io::DuplexStream, std::io::Error>> {
+) -> impl Stream<Item = Result<authority::AuthorityFix<tokio::net::UnixStream>, std::io::Error>> {
     futures::stream::unfold(listener, |listener| async move {
         let conn = listener
             .accept()
             .await
-            .map(|(stream, _)| authority::proxy(stream));
+            .map(|(stream, _)| authority::AuthorityFix::new(stream));
         Some((conn, listener))
     })
 }

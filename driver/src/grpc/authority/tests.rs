@@ -49,7 +49,8 @@ fn invalid_authorities_are_replaced_and_valid_ones_kept() {
         ("example:80", "example:80"),
     ] {
         let block = encode(&mut client, &request(sent, "/a.B/C"));
-        let out = rw.rewrite_block(&block).unwrap();
+        let (out, replaced) = rw.rewrite_block(&block).unwrap();
+        assert_eq!(replaced, sent != seen, "sent {sent}");
         let decoded = server.decode(&out).unwrap();
         assert_eq!(authority_of(&decoded), seen, "sent {sent}");
         // Everything else is untouched, in order.
@@ -148,10 +149,33 @@ fn large_blocks_are_split_into_continuation_frames() {
     );
 }
 
-async fn pump(input: Vec<u8>) -> (Result<(), ProxyError>, Vec<u8>) {
+/// Runs `input` through a fresh filter in chunks of `chunk` bytes.
+fn filter_in_chunks(input: &[u8], chunk: usize) -> (Result<(), ProxyError>, Vec<u8>) {
+    let mut f = Inbound::new();
     let mut out = Vec::new();
-    let r = pump_inbound(&input[..], &mut out).await;
+    for piece in input.chunks(chunk.max(1)) {
+        if let Err(e) = f.feed(piece, &mut out) {
+            return (Err(e), out);
+        }
+    }
+    let r = f.end(&mut out);
     (r, out)
+}
+
+/// Runs `input` through a fresh filter, at once and byte by byte; both
+/// must give the same.
+fn filter(input: &[u8]) -> (Result<(), ProxyError>, Vec<u8>) {
+    let whole = filter_in_chunks(input, input.len());
+    let bytewise = filter_in_chunks(input, 1);
+    assert_eq!(
+        format!("{:?}", whole.0),
+        format!("{:?}", bytewise.0),
+        "outcome depends on read sizes"
+    );
+    if whole.0.is_ok() {
+        assert_eq!(whole.1, bytewise.1, "output depends on read sizes");
+    }
+    whole
 }
 
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
@@ -161,37 +185,103 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     v
 }
 
-#[tokio::test]
-async fn pump_rewrites_headers_split_over_continuations_and_passes_other_frames() {
+const SETTINGS: u8 = 0x4;
+const DATA: u8 = 0x0;
+
+#[test]
+fn a_bad_first_authority_rewrites_every_block_split_or_not() {
     let mut client = loona_hpack::Encoder::new();
-    let block = encode(&mut client, &request("%2Fx.sock", "/p"));
-    let (a, b) = block.split_at(5);
+    let first = encode(&mut client, &request("%2Fx.sock", "/p"));
+    // The second block leans on the client's dynamic table.
+    let second = encode(&mut client, &request("%2Fx.sock", "/q"));
+    let (a, b) = first.split_at(5);
     let mut input = PREFACE.to_vec();
-    input.extend(frame(0x4, 0, 0, &[])); // SETTINGS
+    input.extend(frame(SETTINGS, 0, 0, &[]));
     input.extend(frame(HEADERS, 0, 1, a));
     input.extend(frame(CONTINUATION, END_HEADERS, 1, b));
-    input.extend(frame(0x0, 0x1, 1, &[0, 0, 0, 0, 2, 8, 1])); // DATA, END_STREAM
-    let (r, out) = pump(input).await;
+    input.extend(frame(DATA, 0x1, 1, &[0, 0, 0, 0, 2, 8, 1]));
+    input.extend(frame(HEADERS, END_HEADERS, 3, &second));
+    let (r, out) = filter(&input);
     r.unwrap();
     assert_eq!(&out[..24], PREFACE);
-    assert_eq!(out[24..33], frame(0x4, 0, 0, &[])[..]);
+    assert_eq!(out[24..33], frame(SETTINGS, 0, 0, &[])[..]);
     // HEADERS comes out as one frame with END_HEADERS.
+    let mut server = loona_hpack::Decoder::new();
     let h = &out[33..];
     let len = (usize::from(h[1]) << 8) | usize::from(h[2]);
     assert_eq!((h[3], h[4]), (HEADERS, END_HEADERS));
-    let decoded = loona_hpack::Decoder::new().decode(&h[9..9 + len]).unwrap();
-    assert_eq!(authority_of(&decoded), "localhost");
-    assert_eq!(h[9 + len..], frame(0x0, 0x1, 1, &[0, 0, 0, 0, 2, 8, 1])[..]);
+    let decoded = server.decode(&h[9..9 + len]).unwrap();
+    assert_eq!(decoded, request("localhost", "/p"));
+    let rest = &h[9 + len..];
+    let data = frame(DATA, 0x1, 1, &[0, 0, 0, 0, 2, 8, 1]);
+    assert_eq!(rest[..data.len()], data[..]);
+    let h = &rest[data.len()..];
+    let len = (usize::from(h[1]) << 8) | usize::from(h[2]);
+    assert_eq!((h[3], h[4], h[8]), (HEADERS, END_HEADERS, 3));
+    assert_eq!(
+        server.decode(&h[9..9 + len]).unwrap(),
+        request("localhost", "/q")
+    );
+    assert_eq!(h.len(), 9 + len);
 }
 
-#[tokio::test]
-async fn pump_rejects_framing_violations() {
+#[test]
+fn a_good_first_authority_passes_the_connection_through_untouched() {
+    let mut client = loona_hpack::Encoder::new();
+    let first = encode(&mut client, &request("localhost", "/p"));
+    let second = encode(&mut client, &request("localhost", "/q"));
+    let (a, b) = first.split_at(3);
+    let mut input = PREFACE.to_vec();
+    input.extend(frame(SETTINGS, 0, 0, &[]));
+    // Padding and priority are kept as sent.
+    let mut padded = vec![2u8];
+    padded.extend_from_slice(a);
+    padded.extend_from_slice(&[0, 0]);
+    input.extend(frame(HEADERS, PADDED, 1, &padded));
+    input.extend(frame(CONTINUATION, END_HEADERS, 1, b));
+    input.extend(frame(DATA, 0x1, 1, &[0, 0, 0, 0, 0]));
+    input.extend(frame(HEADERS, END_HEADERS, 3, &second));
+    // After the first block nothing is parsed: not even garbage.
+    input.extend_from_slice(b"\xff\xff\xff not a frame");
+    let (r, out) = filter(&input);
+    r.unwrap();
+    assert_eq!(out, input);
+    // No :authority at all is fine too.
+    let mut headers = request("x", "/p");
+    headers.retain(|(n, _)| n != b":authority");
+    let block = encode(&mut loona_hpack::Encoder::new(), &headers);
+    let input = [PREFACE.to_vec(), frame(HEADERS, END_HEADERS, 1, &block)].concat();
+    let (r, out) = filter(&input);
+    r.unwrap();
+    assert_eq!(out, input);
+}
+
+#[test]
+fn the_filter_is_a_passthrough_once_decided() {
+    let block = encode(
+        &mut loona_hpack::Encoder::new(),
+        &request("localhost", "/p"),
+    );
+    let mut f = Inbound::new();
+    let mut out = Vec::new();
+    f.feed(PREFACE, &mut out).unwrap();
+    assert!(!f.is_passthrough());
+    f.feed(&frame(HEADERS, END_HEADERS, 1, &block), &mut out)
+        .unwrap();
+    assert!(f.is_passthrough());
+    let mut f = Inbound::new();
+    f.feed(b"GET / HTTP/1.1\r\n", &mut out).unwrap();
+    assert!(f.is_passthrough());
+}
+
+#[test]
+fn framing_violations_are_refused() {
     let block = [0x82u8];
     let cases: Vec<Vec<u8>> = vec![
         // CONTINUATION without HEADERS.
         frame(CONTINUATION, END_HEADERS, 1, &block),
         // DATA in the middle of a header block.
-        [frame(HEADERS, 0, 1, &block), frame(0x0, 0, 1, &[])].concat(),
+        [frame(HEADERS, 0, 1, &block), frame(DATA, 0, 1, &[])].concat(),
         // CONTINUATION for another stream.
         [
             frame(HEADERS, 0, 1, &block),
@@ -200,23 +290,103 @@ async fn pump_rejects_framing_violations() {
         .concat(),
         // Connection ends inside a header block.
         frame(HEADERS, 0, 1, &block),
-        // Truncated frame.
-        frame(0x0, 0, 1, &[1, 2, 3])[..10].to_vec(),
-        // Header block over the limit.
+        // Truncated frame, truncated frame head.
+        frame(DATA, 0, 1, &[1, 2, 3])[..10].to_vec(),
+        frame(DATA, 0, 1, &[1, 2, 3])[..5].to_vec(),
+        // Header block over the limit, at once or over CONTINUATIONs.
         frame(HEADERS, 0, 1, &vec![0u8; MAX_BLOCK + 1]),
+        [
+            frame(HEADERS, 0, 1, &vec![0u8; MAX_BLOCK - 1]),
+            frame(CONTINUATION, END_HEADERS, 1, &[0, 0]),
+        ]
+        .concat(),
+        // Padding longer than the payload; priority too short.
+        frame(HEADERS, END_HEADERS | PADDED, 1, &[9, 0x82]),
+        frame(HEADERS, END_HEADERS | PRIORITY, 1, &[0, 0]),
+        // Not HPACK.
+        frame(
+            HEADERS,
+            END_HEADERS,
+            1,
+            &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+        ),
     ];
     for (i, c) in cases.into_iter().enumerate() {
-        let (r, _) = pump([PREFACE.to_vec(), c].concat()).await;
-        assert!(matches!(r, Err(ProxyError::Protocol(_))), "case {i}: {r:?}");
+        let (r, _) = filter(&[PREFACE.to_vec(), c].concat());
+        assert!(
+            matches!(r, Err(ProxyError::Protocol(_) | ProxyError::Compression(_))),
+            "case {i}: {r:?}"
+        );
     }
+    // A frame head claiming 16 MiB of DATA is not buffered: its bytes pass
+    // as they come, and the server rejects the frame size.
+    let mut f = Inbound::new();
+    let mut out = Vec::new();
+    f.feed(PREFACE, &mut out).unwrap();
+    let mut head = Vec::new();
+    push_frame_head(&mut head, 0xff_ffff, DATA, 0, 1);
+    f.feed(&head, &mut out).unwrap();
+    f.feed(&[7u8; 100], &mut out).unwrap();
+    assert_eq!(out.len(), 24 + 9 + 100);
+    assert!(f.pending.is_empty());
 }
 
-#[tokio::test]
-async fn pump_passes_non_http2_input_through() {
-    let (r, out) = pump(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nand more".to_vec()).await;
+#[test]
+fn non_http2_input_passes_through() {
+    let (r, out) = filter(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nand more");
     r.unwrap();
     assert_eq!(out, b"GET / HTTP/1.1\r\nHost: x\r\n\r\nand more");
-    let (r, out) = pump(Vec::new()).await;
+    let (r, out) = filter(&[]);
     r.unwrap();
     assert!(out.is_empty());
+    // A preface cut short is handed on for the server to reject.
+    let (r, out) = filter(&PREFACE[..10]);
+    r.unwrap();
+    assert_eq!(out, &PREFACE[..10]);
+}
+
+/// Through the stream wrapper, with small reads from the client side.
+#[tokio::test]
+async fn the_wrapper_reads_filtered_bytes_and_writes_straight_through() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut client_enc = loona_hpack::Encoder::new();
+    let block = encode(&mut client_enc, &request("%2Fx.sock", "/p"));
+    let input = [PREFACE.to_vec(), frame(HEADERS, END_HEADERS, 1, &block)].concat();
+    let (mut client, server) = tokio::io::duplex(7);
+    let mut wrapped = AuthorityFix::new(server);
+    let writer = tokio::spawn(async move {
+        client.write_all(&input).await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        client.read_to_end(&mut back).await.unwrap();
+        back
+    });
+    let mut seen = Vec::new();
+    wrapped.read_to_end(&mut seen).await.unwrap();
+    assert_eq!(&seen[..24], PREFACE);
+    let decoded = loona_hpack::Decoder::new().decode(&seen[33..]).unwrap();
+    assert_eq!(authority_of(&decoded), "localhost");
+    wrapped.write_all(b"answer").await.unwrap();
+    wrapped.shutdown().await.unwrap();
+    drop(wrapped);
+    assert_eq!(writer.await.unwrap(), b"answer");
+}
+
+/// A malformed connection is a read error for the server.
+#[tokio::test]
+async fn the_wrapper_turns_violations_into_read_errors() {
+    use tokio::io::AsyncReadExt;
+    let input = [
+        PREFACE.to_vec(),
+        frame(CONTINUATION, END_HEADERS, 1, &[0x82]),
+    ]
+    .concat();
+    let mut wrapped = AuthorityFix::new(&input[..]);
+    let mut seen = Vec::new();
+    let err = wrapped.read_to_end(&mut seen).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    assert!(
+        err.to_string().contains("CONTINUATION without HEADERS"),
+        "{err}"
+    );
 }
