@@ -143,6 +143,71 @@ pub fn sync_gpu(roots: &CapRoots, gpu: &Gpu) -> Result<(), Error> {
 }
 
 /// The number in a directory entry named `<prefix><number>`.
+/// Brings the files of a GPU from `before` to `after` by their difference
+/// alone: what a change of a few instances costs a few file operations, not
+/// a listing and rewrite of the GPU's whole tree (the fake answers every MIG
+/// create and destroy with this, and a benchmark of the driver should not
+/// measure the fake). The files must match `before`, as [`sync_gpu`] leaves
+/// them; the result is the same as `sync_gpu(after)`.
+pub fn sync_change(roots: &CapRoots, before: &Gpu, after: &Gpu) -> Result<(), Error> {
+    if roots.is_empty() {
+        return Ok(());
+    }
+    let caps = |gpu: &Gpu| {
+        wanted(gpu).map_err(|message| Error::Caps {
+            gpu: gpu.uuid.clone(),
+            message,
+        })
+    };
+    let old: BTreeSet<Cap> = caps(before)?.into_iter().collect();
+    let new: BTreeSet<Cap> = caps(after)?.into_iter().collect();
+    let mig_dir = roots.mig_dir(after.minor);
+    let nodes_dir = roots.nodes_dir();
+    for cap in old.difference(&new) {
+        if let Some(dir) = &mig_dir {
+            remove_dir(&cap_dir(dir, cap))?;
+        }
+        if let Some(dir) = &nodes_dir {
+            let path = dir.join(format!("nvidia-cap{}", cap.minor));
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io("remove", &path, e)),
+            }
+        }
+    }
+    for cap in new.difference(&old) {
+        if let Some(dir) = &mig_dir {
+            write_access(&cap_dir(dir, cap), cap.minor)?;
+        }
+        if let Some(dir) = &nodes_dir {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+            let path = dir.join(format!("nvidia-cap{}", cap.minor));
+            std::fs::write(&path, b"").map_err(|e| Error::io("create", &path, e))?;
+            set_mode(&path)?;
+        }
+    }
+    if new.is_empty()
+        && let Some(dir) = &mig_dir
+    {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty) => {}
+            Err(e) => return Err(Error::io("remove", dir, e)),
+        }
+    }
+    Ok(())
+}
+
+/// The directory of a capability under the GPU's `mig` directory.
+fn cap_dir(mig_dir: &Path, cap: &Cap) -> PathBuf {
+    let gi = mig_dir.join(format!("gi{}", cap.gi));
+    match cap.ci {
+        None => gi,
+        Some(ci) => gi.join(format!("ci{ci}")),
+    }
+}
+
 fn numbered(name: &std::ffi::OsStr, prefix: &str) -> Option<u32> {
     let digits = name.to_str()?.strip_prefix(prefix)?;
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -303,6 +368,50 @@ mod tests {
         }
         out.sort();
         out
+    }
+
+    /// Every step of a create/destroy sequence: the changed files equal a
+    /// full sync of the new state, in a tree that started the same.
+    #[test]
+    fn sync_change_leaves_what_a_full_sync_leaves() {
+        let changed = tempfile::tempdir().unwrap();
+        let full = tempfile::tempdir().unwrap();
+        let roots_of = |d: &Path| CapRoots {
+            proc_root: Some(d.join("proc")),
+            dev_root: Some(d.join("root")),
+        };
+        let (rc, rf) = (roots_of(changed.path()), roots_of(full.path()));
+        let profile = a100();
+        let mut gpu = profile.gpus[0].clone();
+        sync_gpu(&rc, &gpu).unwrap();
+        sync_gpu(&rf, &gpu).unwrap();
+        let steps: [fn(&mut Gpu); 4] = [
+            |g| g.mig.destroy_compute_instance(2, 0).unwrap(),
+            |g| g.mig.destroy_gpu_instance(2).unwrap(),
+            |g| g.mig.destroy_compute_instance(1, 0).unwrap(),
+            |g| g.mig.destroy_gpu_instance(1).unwrap(),
+        ];
+        for (i, step) in steps.iter().enumerate() {
+            let before = gpu.clone();
+            step(&mut gpu);
+            sync_change(&rc, &before, &gpu).unwrap();
+            sync_gpu(&rf, &gpu).unwrap();
+            assert_eq!(files(changed.path()), files(full.path()), "step {i}");
+        }
+        // And back: instances made again from nothing.
+        let empty = gpu.clone();
+        let original = profile.gpus[0].clone();
+        sync_change(&rc, &empty, &original).unwrap();
+        sync_gpu(&rf, &original).unwrap();
+        assert_eq!(files(changed.path()), files(full.path()));
+        assert!(!files(changed.path()).is_empty());
+        let text = std::fs::read_to_string(
+            changed
+                .path()
+                .join("proc/driver/nvidia/capabilities/gpu0/mig/gi2/ci0/access"),
+        )
+        .unwrap();
+        assert_eq!(text, access_text(ci_minor(0, 2, 0).unwrap()));
     }
 
     #[test]

@@ -315,10 +315,13 @@ impl Machine {
     ) -> Result<R, Code> {
         let mut copy = self.gpus[gpu].clone();
         let result = change(&mut copy)?;
-        let saved = caps::sync_gpu(&self.caps, &copy).and_then(|()| match &self.state_path {
-            Some(path) => self.state_file_with(gpu, &copy).write(path),
-            None => Ok(()),
-        });
+        let saved =
+            caps::sync_change(&self.caps, &self.gpus[gpu], &copy).and_then(|()| {
+                match &self.state_path {
+                    Some(path) => self.state_file_with(gpu, &copy).write(path),
+                    None => Ok(()),
+                }
+            });
         if let Err(e) = saved {
             eprintln!("mock-nvml: {e}");
             if let Err(e) = caps::sync_gpu(&self.caps, &self.gpus[gpu]) {
