@@ -60,7 +60,7 @@ const READ_CHUNK: usize = 8192;
 
 /// Why a client connection is closed.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ProxyError {
+pub(crate) enum ConnectionError {
     /// The client broke HTTP/2 framing rules.
     #[error("protocol error: {0}")]
     Protocol(&'static str),
@@ -112,7 +112,7 @@ impl Inbound {
 
     /// Takes the next bytes from the client and appends what the server
     /// should see to `out`.
-    pub(crate) fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<(), ProxyError> {
+    pub(crate) fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<(), ConnectionError> {
         self.pending.extend_from_slice(input);
         loop {
             if self.mode == Mode::Passthrough {
@@ -149,18 +149,18 @@ impl Inbound {
     }
 
     /// The client closed its side: fails when it stopped inside a frame.
-    pub(crate) fn end(&mut self, out: &mut Vec<u8>) -> Result<(), ProxyError> {
+    pub(crate) fn end(&mut self, out: &mut Vec<u8>) -> Result<(), ConnectionError> {
         match self.mode {
             // A partial preface is handed on: the server rejects it.
             Mode::Passthrough | Mode::Preface => {
                 out.append(&mut self.pending);
                 Ok(())
             }
-            Mode::Inspect | Mode::Rewrite if self.open.is_some() => Err(ProxyError::Protocol(
+            Mode::Inspect | Mode::Rewrite if self.open.is_some() => Err(ConnectionError::Protocol(
                 "connection ended inside a header block",
             )),
             Mode::Inspect | Mode::Rewrite if self.copying > 0 || !self.pending.is_empty() => {
-                Err(ProxyError::Protocol("connection ended inside a frame"))
+                Err(ConnectionError::Protocol("connection ended inside a frame"))
             }
             Mode::Inspect | Mode::Rewrite => Ok(()),
         }
@@ -168,7 +168,7 @@ impl Inbound {
 
     /// Handles the frame at the start of `pending`; `false` when it is not
     /// complete yet (only HEADERS and CONTINUATION wait for their payload).
-    fn next_frame(&mut self, out: &mut Vec<u8>) -> Result<bool, ProxyError> {
+    fn next_frame(&mut self, out: &mut Vec<u8>) -> Result<bool, ConnectionError> {
         let Some(head) = self.pending.get(..9) else {
             return Ok(false);
         };
@@ -178,7 +178,7 @@ impl Inbound {
         match (kind, self.open.as_mut()) {
             (HEADERS, None) => {
                 if len > MAX_BLOCK {
-                    return Err(ProxyError::Protocol("header block too large"));
+                    return Err(ConnectionError::Protocol("header block too large"));
                 }
                 if self.pending.len() < 9 + len {
                     return Ok(false);
@@ -193,10 +193,10 @@ impl Inbound {
             }
             (CONTINUATION, Some((block, _))) => {
                 if stream != block.stream {
-                    return Err(ProxyError::Protocol("CONTINUATION on another stream"));
+                    return Err(ConnectionError::Protocol("CONTINUATION on another stream"));
                 }
                 if block.fragment.len() + len > MAX_BLOCK {
-                    return Err(ProxyError::Protocol("header block too large"));
+                    return Err(ConnectionError::Protocol("header block too large"));
                 }
                 if self.pending.len() < 9 + len {
                     return Ok(false);
@@ -210,12 +210,12 @@ impl Inbound {
                 }
             }
             (_, Some(_)) => {
-                return Err(ProxyError::Protocol(
+                return Err(ConnectionError::Protocol(
                     "frame interleaved with a header block",
                 ));
             }
             (CONTINUATION, None) => {
-                return Err(ProxyError::Protocol("CONTINUATION without HEADERS"));
+                return Err(ConnectionError::Protocol("CONTINUATION without HEADERS"));
             }
             (_, None) => {
                 out.extend(self.pending.drain(..9));
@@ -231,7 +231,7 @@ impl Inbound {
         block: OpenBlock,
         raw: &[u8],
         out: &mut Vec<u8>,
-    ) -> Result<(), ProxyError> {
+    ) -> Result<(), ConnectionError> {
         let (encoded, replaced) = self.rewriter.rewrite_block(&block.fragment)?;
         if self.mode == Mode::Inspect && !replaced {
             out.extend_from_slice(raw);
@@ -266,7 +266,7 @@ impl<S> AuthorityFix<S> {
     }
 }
 
-fn closing(e: &ProxyError) -> io::Error {
+fn closing(e: &ConnectionError) -> io::Error {
     tracing::debug!(error = %e, "closing client connection");
     io::Error::new(io::ErrorKind::InvalidData, e.to_string())
 }
@@ -364,20 +364,24 @@ pub(crate) struct OpenBlock {
 
 impl OpenBlock {
     /// Parses a HEADERS payload: padding and priority are split off.
-    pub(crate) fn from_headers(stream: u32, flags: u8, payload: &[u8]) -> Result<Self, ProxyError> {
+    pub(crate) fn from_headers(
+        stream: u32,
+        flags: u8,
+        payload: &[u8],
+    ) -> Result<Self, ConnectionError> {
         let mut rest = payload;
         let mut pad = 0usize;
         if flags & PADDED != 0 {
-            let (&p, tail) = rest
-                .split_first()
-                .ok_or(ProxyError::Protocol("PADDED HEADERS without pad length"))?;
+            let (&p, tail) = rest.split_first().ok_or(ConnectionError::Protocol(
+                "PADDED HEADERS without pad length",
+            ))?;
             pad = usize::from(p);
             rest = tail;
         }
         let mut priority = None;
         if flags & PRIORITY != 0 {
             if rest.len() < 5 {
-                return Err(ProxyError::Protocol("PRIORITY HEADERS too short"));
+                return Err(ConnectionError::Protocol("PRIORITY HEADERS too short"));
             }
             let mut p = [0u8; 5];
             p.copy_from_slice(&rest[..5]);
@@ -385,7 +389,7 @@ impl OpenBlock {
             rest = &rest[5..];
         }
         if pad > rest.len() {
-            return Err(ProxyError::Protocol(
+            return Err(ConnectionError::Protocol(
                 "padding longer than the HEADERS payload",
             ));
         }
@@ -413,7 +417,10 @@ impl Rewriter {
 
     /// Decodes one header block and re-encodes it with literals only,
     /// replacing an invalid `:authority`; `true` when it replaced one.
-    pub(crate) fn rewrite_block(&mut self, fragment: &[u8]) -> Result<(Vec<u8>, bool), ProxyError> {
+    pub(crate) fn rewrite_block(
+        &mut self,
+        fragment: &[u8],
+    ) -> Result<(Vec<u8>, bool), ConnectionError> {
         let mut out = Vec::with_capacity(fragment.len() * 2);
         let mut size = 0usize;
         let mut too_large = false;
@@ -441,9 +448,9 @@ impl Rewriter {
                 };
                 encode_literal(&mut out, &name, value);
             })
-            .map_err(ProxyError::Compression)?;
+            .map_err(ConnectionError::Compression)?;
         if too_large {
-            return Err(ProxyError::Protocol("header list too large"));
+            return Err(ConnectionError::Protocol("header list too large"));
         }
         Ok((out, replaced))
     }

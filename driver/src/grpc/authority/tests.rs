@@ -80,7 +80,7 @@ fn oversized_table_updates_are_refused() {
     block.push(0x82);
     assert!(matches!(
         rw.rewrite_block(&block),
-        Err(ProxyError::Compression(_))
+        Err(ConnectionError::Compression(_))
     ));
 }
 
@@ -96,7 +96,7 @@ fn header_blocks_that_expand_too_much_are_refused() {
     let block = vec![0xbe; 100]; // indexed field 62: the newest dynamic entry
     assert!(matches!(
         rw.rewrite_block(&block),
-        Err(ProxyError::Protocol(_))
+        Err(ConnectionError::Protocol(_))
     ));
 }
 
@@ -150,7 +150,7 @@ fn large_blocks_are_split_into_continuation_frames() {
 }
 
 /// Runs `input` through a fresh filter in chunks of `chunk` bytes.
-fn filter_in_chunks(input: &[u8], chunk: usize) -> (Result<(), ProxyError>, Vec<u8>) {
+fn filter_in_chunks(input: &[u8], chunk: usize) -> (Result<(), ConnectionError>, Vec<u8>) {
     let mut f = Inbound::new();
     let mut out = Vec::new();
     for piece in input.chunks(chunk.max(1)) {
@@ -164,7 +164,7 @@ fn filter_in_chunks(input: &[u8], chunk: usize) -> (Result<(), ProxyError>, Vec<
 
 /// Runs `input` through a fresh filter, at once and byte by byte; both
 /// must give the same.
-fn filter(input: &[u8]) -> (Result<(), ProxyError>, Vec<u8>) {
+fn filter(input: &[u8]) -> (Result<(), ConnectionError>, Vec<u8>) {
     let whole = filter_in_chunks(input, input.len());
     let bytewise = filter_in_chunks(input, 1);
     assert_eq!(
@@ -314,7 +314,10 @@ fn framing_violations_are_refused() {
     for (i, c) in cases.into_iter().enumerate() {
         let (r, _) = filter(&[PREFACE.to_vec(), c].concat());
         assert!(
-            matches!(r, Err(ProxyError::Protocol(_) | ProxyError::Compression(_))),
+            matches!(
+                r,
+                Err(ConnectionError::Protocol(_) | ConnectionError::Compression(_))
+            ),
             "case {i}: {r:?}"
         );
     }
