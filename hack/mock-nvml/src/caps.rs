@@ -129,10 +129,7 @@ pub fn sync_gpu(roots: &CapRoots, gpu: &Gpu) -> Result<(), Error> {
     if roots.is_empty() {
         return Ok(());
     }
-    let caps = wanted(gpu).map_err(|message| Error::Caps {
-        gpu: gpu.uuid.clone(),
-        message,
-    })?;
+    let caps = caps_of(gpu)?;
     if let Some(dir) = roots.mig_dir(gpu.minor) {
         sync_proc(&dir, &caps)?;
     }
@@ -142,7 +139,6 @@ pub fn sync_gpu(roots: &CapRoots, gpu: &Gpu) -> Result<(), Error> {
     Ok(())
 }
 
-/// The number in a directory entry named `<prefix><number>`.
 /// Brings the files of a GPU from `before` to `after` by their difference
 /// alone: what a change of a few instances costs a few file operations, not
 /// a listing and rewrite of the GPU's whole tree (the fake answers every MIG
@@ -153,14 +149,8 @@ pub fn sync_change(roots: &CapRoots, before: &Gpu, after: &Gpu) -> Result<(), Er
     if roots.is_empty() {
         return Ok(());
     }
-    let caps = |gpu: &Gpu| {
-        wanted(gpu).map_err(|message| Error::Caps {
-            gpu: gpu.uuid.clone(),
-            message,
-        })
-    };
-    let old: BTreeSet<Cap> = caps(before)?.into_iter().collect();
-    let new: BTreeSet<Cap> = caps(after)?.into_iter().collect();
+    let old: BTreeSet<Cap> = caps_of(before)?.into_iter().collect();
+    let new: BTreeSet<Cap> = caps_of(after)?.into_iter().collect();
     let mig_dir = roots.mig_dir(after.minor);
     let nodes_dir = roots.nodes_dir();
     for cap in old.difference(&new) {
@@ -168,12 +158,7 @@ pub fn sync_change(roots: &CapRoots, before: &Gpu, after: &Gpu) -> Result<(), Er
             remove_dir(&cap_dir(dir, cap))?;
         }
         if let Some(dir) = &nodes_dir {
-            let path = dir.join(format!("nvidia-cap{}", cap.minor));
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io("remove", &path, e)),
-            }
+            remove_file(&node_path(dir, cap.minor))?;
         }
     }
     for cap in new.difference(&old) {
@@ -182,21 +167,52 @@ pub fn sync_change(roots: &CapRoots, before: &Gpu, after: &Gpu) -> Result<(), Er
         }
         if let Some(dir) = &nodes_dir {
             std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
-            let path = dir.join(format!("nvidia-cap{}", cap.minor));
-            std::fs::write(&path, b"").map_err(|e| Error::io("create", &path, e))?;
-            set_mode(&path)?;
+            create_node(&node_path(dir, cap.minor))?;
         }
     }
     if new.is_empty()
         && let Some(dir) = &mig_dir
     {
-        match std::fs::remove_dir(dir) {
-            Ok(()) => {}
-            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty) => {}
-            Err(e) => return Err(Error::io("remove", dir, e)),
-        }
+        remove_empty_mig_dir(dir)?;
     }
     Ok(())
+}
+
+/// The capabilities of `gpu`'s instances, or why they do not fit the table.
+fn caps_of(gpu: &Gpu) -> Result<Vec<Cap>, Error> {
+    wanted(gpu).map_err(|message| Error::Caps {
+        gpu: gpu.uuid.clone(),
+        message,
+    })
+}
+
+/// `<nodes-dir>/nvidia-cap<minor>`.
+fn node_path(nodes_dir: &Path, minor: u32) -> PathBuf {
+    nodes_dir.join(format!("nvidia-cap{minor}"))
+}
+
+/// A stand-in node: an empty file with the device file mode.
+fn create_node(path: &Path) -> Result<(), Error> {
+    std::fs::write(path, b"").map_err(|e| Error::io("create", path, e))?;
+    set_mode(path)
+}
+
+/// Removes a file; one already gone is fine.
+fn remove_file(path: &Path) -> Result<(), Error> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("remove", path, e)),
+    }
+}
+
+/// A GPU without instances keeps no empty `mig` directory behind.
+fn remove_empty_mig_dir(mig_dir: &Path) -> Result<(), Error> {
+    match std::fs::remove_dir(mig_dir) {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty) => Ok(()),
+        Err(e) => Err(Error::io("remove", mig_dir, e)),
+    }
 }
 
 /// The directory of a capability under the GPU's `mig` directory.
@@ -208,6 +224,7 @@ fn cap_dir(mig_dir: &Path, cap: &Cap) -> PathBuf {
     }
 }
 
+/// The number in a directory entry named `<prefix><number>`.
 fn numbered(name: &std::ffi::OsStr, prefix: &str) -> Option<u32> {
     let digits = name.to_str()?.strip_prefix(prefix)?;
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -282,13 +299,8 @@ fn sync_proc(mig_dir: &Path, caps: &[Cap]) -> Result<(), Error> {
             Some(ci) => write_access(&gi_dir.join(format!("ci{ci}")), cap.minor)?,
         }
     }
-    // A GPU without instances keeps no empty `mig` directory behind.
     if caps.is_empty() {
-        match std::fs::remove_dir(mig_dir) {
-            Ok(()) => {}
-            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty) => {}
-            Err(e) => return Err(Error::io("remove", mig_dir, e)),
-        }
+        remove_empty_mig_dir(mig_dir)?;
     }
     Ok(())
 }
@@ -299,11 +311,7 @@ fn sync_nodes(nodes_dir: &Path, gpu_minor: u32, caps: &[Cap]) -> Result<(), Erro
     let minors: BTreeSet<u32> = caps.iter().map(|c| c.minor).collect();
     for (minor, path) in entries(nodes_dir, "nvidia-cap")? {
         if range.contains(&minor) && !minors.contains(&minor) {
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io("remove", &path, e)),
-            }
+            remove_file(&path)?;
         }
     }
     if minors.is_empty() {
@@ -311,12 +319,10 @@ fn sync_nodes(nodes_dir: &Path, gpu_minor: u32, caps: &[Cap]) -> Result<(), Erro
     }
     std::fs::create_dir_all(nodes_dir).map_err(|e| Error::io("create", nodes_dir, e))?;
     for minor in minors {
-        let path = nodes_dir.join(format!("nvidia-cap{minor}"));
-        if path.exists() {
-            continue;
+        let path = node_path(nodes_dir, minor);
+        if !path.exists() {
+            create_node(&path)?;
         }
-        std::fs::write(&path, b"").map_err(|e| Error::io("create", &path, e))?;
-        set_mode(&path)?;
     }
     Ok(())
 }
