@@ -30,12 +30,16 @@
 //! empties the pipe directory (a dead daemon's socket and pid file; the
 //! directory itself is kept, running containers bind-mount it), runs `-d`,
 //! waits (bounded by [`Timeouts::ready`]) until the pid file names a live
-//! daemon, `control` exists and a `get_server_list` round trip succeeds,
-//! then sends the settings one command per invocation. A daemon that never
-//! gets ready is killed and, on a first start, its directories removed.
-//! Daemons are not children of the plugin (`-d` runs in a session of its
-//! own through `setsid` where the program exists, and forks the daemon
-//! into the background), so they outlive a plugin crash; a new
+//! daemon, `control` exists and the first setting's round trip succeeds
+//! (`get_server_list` when there is none: a setting is safe to repeat, so
+//! it doubles as the readiness probe), then sends the other settings, one
+//! command per invocation. A daemon that never gets ready is killed and,
+//! on a first start, its directories removed once none of its processes
+//! is left. So a daemon without a directory has no process, and a first
+//! start skips the search for stale ones (a walk over every process's
+//! environment). Daemons are not children of the plugin (`-d` runs in a
+//! process group of its own and forks the daemon, which makes its own
+//! session, into the background), so they outlive a plugin crash; a new
 //! [`MpsControl`] on the same state directory finds them from their pid
 //! files.
 //! [`MpsControl::check`] restarts a needed daemon that died; [`MpsControl::stop`]
@@ -107,6 +111,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -139,7 +144,12 @@ pub const START_OUTPUT: &str = "plugin-start.out";
 const MAX_CONFIG_BYTES: u64 = 64 * 1024;
 /// The launcher script run in the daemon's mount namespace:
 /// `$1` = shm dir, `$2` = pipe dir, then the program and its arguments.
-const PRIVATE_MOUNT_SCRIPT: &str = "mount -o bind \"$1\" /dev/shm && mkdir -p /tmp/nvidia-mps && mount -o bind \"$2\" /tmp/nvidia-mps && shift 2 && exec \"$@\"";
+/// The mount point `/tmp/nvidia-mps` is made by the plugin beforehand (the
+/// same `/tmp`: a new mount namespace starts as a copy of the plugin's), one
+/// program start less per daemon.
+const PRIVATE_MOUNT_SCRIPT: &str = "mount -o bind \"$1\" /dev/shm && mount -o bind \"$2\" /tmp/nvidia-mps && shift 2 && exec \"$@\"";
+/// The command that tells whether a daemon answers (it changes nothing).
+const READY_PROBE: &str = "get_server_list";
 /// Directories searched for `unshare` and `mount`.
 const SYSTEM_BIN_DIRS: &[&str] = &["/usr/bin", "/bin", "/usr/sbin", "/sbin"];
 
@@ -540,7 +550,7 @@ impl MpsControl {
         }
         let first_start = !dirs.root.exists();
         let started = Instant::now();
-        match self.launch(&program, &dirs, cfg) {
+        match self.launch(&program, &dirs, cfg, first_start) {
             Ok(pid) => {
                 tracing::info!(
                     daemon = %cfg.id,
@@ -553,11 +563,17 @@ impl MpsControl {
                 Ok(self.record(&dirs, cfg, pid))
             }
             Err(e) => {
-                if let Err(cleanup) = Self::kill_all(&cfg.id, &dirs) {
-                    tracing::error!(daemon = %cfg.id, error = %cleanup, "cleanup after a failed MPS start");
-                }
-                if first_start && let Err(rm) = fs::remove_dir_all(&dirs.root) {
-                    tracing::error!(daemon = %cfg.id, path = %dirs.root.display(), error = %rm, "cannot remove the directories of a failed MPS start");
+                // The directories go only once no process of the daemon is
+                // left: a missing directory means none runs (see `launch`).
+                match Self::kill_all(&cfg.id, &dirs) {
+                    Err(cleanup) => {
+                        tracing::error!(daemon = %cfg.id, error = %cleanup, "cleanup after a failed MPS start; its directories are kept");
+                    }
+                    Ok(()) => {
+                        if first_start && let Err(rm) = fs::remove_dir_all(&dirs.root) {
+                            tracing::error!(daemon = %cfg.id, path = %dirs.root.display(), error = %rm, "cannot remove the directories of a failed MPS start");
+                        }
+                    }
                 }
                 Err(e)
             }
@@ -576,12 +592,20 @@ impl MpsControl {
         }
     }
 
-    /// Creates the directories, runs `-d`, waits for readiness, applies the settings.
+    /// Creates the directories, runs `-d`, waits for readiness, applies the
+    /// settings.
+    ///
+    /// `first_start`: the daemon's directory did not exist, so no process
+    /// of it can be left (its directories are removed only after
+    /// [`Self::kill_all`] found none), and the walk over every process's
+    /// environment in `/proc` (thousands of reads on a busy node) is
+    /// skipped.
     fn launch(
         &self,
         program: &Path,
         dirs: &DaemonDirs,
         cfg: &DaemonConfig,
+        first_start: bool,
     ) -> Result<u32, MpsError> {
         for (dir, mode) in [
             (&dirs.root, 0o755),
@@ -595,7 +619,9 @@ impl MpsControl {
         }
         // Stale processes of this daemon directory (a start that crashed
         // half-way) and a dead daemon's socket and pid file go first.
-        Self::kill_all(&cfg.id, dirs)?;
+        if !first_start {
+            Self::kill_all(&cfg.id, dirs)?;
+        }
         clear_dir(&dirs.pipe)?;
         write_config(dirs, cfg)?;
 
@@ -603,7 +629,7 @@ impl MpsControl {
         let out = fs::File::create(&out_path).map_err(io_err("create", &out_path))?;
         let err = out.try_clone().map_err(io_err("dup", &out_path))?;
         // argv of the launch, then the pipe directory the daemon sees.
-        let (mut argv, pipe_env): (Vec<std::ffi::OsString>, &Path) = match self.shm_mode() {
+        let (argv, pipe_env): (Vec<std::ffi::OsString>, &Path) = match self.shm_mode() {
             ShmMode::PrivateMount => {
                 // The daemon's /dev/shm is mounted over: what it needs
                 // afterwards (its program, log and pipe directories) must
@@ -626,6 +652,8 @@ impl MpsControl {
                         reason: "no unshare program".into(),
                     }
                 })?;
+                fs::create_dir_all(CONTAINER_PIPE_DIR)
+                    .map_err(io_err("create mount point", Path::new(CONTAINER_PIPE_DIR)))?;
                 let mut argv: Vec<std::ffi::OsString> = vec![unshare.into()];
                 argv.extend(
                     ["--mount", "--propagation", "private", "/bin/sh", "-c"].map(Into::into),
@@ -642,13 +670,12 @@ impl MpsControl {
             }
             ShmMode::Inherit => (vec![program.into(), "-d".into()], &dirs.pipe),
         };
-        // A session of its own from the start, whatever the program does:
-        // signals to the plugin's process group or session never reach it.
-        if let Some(setsid) = find_system_program("setsid") {
-            argv.insert(0, setsid.into());
-        }
+        // A process group of its own from the start, whatever the program
+        // does: signals to the plugin's group (a Ctrl-C in a terminal, a
+        // kill of the group) never reach it. `-d` itself makes the daemon
+        // the leader of a session of its own when it forks it.
         let mut cmd = Command::new(&argv[0]);
-        cmd.args(&argv[1..]);
+        cmd.args(&argv[1..]).process_group(0);
         driver_env(&mut cmd, &self.driver_root.path);
         cmd.env("CUDA_MPS_PIPE_DIRECTORY", pipe_env);
         cmd.env("CUDA_VISIBLE_DEVICES", cfg.visible_devices())
@@ -682,16 +709,31 @@ impl MpsControl {
                 output: format!("{status}: {}", exec::combine(&printed, "")),
             });
         }
-        let pid = self.wait_ready(program, dirs, cfg)?;
-        self.apply(program, dirs, cfg)?;
+        // The first setting is the readiness probe (one client run less per
+        // start); a daemon without settings is probed with `get_server_list`.
+        let commands = cfg.commands()?;
+        let (probe, rest) = match commands.split_first() {
+            Some((first, rest)) => (first.as_str(), rest),
+            None => (READY_PROBE, &[][..]),
+        };
+        let pid = self.wait_ready(program, dirs, cfg, probe)?;
+        for command in rest {
+            self.send(program, dirs, &cfg.id, command, self.timeouts.command)?;
+            tracing::debug!(daemon = %cfg.id, %command, "MPS setting applied");
+        }
         Ok(pid)
     }
 
+    /// Waits until the pid file names a live daemon, `control` exists and
+    /// `probe` (a command safe to repeat) succeeds. A probe that fails while
+    /// the daemon answers [`READY_PROBE`] was refused, not early: its error
+    /// is returned at once instead of waiting out [`Timeouts::ready`].
     fn wait_ready(
         &self,
         program: &Path,
         dirs: &DaemonDirs,
         cfg: &DaemonConfig,
+        probe: &str,
     ) -> Result<u32, MpsError> {
         let begun = Instant::now();
         let deadline = begun + self.timeouts.ready;
@@ -700,9 +742,15 @@ impl MpsControl {
             if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
                 if fs::symlink_metadata(dirs.control()).is_ok() {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    let probe = self.send(program, dirs, &cfg.id, "get_server_list", left);
-                    if probe.is_ok() {
-                        return Ok(pid);
+                    match self.send(program, dirs, &cfg.id, probe, left) {
+                        Ok(_) => return Ok(pid),
+                        Err(refused @ MpsError::Command { .. })
+                            if probe != READY_PROBE
+                                && self.send(program, dirs, &cfg.id, READY_PROBE, left).is_ok() =>
+                        {
+                            return Err(refused);
+                        }
+                        Err(_) => {}
                     }
                 }
             } else if let Some(pid) = read_pid(&dirs.pid_file())

@@ -103,10 +103,10 @@ fn start_waits_for_readiness_then_applies_settings_in_order() {
     );
     assert_eq!(record.pipe_dir, dirs.pipe);
     assert_eq!(record.gpu_uuids, [A, B]);
+    // The first setting is the readiness probe: no `get_server_list`.
     assert_eq!(
         env.commands(),
         [
-            "get_server_list",
             "set_default_active_thread_percentage 50",
             "set_default_device_pinned_mem_limit 0 512M",
             "set_default_device_pinned_mem_limit 1 2048M",
@@ -151,8 +151,8 @@ fn a_second_start_re_adopts_and_a_second_control_finds_the_daemon() {
     assert_eq!(env.starts(), 1);
     // Settings re-applied, without a second readiness probe.
     let commands = env.commands();
-    assert_eq!(commands.len(), 7, "{commands:?}");
-    assert_eq!(commands[4], "set_default_active_thread_percentage 50");
+    assert_eq!(commands.len(), 6, "{commands:?}");
+    assert_eq!(commands[..3], commands[3..]);
 
     // A restarted plugin: a new control on the same state dir.
     let restarted = env.control();
@@ -353,6 +353,88 @@ fn a_refused_setting_fails_the_start_and_cleans_up() {
 }
 
 #[test]
+fn a_daemon_without_settings_is_probed_with_get_server_list() {
+    let env = Env::new();
+    let mps = env.control();
+    let bare = DaemonConfig {
+        id: "bare".into(),
+        gpu_uuids: vec![B.into()],
+        active_thread_percentage: None,
+        pinned_memory_limits: BTreeMap::new(),
+    };
+    let pid = mps.start(&bare).unwrap().pid.unwrap();
+    assert_eq!(env.commands(), ["get_server_list"]);
+    let state = FakeDriverRoot::mps_state(&mps.dirs("bare").unwrap().pipe)
+        .unwrap()
+        .unwrap();
+    assert_eq!(state.daemon_pid, Some(pid));
+    assert_eq!(state.active_thread_percentage, None);
+    mps.stop("bare").unwrap();
+    wait_dead(pid);
+}
+
+#[test]
+fn a_refused_first_setting_fails_at_once_not_after_the_ready_timeout() {
+    let env = Env::new();
+    env.fake
+        .set_behaviour(&Behaviour {
+            mps_refused_command: Some("set_default_active_thread_percentage".into()),
+            ..Behaviour::default()
+        })
+        .unwrap();
+    // A ready timeout far longer than the test may take: the refusal must
+    // be told from a daemon not answering yet.
+    let mps = env.control().with_timeouts(Timeouts {
+        ready: Duration::from_secs(60),
+        ..fast()
+    });
+    let begun = Instant::now();
+    let err = mps.start(&cfg("claim-1")).unwrap_err();
+    assert!(begun.elapsed() < Duration::from_secs(10));
+    let text = err.to_string();
+    assert!(matches!(err, MpsError::Command { .. }), "{text}");
+    assert!(
+        text.contains("\"set_default_active_thread_percentage 50\"") && text.contains("refused"),
+        "{text}"
+    );
+    // Refused once, then the daemon was seen to answer; nothing retried.
+    assert_eq!(
+        env.commands(),
+        ["set_default_active_thread_percentage 50", "get_server_list"]
+    );
+    assert!(!mps.dirs("claim-1").unwrap().root.exists());
+    assert!(
+        env.guard.processes().is_empty(),
+        "{:?}",
+        env.guard.processes()
+    );
+}
+
+#[test]
+fn only_a_start_over_an_existing_directory_kills_stale_processes() {
+    let env = Env::new();
+    let mps = env.control();
+    let dirs = mps.dirs("claim-1").unwrap();
+    // A leftover of a start that crashed half-way: the directory and a
+    // process carrying the daemon's marker.
+    fs::create_dir_all(&dirs.pipe).unwrap();
+    let mut stale = Command::new("sleep")
+        .arg("60")
+        .env(procs::DAEMON_MARKER_ENV, &dirs.root)
+        .spawn()
+        .unwrap();
+    let stale_pid = stale.id();
+    let pid = mps.start(&cfg("claim-1")).unwrap().pid.unwrap();
+    // Killed by the start (reaped here: it is this test's child).
+    let status = stale.wait().unwrap();
+    assert!(!status.success());
+    assert!(!procs::is_alive(stale_pid));
+    mps.stop("claim-1").unwrap();
+    wait_dead(pid);
+    assert!(!dirs.root.exists());
+}
+
+#[test]
 fn start_after_the_daemon_died_launches_a_new_one() {
     let env = Env::new();
     let mps = env.control();
@@ -420,7 +502,6 @@ fn supervision_restarts_a_killed_daemon_with_its_settings() {
     assert_eq!(
         env.commands(),
         [
-            "get_server_list",
             "set_default_active_thread_percentage 50",
             "set_default_device_pinned_mem_limit 0 512M",
             "set_default_device_pinned_mem_limit 1 2048M",
@@ -550,7 +631,7 @@ fn private_mount_gives_the_daemon_its_shm_dir_as_dev_shm() {
         seen.iter()
             .all(|c| c.pipe_dir == Path::new(CONTAINER_PIPE_DIR))
     );
-    assert_eq!(seen.len(), 4);
+    assert_eq!(seen.len(), 3);
     // Nothing leaked into the plugin's namespace.
     assert!(!Path::new(CONTAINER_PIPE_DIR).join(PID_FILE).exists());
     mps.stop("claim-1").unwrap();
