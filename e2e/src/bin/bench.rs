@@ -16,15 +16,23 @@
 //! (`cargo build --release -p gpu-kubelet-plugin -p mock-nvml`, a no-op when
 //! they are fresh) unless `--no-build`; the plugin is looked up next to this
 //! binary. Add a benchmark by appending to [`BENCHMARKS`].
+//!
+//! Killed with SIGINT, SIGTERM or SIGHUP, the bench stops the plugins it
+//! started and their stand-in MPS daemons, then exits with 128 + the
+//! signal ([`signals`]).
 
 // The modules live in `bench/` (a binary's root file looks for them next
 // to itself otherwise).
+#[path = "bench/children.rs"]
+mod children;
 #[path = "bench/external.rs"]
 mod external;
 #[path = "bench/node.rs"]
 mod node;
 #[path = "bench/prepare.rs"]
 mod prepare;
+#[path = "bench/signals.rs"]
+mod signals;
 #[path = "bench/start.rs"]
 mod start;
 #[path = "bench/table.rs"]
@@ -211,6 +219,8 @@ fn load() -> String {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Killed from outside, the bench stops the plugins it started first.
+    signals::watch()?;
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .context("the e2e crate has no parent directory")?
@@ -286,7 +296,15 @@ fn main() -> anyhow::Result<()> {
         }
         eprintln!("bench: {} (load average {})", b.name, load());
         let started = std::time::Instant::now();
-        match (b.run)(&ctx, b.name, &settings) {
+        let result = (b.run)(&ctx, b.name, &settings);
+        if children::stopping() {
+            // A signal stopped the plugins under the benchmark: its failure
+            // is no result; the signal watcher ends the process.
+            loop {
+                std::thread::park();
+            }
+        }
+        match result {
             Ok(r) => rows.extend(r),
             Err(e) => {
                 eprintln!("bench: {} failed: {e:?}", b.name);

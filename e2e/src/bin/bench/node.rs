@@ -12,7 +12,7 @@
 //! machine has one.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,7 @@ use gpu_dra_e2e::kubelet::{Claim, DraVersion, KubeletSim};
 use serde_json::{Value, json};
 
 use crate::Ctx;
+use crate::children::{Plugin, Root};
 use crate::start::{NODE, proc_kib};
 
 /// The driver's name.
@@ -45,6 +46,9 @@ pub struct Machine {
     dev_root: PathBuf,
     proc_root: PathBuf,
     driver_root: fake_driver_root::FakeDriverRoot,
+    /// The driver root's registration: what runs from it is stopped when
+    /// the bench is killed.
+    _registered: Root,
 }
 
 impl Machine {
@@ -73,12 +77,14 @@ impl Machine {
         .context("installing the fake NVML (build it with `cargo build --release -p mock-nvml`)")?;
         let sysfs = dir.join("sys");
         nvidia_ml::Profile::load(&profile)?.write_sysfs(&sysfs)?;
+        let registered = Root::register(driver_root.path());
         Ok(Self {
             library,
             sysfs,
             dev_root,
             proc_root,
             driver_root,
+            _registered: registered,
         })
     }
 
@@ -108,7 +114,7 @@ impl Machine {
 pub struct Node {
     server: TestApiServer,
     machine: Machine,
-    child: Child,
+    child: Plugin,
     /// The plugin's JSON log.
     pub log: PathBuf,
     /// The plugin's state directory (checkpoint, MPS daemons).
@@ -181,7 +187,7 @@ impl Node {
         let plugins = dir.join("plugins");
         let log = dir.join("plugin.log");
         let mut cmd = plugin_command(ctx, dir, &machine, &kubeconfig, flags, &log)?;
-        let mut child = cmd.spawn().context("spawning the plugin")?;
+        let mut child = crate::children::spawn_plugin(&mut cmd).context("spawning the plugin")?;
 
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

@@ -159,7 +159,7 @@ async fn start_once(
 
     let wall0 = SystemTime::now();
     let t0 = Instant::now();
-    let mut child = cmd.spawn().context("spawning the plugin")?;
+    let mut child = crate::children::spawn_plugin(&mut cmd).context("spawning the plugin")?;
     let waited = server
         .store()
         .wait_for(Resource::ResourceSlices, Duration::from_secs(30), |items| {
