@@ -364,6 +364,8 @@ impl Scratch {
         for dir in [&disk, &volatile] {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
+        // The volatile one first: it may be inside the disk one.
+        children::register_scratch(&[&volatile, &disk]);
         Ok(Self { disk, volatile })
     }
 }

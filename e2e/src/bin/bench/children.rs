@@ -21,6 +21,24 @@ pub fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The scratch directories, removed after a signal stopped the children.
+static SCRATCH: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Registers scratch directories for removal when a signal ends `bench`.
+pub fn register_scratch(dirs: &[&Path]) {
+    let mut scratch = SCRATCH.lock().unwrap_or_else(PoisonError::into_inner);
+    scratch.extend(dirs.iter().map(|d| d.to_path_buf()));
+}
+
+/// Removes the registered scratch directories (after [`stop`]); returns
+/// how many were there to remove.
+pub fn remove_scratch() -> usize {
+    let dirs = std::mem::take(&mut *SCRATCH.lock().unwrap_or_else(PoisonError::into_inner));
+    dirs.iter()
+        .filter(|d| std::fs::remove_dir_all(d).is_ok())
+        .count()
+}
+
 /// Whether a signal is stopping the bench: then the main thread waits for
 /// the exit rather than report the failures the stop causes.
 pub fn stopping() -> bool {
@@ -174,6 +192,8 @@ pub struct Stopped {
     /// Processes started from the driver roots (stand-in MPS daemons),
     /// killed after the plugins.
     pub daemons: usize,
+    /// Scratch directories removed afterwards (set by the caller).
+    pub scratch_removed: usize,
 }
 
 /// Stops `plugins` that are still running as children of this process
@@ -208,6 +228,7 @@ pub fn stop(plugins: &[Entry], roots: &[PathBuf], grace: Duration) -> Stopped {
         plugins: live,
         killed,
         daemons,
+        scratch_removed: 0,
     }
 }
 
@@ -241,6 +262,20 @@ mod tests {
         let mut cmd = Command::new("sleep");
         cmd.arg("30");
         cmd
+    }
+
+    #[test]
+    fn registered_scratch_directories_are_removed_once() {
+        let base = tempfile::tempdir().unwrap();
+        let outer = base.path().join("bench-1");
+        let inner = outer.join("volatile");
+        std::fs::create_dir_all(&inner).unwrap();
+        std::fs::write(inner.join("state"), b"x").unwrap();
+        register_scratch(&[&inner, &outer]);
+        assert_eq!(remove_scratch(), 2);
+        assert!(!outer.exists());
+        // Nothing left registered: a second call removes nothing.
+        assert_eq!(remove_scratch(), 0);
     }
 
     #[test]
@@ -321,6 +356,7 @@ mod tests {
                 plugins: vec![live.id()],
                 killed: Vec::new(),
                 daemons: 0,
+                scratch_removed: 0,
             }
         );
         let status = live.wait().unwrap();

@@ -1,8 +1,8 @@
 //! `bench` killed from outside (SIGINT, SIGTERM, SIGHUP) stops what it
 //! started before it goes: the plugins still running and the stand-in MPS
-//! daemons run from their driver roots ([`crate::children`]). It removes
-//! nothing else (the scratch directories stay), says on one stderr line
-//! what it stopped and exits with 128 + the signal's number.
+//! daemons run from their driver roots ([`crate::children`]), then removes
+//! its scratch directories, says on one stderr line what it stopped and
+//! exits with 128 + the signal's number.
 
 use std::time::Duration;
 
@@ -71,7 +71,8 @@ pub fn watch() -> anyhow::Result<()> {
                 }
             });
             let (plugins, roots) = children::registry().begin_stop();
-            let stopped = children::stop(&plugins, &roots, GRACE);
+            let mut stopped = children::stop(&plugins, &roots, GRACE);
+            stopped.scratch_removed = children::remove_scratch();
             eprintln!("{}", report(caught, &stopped));
             std::process::exit(caught.exit_code());
         })
@@ -111,8 +112,14 @@ fn report(caught: Caught, stopped: &Stopped) -> String {
         n => format!("{n} stand-in MPS daemons"),
     };
     format!(
-        "bench: {}: {plugins}, killed {daemons}; exiting with {}",
+        "bench: {}: {plugins}, killed {daemons}, removed {} scratch director{}; exiting with {}",
         caught.name(),
+        stopped.scratch_removed,
+        if stopped.scratch_removed == 1 {
+            "y"
+        } else {
+            "ies"
+        },
         caught.exit_code()
     )
 }
@@ -132,16 +139,17 @@ mod tests {
     fn the_report_says_what_was_stopped() {
         assert_eq!(
             report(Caught::Terminate, &Stopped::default()),
-            "bench: SIGTERM: no plugin was running, killed 0 stand-in MPS daemons; exiting with 143"
+            "bench: SIGTERM: no plugin was running, killed 0 stand-in MPS daemons, removed 0 scratch directories; exiting with 143"
         );
         let stopped = Stopped {
             plugins: vec![10, 11],
             killed: vec![11],
             daemons: 1,
+            scratch_removed: 1,
         };
         assert_eq!(
             report(Caught::Interrupt, &stopped),
-            "bench: SIGINT: stopped 2 plugins (pid 10, 11; SIGKILL after 3 s to 11), killed 1 stand-in MPS daemon; exiting with 130"
+            "bench: SIGINT: stopped 2 plugins (pid 10, 11; SIGKILL after 3 s to 11), killed 1 stand-in MPS daemon, removed 1 scratch directory; exiting with 130"
         );
         let one = Stopped {
             plugins: vec![7],
