@@ -42,6 +42,18 @@ impl Env {
         }
     }
 
+    /// A fresh environment whose fake behaves as `behaviour` says.
+    fn behaving(behaviour: &Behaviour) -> Self {
+        let env = Self::new();
+        env.fake.set_behaviour(behaviour).unwrap();
+        env
+    }
+
+    /// [`Self::control`] waiting at most `ready` for readiness.
+    fn control_ready_within(&self, ready: Duration) -> MpsControl {
+        self.control().with_timeouts(Timeouts { ready, ..fast() })
+    }
+
     fn control(&self) -> MpsControl {
         MpsControl::new(
             HostRoot::same(self.fake.path()),
@@ -245,17 +257,11 @@ fn stop_kills_a_daemon_that_ignores_quit() {
 
 #[test]
 fn a_daemon_that_never_gets_ready_times_out_cleanly() {
-    let env = Env::new();
-    env.fake
-        .set_behaviour(&Behaviour {
-            mps_never_ready: true,
-            ..Behaviour::default()
-        })
-        .unwrap();
-    let mps = env.control().with_timeouts(Timeouts {
-        ready: Duration::from_millis(300),
-        ..fast()
+    let env = Env::behaving(&Behaviour {
+        mps_never_ready: true,
+        ..Behaviour::default()
     });
+    let mps = env.control_ready_within(Duration::from_millis(300));
     let begun = Instant::now();
     let err = mps.start(&cfg("claim-1")).unwrap_err();
     let text = err.to_string();
@@ -375,19 +381,13 @@ fn a_daemon_without_settings_is_probed_with_get_server_list() {
 
 #[test]
 fn a_refused_first_setting_fails_at_once_not_after_the_ready_timeout() {
-    let env = Env::new();
-    env.fake
-        .set_behaviour(&Behaviour {
-            mps_refused_command: Some("set_default_active_thread_percentage".into()),
-            ..Behaviour::default()
-        })
-        .unwrap();
+    let env = Env::behaving(&Behaviour {
+        mps_refused_command: Some("set_default_active_thread_percentage".into()),
+        ..Behaviour::default()
+    });
     // A ready timeout far longer than the test may take: the refusal must
     // be told from a daemon not answering yet.
-    let mps = env.control().with_timeouts(Timeouts {
-        ready: Duration::from_secs(60),
-        ..fast()
-    });
+    let mps = env.control_ready_within(Duration::from_secs(60));
     let begun = Instant::now();
     let err = mps.start(&cfg("claim-1")).unwrap_err();
     assert!(begun.elapsed() < Duration::from_secs(10));
