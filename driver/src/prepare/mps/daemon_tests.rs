@@ -54,6 +54,13 @@ impl Env {
         self.control().with_timeouts(Timeouts { ready, ..fast() })
     }
 
+    /// After a failed start of `id`: no directory and no process left.
+    fn assert_nothing_left(&self, mps: &MpsControl, id: &str) {
+        assert!(!mps.dirs(id).unwrap().root.exists());
+        let left = self.guard.processes();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
     fn control(&self) -> MpsControl {
         MpsControl::new(
             HostRoot::same(self.fake.path()),
@@ -275,13 +282,8 @@ fn a_daemon_that_never_gets_ready_times_out_cleanly() {
         "the log tail is in the error: {text}"
     );
     assert!(begun.elapsed() < Duration::from_secs(4));
-    assert!(!mps.dirs("claim-1").unwrap().root.exists());
     assert_eq!(mps.list().unwrap(), Vec::<String>::new());
-    assert!(
-        env.guard.processes().is_empty(),
-        "{:?}",
-        env.guard.processes()
-    );
+    env.assert_nothing_left(&mps, "claim-1");
 }
 
 #[test]
@@ -336,12 +338,7 @@ fn a_refused_setting_fails_the_start_and_cleans_up() {
         text.contains("\"set_default_device_pinned_mem_limit 0 512M\"") && text.contains("refused"),
         "{text}"
     );
-    assert!(!mps.dirs("claim-1").unwrap().root.exists());
-    assert!(
-        env.guard.processes().is_empty(),
-        "{:?}",
-        env.guard.processes()
-    );
+    env.assert_nothing_left(&mps, "claim-1");
 
     // On re-adoption the same refusal is an error, and the running daemon stays.
     env.fake.set_behaviour(&Behaviour::default()).unwrap();
@@ -402,12 +399,7 @@ fn a_refused_first_setting_fails_at_once_not_after_the_ready_timeout() {
         env.commands(),
         ["set_default_active_thread_percentage 50", "get_server_list"]
     );
-    assert!(!mps.dirs("claim-1").unwrap().root.exists());
-    assert!(
-        env.guard.processes().is_empty(),
-        "{:?}",
-        env.guard.processes()
-    );
+    env.assert_nothing_left(&mps, "claim-1");
 }
 
 #[test]
