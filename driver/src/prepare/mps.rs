@@ -544,7 +544,7 @@ impl MpsControl {
                 ),
             }
             write_config(&dirs, cfg)?;
-            self.apply(&program, &dirs, cfg)?;
+            self.apply(&program, &dirs, &cfg.id, &cfg.commands()?)?;
             tracing::info!(daemon = %cfg.id, pid, "re-adopted running MPS control daemon");
             return Ok(self.record(&dirs, cfg, pid));
         }
@@ -717,10 +717,7 @@ impl MpsControl {
             None => (READY_PROBE, &[][..]),
         };
         let pid = self.wait_ready(program, dirs, cfg, probe)?;
-        for command in rest {
-            self.send(program, dirs, &cfg.id, command, self.timeouts.command)?;
-            tracing::debug!(daemon = %cfg.id, %command, "MPS setting applied");
-        }
+        self.apply(program, dirs, &cfg.id, rest)?;
         Ok(pid)
     }
 
@@ -743,7 +740,10 @@ impl MpsControl {
                 if fs::symlink_metadata(dirs.control()).is_ok() {
                     let left = deadline.saturating_duration_since(Instant::now());
                     match self.send(program, dirs, &cfg.id, probe, left) {
-                        Ok(_) => return Ok(pid),
+                        Ok(_) => {
+                            tracing::debug!(daemon = %cfg.id, command = %probe, "MPS daemon ready");
+                            return Ok(pid);
+                        }
                         Err(refused @ MpsError::Command { .. })
                             if probe != READY_PROBE
                                 && self.send(program, dirs, &cfg.id, READY_PROBE, left).is_ok() =>
@@ -774,11 +774,17 @@ impl MpsControl {
         }
     }
 
-    /// Sends the settings, one command per client invocation.
-    fn apply(&self, program: &Path, dirs: &DaemonDirs, cfg: &DaemonConfig) -> Result<(), MpsError> {
-        for command in cfg.commands()? {
-            self.send(program, dirs, &cfg.id, &command, self.timeouts.command)?;
-            tracing::debug!(daemon = %cfg.id, %command, "MPS setting applied");
+    /// Sends `commands` (settings) to daemon `id`, one per client invocation.
+    fn apply(
+        &self,
+        program: &Path,
+        dirs: &DaemonDirs,
+        id: &str,
+        commands: &[String],
+    ) -> Result<(), MpsError> {
+        for command in commands {
+            self.send(program, dirs, id, command, self.timeouts.command)?;
+            tracing::debug!(daemon = %id, %command, "MPS setting applied");
         }
         Ok(())
     }
