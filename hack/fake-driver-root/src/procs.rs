@@ -9,12 +9,22 @@ use std::path::{Path, PathBuf};
 
 use rustix::process::{Pid, Signal, kill_process};
 
+/// Field `n` of a `/proc/<pid>/stat` line counted after `(comm)` (0: the
+/// state letter, 1: the parent, 3: the session); comm may hold spaces and
+/// parentheses, so the fields start after the last `)`.
+fn stat_field(stat: &str, n: usize) -> Option<&str> {
+    stat[stat.rfind(')')? + 1..].split_whitespace().nth(n)
+}
+
+/// Field `n` (see [`stat_field`]) of process `pid`, if it exists.
+fn read_stat_field(pid: u32, n: usize) -> Option<String> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_field(&stat, n).map(str::to_owned)
+}
+
 /// The state letter of `/proc/<pid>/stat` (`R`, `S`, `Z`...), if the process exists.
 pub fn process_state(pid: u32) -> Option<char> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) S ...`: comm may hold spaces and parentheses.
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.trim_start().chars().next()
+    read_stat_field(pid, 0)?.chars().next()
 }
 
 /// Whether `pid` is a live process (not a zombie).
@@ -22,11 +32,14 @@ pub fn is_alive(pid: u32) -> bool {
     matches!(process_state(pid), Some(s) if s != 'Z' && s != 'X')
 }
 
+/// The parent pid of a process (field 4 of `/proc/<pid>/stat`).
+pub fn parent_id(pid: u32) -> Option<u32> {
+    read_stat_field(pid, 1)?.parse().ok()
+}
+
 /// The session id of a process (field 6 of `/proc/<pid>/stat`).
 pub fn session_id(pid: u32) -> Option<u32> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(3)?.parse().ok()
+    read_stat_field(pid, 3)?.parse().ok()
 }
 
 /// The argv of a process, if readable.
@@ -119,5 +132,23 @@ impl Drop for ProcessGuard {
         for root in &self.roots {
             kill_under(root);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_are_read_past_an_odd_command_name() {
+        let stat = "42 (a) b (c) S 7 42 9 0";
+        assert_eq!(stat_field(stat, 0), Some("S"));
+        assert_eq!(stat_field(stat, 1), Some("7"));
+        assert_eq!(stat_field(stat, 3), Some("9"));
+        assert_eq!(stat_field("42 (x) S", 1), None);
+        assert_eq!(stat_field("garbage", 0), None);
+        let me = std::process::id();
+        assert_eq!(parent_id(me), Some(std::os::unix::process::parent_id()));
+        assert_eq!(process_state(me), Some('R'));
     }
 }

@@ -236,22 +236,10 @@ pub fn stop(plugins: &[Entry], roots: &[PathBuf], grace: Duration) -> Stopped {
 /// `e.program`.
 fn is_our_child(e: &Entry, me: u32) -> bool {
     fake_driver_root::is_alive(e.pid)
-        && parent(e.pid) == Some(me)
+        && fake_driver_root::parent_id(e.pid) == Some(me)
         && fake_driver_root::cmdline(e.pid)
             .and_then(|args| args.into_iter().next())
             .is_some_and(|arg0| Path::new(&arg0) == e.program)
-}
-
-/// The parent pid of `pid` (field 4 of `/proc/<pid>/stat`).
-fn parent(pid: u32) -> Option<u32> {
-    parent_in_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
-}
-
-/// The parent pid in a `/proc/<pid>/stat` line (`pid (comm) S ppid ...`;
-/// comm may hold spaces and parentheses).
-fn parent_in_stat(stat: &str) -> Option<u32> {
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(1)?.parse().ok()
 }
 
 #[cfg(test)]
@@ -443,16 +431,5 @@ mod tests {
         assert!(registry().roots().iter().any(|r| r == dir.path()));
         drop(root);
         assert!(!registry().roots().iter().any(|r| r == dir.path()));
-    }
-
-    #[test]
-    fn the_parent_is_read_past_an_odd_command_name() {
-        assert_eq!(parent_in_stat("42 (a) b (c) S 7 42 42 0"), Some(7));
-        assert_eq!(parent_in_stat("42 (x) S"), None);
-        assert_eq!(parent_in_stat("garbage"), None);
-        assert_eq!(
-            parent(std::process::id()),
-            Some(std::os::unix::process::parent_id())
-        );
     }
 }
