@@ -149,6 +149,7 @@ mod tests {
         assert_eq!(stat_field("garbage", 0), None);
         let me = std::process::id();
         assert_eq!(parent_id(me), Some(std::os::unix::process::parent_id()));
-        assert_eq!(process_state(me), Some('R'));
+        // Its state letter parsed and not a zombie's.
+        assert!(is_alive(me));
     }
 }
