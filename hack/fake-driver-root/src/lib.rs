@@ -44,6 +44,7 @@ use std::path::{Path, PathBuf};
 pub use nodes::{DevRoot, NodeKind, create_dev_root, create_proc_root, create_proc_root_for};
 pub use procs::{
     ProcessGuard, cmdline, is_alive, kill, kill_under, parent_id, processes_under, session_id,
+    terminate,
 };
 pub use record::{Call, MpsCommand, RECORDED_ENV, Record};
 pub use scripts::sh_quote;

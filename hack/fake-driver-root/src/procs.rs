@@ -82,12 +82,22 @@ pub fn processes_under(root: &Path) -> Vec<u32> {
     out
 }
 
-/// Sends SIGKILL to `pid`; a process already gone counts as killed.
+/// Sends SIGKILL; a process already gone counts as killed.
 pub fn kill(pid: u32) -> bool {
+    send(pid, Signal::KILL)
+}
+
+/// Sends SIGTERM (a runtime's stop); a process already gone counts as
+/// signalled.
+pub fn terminate(pid: u32) -> bool {
+    send(pid, Signal::TERM)
+}
+
+fn send(pid: u32, signal: Signal) -> bool {
     let Some(p) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
         return false;
     };
-    match kill_process(p, Signal::KILL) {
+    match kill_process(p, signal) {
         Ok(()) => true,
         Err(e) => e == rustix::io::Errno::SRCH,
     }

@@ -210,9 +210,7 @@ pub fn stop(plugins: &[Entry], roots: &[PathBuf], grace: Duration) -> Stopped {
     for pid in &live {
         // As `Node::stop` does: the plugin gets the signal a kubelet
         // node's runtime sends.
-        let _ = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
+        fake_driver_root::terminate(*pid);
     }
     let deadline = Instant::now() + grace;
     while live.iter().any(|p| fake_driver_root::is_alive(*p)) && Instant::now() < deadline {

@@ -350,9 +350,7 @@ impl Node {
     /// Stops the plugin (SIGTERM; it must exit 0) and whatever it started
     /// from the driver root.
     pub fn stop(mut self) -> anyhow::Result<()> {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
+        fake_driver_root::terminate(self.child.id());
         let deadline = Instant::now() + Duration::from_secs(20);
         let status = loop {
             if let Some(s) = self.child.try_wait()? {

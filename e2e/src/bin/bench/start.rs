@@ -3,7 +3,6 @@
 //! the repair of a slice deleted behind its back.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
@@ -189,9 +188,7 @@ async fn start_once(
         None => None,
     };
     let repair_ms = repair(&server, &items).await?;
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
+    fake_driver_root::terminate(child.id());
     let exit = child.wait()?;
     let text = std::fs::read_to_string(&log)?;
     if !exit.success() {
