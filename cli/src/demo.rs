@@ -244,7 +244,10 @@ fn plugin_flags(
     if dynamic_mig {
         argv.push("--dynamic-mig".into());
     }
-    Flags::try_parse_from(&argv).context("plugin flags")
+    let mut flags = Flags::try_parse_from(&argv).context("plugin flags")?;
+    // `main` runs the launcher first, so this program is one.
+    flags.mps_launcher = Some(gpu_kubelet_plugin::prepare::mps::launch::SELF_EXE.into());
+    Ok(flags)
 }
 
 async fn demo(out: &Printer, settings: &Settings<'_>) -> Result<(Value, Vec<String>)> {

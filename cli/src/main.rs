@@ -42,6 +42,11 @@ enum OutputFormat {
 }
 
 fn main() -> std::process::ExitCode {
+    // The demo's plugin starts MPS daemons through this program (see
+    // `launch`): nothing else may run first.
+    if let Some(code) = gpu_kubelet_plugin::prepare::mps::launch::run_if_asked() {
+        return code;
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),

@@ -88,6 +88,13 @@ pub struct Flags {
     #[arg(long)]
     pub supervise: bool,
 
+    /// Not a flag: the program that starts MPS daemons in a private mount
+    /// namespace (`/proc/self/exe` where `main` runs
+    /// [`crate::prepare::mps::launch::run_if_asked`] first). `None`: daemons
+    /// share the plugin's `/dev/shm`.
+    #[arg(skip)]
+    pub mps_launcher: Option<PathBuf>,
+
     #[command(flatten)]
     pub discovery: crate::discovery::Flags,
 

@@ -13,16 +13,23 @@ use anyhow::Context as _;
 use gpu_kubelet_plugin::flags::Flags;
 use gpu_kubelet_plugin::grpc::{self, metrics::GrpcMetrics};
 use gpu_kubelet_plugin::plugin::Plugin;
+use gpu_kubelet_plugin::prepare::mps::launch;
 use gpu_kubelet_plugin::supervise;
 use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 fn main() -> ExitCode {
-    let flags: Flags = match gpu_dra_cmdline::parse_flags() {
+    // Started as the MPS daemon launcher: nothing else may run first.
+    if let Some(code) = launch::run_if_asked() {
+        return code;
+    }
+    let mut flags: Flags = match gpu_dra_cmdline::parse_flags() {
         Ok(f) => f,
         Err(code) => return code,
     };
+    // This very program, even after its file was replaced on disk.
+    flags.mps_launcher = Some(launch::SELF_EXE.into());
     gpu_dra_cmdline::init_logging(flags.log_format);
     if flags.supervise {
         return supervise();

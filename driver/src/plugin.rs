@@ -220,6 +220,7 @@ pub fn preparer_options(flags: &Flags) -> Result<preparer::Options, Error> {
             memory_sharing: flags.slices.memory_sharing.clone(),
             ..BuildOptions::default()
         },
+        mps_launcher: flags.mps_launcher.clone(),
     })
 }
 

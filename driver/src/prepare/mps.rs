@@ -48,10 +48,12 @@
 //!
 //! # `/dev/shm`: what is done, what a deployment needs
 //! With [`ShmMode::PrivateMount`] (chosen when the plugin runs as root and
-//! `unshare --mount` works) the daemon is started as
-//! `unshare --mount --propagation private /bin/sh -c 'mount -o bind <shm>
-//! /dev/shm; mkdir -p /tmp/nvidia-mps; mount -o bind <pipe> /tmp/nvidia-mps;
-//! exec nvidia-cuda-mps-control -d'`: the daemon and every server it forks
+//! its launcher's trial works) the daemon is started through the plugin's
+//! own program as launcher ([`launch`]: `gpu-kubelet-plugin mps-launch
+//! <shm> <pipe> nvidia-cuda-mps-control -d` unshares its mount namespace,
+//! makes it private, bind-mounts `<shm>` on `/dev/shm` and `<pipe>` on
+//! `/tmp/nvidia-mps`, which the plugin made, and execs the control
+//! program; one program start): the daemon and every server it forks
 //! see the daemon's `shm/` as `/dev/shm` and its `pipe/` at
 //! `/tmp/nvidia-mps`, which is exactly what [`MpsControl::container_edits`]
 //! gives containers (`/dev/shm` and `/tmp/nvidia-mps` bind mounts,
@@ -63,10 +65,9 @@
 //! CUDA clients.
 //!
 //! A deployment needs: the plugin privileged (`CAP_SYS_ADMIN` for `unshare`
-//! and `mount`) with `/bin/sh`, `unshare` and `mount` in its image
-//! (util-linux or busybox) and a writable `/tmp`; the state directory a
-//! hostPath at the same path as on the host (or the `HostRoot` mapping), so
-//! the runtime mounts the very directories the daemon uses; `hostPID: true`,
+//! and `mount`; no shell or util-linux in its image) and a writable `/tmp`;
+//! the state directory a hostPath at the same path as on the host (or the
+//! `HostRoot` mapping), so the runtime mounts the very directories the daemon uses; `hostPID: true`,
 //! so an orphaned daemon is reparented to the host's init (in a private pid
 //! namespace it would die with the plugin's pid 1 and become its zombie).
 //! `shm/` is a plain directory on the state directory's filesystem, not a
@@ -105,6 +106,7 @@
 
 pub mod config;
 pub(crate) mod exec;
+pub mod launch;
 pub mod procs;
 
 use std::collections::HashMap;
@@ -142,16 +144,8 @@ pub const CONFIG_FILE: &str = "daemon.json";
 pub const START_OUTPUT: &str = "plugin-start.out";
 /// Largest `daemon.json` read.
 const MAX_CONFIG_BYTES: u64 = 64 * 1024;
-/// The launcher script run in the daemon's mount namespace:
-/// `$1` = shm dir, `$2` = pipe dir, then the program and its arguments.
-/// The mount point `/tmp/nvidia-mps` is made by the plugin beforehand (the
-/// same `/tmp`: a new mount namespace starts as a copy of the plugin's), one
-/// program start less per daemon.
-const PRIVATE_MOUNT_SCRIPT: &str = "mount -o bind \"$1\" /dev/shm && mount -o bind \"$2\" /tmp/nvidia-mps && shift 2 && exec \"$@\"";
 /// The command that tells whether a daemon answers (it changes nothing).
 const READY_PROBE: &str = "get_server_list";
-/// Directories searched for `unshare` and `mount`.
-const SYSTEM_BIN_DIRS: &[&str] = &["/usr/bin", "/bin", "/usr/sbin", "/sbin"];
 
 /// Errors of MPS daemon management.
 #[derive(Debug, thiserror::Error)]
@@ -183,7 +177,7 @@ pub enum MpsError {
     /// [`ShmMode::PrivateMount`] was required but cannot work here.
     #[error("cannot give MPS daemons their own /dev/shm: {reason}")]
     PrivateShmUnavailable {
-        /// Why (not root, no `unshare`...).
+        /// Why (not root, no launcher...).
         reason: String,
     },
     /// A program could not be started.
@@ -309,45 +303,31 @@ pub enum ShmMode {
 }
 
 impl ShmMode {
-    /// [`ShmMode::PrivateMount`] when it works here (root, `/bin/sh`,
-    /// `unshare` and `mount` found, and a trial bind mount in a private
-    /// namespace succeeds), else [`ShmMode::Inherit`] with the reason.
-    pub fn detect() -> (Self, Option<String>) {
-        match private_mount_probe() {
+    /// [`ShmMode::PrivateMount`] when it works here (root, a `launcher`,
+    /// and its trial bind mount in a private namespace succeeds), else
+    /// [`ShmMode::Inherit`] with the reason. The launcher is a program
+    /// that runs [`launch::run_if_asked`] first in `main` (the plugin's and
+    /// `gpu-dra`'s).
+    pub fn detect(launcher: Option<&Path>) -> (Self, Option<String>) {
+        match private_mount_probe(launcher) {
             Ok(()) => (Self::PrivateMount, None),
             Err(reason) => (Self::Inherit, Some(reason)),
         }
     }
 }
 
-fn find_system_program(name: &str) -> Option<PathBuf> {
-    SYSTEM_BIN_DIRS
-        .iter()
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file())
-}
-
-fn private_mount_probe() -> Result<(), String> {
+fn private_mount_probe(launcher: Option<&Path>) -> Result<(), String> {
     if !rustix::process::geteuid().is_root() {
         return Err("the plugin does not run as root".into());
     }
-    if !Path::new("/bin/sh").is_file() {
-        return Err("/bin/sh is missing".into());
-    }
-    let unshare = find_system_program("unshare").ok_or("no unshare program")?;
-    find_system_program("mount").ok_or("no mount program")?;
+    let launcher = launcher.ok_or(
+        "no launcher for a private mount namespace (only the gpu-kubelet-plugin and gpu-dra programs have one)",
+    )?;
     if !Path::new("/dev/shm").is_dir() {
         return Err("/dev/shm is not a directory".into());
     }
-    let mut cmd = Command::new(&unshare);
-    cmd.args([
-        "--mount",
-        "--propagation",
-        "private",
-        "/bin/sh",
-        "-c",
-        "mount -o bind /dev/shm /dev/shm",
-    ]);
+    let mut cmd = Command::new(launcher);
+    cmd.args(launch::Launch::Probe.args());
     driver_env(&mut cmd, Path::new("/"));
     match exec::run(&mut cmd, None, Duration::from_secs(5)) {
         Ok(ran) if ran.status.success() => Ok(()),
@@ -355,7 +335,7 @@ fn private_mount_probe() -> Result<(), String> {
             "a trial bind mount in a private mount namespace failed: {}",
             ran.output()
         )),
-        Err(e) => Err(format!("{} {e}", unshare.display())),
+        Err(e) => Err(format!("{} {e}", launcher.display())),
     }
 }
 
@@ -425,9 +405,11 @@ pub struct MpsControl {
     driver_root: HostRoot,
     state_dir: HostRoot,
     timeouts: Timeouts,
-    /// Detected at the first daemon start (two process starts: kept off
+    /// Detected at the first daemon start (one process start: kept off
     /// the plugin's start path), unless forced.
     shm_mode: std::sync::OnceLock<ShmMode>,
+    /// The program that starts a daemon in its own mount namespace.
+    launcher: Option<PathBuf>,
     locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
 
@@ -442,6 +424,7 @@ impl MpsControl {
             state_dir,
             timeouts: Timeouts::default(),
             shm_mode: std::sync::OnceLock::new(),
+            launcher: None,
             locks: Mutex::new(HashMap::new()),
         }
     }
@@ -449,6 +432,15 @@ impl MpsControl {
     /// Uses these timeouts.
     pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
         self.timeouts = timeouts;
+        self
+    }
+
+    /// Starts daemons in a private mount namespace through `launcher`, a
+    /// program that runs [`launch::run_if_asked`] first in its `main`
+    /// (`/proc/self/exe` in the plugin). Without one, daemons get
+    /// [`ShmMode::Inherit`].
+    pub fn with_launcher(mut self, launcher: impl Into<PathBuf>) -> Self {
+        self.launcher = Some(launcher.into());
         self
     }
 
@@ -462,7 +454,7 @@ impl MpsControl {
     /// The [`ShmMode`] daemons are started with (detected on first use).
     pub fn shm_mode(&self) -> ShmMode {
         *self.shm_mode.get_or_init(|| {
-            let (mode, why) = ShmMode::detect();
+            let (mode, why) = ShmMode::detect(self.launcher.as_deref());
             if let Some(reason) = why {
                 tracing::warn!(
                     %reason,
@@ -647,25 +639,26 @@ impl MpsControl {
                         });
                     }
                 }
-                let unshare = find_system_program("unshare").ok_or_else(|| {
-                    MpsError::PrivateShmUnavailable {
-                        reason: "no unshare program".into(),
-                    }
-                })?;
+                let launcher =
+                    self.launcher
+                        .clone()
+                        .ok_or_else(|| MpsError::PrivateShmUnavailable {
+                            reason: "no launcher for a private mount namespace (only the gpu-kubelet-plugin and gpu-dra programs have one)".into(),
+                        })?;
+                // The mount point, made here: the daemon's namespace starts
+                // as a copy of the plugin's, so it has the same `/tmp`.
                 fs::create_dir_all(CONTAINER_PIPE_DIR)
                     .map_err(io_err("create mount point", Path::new(CONTAINER_PIPE_DIR)))?;
-                let mut argv: Vec<std::ffi::OsString> = vec![unshare.into()];
+                let mut argv: Vec<std::ffi::OsString> = vec![launcher.into()];
                 argv.extend(
-                    ["--mount", "--propagation", "private", "/bin/sh", "-c"].map(Into::into),
+                    launch::Launch::Daemon {
+                        shm: dirs.shm.clone(),
+                        pipe: dirs.pipe.clone(),
+                        program: program.to_path_buf(),
+                        args: vec!["-d".into()],
+                    }
+                    .args(),
                 );
-                argv.extend([
-                    PRIVATE_MOUNT_SCRIPT.into(),
-                    "sh".into(),
-                    dirs.shm.clone().into(),
-                    dirs.pipe.clone().into(),
-                    program.into(),
-                    "-d".into(),
-                ]);
                 (argv, Path::new(CONTAINER_PIPE_DIR))
             }
             ShmMode::Inherit => (vec![program.into(), "-d".into()], &dirs.pipe),

@@ -81,6 +81,9 @@ pub struct Options {
     /// The device model options the publisher uses (dynamic MIG, memory
     /// sharing), so the preparer sees the same devices.
     pub build: BuildOptions,
+    /// The program that starts MPS daemons in a private mount namespace
+    /// ([`MpsControl::with_launcher`]).
+    pub mps_launcher: Option<PathBuf>,
 }
 
 /// Errors that stop the preparer from starting.
@@ -199,7 +202,10 @@ impl Preparer {
             // /proc/driver/nvidia at --proc-root.
             let boot_id = std::path::Path::new(BOOT_ID);
             let (store, load) = Store::open(&opts.state_dir.path, boot_id)?;
-            let mps = MpsControl::new(opts.driver_root.clone(), opts.state_dir.clone());
+            let mut mps = MpsControl::new(opts.driver_root.clone(), opts.state_dir.clone());
+            if let Some(launcher) = &opts.mps_launcher {
+                mps = mps.with_launcher(launcher);
+            }
             let nodes = NodeLocator::new(opts.dev_root.clone(), opts.proc_root.clone());
             let inner = Arc::new(Inner {
                 opts,

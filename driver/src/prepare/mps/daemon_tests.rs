@@ -594,39 +594,18 @@ fn private_mount_refuses_a_state_dir_under_dev_shm() {
 }
 
 #[test]
-fn private_mount_gives_the_daemon_its_shm_dir_as_dev_shm() {
-    let (mode, why) = ShmMode::detect();
-    if mode != ShmMode::PrivateMount {
-        eprintln!(
-            "SKIPPED private_mount_gives_the_daemon_its_shm_dir_as_dev_shm: {}",
-            why.unwrap_or_default()
-        );
-        return;
-    }
+fn private_mount_without_a_launcher_is_refused_and_leaves_nothing() {
+    // The launcher itself is tested with the plugin program in
+    // `driver/tests/mps_launch.rs`.
     let env = Env::new();
     let mps = env.control().with_shm_mode(ShmMode::PrivateMount);
-    let pid = mps.start(&cfg("claim-1")).unwrap().pid.unwrap();
-    let dirs = mps.dirs("claim-1").unwrap();
-    let state = FakeDriverRoot::mps_state(&dirs.pipe).unwrap().unwrap();
-    let shm = fs::metadata(&dirs.shm).unwrap();
-    assert_eq!(state.dev_shm, Some((shm.dev(), shm.ino())));
-    let host_shm = fs::metadata("/dev/shm").unwrap();
-    assert_ne!((host_shm.dev(), host_shm.ino()), (shm.dev(), shm.ino()));
-    // The daemon sees its pipe dir where containers do.
-    let start = &env.fake.mps_control_calls().unwrap()[0];
-    assert_eq!(
-        start.env("CUDA_MPS_PIPE_DIRECTORY"),
-        Some(CONTAINER_PIPE_DIR)
-    );
-    let seen: Vec<_> = env.fake.mps_commands().unwrap();
+    let err = mps.start(&cfg("claim-1")).unwrap_err();
     assert!(
-        seen.iter()
-            .all(|c| c.pipe_dir == Path::new(CONTAINER_PIPE_DIR))
+        matches!(err, MpsError::PrivateShmUnavailable { .. }),
+        "{err:?}"
     );
-    assert_eq!(seen.len(), 3);
-    // Nothing leaked into the plugin's namespace.
-    assert!(!Path::new(CONTAINER_PIPE_DIR).join(PID_FILE).exists());
-    mps.stop("claim-1").unwrap();
-    wait_dead(pid);
-    assert!(!dirs.root.exists());
+    assert!(err.to_string().contains("no launcher"), "{err}");
+    env.assert_nothing_left(&mps, "claim-1");
+    assert_eq!(env.fake.calls().unwrap(), vec![], "nothing was run");
+    assert_eq!(ShmMode::detect(None).0, ShmMode::Inherit);
 }
