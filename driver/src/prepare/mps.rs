@@ -144,6 +144,8 @@ pub const CONFIG_FILE: &str = "daemon.json";
 pub const START_OUTPUT: &str = "plugin-start.out";
 /// Largest `daemon.json` read.
 const MAX_CONFIG_BYTES: u64 = 64 * 1024;
+/// Why a private `/dev/shm` cannot be had without a launcher.
+const NO_LAUNCHER: &str = "no launcher for a private mount namespace (only the gpu-kubelet-plugin and gpu-dra programs have one)";
 /// The command that tells whether a daemon answers (it changes nothing).
 const READY_PROBE: &str = "get_server_list";
 
@@ -320,9 +322,7 @@ fn private_mount_probe(launcher: Option<&Path>) -> Result<(), String> {
     if !rustix::process::geteuid().is_root() {
         return Err("the plugin does not run as root".into());
     }
-    let launcher = launcher.ok_or(
-        "no launcher for a private mount namespace (only the gpu-kubelet-plugin and gpu-dra programs have one)",
-    )?;
+    let launcher = launcher.ok_or(NO_LAUNCHER)?;
     if !Path::new("/dev/shm").is_dir() {
         return Err("/dev/shm is not a directory".into());
     }
@@ -643,7 +643,7 @@ impl MpsControl {
                     self.launcher
                         .clone()
                         .ok_or_else(|| MpsError::PrivateShmUnavailable {
-                            reason: "no launcher for a private mount namespace (only the gpu-kubelet-plugin and gpu-dra programs have one)".into(),
+                            reason: NO_LAUNCHER.into(),
                         })?;
                 // The mount point, made here: the daemon's namespace starts
                 // as a copy of the plugin's, so it has the same `/tmp`.
