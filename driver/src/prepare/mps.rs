@@ -67,9 +67,10 @@
 //! A deployment needs: the plugin privileged (`CAP_SYS_ADMIN` for `unshare`
 //! and `mount`; no shell or util-linux in its image) and a writable `/tmp`;
 //! the state directory a hostPath at the same path as on the host (or the
-//! `HostRoot` mapping), so the runtime mounts the very directories the daemon uses; `hostPID: true`,
-//! so an orphaned daemon is reparented to the host's init (in a private pid
-//! namespace it would die with the plugin's pid 1 and become its zombie).
+//! `HostRoot` mapping), so the runtime mounts the very directories the
+//! daemon uses; `hostPID: true`, so an orphaned daemon is reparented to
+//! the host's init (in a private pid namespace it would die with the
+//! plugin's pid 1 and become its zombie).
 //! `shm/` is a plain directory on the state directory's filesystem, not a
 //! tmpfs (a tmpfs mounted by the plugin would be invisible to the runtime
 //! without Bidirectional mount propagation); put `<state-dir>/mps` on a

@@ -145,7 +145,7 @@ fn run(launch: &Launch) -> Result<(), String> {
         .map_err(|e| format!("unshare the mount namespace: {}", e.desc()))?;
     // As `unshare --propagation private`: nothing mounted here shows up in
     // the host's namespace (or the plugin's), nor the other way round.
-    remount("/", MsFlags::MS_REC | MsFlags::MS_PRIVATE)?;
+    make_private("/")?;
     match launch {
         Launch::Probe => bind(Path::new("/dev/shm"), Path::new("/dev/shm")),
         Launch::Daemon {
@@ -162,7 +162,9 @@ fn run(launch: &Launch) -> Result<(), String> {
     }
 }
 
-fn remount(target: &str, flags: MsFlags) -> Result<(), String> {
+/// Makes `target` and every mount under it private to this namespace.
+fn make_private(target: &str) -> Result<(), String> {
+    let flags = MsFlags::MS_REC | MsFlags::MS_PRIVATE;
     mount(None::<&str>, target, None::<&str>, flags, None::<&str>)
         .map_err(|e| format!("make {target} a private mount: {}", e.desc()))
 }
