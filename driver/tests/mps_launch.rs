@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use fake_driver_root::FakeDriverRoot;
 use gpu_kubelet_plugin::prepare::cdi::HostRoot;
 use gpu_kubelet_plugin::prepare::mps::{
-    CONTAINER_PIPE_DIR, DaemonConfig, MpsControl, PID_FILE, ShmMode, Timeouts, procs,
+    CONTAINER_PIPE_DIR, CONTROL_SOCKET, DaemonConfig, MAX_SOCKET_PATH, MpsControl, PID_FILE,
+    ShmMode, Timeouts, procs,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-kubelet-plugin");
@@ -80,11 +81,93 @@ fn a_daemon_started_through_the_launcher_sees_its_own_shm_and_pipe_dirs() {
         seen.iter()
             .all(|c| c.pipe_dir == Path::new(CONTAINER_PIPE_DIR))
     );
+    // The plugin's own clients reach the socket at its path on this side.
+    let clients: Vec<_> = calls.iter().filter(|c| c.args.is_empty()).collect();
+    assert_eq!(clients.len(), 2, "{calls:?}");
+    assert!(
+        clients
+            .iter()
+            .all(|c| c.env("CUDA_MPS_PIPE_DIRECTORY") == dirs.pipe.to_str()),
+        "{clients:?}"
+    );
     // Nothing of it shows in this namespace's /tmp/nvidia-mps.
     assert!(!Path::new(CONTAINER_PIPE_DIR).join(PID_FILE).exists());
     mps.stop("claim-1").unwrap();
     wait_dead(pid);
     assert!(!dirs.root.exists());
+}
+
+#[test]
+fn a_state_dir_too_long_for_a_socket_path_works_through_the_launcher() {
+    let (mode, why) = ShmMode::detect(Some(Path::new(BIN)));
+    if mode != ShmMode::PrivateMount {
+        eprintln!(
+            "SKIPPED a_state_dir_too_long_for_a_socket_path_works_through_the_launcher: {}",
+            why.unwrap_or_default()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeDriverRoot::create(&dir.path().join("driver")).unwrap();
+    let _guard = fake.guard();
+    // As under microk8s: /var/snap/microk8s/common/var/lib/kubelet/plugins/gpu.nvidia.com.
+    let state = dir
+        .path()
+        .join("var/snap/microk8s/common/var/lib/kubelet/plugins/gpu.nvidia.com");
+    let id = "claim-8e12ec19-e79f-4f05-aaac-f310d730cd48-0";
+    let mps = MpsControl::new(HostRoot::same(fake.path()), HostRoot::same(&state))
+        .with_launcher(BIN)
+        .with_timeouts(Timeouts {
+            ready: Duration::from_secs(5),
+            command: Duration::from_secs(5),
+            stop: Duration::from_secs(2),
+        });
+    let dirs = mps.dirs(id).unwrap();
+    let socket = dirs.pipe.join(CONTROL_SOCKET);
+    assert!(
+        socket.as_os_str().len() > MAX_SOCKET_PATH,
+        "{}",
+        socket.display()
+    );
+    let cfg = DaemonConfig {
+        id: id.into(),
+        gpu_uuids: vec![GPU.into()],
+        active_thread_percentage: Some(25),
+        pinned_memory_limits: BTreeMap::from([(GPU.into(), "1G".into())]),
+    };
+    let pid = mps.start(&cfg).unwrap().pid.unwrap();
+    assert!(mps.is_running(id));
+    // The daemon got both settings, from clients that saw the pipe
+    // directory where the daemon and containers see it.
+    let seen = fake.mps_commands().unwrap();
+    let commands: Vec<&str> = seen.iter().map(|c| c.command.as_str()).collect();
+    assert_eq!(
+        commands,
+        [
+            "set_default_active_thread_percentage 25",
+            "set_default_device_pinned_mem_limit 0 1024M"
+        ],
+        "{seen:?}"
+    );
+    let calls = fake.mps_control_calls().unwrap();
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.env("CUDA_MPS_PIPE_DIRECTORY") == Some(CONTAINER_PIPE_DIR)),
+        "{calls:?}"
+    );
+    // Stopping goes through the same way (`quit` answered, no kill needed
+    // for the daemon to be gone) and leaves nothing.
+    mps.stop(id).unwrap();
+    wait_dead(pid);
+    assert!(!dirs.root.exists());
+    assert!(
+        fake.mps_commands()
+            .unwrap()
+            .iter()
+            .any(|c| c.command == "quit"),
+        "quit was not delivered"
+    );
 }
 
 fn launch(args: &[&str]) -> (Option<i32>, String) {

@@ -33,7 +33,13 @@
 //! daemon, `control` exists and the first setting's round trip succeeds
 //! (`get_server_list` when there is none: a setting is safe to repeat, so
 //! it doubles as the readiness probe), then sends the other settings, one
-//! command per invocation. A daemon that never gets ready is killed and,
+//! command per invocation. The daemon listens on a UNIX socket,
+//! `<pipe>/control`, whose path cannot exceed [`MAX_SOCKET_PATH`] bytes: in
+//! its own namespace it is `/tmp/nvidia-mps/control`, and the plugin's
+//! client runs go through the launcher when the plugin-side path is longer
+//! (a long `--state-dir`, as under microk8s's kubelet directory); without a
+//! namespace of its own a daemon with a longer path is refused
+//! ([`MpsError::SocketPathTooLong`]). A daemon that never gets ready is killed and,
 //! on a first start, its directories removed once none of its processes
 //! is left. So a daemon without a directory has no process, and a first
 //! start skips the search for stale ones (a walk over every process's
@@ -139,6 +145,10 @@ pub const CONTROL_PROGRAM: &str = "usr/bin/nvidia-cuda-mps-control";
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 /// The daemon's socket in its pipe directory.
 pub const CONTROL_SOCKET: &str = "control";
+/// The longest path a UNIX socket can be bound or connected at: `sun_path`
+/// holds 108 bytes, the terminating NUL included. The real control daemon's
+/// socket is `<pipe>/control`.
+pub const MAX_SOCKET_PATH: usize = 107;
 /// The daemon's settings file in its directory.
 pub const CONFIG_FILE: &str = "daemon.json";
 /// Where `-d`'s own output goes, in the log directory.
@@ -182,6 +192,20 @@ pub enum MpsError {
     PrivateShmUnavailable {
         /// Why (not root, no launcher...).
         reason: String,
+    },
+    /// The daemon's socket path would be too long for a UNIX socket
+    /// ([`ShmMode::Inherit`] only: a private mount namespace puts it at
+    /// `/tmp/nvidia-mps/control`); nothing was created.
+    #[error(
+        "MPS daemon {id}: its control socket {path} would be {len} bytes long, over the {MAX_SOCKET_PATH} a UNIX socket path may have; shorten --state-dir, or run the plugin as root so daemons get {CONTAINER_PIPE_DIR} in a mount namespace of their own"
+    )]
+    SocketPathTooLong {
+        /// The daemon.
+        id: String,
+        /// The socket's path.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
     },
     /// A program could not be started.
     #[error("cannot run {program}: {source}")]
@@ -493,6 +517,60 @@ impl MpsControl {
         }
     }
 
+    /// The argv that runs `program args...` through the launcher, in a
+    /// mount namespace of its own where the daemon's `shm/` is `/dev/shm`
+    /// and its `pipe/` is [`CONTAINER_PIPE_DIR`] (made here if missing:
+    /// the new namespace starts as a copy of the plugin's, same `/tmp`).
+    fn in_namespace(
+        &self,
+        dirs: &DaemonDirs,
+        program: &Path,
+        args: &[&str],
+    ) -> Result<Vec<std::ffi::OsString>, MpsError> {
+        let launcher = self
+            .launcher
+            .clone()
+            .ok_or_else(|| MpsError::PrivateShmUnavailable {
+                reason: NO_LAUNCHER.into(),
+            })?;
+        fs::create_dir_all(CONTAINER_PIPE_DIR)
+            .map_err(io_err("create mount point", Path::new(CONTAINER_PIPE_DIR)))?;
+        let mut argv: Vec<std::ffi::OsString> = vec![launcher.into()];
+        argv.extend(
+            launch::Launch::Daemon {
+                shm: dirs.shm.clone(),
+                pipe: dirs.pipe.clone(),
+                program: program.to_path_buf(),
+                args: args.iter().map(Into::into).collect(),
+            }
+            .args(),
+        );
+        Ok(argv)
+    }
+
+    /// A client run of the control program for the daemon of `dirs`:
+    /// directly, with the plugin-side pipe directory, when its socket path
+    /// fits a UNIX socket; otherwise (a long state directory; only a
+    /// daemon in its own namespace can have one, see [`MpsError::SocketPathTooLong`])
+    /// through the launcher, which puts the pipe directory at
+    /// [`CONTAINER_PIPE_DIR`], where the daemon itself and containers see it.
+    fn client(&self, program: &Path, dirs: &DaemonDirs) -> Result<Command, MpsError> {
+        let (mut cmd, pipe_env) =
+            if socket_path_fits(&dirs.control()) || self.shm_mode() != ShmMode::PrivateMount {
+                (Command::new(program), dirs.pipe.as_path())
+            } else {
+                let argv = self.in_namespace(dirs, program, &[])?;
+                let mut cmd = Command::new(&argv[0]);
+                cmd.args(&argv[1..]);
+                (cmd, Path::new(CONTAINER_PIPE_DIR))
+            };
+        // First: it clears the environment.
+        driver_env(&mut cmd, &self.driver_root.path);
+        cmd.env("CUDA_MPS_PIPE_DIRECTORY", pipe_env)
+            .env("CUDA_MPS_LOG_DIRECTORY", &dirs.log);
+        Ok(cmd)
+    }
+
     fn lock_for(&self, id: &str) -> Arc<Mutex<()>> {
         let mut map = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
         map.entry(id.to_owned()).or_default().clone()
@@ -540,6 +618,16 @@ impl MpsControl {
             self.apply(&program, &dirs, &cfg.id, &cfg.commands()?)?;
             tracing::info!(daemon = %cfg.id, pid, "re-adopted running MPS control daemon");
             return Ok(self.record(&dirs, cfg, pid));
+        }
+        // Refused before anything is made: such a daemon could never bind
+        // its socket (in its own namespace it is at /tmp/nvidia-mps).
+        let socket = dirs.control();
+        if !socket_path_fits(&socket) && self.shm_mode() == ShmMode::Inherit {
+            return Err(MpsError::SocketPathTooLong {
+                id: cfg.id.clone(),
+                len: socket.as_os_str().len(),
+                path: socket,
+            });
         }
         let first_start = !dirs.root.exists();
         let started = Instant::now();
@@ -640,27 +728,10 @@ impl MpsControl {
                         });
                     }
                 }
-                let launcher =
-                    self.launcher
-                        .clone()
-                        .ok_or_else(|| MpsError::PrivateShmUnavailable {
-                            reason: NO_LAUNCHER.into(),
-                        })?;
-                // The mount point, made here: the daemon's namespace starts
-                // as a copy of the plugin's, so it has the same `/tmp`.
-                fs::create_dir_all(CONTAINER_PIPE_DIR)
-                    .map_err(io_err("create mount point", Path::new(CONTAINER_PIPE_DIR)))?;
-                let mut argv: Vec<std::ffi::OsString> = vec![launcher.into()];
-                argv.extend(
-                    launch::Launch::Daemon {
-                        shm: dirs.shm.clone(),
-                        pipe: dirs.pipe.clone(),
-                        program: program.to_path_buf(),
-                        args: vec!["-d".into()],
-                    }
-                    .args(),
-                );
-                (argv, Path::new(CONTAINER_PIPE_DIR))
+                (
+                    self.in_namespace(dirs, program, &["-d"])?,
+                    Path::new(CONTAINER_PIPE_DIR),
+                )
             }
             ShmMode::Inherit => (vec![program.into(), "-d".into()], &dirs.pipe),
         };
@@ -793,10 +864,7 @@ impl MpsControl {
         timeout: Duration,
     ) -> Result<String, MpsError> {
         debug_assert!(!command.contains('\n'));
-        let mut cmd = Command::new(program);
-        driver_env(&mut cmd, &self.driver_root.path);
-        cmd.env("CUDA_MPS_PIPE_DIRECTORY", &dirs.pipe)
-            .env("CUDA_MPS_LOG_DIRECTORY", &dirs.log);
+        let mut cmd = self.client(program, dirs)?;
         let line = format!("{command}\n");
         match exec::run(&mut cmd, Some(line.as_bytes()), timeout) {
             Ok(ran) if ran.status.success() => Ok(ran.stdout),
@@ -1060,6 +1128,11 @@ pub fn checked_client_limit_edits(
         ));
     }
     Ok(limit_env(pinned_limit_mib, active_thread_percentage))
+}
+
+/// Whether a UNIX socket can be bound or connected at `path`.
+fn socket_path_fits(path: &Path) -> bool {
+    path.as_os_str().len() <= MAX_SOCKET_PATH
 }
 
 fn read_pid(path: &Path) -> Option<u32> {

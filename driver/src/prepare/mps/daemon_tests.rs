@@ -609,3 +609,46 @@ fn private_mount_without_a_launcher_is_refused_and_leaves_nothing() {
     assert_eq!(env.fake.calls().unwrap(), vec![], "nothing was run");
     assert_eq!(ShmMode::detect(None).0, ShmMode::Inherit);
 }
+
+#[test]
+fn a_socket_path_too_long_without_a_namespace_is_refused_and_leaves_nothing() {
+    let env = Env::new();
+    // Under microk8s the kubelet directory alone is 46 bytes; here a state
+    // directory long enough that `<state>/mps/claim-1/pipe/control` is over
+    // the limit, and one where it is exactly at it.
+    let base = env.state.as_os_str().len();
+    let tail = "/mps/claim-1/pipe/control".len();
+    let at_limit = env
+        .state
+        .join("s".repeat(MAX_SOCKET_PATH - base - tail - 1));
+    let over = env.state.join("s".repeat(MAX_SOCKET_PATH - base - tail));
+    let control = |state: &Path| {
+        MpsControl::new(HostRoot::same(env.fake.path()), HostRoot::same(state))
+            .with_shm_mode(ShmMode::Inherit)
+            .with_timeouts(fast())
+    };
+    let long = control(&over);
+    let socket = long.dirs("claim-1").unwrap().pipe.join(CONTROL_SOCKET);
+    assert_eq!(socket.as_os_str().len(), MAX_SOCKET_PATH + 1);
+    let err = long.start(&cfg("claim-1")).unwrap_err();
+    assert!(
+        matches!(&err, MpsError::SocketPathTooLong { len, path, .. }
+            if *len == MAX_SOCKET_PATH + 1 && *path == socket),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("over the 107") && text.contains("--state-dir"),
+        "{text}"
+    );
+    env.assert_nothing_left(&long, "claim-1");
+    assert_eq!(env.fake.calls().unwrap(), vec![], "nothing was run");
+
+    // One byte shorter: the daemon starts and answers there.
+    let fits = control(&at_limit);
+    let socket = fits.dirs("claim-1").unwrap().pipe.join(CONTROL_SOCKET);
+    assert_eq!(socket.as_os_str().len(), MAX_SOCKET_PATH);
+    fits.start(&cfg("claim-1")).unwrap();
+    assert!(fits.is_running("claim-1"));
+    fits.stop("claim-1").unwrap();
+}

@@ -3,7 +3,10 @@
 //! itself a private mount namespace, bind-mounts the daemon's `shm/` on
 //! `/dev/shm` and its `pipe/` on `/tmp/nvidia-mps`, and execs the control
 //! program, which (and every server it forks) then sees exactly the paths
-//! containers get.
+//! containers get. Without `-d` it runs a client of that daemon the same
+//! way: the plugin does so when the daemon's socket path on its side
+//! (`<state-dir>/mps/<id>/pipe/control`) is too long for a UNIX socket,
+//! since `/tmp/nvidia-mps/control` never is.
 //!
 //! One program start instead of four (`unshare`, `sh`, two `mount`s), and
 //! no util-linux or shell needed in the plugin's image. It is done with a
@@ -53,7 +56,7 @@ pub enum Launch {
         pipe: PathBuf,
         /// The control program.
         program: PathBuf,
-        /// Its arguments (`-d`).
+        /// Its arguments (`-d`; none for a client).
         args: Vec<OsString>,
     },
 }
