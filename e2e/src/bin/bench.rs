@@ -167,16 +167,27 @@ pub struct Ctx {
     pub cargo: PathBuf,
     /// The workspace root (cargo's working directory).
     pub workspace: PathBuf,
+    /// How many benchmark directories [`Self::dir_for`] has handed out.
+    pub dirs_made: std::sync::atomic::AtomicUsize,
 }
 
 impl Ctx {
-    /// A fresh directory for benchmark `name` in the scratch directory.
+    /// A fresh directory for benchmark `name` in the scratch directory:
+    /// `<scratch>/<n>`, short, so that the plugin's state directory there
+    /// (`<n>/plugins/gpu.nvidia.com`, 42 bytes under `/tmp/bench-<pid>`)
+    /// is about as long as a node's (`/var/lib/kubelet/plugins/gpu.nvidia.com`,
+    /// 39): an MPS daemon's socket path then fits a UNIX socket and the
+    /// plugin talks to it directly, as on a node with the default
+    /// directories. The benchmark's name is written into `<n>/benchmark`.
     pub fn dir_for(&self, name: &str) -> PathBuf {
-        let slug: String = name
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-            .collect();
-        self.scratch.join(slug)
+        let n = self
+            .dirs_made
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = self.scratch.join(format!("{n:02}"));
+        if std::fs::create_dir_all(&dir).is_ok() {
+            let _ = std::fs::write(dir.join("benchmark"), format!("{name}\n"));
+        }
+        dir
     }
 
     /// The volatile directory that goes with `dir` (under
@@ -270,6 +281,7 @@ fn main() -> anyhow::Result<()> {
         smaps: args.smaps.clone(),
         cargo,
         workspace,
+        dirs_made: std::sync::atomic::AtomicUsize::new(0),
     };
     if let Some(dir) = &ctx.smaps {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
