@@ -1,5 +1,5 @@
 //! The GPU DRA kubelet plugin as a library: the binary in `main.rs` only
-//! parses flags and calls [`run`]-style entry points from these modules, so
+//! parses flags and calls `run`-style entry points from these modules, so
 //! the demo and the tests can run the very same code in-process.
 //!
 //! Module ownership (one job each):

@@ -1,7 +1,7 @@
 //! The kubelet-facing gRPC services, served over Unix sockets:
 //!
 //! - the plugin registration service on `<registrar-dir>/<driver>-reg.sock`
-//!   ([`registration`]), which kubelet's plugin watcher calls first;
+//!   (`registration`), which kubelet's plugin watcher calls first;
 //! - `DRAPlugin` v1 and v1beta1 ([`dra`]) and `DRAResourceHealth` v1alpha1
 //!   and v1 ([`health`]) on `<plugins-dir>/<driver>/dra.sock`.
 //!

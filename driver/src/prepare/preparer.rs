@@ -9,19 +9,19 @@
 //! 3. take the locks of exactly its GPUs ([`locks`]); check that no other
 //!    prepared claim holds an overlapping device (the last line of defence
 //!    against double allocation; admin access and memory shares excepted);
-//! 4. set the hardware up ([`apply`]: MIG instances, compute mode,
+//! 4. set the hardware up (`apply`: MIG instances, compute mode,
 //!    time-slice, MPS daemons; a change startup recovery could not find
 //!    by itself is journalled as `PrepareStarted` before it is made),
 //!    write the CDI spec; a failure rolls back what this attempt did and
 //!    removes the entry;
 //! 5. commit `PrepareCompleted` (grouped with concurrent claims into one
 //!    checkpoint write); answer kubelet, while `status.devices` of the
-//!    claim is written in the background ([`status`], best effort).
+//!    claim is written in the background (`status`, best effort).
 //!
 //! Unprepare works from the checkpoint alone: undo what the entry records,
 //! delete the spec, remove the entry; an unknown claim is already
 //! unprepared. At start ([`Preparer::start`]) the plugin recovers from a
-//! crash ([`recover`]): entries still `PrepareStarted` are undone and
+//! crash (`recover`): entries still `PrepareStarted` are undone and
 //! dropped, and MIG devices, MPS daemons and CDI specs no completed claim
 //! references are removed.
 
@@ -181,7 +181,7 @@ pub(crate) struct Inner {
 }
 
 impl Preparer {
-    /// Opens the checkpoint, recovers from a crash (see [`recover`]) and
+    /// Opens the checkpoint, recovers from a crash (see `recover`) and
     /// starts the MPS supervisor. Runs the blocking parts off the runtime.
     pub async fn start(
         opts: Options,

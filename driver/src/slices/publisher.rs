@@ -9,11 +9,11 @@
 //! ones from the latest inventory unless they are unchanged and still held
 //! by the server, and writes only what differs
 //! ([`super::pool::plan`]), with server-side apply: wave by wave, the writes
-//! of a wave concurrently (at most [`CONCURRENT_WRITES`]), so counter-set
+//! of a wave concurrently (at most `CONCURRENT_WRITES`), so counter-set
 //! slices exist before the device slices that consume them and deletions
 //! come last. The desired slices are dropped when the reconcile ends; only
 //! digests of them stay ([`PoolState`]). API answers are decoded only as far
-//! as they are read ([`super::wire`]). API errors are retried with capped
+//! as they are read (`super::wire`). API errors are retried with capped
 //! exponential backoff and logged once per distinct error. On shutdown it
 //! stops at once, or first deletes its slices when `--delete-slices-on-exit`
 //! is set.
