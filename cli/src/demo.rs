@@ -12,7 +12,7 @@
 //! placed ([`scheduler`]), prepared and resolved as a runtime would
 //! ([`walk`], [`inspect`]); then one unprepare of all of them and the proof
 //! that nothing is left ([`proof`]); the plugin's shutdown; and the removal
-//! of the temporary directory. Output: [`print`], or one JSON document.
+//! of the temporary directory. Output: [`print`](mod@print), or one JSON document.
 
 mod admission;
 mod claims;

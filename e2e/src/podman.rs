@@ -34,7 +34,7 @@
 //!
 //! Submodules: [`detect`] (what must be installed, and why it is not),
 //! [`image`] (the rootfs tarball and its import), [`spec_file`] (the CDI
-//! spec guard), [`exec`] (running a command with a deadline).
+//! spec guard), `exec` (running a command with a deadline).
 
 pub mod detect;
 mod exec;

@@ -119,7 +119,7 @@ pub fn parse_effective_uid(status: &str) -> Result<u32, String> {
         .map_err(|_| format!("effective uid {field:?} is not a number"))
 }
 
-/// `name` on `$PATH` or in [`FALLBACK_DIRS`]: the first executable file.
+/// `name` on `$PATH` or in `FALLBACK_DIRS`: the first executable file.
 pub fn find_program(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)

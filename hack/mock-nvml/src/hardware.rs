@@ -88,7 +88,7 @@ pub struct GiProfile {
 }
 
 /// One compute-instance profile inside a GPU instance (derived, see
-/// [`compute_instance_profiles`]).
+/// `compute_instance_profiles`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CiProfile {
     /// Name as nvidia-smi prints it: `1c.3g.40gb`, or the GI name for the
