@@ -142,7 +142,7 @@ fn node_paths(spec: &Spec) -> Vec<&str> {
 
 /// A shell script printing what the container sees: its env, each node's
 /// type and numbers, whether each `absent` path is absent, and each mounted
-/// file's size and first line, and whether it is writable.
+/// file's size, its first line if it is text, and whether it is writable.
 fn probe_script(spec: &Spec, absent: &[&str]) -> String {
     let mut s = String::from("echo '== env'; env | sort\n");
     for path in node_paths(spec) {
@@ -159,9 +159,15 @@ fn probe_script(spec: &Spec, absent: &[&str]) -> String {
     }
     for m in &spec.container_edits.mounts {
         let path = &m.container_path;
+        // A program (the fake MPS control is compiled) is checked by size.
+        let first_line = if is_text(&m.host_path) {
+            format!("; head -n 1 '{path}'")
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
-            "echo \"== file {path} $(wc -c < '{path}') bytes\"; head -n 1 '{path}'"
+            "echo \"== file {path} $(wc -c < '{path}') bytes\"{first_line}"
         );
         let _ = writeln!(
             s,
@@ -169,6 +175,11 @@ fn probe_script(spec: &Spec, absent: &[&str]) -> String {
         );
     }
     s
+}
+
+/// Whether a mounted host file is text (its first line is compared).
+fn is_text(path: &str) -> bool {
+    fs::read(path).is_ok_and(|b| std::str::from_utf8(&b).is_ok())
 }
 
 /// The output `probe_script` must print for `spec`, from the host's view:
@@ -182,14 +193,11 @@ fn expected_probe(spec: &Spec, absent: &[&str]) -> String {
         let _ = writeln!(s, "== absent {path}");
     }
     for m in &spec.container_edits.mounts {
-        let host = fs::read_to_string(&m.host_path).unwrap();
-        let first = host.lines().next().unwrap_or_default();
-        let _ = writeln!(
-            s,
-            "== file {} {} bytes\n{first}",
-            m.container_path,
-            host.len()
-        );
+        let host = fs::read(&m.host_path).unwrap();
+        let _ = writeln!(s, "== file {} {} bytes", m.container_path, host.len());
+        if let Ok(text) = std::str::from_utf8(&host) {
+            let _ = writeln!(s, "{}", text.lines().next().unwrap_or_default());
+        }
     }
     s
 }

@@ -4,21 +4,25 @@
 //! `--driver-root`: the user-space libraries as small real files with their
 //! soname symlinks (`libcuda.so.<version>` ← `libcuda.so.1` ← `libcuda.so`,
 //! `libnvidia-ml`, `libnvidia-ptxjitcompiler`, ...), GSP firmware, and the
-//! programs in `usr/bin` as POSIX `sh` scripts (dash and busybox ash):
+//! programs in `usr/bin`:
 //!
-//! - `nvidia-smi`: `-i <GPU> -c <MODE>`, `compute-policy -i <GPU>
-//!   --set-timeslice <0-3>`, `-L`; keeps per-GPU settings
-//!   ([`FakeDriverRoot::gpu_state`]);
-//! - `nvidia-cuda-mps-control`: `-d` really daemonizes (`setsid`, a new
-//!   session that outlives its parent), writes `nvidia-cuda-mps-control.pid`
-//!   and a `control` endpoint into `CUDA_MPS_PIPE_DIRECTORY`, logs to
-//!   `CUDA_MPS_LOG_DIRECTORY/control.log` in the real daemon's format, and
-//!   answers the commands clients pipe into `nvidia-cuda-mps-control`
-//!   (`get_server_list`, `set_default_active_thread_percentage`,
+//! - `nvidia-smi` (a POSIX `sh` script; dash and busybox ash): `-i <GPU> -c
+//!   <MODE>`, `compute-policy -i <GPU> --set-timeslice <0-3>`, `-L`; keeps
+//!   per-GPU settings ([`FakeDriverRoot::gpu_state`]);
+//! - `nvidia-cuda-mps-control`, a compiled program (std-only Rust, built by
+//!   `build.rs`; [`Options::shell`] does not apply to it): `-d` starts a
+//!   control daemon in the background (its own process group, not its own
+//!   session: std has no `setsid` without `unsafe`; it outlives its parent)
+//!   that writes `nvidia-cuda-mps-control.pid`, listens on the UNIX socket
+//!   `control` in `CUDA_MPS_PIPE_DIRECTORY` (with the real 107-byte path
+//!   limit), logs to `CUDA_MPS_LOG_DIRECTORY/control.log` in the real
+//!   daemon's format, and answers the commands clients pipe into
+//!   `nvidia-cuda-mps-control` (`get_server_list`,
+//!   `set_default_active_thread_percentage`,
 //!   `set_default_device_pinned_mem_limit`, their getters, `quit`); its
 //!   settings are readable with [`FakeDriverRoot::mps_state`];
 //! - `nvidia-cuda-mps-server`, `nvidia-debugdump`, `nvidia-persistenced`,
-//!   `nvidia-cdi-hook`: record their call only.
+//!   `nvidia-cdi-hook` (scripts): record their call only.
 //!
 //! Every program records its invocation (arguments and the CUDA/MPS
 //! environment) and the MPS daemon every command it processes, in order, in
@@ -43,8 +47,8 @@ use std::path::{Path, PathBuf};
 
 pub use nodes::{DevRoot, NodeKind, create_dev_root, create_proc_root, create_proc_root_for};
 pub use procs::{
-    ProcessGuard, cmdline, is_alive, kill, kill_under, parent_id, processes_under, session_id,
-    terminate,
+    ProcessGuard, cmdline, is_alive, kill, kill_under, parent_id, process_group_id,
+    processes_under, session_id, terminate,
 };
 pub use record::{Call, MpsCommand, RECORDED_ENV, Record};
 pub use scripts::sh_quote;
@@ -137,7 +141,8 @@ pub struct Options {
     /// Driver version in library names and `nvidia-smi` output.
     pub driver_version: String,
     /// The interpreter line of the scripts: `/bin/sh`, or e.g.
-    /// `/usr/bin/busybox sh` to prove they run under busybox.
+    /// `/usr/bin/busybox sh` to prove they run under busybox. The compiled
+    /// `nvidia-cuda-mps-control` ignores it.
     pub shell: String,
     /// GPU UUIDs `nvidia-smi` knows (`-i` with another gives "No devices
     /// were found", exit 6); empty accepts any well-formed id.
@@ -299,7 +304,6 @@ impl FakeDriverRoot {
         mkdirs(&bin)?;
         let mut programs = vec![
             ("nvidia-smi", Program::NvidiaSmi),
-            ("nvidia-cuda-mps-control", Program::MpsControl),
             (
                 "nvidia-cuda-mps-server",
                 Program::Stub {
@@ -335,6 +339,14 @@ impl FakeDriverRoot {
             let text = scripts::render(&self.options.shell, &self.root, tool, version, program);
             write_file(&bin.join(tool), text.as_bytes(), 0o755)?;
         }
+        // Written under a temporary name and renamed into place, like every
+        // file here: a daemon of an earlier build keeps running its old
+        // file (no ETXTBSY).
+        write_file(
+            &bin.join("nvidia-cuda-mps-control"),
+            scripts::MPS_CONTROL,
+            0o755,
+        )?;
 
         for dir in [
             "var/log/fake-driver",

@@ -1,8 +1,10 @@
 //! Processes started from a fake driver root, found through `/proc`, and a
 //! guard that kills them, so that tests never leak a daemon.
 //!
-//! A fake program runs as `<shell> <root>/usr/bin/<tool> ...`, so every
-//! process whose command line names a file under the root is one of ours.
+//! A script runs as `<shell> <root>/usr/bin/<tool> ...` and the compiled
+//! MPS control program as `<root>/usr/bin/nvidia-cuda-mps-control`, whatever
+//! its argv\[0\] says: a process whose command line names a file under the
+//! root, or whose executable (`/proc/<pid>/exe`) is one, is one of ours.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -10,7 +12,7 @@ use std::path::{Path, PathBuf};
 use rustix::process::{Pid, Signal, kill_process};
 
 /// Field `n` of a `/proc/<pid>/stat` line counted after `(comm)` (0: the
-/// state letter, 1: the parent, 3: the session); comm may hold spaces and
+/// state letter, 1: the parent, 2: the process group, 3: the session); comm may hold spaces and
 /// parentheses, so the fields start after the last `)`.
 fn stat_field(stat: &str, n: usize) -> Option<&str> {
     stat[stat.rfind(')')? + 1..].split_whitespace().nth(n)
@@ -37,6 +39,11 @@ pub fn parent_id(pid: u32) -> Option<u32> {
     read_stat_field(pid, 1)?.parse().ok()
 }
 
+/// The process group id of a process (field 5 of `/proc/<pid>/stat`).
+pub fn process_group_id(pid: u32) -> Option<u32> {
+    read_stat_field(pid, 2)?.parse().ok()
+}
+
 /// The session id of a process (field 6 of `/proc/<pid>/stat`).
 pub fn session_id(pid: u32) -> Option<u32> {
     read_stat_field(pid, 3)?.parse().ok()
@@ -53,7 +60,9 @@ pub fn cmdline(pid: u32) -> Option<Vec<String>> {
     )
 }
 
-/// Live processes (other than this one) whose command line names a path under `root`.
+/// Live processes (other than this one) whose command line names a path
+/// under `root`, or whose executable is under `root` (a file replaced since
+/// shows as `<path> (deleted)`, still under `root`).
 pub fn processes_under(root: &Path) -> Vec<u32> {
     let me = std::process::id();
     let Ok(entries) = fs::read_dir("/proc") else {
@@ -71,10 +80,10 @@ pub fn processes_under(root: &Path) -> Vec<u32> {
         if pid == me || !is_alive(pid) {
             continue;
         }
-        let Some(args) = cmdline(pid) else {
-            continue;
-        };
-        if args.iter().any(|a| Path::new(a).starts_with(root)) {
+        let named =
+            cmdline(pid).is_some_and(|args| args.iter().any(|a| Path::new(a).starts_with(root)));
+        if named || fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe.starts_with(root))
+        {
             out.push(pid);
         }
     }
@@ -154,11 +163,13 @@ mod tests {
         let stat = "42 (a) b (c) S 7 42 9 0";
         assert_eq!(stat_field(stat, 0), Some("S"));
         assert_eq!(stat_field(stat, 1), Some("7"));
+        assert_eq!(stat_field(stat, 2), Some("42"));
         assert_eq!(stat_field(stat, 3), Some("9"));
         assert_eq!(stat_field("42 (x) S", 1), None);
         assert_eq!(stat_field("garbage", 0), None);
         let me = std::process::id();
         assert_eq!(parent_id(me), Some(std::os::unix::process::parent_id()));
+        assert!(process_group_id(me).is_some_and(|g| g > 0));
         // Its state letter parsed and not a zombie's.
         assert!(is_alive(me));
     }

@@ -1,10 +1,14 @@
 //! The fake driver programs: POSIX `sh` scripts (they run under dash and
 //! busybox ash alike) assembled from a generated header, a common part
-//! (recording, behaviour file) and one body per program.
+//! (recording, behaviour file) and one body per program; and the compiled
+//! `nvidia-cuda-mps-control` stand-in ([`MPS_CONTROL`], built by `build.rs`
+//! from `src/bin/fake-mps-control.rs`), which needs a real UNIX socket and
+//! must cost little per daemon start.
 //!
 //! The header pins the driver root's absolute path into each script, so a
 //! program records into its root however it was invoked (absolute path, a
-//! `PATH` lookup, through `unshare`...).
+//! `PATH` lookup, through `unshare`...); the compiled program finds its root
+//! from its own file (`/proc/self/exe`).
 
 use std::fmt::Write;
 use std::path::Path;
@@ -13,18 +17,17 @@ use std::path::Path;
 const COMMON: &str = include_str!("scripts/common.sh");
 /// `nvidia-smi`: compute mode, compute policy (time-slice), `-L`.
 const NVIDIA_SMI: &str = include_str!("scripts/nvidia-smi.sh");
-/// `nvidia-cuda-mps-control`: daemon and client.
-const MPS_CONTROL: &str = include_str!("scripts/nvidia-cuda-mps-control.sh");
 /// Programs that only record their call.
 const STUB: &str = include_str!("scripts/stub.sh");
+/// `nvidia-cuda-mps-control` (daemon and client), a compiled program for
+/// this machine; it ignores `Options::shell`.
+pub(crate) const MPS_CONTROL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fake-mps-control"));
 
 /// The body of one fake program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Program {
     /// `nvidia-smi`.
     NvidiaSmi,
-    /// `nvidia-cuda-mps-control`.
-    MpsControl,
     /// A program that records its call, prints `message` on stderr when not
     /// empty, and exits with `exit`.
     Stub {
@@ -73,7 +76,6 @@ pub(crate) fn render(
     out.push_str(COMMON);
     out.push_str(match program {
         Program::NvidiaSmi => NVIDIA_SMI,
-        Program::MpsControl => MPS_CONTROL,
         Program::Stub { .. } => STUB,
     });
     out

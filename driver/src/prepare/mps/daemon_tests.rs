@@ -115,11 +115,14 @@ fn start_waits_for_readiness_then_applies_settings_in_order() {
     let pid = record.pid.unwrap();
     assert_eq!(mps.pid("claim-1"), Some(pid));
     assert!(mps.is_running("claim-1"));
-    // Not in this process's session: it outlives the plugin.
+    // Neither this process's child nor in its process group: signals to
+    // the plugin's group never reach it, and it outlives the plugin.
+    let me = std::process::id();
     assert_ne!(
-        fake_driver_root::session_id(pid),
-        fake_driver_root::session_id(std::process::id())
+        fake_driver_root::process_group_id(pid),
+        fake_driver_root::process_group_id(me)
     );
+    assert_ne!(fake_driver_root::parent_id(pid), Some(me));
     assert_eq!(record.pipe_dir, dirs.pipe);
     assert_eq!(record.gpu_uuids, [A, B]);
     // The first setting is the readiness probe: no `get_server_list`.
