@@ -158,7 +158,7 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
                 2,
                 Row::new(
                     name,
-                    "    of which starting the MPS control daemon (launch, readiness, settings; the stand-in daemon is a shell script)",
+                    "    of which starting the MPS control daemon (launch, readiness, settings; the fake root's compiled stand-in daemon)",
                     "ms",
                     daemon,
                 ),
