@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::prepare::{VENDOR_KIND, env_of, gpu_config, node, result};
+use common::prepare::{VENDOR_KIND, env_of, gpu_config, node, node_yaml, result};
 use common::{DRIVER, NODE};
 use gpu_dra_e2e::kubelet::{Claim, DraVersion};
 use serde_json::json;
@@ -274,6 +274,56 @@ async fn mps_claim_gets_a_daemon_with_its_limits_and_the_pipe() {
     n.unprepare_ok(&c).await;
     assert_eq!(n.mps_daemons(), 0, "daemon stopped");
     assert_eq!(n.processes(), 0, "no process left");
+}
+
+#[tokio::test]
+async fn an_mps_prepare_whose_compute_mode_change_fails_leaves_no_daemon() {
+    // The daemon starts while the compute mode is set (both take time);
+    // the mode change fails, so the daemon that did start must be stopped.
+    let yaml =
+        std::fs::read_to_string(nvidia_ml::fixture::bundled_profile("t4-inference")).unwrap();
+    let line = "    minor: 0\n";
+    assert!(yaml.contains(line));
+    let yaml = yaml.replacen(
+        line,
+        &format!("{line}    fail: {{nvmlDeviceSetComputeMode: NO_PERMISSION}}\n"),
+        1,
+    );
+    let n = node_yaml(&yaml, &[], DraVersion::V1).await;
+    let c = n
+        .claim(
+            "mps",
+            json!([result("gpu", "gpu-0")]),
+            json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
+                "defaultActiveThreadPercentage": 25}}))]),
+        )
+        .await;
+    let r = n.prepare(std::slice::from_ref(&c)).await;
+    let error = r[&c.uid].error.clone().unwrap_or_default();
+    assert!(error.contains("gpu-0"), "{error}");
+    assert!(
+        error.to_lowercase().contains("permission"),
+        "the NVML error is named: {error}"
+    );
+    // The daemon was started, then stopped by the rollback.
+    let starts = n.env.driver_root.mps_control_calls().unwrap();
+    assert!(
+        starts.iter().any(|call| call.args == ["-d"]),
+        "the daemon started alongside: {starts:?}"
+    );
+    assert_eq!(n.mps_daemons(), 0, "{}", n.logs());
+    assert_eq!(n.processes(), 0, "no process left\n{}", n.logs());
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    assert!(
+        n.checkpoint_claims().is_empty(),
+        "{:?}",
+        n.checkpoint_claims()
+    );
+    let modes = n.compute_modes();
+    assert!(
+        modes.values().all(|m| m == "Default"),
+        "no compute mode changed: {modes:?}"
+    );
 }
 
 #[tokio::test]

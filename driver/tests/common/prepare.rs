@@ -49,7 +49,26 @@ pub async fn node_with(
     envs: &[(&str, &str)],
 ) -> Node {
     let dir = short_dir();
-    let env = Arc::new(TestEnv::builder(dir.path()).bundled(profile).build());
+    let env = TestEnv::builder(dir.path()).bundled(profile).build();
+    start_node(dir, env, extra, version, envs).await
+}
+
+/// A node on the machine of profile text `yaml` (a shipped profile with a
+/// failure injected, say), the plugin started with `extra` flags.
+pub async fn node_yaml(yaml: &str, extra: &[&str], version: DraVersion) -> Node {
+    let dir = short_dir();
+    let env = TestEnv::builder(dir.path()).yaml(yaml).build();
+    start_node(dir, env, extra, version, &[]).await
+}
+
+async fn start_node(
+    dir: tempfile::TempDir,
+    env: TestEnv,
+    extra: &[&str],
+    version: DraVersion,
+    envs: &[(&str, &str)],
+) -> Node {
+    let env = Arc::new(env);
     let plugin = Plugin::launch_with(&env, dir.path(), "run", extra, envs);
     let kubelet = register(&plugin, version).await;
     let config = kube::Config::new(env.api.url().parse().unwrap());

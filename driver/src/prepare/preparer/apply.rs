@@ -27,11 +27,11 @@ use super::plan::{ClaimPlan, GpuTarget, MigTarget, PlannedDevice, Target};
 use super::{Inner, commit, entry_for};
 use crate::prepare::cdi::{self, CdiError, ClaimSpec, ContainerEdits};
 use crate::prepare::checkpoint::{
-    Batch, ClaimEntry, ClaimState, ClaimUid, ComputeModeChange, DeviceKind, PreparedDeviceRecord,
-    SharingApplied,
+    Batch, ClaimEntry, ClaimState, ClaimUid, ComputeModeChange, DeviceKind, MpsDaemonRecord,
+    PreparedDeviceRecord, SharingApplied,
 };
 use crate::prepare::mig;
-use crate::prepare::mps::{self, DaemonConfig};
+use crate::prepare::mps::{self, DaemonConfig, MpsError};
 use crate::prepare::timeslice;
 
 const MIB: u64 = 1024 * 1024;
@@ -395,6 +395,9 @@ fn setup(
         ClaimSpec::with_kind(inner.opts.cdi.vendor(), inner.opts.cdi.class(), &plan.uid.0)?;
     // Devices asking for MPS, grouped by identical config: one daemon each.
     let mut mps_groups: Vec<(MpsConfig, Vec<(usize, String)>)> = Vec::new();
+    // Whole GPUs of those: (device, GPU index), set to EXCLUSIVE_PROCESS
+    // while their daemons start (see `start_mps`).
+    let mut exclusive: Vec<(usize, u32)> = Vec::new();
     for (i, d) in plan.devices.iter().enumerate() {
         match &d.target {
             Target::Gpu(g) => {
@@ -420,14 +423,7 @@ fn setup(
                     if let Some(interval) = cfg.time_slice() {
                         time_slice(inner, &plan.uid, entry, i, g, interval)?;
                     } else if let Some(mps) = cfg.mps() {
-                        set_compute_mode(
-                            inner,
-                            &plan.uid,
-                            entry,
-                            i,
-                            g.index,
-                            ComputeMode::ExclusiveProcess,
-                        )?;
+                        exclusive.push((i, g.index));
                         group(&mut mps_groups, mps, i, g.uuid.clone());
                     }
                 }
@@ -447,6 +443,7 @@ fn setup(
             }
         }
     }
+    let mut daemons = Vec::with_capacity(mps_groups.len());
     for (n, (config, members)) in mps_groups.iter().enumerate() {
         let uuids: Vec<&str> = members.iter().map(|(_, u)| u.as_str()).collect();
         let limits =
@@ -456,18 +453,39 @@ fn setup(
                     device: plan.devices[members[0].0].device.clone(),
                     reason: format!("MPS config: {e}"),
                 })?;
-        let cfg = DaemonConfig {
+        daemons.push(DaemonConfig {
             id: format!("claim-{}-{n}", plan.uid.0),
             gpu_uuids: uuids.iter().map(|u| (*u).to_owned()).collect(),
             active_thread_percentage: config
                 .default_active_thread_percentage
                 .and_then(|p| u8::try_from(p).ok()),
             pinned_memory_limits: limits,
-        };
-        let record = inner.mps.start(&cfg)?;
+        });
+    }
+    let started = start_mps(inner, &plan.uid, entry, &exclusive, &daemons);
+    // Every daemon that started is recorded, even when another step
+    // failed, so the rollback stops it.
+    let mut first_error = started.modes.err();
+    for (result, (_, members)) in started.daemons.into_iter().zip(&mps_groups) {
+        match result {
+            Ok(record) => {
+                for (i, _) in members {
+                    entry.devices[*i].sharing.mps_daemon = Some(record.clone());
+                }
+            }
+            Err(e) => {
+                first_error.get_or_insert(e.into());
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    if !daemons.is_empty() {
         failpoint("prepare-after-mps");
+    }
+    for (cfg, (_, members)) in daemons.iter().zip(&mps_groups) {
         for (i, _) in members {
-            entry.devices[*i].sharing.mps_daemon = Some(record.clone());
             spec.add_edits(&names[*i], inner.mps.container_edits(&cfg.id))?;
         }
     }
@@ -479,6 +497,58 @@ fn setup(
     inner.opts.cdi.write(&plan.uid.0, &built.spec)?;
     failpoint("prepare-after-cdi");
     Ok(())
+}
+
+/// What [`start_mps`] did: the compute-mode changes' outcome, and each
+/// daemon's, in order.
+struct MpsStarts {
+    modes: Result<(), PrepareError>,
+    daemons: Vec<Result<MpsDaemonRecord, MpsError>>,
+}
+
+/// Sets the `exclusive` GPUs to EXCLUSIVE_PROCESS (each change journalled
+/// first) while the `daemons` start, on threads of their own: a daemon's
+/// start waits on other processes for milliseconds and needs no compute
+/// mode (its server starts at the first client, after the prepare), and
+/// the journal's fsync need not wait for it. A crash in between leaves what
+/// a crash between the two did before: the journalled change, undone by
+/// recovery, and an unrecorded daemon, stopped by the startup sweep.
+fn start_mps(
+    inner: &Inner,
+    uid: &ClaimUid,
+    entry: &mut ClaimEntry,
+    exclusive: &[(usize, u32)],
+    daemons: &[DaemonConfig],
+) -> MpsStarts {
+    let set_modes = |entry: &mut ClaimEntry| {
+        exclusive.iter().try_for_each(|&(i, index)| {
+            set_compute_mode(inner, uid, entry, i, index, ComputeMode::ExclusiveProcess)
+        })
+    };
+    if exclusive.is_empty() || daemons.is_empty() {
+        let modes = set_modes(entry);
+        let daemons = if modes.is_ok() {
+            daemons.iter().map(|cfg| inner.mps.start(cfg)).collect()
+        } else {
+            Vec::new()
+        };
+        return MpsStarts { modes, daemons };
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = daemons
+            .iter()
+            .map(|cfg| scope.spawn(|| inner.mps.start(cfg)))
+            .collect();
+        let modes = set_modes(entry);
+        let daemons = handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect();
+        MpsStarts { modes, daemons }
+    })
 }
 
 fn group(
@@ -562,7 +632,12 @@ fn set_compute_mode(
         previous: mode_name(current).to_owned(),
     });
     journal(inner, uid, entry, "record a compute mode change")?;
-    inner.backend.set_compute_mode(index, mode).map_err(nvml)?;
+    if let Err(error) = inner.backend.set_compute_mode(index, mode) {
+        // Refused: the mode is as it was, nothing for the rollback to
+        // restore (a restore would fail the same way and keep the entry).
+        entry.devices[i].sharing.compute_mode = None;
+        return Err(nvml(error));
+    }
     Ok(())
 }
 
