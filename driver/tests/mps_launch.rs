@@ -30,22 +30,29 @@ fn wait_dead(pid: u32) {
     }
 }
 
-#[test]
-fn a_daemon_started_through_the_launcher_sees_its_own_shm_and_pipe_dirs() {
+/// A fake driver root, and an [`MpsControl`] that starts its daemons
+/// through the plugin program with their state under `<dir>/<state>`;
+/// `None` (the test says it is skipped, and why) where a private mount
+/// namespace cannot be had (not root).
+struct Launched {
+    fake: FakeDriverRoot,
+    mps: MpsControl,
+    _guard: fake_driver_root::ProcessGuard,
+    _dir: tempfile::TempDir,
+}
+
+fn launched(test: &str, state: &str) -> Option<Launched> {
     let (mode, why) = ShmMode::detect(Some(Path::new(BIN)));
     if mode != ShmMode::PrivateMount {
-        eprintln!(
-            "SKIPPED a_daemon_started_through_the_launcher_sees_its_own_shm_and_pipe_dirs: {}",
-            why.unwrap_or_default()
-        );
-        return;
+        eprintln!("SKIPPED {test}: {}", why.unwrap_or_default());
+        return None;
     }
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeDriverRoot::create(&dir.path().join("driver")).unwrap();
-    let _guard = fake.guard();
+    let guard = fake.guard();
     let mps = MpsControl::new(
         HostRoot::same(fake.path()),
-        HostRoot::same(dir.path().join("state")),
+        HostRoot::same(dir.path().join(state)),
     )
     .with_launcher(BIN)
     .with_timeouts(Timeouts {
@@ -54,6 +61,24 @@ fn a_daemon_started_through_the_launcher_sees_its_own_shm_and_pipe_dirs() {
         stop: Duration::from_secs(2),
     });
     assert_eq!(mps.shm_mode(), ShmMode::PrivateMount);
+    Some(Launched {
+        fake,
+        mps,
+        _guard: guard,
+        _dir: dir,
+    })
+}
+
+#[test]
+fn a_daemon_started_through_the_launcher_sees_its_own_shm_and_pipe_dirs() {
+    let Some(launched) = launched(
+        "a_daemon_started_through_the_launcher_sees_its_own_shm_and_pipe_dirs",
+        "state",
+    ) else {
+        return;
+    };
+    // The whole of it lives to the end: it holds the directory and guard.
+    let (fake, mps) = (&launched.fake, &launched.mps);
     let cfg = DaemonConfig {
         id: "claim-1".into(),
         gpu_uuids: vec![GPU.into()],
@@ -99,29 +124,16 @@ fn a_daemon_started_through_the_launcher_sees_its_own_shm_and_pipe_dirs() {
 
 #[test]
 fn a_state_dir_too_long_for_a_socket_path_works_through_the_launcher() {
-    let (mode, why) = ShmMode::detect(Some(Path::new(BIN)));
-    if mode != ShmMode::PrivateMount {
-        eprintln!(
-            "SKIPPED a_state_dir_too_long_for_a_socket_path_works_through_the_launcher: {}",
-            why.unwrap_or_default()
-        );
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let fake = FakeDriverRoot::create(&dir.path().join("driver")).unwrap();
-    let _guard = fake.guard();
     // As under microk8s: /var/snap/microk8s/common/var/lib/kubelet/plugins/gpu.nvidia.com.
-    let state = dir
-        .path()
-        .join("var/snap/microk8s/common/var/lib/kubelet/plugins/gpu.nvidia.com");
+    let Some(launched) = launched(
+        "a_state_dir_too_long_for_a_socket_path_works_through_the_launcher",
+        "var/snap/microk8s/common/var/lib/kubelet/plugins/gpu.nvidia.com",
+    ) else {
+        return;
+    };
+    // The whole of it lives to the end: it holds the directory and guard.
+    let (fake, mps) = (&launched.fake, &launched.mps);
     let id = "claim-8e12ec19-e79f-4f05-aaac-f310d730cd48-0";
-    let mps = MpsControl::new(HostRoot::same(fake.path()), HostRoot::same(&state))
-        .with_launcher(BIN)
-        .with_timeouts(Timeouts {
-            ready: Duration::from_secs(5),
-            command: Duration::from_secs(5),
-            stop: Duration::from_secs(2),
-        });
     let dirs = mps.dirs(id).unwrap();
     let socket = dirs.pipe.join(CONTROL_SOCKET);
     assert!(

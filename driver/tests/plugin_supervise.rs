@@ -11,9 +11,8 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::prepare::{gpu_config, node, result};
+use common::prepare::node;
 use gpu_dra_e2e::kubelet::DraVersion;
-use serde_json::json;
 
 const STARTED: &str = "serving kubelet plugin sockets";
 
@@ -53,14 +52,7 @@ async fn a_plugin_crash_under_the_supervisor_leaves_the_mps_daemon_running() {
     let supervisor = n.plugin.child.id();
     let first = plugin_children(supervisor);
     assert_eq!(first.len(), 1, "one plugin child: {first:?}\n{}", n.logs());
-    let c = n
-        .claim(
-            "mps",
-            json!([result("gpu", "gpu-0")]),
-            json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
-                "defaultActiveThreadPercentage": 25}}))]),
-        )
-        .await;
+    let c = n.mps_claim("mps").await;
     n.prepare_ok(&c).await;
     let daemons: Vec<u32> = n
         .live_processes()

@@ -290,14 +290,7 @@ async fn an_mps_prepare_whose_compute_mode_change_fails_leaves_no_daemon() {
         1,
     );
     let n = node_yaml(&yaml, &[], DraVersion::V1).await;
-    let c = n
-        .claim(
-            "mps",
-            json!([result("gpu", "gpu-0")]),
-            json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
-                "defaultActiveThreadPercentage": 25}}))]),
-        )
-        .await;
+    let c = n.mps_claim("mps").await;
     let r = n.prepare(std::slice::from_ref(&c)).await;
     let error = r[&c.uid].error.clone().unwrap_or_default();
     assert!(error.contains("gpu-0"), "{error}");

@@ -173,6 +173,17 @@ impl Node {
             .collect()
     }
 
+    /// A claim for `gpu-0` shared by MPS, default active thread percentage 25.
+    pub async fn mps_claim(&self, name: &str) -> Claim {
+        self.claim(
+            name,
+            json!([result("gpu", "gpu-0")]),
+            json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
+                "defaultActiveThreadPercentage": 25}}))]),
+        )
+        .await
+    }
+
     /// Creates claim `name` allocated with `results` and `config`; returns
     /// the kubelet's reference to it.
     pub async fn claim(&self, name: &str, results: Value, config: Value) -> Claim {
