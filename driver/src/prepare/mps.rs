@@ -39,9 +39,9 @@
 //! client runs go through the launcher when the plugin-side path is longer
 //! (a long `--state-dir`, as under microk8s's kubelet directory); without a
 //! namespace of its own a daemon with a longer path is refused
-//! ([`MpsError::SocketPathTooLong`]). A daemon that never gets ready is killed and,
-//! on a first start, its directories removed once none of its processes
-//! is left. So a daemon without a directory has no process, and a first
+//! ([`MpsError::SocketPathTooLong`]). A daemon that never gets ready is
+//! killed and, on a first start, its directories removed once none of its
+//! processes is left. So a daemon without a directory has no process, and a first
 //! start skips the search for stale ones (a walk over every process's
 //! environment). Daemons are not children of the plugin (`-d` runs in a
 //! process group of its own and forks the daemon, which makes its own
