@@ -18,6 +18,7 @@ const OUTPUT: &str = "fake-mps-control";
 
 fn main() {
     println!("cargo:rerun-if-changed={SOURCE}");
+    println!("cargo:rerun-if-changed=src/layout.rs");
     let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));

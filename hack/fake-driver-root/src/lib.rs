@@ -34,6 +34,7 @@
 //! and `--proc-root` trees. Daemons started from a root are found and killed
 //! with [`FakeDriverRoot::kill_processes`] or a [`ProcessGuard`].
 
+mod layout;
 mod nodes;
 mod procs;
 mod record;
@@ -45,28 +46,21 @@ use std::io;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
+pub use layout::{BEHAVIOUR_FILE, CALL_LOG, MPS_PID_FILE, MPS_STATE_FILE, RECORDED_ENV};
 pub use nodes::{DevRoot, NodeKind, create_dev_root, create_proc_root, create_proc_root_for};
 pub use procs::{
     ProcessGuard, cmdline, is_alive, kill, kill_under, parent_id, process_group_id,
     processes_under, session_id, terminate,
 };
-pub use record::{Call, MpsCommand, RECORDED_ENV, Record};
+pub use record::{Call, MpsCommand, Record};
 pub use scripts::sh_quote;
 
 use scripts::Program;
 
 /// The driver version of a root made with default options.
 pub const DEFAULT_DRIVER_VERSION: &str = "580.65.06";
-/// The call log, relative to the root.
-pub const CALL_LOG: &str = "var/log/fake-driver/calls.log";
-/// The behaviour file the programs source, relative to the root.
-pub const BEHAVIOUR_FILE: &str = "etc/fake-driver/behaviour.conf";
 /// `nvidia-smi`'s per-GPU settings, relative to the root.
 pub const GPU_STATE: &str = "var/lib/fake-driver/gpu-state";
-/// The fake MPS daemon's settings file inside its pipe directory.
-pub const MPS_STATE_FILE: &str = "fake-mps-state";
-/// The pid file the MPS control daemon writes into its pipe directory.
-pub const MPS_PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 
 /// Libraries: `(name, soname suffix)`; each gets `<name>.<version>` and,
 /// when it has a soname, `<name>.<suffix>` and `<name>` links.

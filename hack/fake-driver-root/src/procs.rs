@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use rustix::process::{Pid, Signal, kill_process};
 
 /// Field `n` of a `/proc/<pid>/stat` line counted after `(comm)` (0: the
-/// state letter, 1: the parent, 2: the process group, 3: the session); comm may hold spaces and
-/// parentheses, so the fields start after the last `)`.
+/// state letter, 1: the parent, 2: the process group, 3: the session);
+/// comm may hold spaces and parentheses, so the fields start after the
+/// last `)`.
 fn stat_field(stat: &str, n: usize) -> Option<&str> {
     stat[stat.rfind(')')? + 1..].split_whitespace().nth(n)
 }

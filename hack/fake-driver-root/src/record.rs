@@ -8,13 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-/// The environment variables every call record carries.
-pub const RECORDED_ENV: &[&str] = &[
-    "CUDA_VISIBLE_DEVICES",
-    "NVIDIA_VISIBLE_DEVICES",
-    "CUDA_MPS_PIPE_DIRECTORY",
-    "CUDA_MPS_LOG_DIRECTORY",
-];
+use crate::layout::RECORDED_ENV;
 
 /// One invocation of a fake program.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -31,6 +31,10 @@
 
 #![forbid(unsafe_code)]
 
+// The file names and record layout the library reads back.
+#[path = "../layout.rs"]
+mod layout;
+
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -44,21 +48,12 @@ use std::process::{Command, ExitCode, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use layout::{BEHAVIOUR_FILE, CALL_LOG, MPS_PID_FILE, MPS_STATE_FILE, RECORDED_ENV};
+
 /// The tool name in call records (whatever name the program was run by).
 const TOOL: &str = "nvidia-cuda-mps-control";
 /// The internal argument that makes the program the daemon.
 const DAEMON_ARG: &str = "--fake-daemon";
-/// The environment every call record carries (the crate's `RECORDED_ENV`).
-const RECORDED_ENV: [&str; 4] = [
-    "CUDA_VISIBLE_DEVICES",
-    "NVIDIA_VISIBLE_DEVICES",
-    "CUDA_MPS_PIPE_DIRECTORY",
-    "CUDA_MPS_LOG_DIRECTORY",
-];
-const CALL_LOG: &str = "var/log/fake-driver/calls.log";
-const BEHAVIOUR_FILE: &str = "etc/fake-driver/behaviour.conf";
-const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
-const STATE_FILE: &str = "fake-mps-state";
 const CONTROL: &str = "control";
 /// The socket's name until it listens: as long as `control`, so it meets
 /// exactly the same path limit.
@@ -484,7 +479,7 @@ fn start(ctx: &Ctx, argv0: &OsStr) -> ExitCode {
         eprintln!("{}", behaviour.start_fail);
         return ExitCode::FAILURE;
     }
-    if live_pid(&ctx.pipe.join(PID_FILE)).is_some() {
+    if live_pid(&ctx.pipe.join(MPS_PID_FILE)).is_some() {
         eprintln!("An instance of this daemon is already running");
         return ExitCode::FAILURE;
     }
@@ -534,7 +529,7 @@ impl Daemon<'_> {
     }
 
     fn remove_files(&self) {
-        for name in [CONTROL, PID_FILE, STATE_FILE] {
+        for name in [CONTROL, MPS_PID_FILE, MPS_STATE_FILE] {
             remove(&self.path(name));
         }
     }
@@ -545,7 +540,7 @@ impl Daemon<'_> {
         let behaviour = self.ctx.behaviour();
         sleep(Duration::from_millis(behaviour.start_delay_ms.into()));
         // One short write: a reader sees no file, an empty one or the pid.
-        if fs::write(self.path(PID_FILE), format!("{}\n", self.pid)).is_err() {
+        if fs::write(self.path(MPS_PID_FILE), format!("{}\n", self.pid)).is_err() {
             return ExitCode::FAILURE;
         }
         let control = self.path(CONTROL);
@@ -570,7 +565,7 @@ impl Daemon<'_> {
                 .as_bytes(),
         );
         state.push(b'\n');
-        if fs::write(self.path(STATE_FILE), state).is_err() {
+        if fs::write(self.path(MPS_STATE_FILE), state).is_err() {
             return ExitCode::FAILURE;
         }
         if behaviour.never_ready {
@@ -636,7 +631,7 @@ impl Daemon<'_> {
         // Behaviour changes reach a running daemon from its next command.
         let behaviour = self.ctx.behaviour();
         sleep(Duration::from_millis(behaviour.reply_delay_ms.into()));
-        let state_file = self.path(STATE_FILE);
+        let state_file = self.path(MPS_STATE_FILE);
         let state = fs::read(&state_file).unwrap_or_default();
         let answer = handle(command, &behaviour.refuse, &String::from_utf8_lossy(&state));
         if let Some(line) = &answer.store {
@@ -710,7 +705,7 @@ fn ask(control: &Path, command: &str, timeout: Duration) -> Result<(bool, String
 /// The client: each non-empty stdin line is one command.
 fn client(ctx: &Ctx) -> ExitCode {
     let timeout = Duration::from_millis(ctx.behaviour().reply_timeout_ms.max(1).into());
-    let pid_file = ctx.pipe.join(PID_FILE);
+    let pid_file = ctx.pipe.join(MPS_PID_FILE);
     let control = ctx.pipe.join(CONTROL);
     let mut stdin = io::stdin().lock();
     let mut stdout = io::stdout().lock();
