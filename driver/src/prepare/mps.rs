@@ -41,13 +41,13 @@
 //! namespace of its own a daemon with a longer path is refused
 //! ([`MpsError::SocketPathTooLong`]). A daemon that never gets ready is
 //! killed and, on a first start, its directories removed once none of its
-//! processes is left. So a daemon without a directory has no process, and a first
-//! start skips the search for stale ones (a walk over every process's
-//! environment). Daemons are not children of the plugin (`-d` runs in a
-//! process group of its own and forks the daemon, which makes its own
-//! session, into the background), so they outlive a plugin crash; a new
-//! [`MpsControl`] on the same state directory finds them from their pid
-//! files.
+//! processes is left. So a daemon without a directory has no process, and
+//! a first start skips the search for stale ones (a walk over every
+//! process's environment). Daemons are not children of the plugin (`-d`
+//! runs in a process group of its own and forks the daemon, which makes
+//! its own session, into the background), so they outlive a plugin crash;
+//! a new [`MpsControl`] on the same state directory finds them from their
+//! pid files.
 //! [`MpsControl::check`] restarts a needed daemon that died; [`MpsControl::stop`]
 //! sends `quit`, kills what is left (every process carrying the daemon's
 //! [`procs::DAEMON_MARKER_ENV`]) and removes the directories.
@@ -517,7 +517,7 @@ impl MpsControl {
         }
     }
 
-    /// The argv that runs `program args...` through the launcher, in a
+    /// A command that runs `program args...` through the launcher, in a
     /// mount namespace of its own where the daemon's `shm/` is `/dev/shm`
     /// and its `pipe/` is [`CONTAINER_PIPE_DIR`] (made here if missing:
     /// the new namespace starts as a copy of the plugin's, same `/tmp`).
@@ -526,17 +526,17 @@ impl MpsControl {
         dirs: &DaemonDirs,
         program: &Path,
         args: &[&str],
-    ) -> Result<Vec<std::ffi::OsString>, MpsError> {
+    ) -> Result<Command, MpsError> {
         let launcher = self
             .launcher
-            .clone()
+            .as_ref()
             .ok_or_else(|| MpsError::PrivateShmUnavailable {
                 reason: NO_LAUNCHER.into(),
             })?;
         fs::create_dir_all(CONTAINER_PIPE_DIR)
             .map_err(io_err("create mount point", Path::new(CONTAINER_PIPE_DIR)))?;
-        let mut argv: Vec<std::ffi::OsString> = vec![launcher.into()];
-        argv.extend(
+        let mut cmd = Command::new(launcher);
+        cmd.args(
             launch::Launch::Daemon {
                 shm: dirs.shm.clone(),
                 pipe: dirs.pipe.clone(),
@@ -545,7 +545,7 @@ impl MpsControl {
             }
             .args(),
         );
-        Ok(argv)
+        Ok(cmd)
     }
 
     /// A client run of the control program for the daemon of `dirs`:
@@ -559,10 +559,10 @@ impl MpsControl {
             if socket_path_fits(&dirs.control()) || self.shm_mode() != ShmMode::PrivateMount {
                 (Command::new(program), dirs.pipe.as_path())
             } else {
-                let argv = self.in_namespace(dirs, program, &[])?;
-                let mut cmd = Command::new(&argv[0]);
-                cmd.args(&argv[1..]);
-                (cmd, Path::new(CONTAINER_PIPE_DIR))
+                (
+                    self.in_namespace(dirs, program, &[])?,
+                    Path::new(CONTAINER_PIPE_DIR),
+                )
             };
         // First: it clears the environment.
         driver_env(&mut cmd, &self.driver_root.path);
@@ -709,8 +709,8 @@ impl MpsControl {
         let out_path = dirs.log.join(START_OUTPUT);
         let out = fs::File::create(&out_path).map_err(io_err("create", &out_path))?;
         let err = out.try_clone().map_err(io_err("dup", &out_path))?;
-        // argv of the launch, then the pipe directory the daemon sees.
-        let (argv, pipe_env): (Vec<std::ffi::OsString>, &Path) = match self.shm_mode() {
+        // The launch, and the pipe directory the daemon sees.
+        let (mut cmd, pipe_env) = match self.shm_mode() {
             ShmMode::PrivateMount => {
                 // The daemon's /dev/shm is mounted over: what it needs
                 // afterwards (its program, log and pipe directories) must
@@ -733,14 +733,17 @@ impl MpsControl {
                     Path::new(CONTAINER_PIPE_DIR),
                 )
             }
-            ShmMode::Inherit => (vec![program.into(), "-d".into()], &dirs.pipe),
+            ShmMode::Inherit => {
+                let mut cmd = Command::new(program);
+                cmd.arg("-d");
+                (cmd, dirs.pipe.as_path())
+            }
         };
         // A process group of its own from the start, whatever the program
         // does: signals to the plugin's group (a Ctrl-C in a terminal, a
         // kill of the group) never reach it. `-d` itself makes the daemon
         // the leader of a session of its own when it forks it.
-        let mut cmd = Command::new(&argv[0]);
-        cmd.args(&argv[1..]).process_group(0);
+        cmd.process_group(0);
         driver_env(&mut cmd, &self.driver_root.path);
         cmd.env("CUDA_MPS_PIPE_DIRECTORY", pipe_env);
         cmd.env("CUDA_VISIBLE_DEVICES", cfg.visible_devices())
