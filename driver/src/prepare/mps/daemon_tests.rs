@@ -419,6 +419,17 @@ fn only_a_start_over_an_existing_directory_kills_stale_processes() {
         .spawn()
         .unwrap();
     let stale_pid = stale.id();
+    // `spawn` returns while the kernel may still be setting up the new
+    // program's environment (`/proc/<pid>/environ` reads empty for a
+    // moment, seen under load); a real leftover is long past that.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !procs::daemon_processes(&dirs.root).contains(&stale_pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the stale process never showed its marker"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
     let pid = mps.start(&cfg("claim-1")).unwrap().pid.unwrap();
     // Killed by the start (reaped here: it is this test's child).
     let status = stale.wait().unwrap();
