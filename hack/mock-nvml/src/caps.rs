@@ -197,22 +197,27 @@ fn create_node(path: &Path) -> Result<(), Error> {
     set_mode(path)
 }
 
+/// The outcome of removing `path`, where the error kinds in `fine` count
+/// as done (already gone, say).
+fn removed(result: std::io::Result<()>, path: &Path, fine: &[ErrorKind]) -> Result<(), Error> {
+    match result {
+        Err(e) if !fine.contains(&e.kind()) => Err(Error::io("remove", path, e)),
+        _ => Ok(()),
+    }
+}
+
 /// Removes a file; one already gone is fine.
 fn remove_file(path: &Path) -> Result<(), Error> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io("remove", path, e)),
-    }
+    removed(std::fs::remove_file(path), path, &[ErrorKind::NotFound])
 }
 
 /// A GPU without instances keeps no empty `mig` directory behind.
 fn remove_empty_mig_dir(mig_dir: &Path) -> Result<(), Error> {
-    match std::fs::remove_dir(mig_dir) {
-        Ok(()) => Ok(()),
-        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty) => Ok(()),
-        Err(e) => Err(Error::io("remove", mig_dir, e)),
-    }
+    removed(
+        std::fs::remove_dir(mig_dir),
+        mig_dir,
+        &[ErrorKind::NotFound, ErrorKind::DirectoryNotEmpty],
+    )
 }
 
 /// The directory of a capability under the GPU's `mig` directory.
@@ -251,12 +256,9 @@ fn entries(dir: &Path, prefix: &str) -> Result<Vec<(u32, PathBuf)>, Error> {
     Ok(out)
 }
 
+/// Removes a directory tree; one already gone is fine.
 fn remove_dir(path: &Path) -> Result<(), Error> {
-    match std::fs::remove_dir_all(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io("remove", path, e)),
-    }
+    removed(std::fs::remove_dir_all(path), path, &[ErrorKind::NotFound])
 }
 
 /// Writes an `access` file unless it already holds `minor` (write to a
