@@ -598,7 +598,11 @@ impl MpsControl {
         let dirs = self.dirs(&cfg.id)?;
         let program = self.control_program()?;
         if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
-            match read_config(&dirs) {
+            // Rewritten only when it changes: a memory-shared GPU's daemon
+            // is re-adopted by every claim that joins it, and a file made
+            // and renamed on disk each time is an inode allocation and a
+            // journal entry for nothing.
+            let unchanged = match read_config(&dirs) {
                 Ok(Some(running)) if running.gpu_uuids != cfg.gpu_uuids => {
                     return Err(MpsError::Conflict {
                         id: cfg.id.clone(),
@@ -606,15 +610,20 @@ impl MpsControl {
                         wanted: cfg.visible_devices(),
                     });
                 }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(
-                    daemon = %cfg.id,
-                    pid,
-                    error = %e,
-                    "settings file of a running MPS daemon unreadable; re-adopting it and rewriting the file"
-                ),
+                Ok(running) => running.as_ref() == Some(cfg),
+                Err(e) => {
+                    tracing::warn!(
+                        daemon = %cfg.id,
+                        pid,
+                        error = %e,
+                        "settings file of a running MPS daemon unreadable; re-adopting it and rewriting the file"
+                    );
+                    false
+                }
+            };
+            if !unchanged {
+                write_config(&dirs, cfg)?;
             }
-            write_config(&dirs, cfg)?;
             self.apply(&program, &dirs, &cfg.id, &cfg.commands()?)?;
             tracing::info!(daemon = %cfg.id, pid, "re-adopted running MPS control daemon");
             return Ok(self.record(&dirs, cfg, pid));

@@ -168,8 +168,17 @@ fn a_second_start_re_adopts_and_a_second_control_finds_the_daemon() {
     let env = Env::new();
     let first = env.control();
     let pid = first.start(&cfg("claim-1")).unwrap().pid.unwrap();
+    let settings = first.dirs("claim-1").unwrap().config;
+    let inode = |path: &std::path::Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).unwrap().ino()
+    };
+    let written = inode(&settings);
     let again = first.start(&cfg("claim-1")).unwrap();
     assert_eq!(again.pid, Some(pid));
+    // The same settings: the file is not made again (a rewrite renames a
+    // new file over it, a new inode).
+    assert_eq!(inode(&settings), written);
     assert_eq!(env.starts(), 1);
     // Settings re-applied, without a second readiness probe.
     let commands = env.commands();
@@ -186,6 +195,10 @@ fn a_second_start_re_adopts_and_a_second_control_finds_the_daemon() {
     };
     assert_eq!(restarted.start(&changed).unwrap().pid, Some(pid));
     assert_eq!(env.starts(), 1);
+    assert_eq!(restarted.config("claim-1").unwrap(), Some(changed.clone()));
+    // An unreadable settings file is rewritten on re-adoption.
+    std::fs::write(&settings, b"{not json").unwrap();
+    assert_eq!(restarted.start(&changed).unwrap().pid, Some(pid));
     assert_eq!(restarted.config("claim-1").unwrap(), Some(changed));
     let state = FakeDriverRoot::mps_state(&first.dirs("claim-1").unwrap().pipe)
         .unwrap()
