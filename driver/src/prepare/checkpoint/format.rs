@@ -62,21 +62,81 @@ pub(super) enum Decoded {
 
 /// Encodes `checkpoint` as a version-[`CURRENT_VERSION`] document.
 pub(super) fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>, serde_json::Error> {
-    let mut entries = Map::new();
-    for (uid, entry) in &checkpoint.claims {
-        let value = serde_json::to_value(entry)?;
-        let mut stored = Map::new();
-        stored.insert("checksum".into(), checksum(&uid.0, &value).into());
-        stored.insert("entry".into(), value);
-        entries.insert(uid.0.clone(), Value::Object(stored));
+    let fragments = checkpoint
+        .claims
+        .iter()
+        .map(|(uid, entry)| Ok((uid, encode_entry(uid, entry)?)))
+        .collect::<Result<Vec<_>, serde_json::Error>>()?;
+    assemble(
+        &checkpoint.boot_id,
+        fragments
+            .iter()
+            .map(|(uid, bytes)| (*uid, bytes.as_slice())),
+    )
+}
+
+/// One stored entry, `{"checksum": ..., "entry": {...}}`, pretty-printed
+/// as it stands in the document (inside `entries`, so every line after the
+/// first indented by four more spaces). An entry's fragment depends on its
+/// UID and content alone: the store keeps the fragments of unchanged
+/// entries from one write to the next, so a write serialises and checksums
+/// only what changed.
+pub(super) fn encode_entry(
+    uid: &ClaimUid,
+    entry: &ClaimEntry,
+) -> Result<Vec<u8>, serde_json::Error> {
+    let value = serde_json::to_value(entry)?;
+    let mut stored = Map::new();
+    stored.insert("checksum".into(), checksum(&uid.0, &value).into());
+    stored.insert("entry".into(), value);
+    let flat = serde_json::to_vec_pretty(&Value::Object(stored))?;
+    // A JSON string holds no raw newline (it is escaped), so every newline
+    // is between tokens: indenting after each one nests the whole object.
+    let mut nested = Vec::with_capacity(flat.len() + flat.len() / 4);
+    for &byte in &flat {
+        nested.push(byte);
+        if byte == b'\n' {
+            nested.extend_from_slice(ENTRY_INDENT);
+        }
     }
-    let mut doc = Map::new();
-    doc.insert("version".into(), CURRENT_VERSION.into());
-    doc.insert("bootId".into(), checkpoint.boot_id.clone().into());
-    doc.insert("entries".into(), Value::Object(entries));
-    let mut bytes = serde_json::to_vec_pretty(&Value::Object(doc))?;
-    bytes.push(b'\n');
-    Ok(bytes)
+    Ok(nested)
+}
+
+/// The indentation of an entry's lines in the document.
+const ENTRY_INDENT: &[u8] = b"    ";
+
+/// The document around entry fragments ([`encode_entry`]) given in UID
+/// order: the same bytes as pretty-printing the whole document as one JSON
+/// value (keys sorted, two-space indentation), written by hand because the
+/// fragments are already serialised.
+pub(super) fn assemble<'a>(
+    boot_id: &str,
+    entries: impl Iterator<Item = (&'a ClaimUid, &'a [u8])>,
+) -> Result<Vec<u8>, serde_json::Error> {
+    let mut out = Vec::with_capacity(4096);
+    out.extend_from_slice(b"{\n  \"bootId\": ");
+    serde_json::to_writer(&mut out, boot_id)?;
+    out.extend_from_slice(b",\n  \"entries\": {");
+    let mut any = false;
+    for (uid, fragment) in entries {
+        out.extend_from_slice(if any {
+            b",\n".as_slice()
+        } else {
+            b"\n".as_slice()
+        });
+        out.extend_from_slice(ENTRY_INDENT);
+        serde_json::to_writer(&mut out, &uid.0)?;
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(fragment);
+        any = true;
+    }
+    if any {
+        out.extend_from_slice(b"\n  ");
+    }
+    out.extend_from_slice(b"},\n  \"version\": ");
+    out.extend_from_slice(CURRENT_VERSION.to_string().as_bytes());
+    out.extend_from_slice(b"\n}\n");
+    Ok(out)
 }
 
 /// Decodes a checkpoint file, converting older versions forward.

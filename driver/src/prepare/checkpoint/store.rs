@@ -21,7 +21,7 @@
 //! left behind (MIG instances, MPS daemons, CDI files) is found and removed
 //! by the startup sweep of the prepare code. The file is kept for humans.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -162,13 +162,17 @@ impl Batch {
         self.changes.is_empty()
     }
 
-    fn apply(self, checkpoint: &mut Checkpoint) {
+    /// Applies the changes to `checkpoint`, dropping the encoded fragments
+    /// of the entries they change.
+    fn apply(self, checkpoint: &mut Checkpoint, fragments: &mut Fragments) {
         for change in self.changes {
             match change {
                 Change::Put(uid, entry) => {
+                    fragments.remove(&uid);
                     checkpoint.claims.insert(uid, entry);
                 }
                 Change::Remove(uid) => {
+                    fragments.remove(&uid);
                     checkpoint.claims.remove(&uid);
                 }
             }
@@ -176,11 +180,39 @@ impl Batch {
     }
 }
 
+/// Encoded entries ([`format::encode_entry`]) by UID: each one, where
+/// present, is the encoding of the entry of that UID in the checkpoint it
+/// goes with.
+type Fragments = BTreeMap<ClaimUid, Arc<[u8]>>;
+
+/// The file for `checkpoint`: the fragments of `fragments` that are there,
+/// the others encoded and added; fragments of claims no longer in the
+/// checkpoint are dropped.
+fn encode_with(
+    checkpoint: &Checkpoint,
+    fragments: &mut Fragments,
+) -> Result<Vec<u8>, serde_json::Error> {
+    fragments.retain(|uid, _| checkpoint.claims.contains_key(uid));
+    for (uid, entry) in &checkpoint.claims {
+        if !fragments.contains_key(uid) {
+            let bytes = format::encode_entry(uid, entry)?;
+            fragments.insert(uid.clone(), bytes.into());
+        }
+    }
+    format::assemble(
+        &checkpoint.boot_id,
+        fragments.iter().map(|(uid, bytes)| (uid, &bytes[..])),
+    )
+}
+
 /// State shared by committing threads.
 #[derive(Default)]
 struct Shared {
     /// What is on disk.
     durable: Checkpoint,
+    /// Encoded entries of `durable` (some or all): a write encodes only the
+    /// entries it changes.
+    fragments: Fragments,
     /// Batches waiting for the next write, with their sequence numbers.
     queue: Vec<(u64, Batch)>,
     next_seq: u64,
@@ -316,6 +348,22 @@ impl Store {
         self.lock().durable.clone()
     }
 
+    /// The durable entries `keep` selects: a copy of part of the
+    /// checkpoint, for callers that need a few entries out of many (a copy
+    /// of all of them per prepare grows with the node's claims).
+    pub fn claims_where(
+        &self,
+        keep: impl Fn(&ClaimEntry) -> bool,
+    ) -> BTreeMap<ClaimUid, ClaimEntry> {
+        self.lock()
+            .durable
+            .claims
+            .iter()
+            .filter(|(_, e)| keep(e))
+            .map(|(u, e)| (u.clone(), e.clone()))
+            .collect()
+    }
+
     /// The durable entry of `uid`.
     pub fn get(&self, uid: &ClaimUid) -> Option<ClaimEntry> {
         self.lock().durable.claims.get(uid).cloned()
@@ -353,11 +401,12 @@ impl Store {
             shared.writing = true;
             let group = std::mem::take(&mut shared.queue);
             let mut next = shared.durable.clone();
+            let mut fragments = shared.fragments.clone();
             drop(shared);
 
             let seqs: Vec<u64> = group.iter().map(|(s, _)| *s).collect();
             for (_, batch) in group {
-                batch.apply(&mut next);
+                batch.apply(&mut next, &mut fragments);
             }
             #[cfg(test)]
             if let Some(hook) = self
@@ -368,7 +417,7 @@ impl Store {
             {
                 hook();
             }
-            let result = format::encode(&next)
+            let result = encode_with(&next, &mut fragments)
                 .map_err(|e| failure("serialise checkpoint", &self.path, e.into()))
                 .and_then(|bytes| {
                     let armed =
@@ -383,6 +432,7 @@ impl Store {
                 tracing::error!(error = %e, batches = seqs.len(), "checkpoint write failed");
             } else {
                 shared.durable = next;
+                shared.fragments = fragments;
             }
             for s in seqs {
                 shared.outcomes.insert(s, result.clone());

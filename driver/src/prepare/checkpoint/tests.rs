@@ -166,6 +166,128 @@ fn round_trip_through_the_file() {
     assert_eq!(sum.len(), 8, "{sum}");
 }
 
+/// The format's definition: the whole document as one JSON value,
+/// pretty-printed (what the encoder from fragments must reproduce).
+fn reference_encoding(checkpoint: &Checkpoint) -> Vec<u8> {
+    let mut entries = serde_json::Map::new();
+    for (uid, entry) in &checkpoint.claims {
+        let value = serde_json::to_value(entry).unwrap();
+        let checksum = format::checksum(&uid.0, &value);
+        entries.insert(
+            uid.0.clone(),
+            serde_json::json!({"checksum": checksum, "entry": value}),
+        );
+    }
+    let doc = serde_json::json!({
+        "version": format::CURRENT_VERSION,
+        "bootId": checkpoint.boot_id,
+        "entries": entries,
+    });
+    let mut bytes = serde_json::to_vec_pretty(&doc).unwrap();
+    bytes.push(b'\n');
+    bytes
+}
+
+#[test]
+fn the_encoding_from_fragments_is_the_whole_document_pretty_printed() {
+    let mut odd = gpu_entry(
+        ClaimState::PrepareStarted,
+        "line\nbreak \"quoted\" \\ tab\t é",
+    );
+    odd.namespace = "\u{1}ctl".into();
+    let cases = [
+        BTreeMap::new(),
+        BTreeMap::from([(uid("a"), gpu_entry(ClaimState::PrepareCompleted, "a"))]),
+        BTreeMap::from([
+            (uid("b"), mig_entry()),
+            (uid("a"), gpu_entry(ClaimState::PrepareCompleted, "a")),
+            (uid("key \"with\" escapes\n"), odd),
+        ]),
+    ];
+    for claims in cases {
+        let checkpoint = Checkpoint {
+            boot_id: "boot \"id\"".into(),
+            claims,
+        };
+        let bytes = format::encode(&checkpoint).unwrap();
+        assert_eq!(
+            String::from_utf8(bytes.clone()).unwrap(),
+            String::from_utf8(reference_encoding(&checkpoint)).unwrap()
+        );
+        let format::Decoded::Usable {
+            claims,
+            quarantined,
+            ..
+        } = format::decode(&bytes)
+        else {
+            panic!("not usable");
+        };
+        assert!(quarantined.is_empty());
+        assert_eq!(claims, checkpoint.claims);
+    }
+}
+
+#[test]
+fn entries_kept_encoded_between_writes_stay_exact() {
+    // Every write's file must be what encoding the checkpoint afresh gives:
+    // replaced, removed and re-added entries, and a failed write in between
+    // (whose changes, and their encodings, must not survive it).
+    let env = Env::new();
+    let (store, _) = env.open();
+    let file = || fs::read(env.file()).unwrap();
+    let check = |store: &Store| {
+        assert_eq!(file(), reference_encoding(&store.snapshot()));
+    };
+    store
+        .commit(
+            Batch::new()
+                .put(uid("a"), gpu_entry(ClaimState::PrepareStarted, "a"))
+                .put(uid("b"), mig_entry()),
+        )
+        .unwrap();
+    check(&store);
+    store
+        .commit(Batch::new().put(uid("a"), gpu_entry(ClaimState::PrepareCompleted, "a")))
+        .unwrap();
+    check(&store);
+    store.commit(Batch::new().remove(uid("b"))).unwrap();
+    check(&store);
+    let mut renamed = mig_entry();
+    renamed.name = "again".into();
+    store.commit(Batch::new().put(uid("b"), renamed)).unwrap();
+    check(&store);
+
+    // A write that fails (its temp file path is a non-empty directory):
+    // neither its change nor its encoding may survive it.
+    let before = file();
+    let temp = env.state.join(format!("{FILE_NAME}.tmp"));
+    fs::create_dir_all(temp.join("x")).unwrap();
+    let lost = gpu_entry(ClaimState::PrepareCompleted, "lost");
+    store.commit(Batch::new().put(uid("b"), lost)).unwrap_err();
+    fs::remove_dir_all(&temp).unwrap();
+    assert_eq!(file(), before);
+    store.commit(Batch::new().remove(uid("zz"))).unwrap();
+    check(&store);
+    assert_eq!(store.get(&uid("b")).unwrap().name, "again");
+    // A reopened store starts without fragments and writes the same bytes.
+    drop(store);
+    let (again, _) = env.open();
+    again.commit(Batch::new().remove(uid("zz"))).unwrap();
+    check(&again);
+}
+
+#[test]
+fn claims_where_copies_only_the_selected_entries() {
+    let env = Env::new();
+    two_claims(&env);
+    let (store, _) = env.open();
+    let migs = store.claims_where(|e| e.name == mig_entry().name);
+    assert_eq!(migs.keys().cloned().collect::<Vec<_>>(), vec![uid("b")]);
+    assert_eq!(migs[&uid("b")], mig_entry());
+    assert_eq!(store.claims_where(|_| true), store.snapshot().claims);
+    assert!(store.claims_where(|_| false).is_empty());
+}
+
 #[test]
 fn remove_and_get() {
     let env = Env::new();

@@ -141,23 +141,23 @@ pub(crate) fn stage(inner: &Inner, plan: &ClaimPlan) -> Result<Staged, PrepareEr
     if inner.pending.contains(&plan.uid) {
         return Ok(Staged::InFlight);
     }
-    let snapshot = inner.store.snapshot();
-    if let Some(stale) = snapshot.claims.get(&plan.uid) {
+    if let Some(stale) = inner.store.get(&plan.uid) {
         // A completed entry appeared while we waited for the locks (the
         // same claim prepared by a concurrent call): answer it.
         if stale.state == ClaimState::PrepareCompleted {
-            return Ok(Staged::Done(stale.clone()));
+            return Ok(Staged::Done(stale));
         }
         tracing::warn!(claim = %plan.uid, "an earlier attempt left the claim half-prepared; undoing it first");
-        let others = others(&snapshot.claims, &plan.uid);
-        undo(inner, &plan.uid, stale, &others).map_err(PrepareError::Undo)?;
+        let view = view_on(inner, &entry_minors(&stale));
+        let others = others(&view, &plan.uid);
+        undo(inner, &plan.uid, &stale, &others).map_err(PrepareError::Undo)?;
         commit(
             inner,
             Batch::new().remove(plan.uid.clone()),
             "drop stale entry",
         )?;
     }
-    let view = inner.pending.overlay(snapshot.claims);
+    let view = view_on(inner, &plan.gpu_minors());
     let others_now = others(&view, &plan.uid);
     check_conflicts(plan, &others_now)?;
 
@@ -199,7 +199,7 @@ pub(crate) fn abandon(
     entry: ClaimEntry,
     error: PrepareError,
 ) -> PrepareError {
-    let view = inner.pending.overlay(inner.store.snapshot().claims);
+    let view = view_on(inner, &entry_minors(&entry));
     let others_now = others(&view, uid);
     roll_back(inner, uid, entry, &others_now, error)
 }
@@ -235,11 +235,24 @@ pub(crate) fn unprepare(
     uid: &ClaimUid,
     entry: &ClaimEntry,
 ) -> Result<(), PrepareError> {
-    let view = inner.pending.overlay(inner.store.snapshot().claims);
+    let view = view_on(inner, &entry_minors(entry));
     let others = others(&view, uid);
     undo(inner, uid, entry, &others).map_err(PrepareError::Undo)?;
     failpoint("unprepare-after-undo");
     commit(inner, Batch::new().remove(uid.clone()), "unprepare")
+}
+
+/// The entries (committed, with pending ones over them) that touch any of
+/// the GPUs `minors`: all that a prepare or undo on those GPUs has to
+/// consider. A device overlaps only devices of its own GPU, and a shared
+/// MPS daemon serves one GPU (`shared-gpu<minor>`, the others are one
+/// claim's own), so entries on other GPUs can change nothing here; copying
+/// only these keeps a prepare's cost from growing with the node's claims.
+fn view_on(inner: &Inner, minors: &[u32]) -> BTreeMap<ClaimUid, ClaimEntry> {
+    let touches = |e: &ClaimEntry| e.devices.iter().any(|d| minors.contains(&record_minor(d)));
+    inner
+        .pending
+        .overlay(inner.store.claims_where(touches), touches)
 }
 
 /// Every other claim's entry.
@@ -252,17 +265,18 @@ fn others<'a>(
 
 /// GPU minors an entry touches (its locks).
 pub(crate) fn entry_minors(entry: &ClaimEntry) -> Vec<u32> {
-    let mut minors: Vec<u32> = entry
-        .devices
-        .iter()
-        .map(|d| match &d.kind {
-            DeviceKind::Gpu { minor, .. } => *minor,
-            DeviceKind::Mig { parent_minor, .. } => *parent_minor,
-        })
-        .collect();
+    let mut minors: Vec<u32> = entry.devices.iter().map(record_minor).collect();
     minors.sort_unstable();
     minors.dedup();
     minors
+}
+
+/// The GPU a device record is on (a MIG device's parent).
+fn record_minor(d: &PreparedDeviceRecord) -> u32 {
+    match &d.kind {
+        DeviceKind::Gpu { minor, .. } => *minor,
+        DeviceKind::Mig { parent_minor, .. } => *parent_minor,
+    }
 }
 
 /// The record of a device before anything is done to it.

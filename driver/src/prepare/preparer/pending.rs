@@ -38,12 +38,14 @@ impl Pending {
         self.table().insert(uid, entry);
     }
 
-    /// `claims` (the checkpoint's) with the pending entries over them.
+    /// `claims` (the checkpoint's, those `keep` selected) with the pending
+    /// entries `keep` selects over them.
     pub(crate) fn overlay(
         &self,
         mut claims: BTreeMap<ClaimUid, ClaimEntry>,
+        keep: impl Fn(&ClaimEntry) -> bool,
     ) -> BTreeMap<ClaimUid, ClaimEntry> {
-        for (uid, entry) in self.table().iter() {
+        for (uid, entry) in self.table().iter().filter(|(_, e)| keep(e)) {
             claims.insert(uid.clone(), entry.clone());
         }
         claims
@@ -115,10 +117,18 @@ mod tests {
         let mut stored = entry();
         stored.state = ClaimState::PrepareStarted;
         pending.insert(a.clone(), entry());
-        let view = pending.overlay(BTreeMap::from([(a.clone(), stored), (b.clone(), entry())]));
+        let stored_claims = BTreeMap::from([(a.clone(), stored), (b.clone(), entry())]);
+        let view = pending.overlay(stored_claims.clone(), |_| true);
         assert_eq!(view.len(), 2);
         assert_eq!(view[&a].state, ClaimState::PrepareCompleted);
         assert!(pending.contains(&a) && !pending.contains(&b));
+        // Pending entries the filter leaves out do not cover stored ones.
+        let view = pending.overlay(stored_claims, |e| e.state == ClaimState::PrepareStarted);
+        assert_eq!(view[&a].state, ClaimState::PrepareStarted);
+        let c = ClaimUid("c".into());
+        pending.insert(c.clone(), entry());
+        let view = pending.overlay(BTreeMap::new(), |e| e.state == ClaimState::PrepareCompleted);
+        assert_eq!(view.keys().collect::<Vec<_>>(), vec![&a, &c]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
