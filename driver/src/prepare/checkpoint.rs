@@ -230,8 +230,6 @@ pub struct LoadReport {
     /// The file was unusable as a whole (too large, not JSON, bad header)
     /// and moved to this path; the node started empty.
     pub moved_aside: Option<(PathBuf, String)>,
-    /// A temp file left by a crash mid-write was removed.
-    pub removed_stale_temp: bool,
 }
 
 /// A failed filesystem step of a checkpoint write; shared by every commit of

@@ -261,6 +261,7 @@ fn entries_kept_encoded_between_writes_stay_exact() {
     // neither its change nor its encoding may survive it.
     let before = file();
     let temp = env.state.join(format!("{FILE_NAME}.tmp"));
+    fs::remove_file(&temp).unwrap();
     fs::create_dir_all(temp.join("x")).unwrap();
     let lost = gpu_entry(ClaimState::PrepareCompleted, "lost");
     store.commit(Batch::new().put(uid("b"), lost)).unwrap_err();
@@ -274,6 +275,58 @@ fn entries_kept_encoded_between_writes_stay_exact() {
     let (again, _) = env.open();
     again.commit(Batch::new().remove(uid("zz"))).unwrap();
     check(&again);
+}
+
+#[test]
+fn writes_swap_the_checkpoint_with_its_temp_file() {
+    use std::os::unix::fs::MetadataExt;
+    let env = Env::new();
+    let (store, _) = env.open();
+    let temp = env.state.join(format!("{FILE_NAME}.tmp"));
+    let inode = |p: &Path| fs::metadata(p).unwrap().ino();
+    // The store's first write (at open, no file yet) had nothing to swap
+    // with: a plain rename.
+    assert!(env.file().exists() && !temp.exists());
+    let empty = fs::read(env.file()).unwrap();
+    store
+        .commit(Batch::new().put(uid("a"), gpu_entry(ClaimState::PrepareCompleted, "a")))
+        .unwrap();
+    assert_eq!(fs::read(&temp).unwrap(), empty);
+    let first = fs::read(env.file()).unwrap();
+    let long = Batch::new()
+        .put(uid("b"), mig_entry())
+        .put(uid("c"), gpu_entry(ClaimState::PrepareStarted, "c"));
+    store.commit(long).unwrap();
+    // From then on the two files swap names: the temp file holds the
+    // version before, and no write makes a new file.
+    assert_eq!(fs::read(&temp).unwrap(), first);
+    let files = [inode(&env.file()), inode(&temp)];
+    let second = fs::read(env.file()).unwrap();
+    store
+        .commit(Batch::new().remove(uid("b")).remove(uid("c")))
+        .unwrap();
+    assert_eq!(fs::read(&temp).unwrap(), second);
+    assert_eq!([inode(&temp), inode(&env.file())], files);
+    // The file written in place over a longer version keeps no tail.
+    let third = fs::read(env.file()).unwrap();
+    assert_eq!(third, reference_encoding(&store.snapshot()));
+    assert!(third.len() < second.len());
+    store.commit(Batch::new().remove(uid("a"))).unwrap();
+    assert_eq!(
+        fs::read(env.file()).unwrap(),
+        reference_encoding(&store.snapshot())
+    );
+    // A restarted plugin reads the checkpoint, never the temp file.
+    fs::write(&temp, b"garbage left by a crash mid-write").unwrap();
+    let (again, report) = env.open();
+    assert_eq!(report.loaded, 0);
+    assert!(report.moved_aside.is_none() && report.quarantined.is_empty());
+    again
+        .commit(Batch::new().put(uid("d"), mig_entry()))
+        .unwrap();
+    let (again, report) = env.open();
+    assert_eq!(report.loaded, 1);
+    assert_eq!(again.get(&uid("d")), Some(mig_entry()));
 }
 
 #[test]
@@ -612,11 +665,12 @@ fn a_failed_write_changes_nothing() {
     let env = Env::new();
     two_claims(&env);
     let (store, _) = env.open();
-    // Make the temp file path a non-empty directory: creating it fails.
+    // Make the temp file path a non-empty directory: opening it fails.
     let temp = env.state.join(format!("{FILE_NAME}.tmp"));
+    let _ = fs::remove_file(&temp);
     fs::create_dir_all(temp.join("x")).unwrap();
     let err = store.commit(Batch::new().remove(uid("a"))).unwrap_err();
-    assert!(err.to_string().contains("create temp file"), "{err}");
+    assert!(err.to_string().contains("open temp file"), "{err}");
     assert!(store.get(&uid("a")).is_some(), "memory must match the disk");
     fs::remove_dir_all(&temp).unwrap();
     store.commit(Batch::new().remove(uid("b"))).unwrap();
@@ -761,11 +815,6 @@ fn crash_at_every_step_leaves_old_or_new_state() {
             report.quarantined.is_empty() && report.moved_aside.is_none(),
             "{point}: {report:?}"
         );
-        assert_eq!(
-            report.removed_stale_temp,
-            new_visible == Some(false),
-            "{point}: {report:?}"
-        );
         let snap = store.snapshot();
         let keys: Vec<ClaimUid> = snap.claims.keys().cloned().collect();
         let is_new = keys == vec![uid("a"), uid("c")]
@@ -786,13 +835,13 @@ fn crash_at_every_step_leaves_old_or_new_state() {
         store
             .commit(Batch::new().remove(uid("a")).remove(uid("c")))
             .unwrap();
-        let (store, report) = env.open();
+        let (store, _) = env.open();
         assert!(store.snapshot().claims.is_empty(), "{point}");
-        assert!(!report.removed_stale_temp, "{point}");
+        // The temp file stays (it holds the previous version); nothing else.
         let leftovers: Vec<_> = fs::read_dir(&env.state)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .filter(|n| n != FILE_NAME)
+            .filter(|n| n != FILE_NAME && *n != format!("{FILE_NAME}.tmp"))
             .collect();
         assert!(leftovers.is_empty(), "{point}: {leftovers:?}");
     }

@@ -385,13 +385,7 @@ pub fn durable_write(dir: &Path, round: usize) -> anyhow::Result<Duration> {
     use std::io::Write as _;
     let path = dir.join("bench-durable-write.json");
     let temp = dir.join(".bench-durable-write.json.tmp");
-    // About the size of a checkpoint holding one claim.
-    let body = format!(
-        "{{\"round\": {round}, \"claim\": \"{:0>36}\", \"devices\": [\"gpu-{}\"], \"padding\": \"{}\"}}\n",
-        round,
-        round % 8,
-        "x".repeat(400)
-    );
+    let body = durable_body(round);
     let start = Instant::now();
     let mut f =
         std::fs::File::create(&temp).with_context(|| format!("creating {}", temp.display()))?;
@@ -401,6 +395,49 @@ pub fn durable_write(dir: &Path, round: usize) -> anyhow::Result<Duration> {
     std::fs::rename(&temp, &path)?;
     std::fs::File::open(dir)?.sync_all()?;
     Ok(start.elapsed())
+}
+
+/// The plugin's own kind of durable write (its checkpoint store's): the
+/// same body written in place into a spare file that holds the version
+/// before (from the start, cut to length), fdatasynced, swapped with the
+/// file by `renameat2(RENAME_EXCHANGE)`, and the directory fsynced. No
+/// inode is made or freed, which on ext4 is about half the cost of
+/// [`durable_write`]. Returns how long it took.
+pub fn swapped_write(dir: &Path, round: usize) -> anyhow::Result<Duration> {
+    use std::io::Write as _;
+    let path = dir.join("bench-swapped-write.json");
+    let spare = dir.join("bench-swapped-write.json.tmp");
+    let body = durable_body(round);
+    let start = Instant::now();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&spare)
+        .with_context(|| format!("opening {}", spare.display()))?;
+    f.write_all(body.as_bytes())?;
+    f.set_len(body.len() as u64)?;
+    f.sync_data()?;
+    drop(f);
+    if path.exists() {
+        use rustix::fs::{CWD, RenameFlags, renameat_with};
+        renameat_with(CWD, &spare, CWD, &path, RenameFlags::EXCHANGE)
+            .with_context(|| format!("exchanging {} and {}", spare.display(), path.display()))?;
+    } else {
+        std::fs::rename(&spare, &path)?;
+    }
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(start.elapsed())
+}
+
+/// About the size of a checkpoint holding one claim.
+fn durable_body(round: usize) -> String {
+    format!(
+        "{{\"round\": {round}, \"claim\": \"{:0>36}\", \"devices\": [\"gpu-{}\"], \"padding\": \"{}\"}}\n",
+        round,
+        round % 8,
+        "x".repeat(400)
+    )
 }
 
 /// One allocation result of `device` on this node for request `request`.

@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use gpu_dra_e2e::kubelet::Claim;
 use serde_json::{Value, json};
 
-use crate::node::{DRIVER, Node, durable_write, result};
+use crate::node::{DRIVER, Node, durable_write, result, swapped_write};
 use crate::start::time_of_day;
 use crate::table::{Goal, Row, Stat, Values};
 use crate::{Ctx, Settings};
@@ -105,9 +105,11 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
         let (_, _, first, _) = cycle(0).await.context("the first cycle")?;
         let mut sent = Vec::new();
         let (mut prepare, mut unprepare, mut write) = (Vec::new(), Vec::new(), Vec::new());
+        let mut swapped = Vec::new();
         for i in 1..=settings.iterations {
             let (claim, at, p, u) = cycle(i).await.with_context(|| format!("cycle {i}"))?;
             write.push(ms(durable_write(&node.state_dir, i)?));
+            swapped.push(ms(swapped_write(&node.state_dir, i)?));
             sent.push((claim.uid, at, p));
             prepare.push(ms(p));
             unprepare.push(ms(u));
@@ -117,6 +119,7 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
         let daemon = daemon_starts(&log);
         node.stop()?;
         let ratio = p50(&prepare) / p50(&write);
+        let ratio_swapped = p50(&prepare) / p50(&swapped);
         let own = (!daemon.is_empty()).then(|| (p50(&prepare) - p50(&daemon)) / p50(&write));
         let mut rows = vec![
             Row::new(name, "prepare, as kubelet sees it", "ms", prepare),
@@ -152,6 +155,18 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
                 Values::One(ratio),
             )
             .goal(Goal::below(Stat::P50, 2.0)),
+            Row::new(
+                name,
+                "  the checkpoint's own kind of durable write: in place into a spare file, fdatasync, rename exchange, dir fsync, same dir",
+                "ms",
+                swapped,
+            ),
+            Row::with(
+                name,
+                "  prepare p50 / that write p50",
+                "x",
+                Values::One(ratio_swapped),
+            ),
         ];
         if let Some(own) = own {
             rows.insert(
