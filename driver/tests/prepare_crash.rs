@@ -270,16 +270,26 @@ async fn crash_in_unprepare(failpoint: &str) {
     n.unprepare_ok(&claim).await;
 }
 
-/// No temp file of an interrupted checkpoint write is left once later
-/// writes succeeded.
+/// No temp file of an interrupted write is left once later writes
+/// succeeded, but the checkpoint's own: it stays, holding the version
+/// before the current one (each write is swapped in with it).
 fn assert_no_temp_files(n: &Node) {
     let temps: Vec<std::path::PathBuf> = std::fs::read_dir(n.state_dir())
         .unwrap()
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|e| e == "tmp"))
+        .filter(|p| !p.ends_with("checkpoint.json.tmp"))
         .collect();
     assert!(temps.is_empty(), "{temps:?}\n{}", n.logs());
+    let spare = n.state_dir().join("checkpoint.json.tmp");
+    assert!(
+        spare.is_file()
+            && std::fs::read(&spare).unwrap()
+                != std::fs::read(n.state_dir().join("checkpoint.json")).unwrap(),
+        "the checkpoint's temp file should hold the version before the current one\n{}",
+        n.logs()
+    );
 }
 
 /// Checkpoint writes of the full claim's prepare, in order: the journal
