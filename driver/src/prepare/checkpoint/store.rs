@@ -13,11 +13,13 @@
 //! about half of a new file renamed over the old one (see BENCHMARKS.md).
 //! Where the filesystem cannot exchange, a plain rename does the same job
 //! and the next write makes the temp file anew. The temp file is never
-//! read: its content after a crash mid-write does not matter. Commits are serialised by a mutex and grouped: callers
-//! that arrive while a write is in flight queue their [`Batch`]es, and the
-//! next writer applies all of them in one write (one fsync for many
-//! batches). The in-memory state only ever holds what is on disk: a batch
-//! whose write failed is dropped and its caller gets the error.
+//! read: its content after a crash mid-write does not matter.
+//!
+//! Commits are serialised by a mutex and grouped: callers that arrive while
+//! a write is in flight queue their [`Batch`]es, and the next writer applies
+//! all of them in one write (one fsync for many batches). The in-memory
+//! state only ever holds what is on disk: a batch whose write failed is
+//! dropped and its caller gets the error.
 //!
 //! The API is blocking (fsync): async callers use `spawn_blocking`.
 //!
@@ -193,9 +195,6 @@ impl Batch {
 /// goes with.
 type Fragments = BTreeMap<ClaimUid, Arc<[u8]>>;
 
-/// The file for `checkpoint`: the fragments of `fragments` that are there,
-/// the others encoded and added; fragments of claims no longer in the
-/// checkpoint are dropped.
 /// Puts `temp` in place of `path` in one atomic step: an exchange of the
 /// two names when the filesystem can (the old `path` then lives on as
 /// `temp`), a rename otherwise (also when `path` does not exist yet).
@@ -213,6 +212,9 @@ fn exchange_or_rename(temp: &Path, path: &Path) -> io::Result<()> {
     }
 }
 
+/// The file for `checkpoint`: the fragments of `fragments` that are there,
+/// the others encoded and added; fragments of claims no longer in the
+/// checkpoint are dropped.
 fn encode_with(
     checkpoint: &Checkpoint,
     fragments: &mut Fragments,
