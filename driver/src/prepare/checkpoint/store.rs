@@ -192,7 +192,8 @@ impl Batch {
 
 /// Encoded entries ([`format::encode_entry`]) by UID: each one, where
 /// present, is the encoding of the entry of that UID in the checkpoint it
-/// goes with.
+/// goes with ([`Batch::apply`] drops the fragment of every entry it puts
+/// or removes).
 type Fragments = BTreeMap<ClaimUid, Arc<[u8]>>;
 
 /// Puts `temp` in place of `path` in one atomic step: an exchange of the
@@ -212,23 +213,27 @@ fn exchange_or_rename(temp: &Path, path: &Path) -> io::Result<()> {
     }
 }
 
-/// The file for `checkpoint`: the fragments of `fragments` that are there,
-/// the others encoded and added; fragments of claims no longer in the
-/// checkpoint are dropped.
+/// The file for `checkpoint`: the entries whose fragment is in
+/// `fragments` reuse it, the others are encoded and added. The document
+/// lists the checkpoint's claims, so what it holds never depends on what
+/// the cache holds beyond them.
 fn encode_with(
     checkpoint: &Checkpoint,
     fragments: &mut Fragments,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    fragments.retain(|uid, _| checkpoint.claims.contains_key(uid));
     for (uid, entry) in &checkpoint.claims {
         if !fragments.contains_key(uid) {
             let bytes = format::encode_entry(uid, entry)?;
             fragments.insert(uid.clone(), bytes.into());
         }
     }
+    let fragments = &*fragments;
     format::assemble(
         &checkpoint.boot_id,
-        fragments.iter().map(|(uid, bytes)| (uid, &bytes[..])),
+        checkpoint
+            .claims
+            .keys()
+            .map(|uid| (uid, &fragments[uid][..])),
     )
 }
 
