@@ -25,6 +25,8 @@
 // to itself otherwise).
 #[path = "bench/children.rs"]
 mod children;
+#[path = "bench/cpu.rs"]
+mod cpu;
 #[path = "bench/external.rs"]
 mod external;
 #[path = "bench/node.rs"]

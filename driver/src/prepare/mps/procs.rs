@@ -90,13 +90,15 @@ pub fn daemon_processes(dir: &Path) -> Vec<u32> {
         else {
             continue;
         };
-        if pid == me || !is_alive(pid) {
+        if pid == me {
             continue;
         }
+        // The environment first, liveness only for a match: most processes
+        // are not the daemon's, and a zombie's environment reads empty.
         let Ok(environ) = fs::read(format!("/proc/{pid}/environ")) else {
             continue;
         };
-        if environ.split(|b| *b == 0).any(|v| v == needle.as_slice()) {
+        if environ.split(|b| *b == 0).any(|v| v == needle.as_slice()) && is_alive(pid) {
             out.push(pid);
         }
     }
@@ -139,6 +141,31 @@ mod tests {
         // A live process that is not a control daemon (this test binary).
         fs::write(&file, std::process::id().to_string()).unwrap();
         assert_eq!(live_daemon_pid(&file), None);
+    }
+
+    #[test]
+    fn marked_processes_are_found_until_they_die() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .env(DAEMON_MARKER_ENV, dir.path())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        assert_eq!(daemon_processes(dir.path()), vec![pid]);
+        // Another directory's marker (a prefix of this one) does not match.
+        let other = dir.path().join("x");
+        assert!(!daemon_processes(&other).contains(&pid));
+        assert!(!daemon_processes(dir.path().parent().unwrap()).contains(&pid));
+        // Killed and not yet reaped: a zombie, no longer the daemon's.
+        assert!(kill(pid));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while is_alive(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!is_alive(pid));
+        assert_eq!(daemon_processes(dir.path()), Vec::<u32>::new());
+        child.wait().unwrap();
     }
 
     #[test]

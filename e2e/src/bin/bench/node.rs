@@ -335,9 +335,14 @@ impl Node {
         Ok(())
     }
 
+    /// The plugin's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// A `kB` field of the plugin's `/proc/<pid>/status`, in MiB.
     pub fn memory_mib(&self, field: &str) -> anyhow::Result<f64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
             .context("reading the plugin's /proc status")?;
         Ok(proc_kib(&status, field)? / 1024.0)
     }

@@ -13,6 +13,7 @@ use anyhow::Context as _;
 use gpu_dra_e2e::kubelet::Claim;
 use serde_json::{Value, json};
 
+use crate::cpu::{Reading, Spent};
 use crate::node::{DRIVER, Node, durable_write, result, swapped_write};
 use crate::start::time_of_day;
 use crate::table::{Goal, Row, Stat, Values};
@@ -331,6 +332,7 @@ pub fn concurrent(
         };
         let none = json!([]);
         let (mut alone, mut wall, mut each) = (Vec::new(), Vec::new(), Vec::new());
+        let mut cpu = Vec::new();
         // One unmeasured cycle: the first prepare also finds the driver's
         // files and opens the API connection.
         for run in 0..=settings.runs as usize {
@@ -348,6 +350,7 @@ pub fn concurrent(
             let claims: Vec<Claim> = (0..count)
                 .map(|i| node.claim(&results(i)?, &none))
                 .collect::<anyhow::Result<_>>()?;
+            let cpu_before = Reading::take(node.pid())?;
             let t = Instant::now();
             let calls = claims.iter().map(|c| {
                 let node = &node;
@@ -360,6 +363,7 @@ pub fn concurrent(
                 .await
                 .with_context(|| format!("run {run}: {count} concurrent prepares"))?;
             wall.push(ms(t.elapsed()));
+            cpu.push(Reading::take(node.pid())?.since(&cpu_before));
             each.extend(done.into_iter().map(ms));
             let undo = claims
                 .iter()
@@ -376,7 +380,8 @@ pub fn concurrent(
             "x",
             Values::One(p50(&wall) / p50(&alone)),
         );
-        Ok(vec![
+        let cpu = cpu_rows(name, count, &wall, &cpu);
+        let mut rows = vec![
             Row::new(
                 name,
                 &format!("one {} alone: prepare", crowd.what()),
@@ -402,8 +407,48 @@ pub fn concurrent(
                 Crowd::MemoryShared => ratio.goal(Goal::below(Stat::P50, 3.0)),
                 Crowd::Mig => ratio,
             },
-        ])
+        ];
+        rows.extend(cpu);
+        Ok(rows)
     })
+}
+
+/// Where the CPU time of the crowd's windows (first call to last answer)
+/// went, as means per run (see [`crate::cpu`]): on a small machine the
+/// crowd is bound by CPU, and these rows say whose.
+fn cpu_rows(name: &str, count: usize, wall: &[f64], windows: &[Spent]) -> Vec<Row> {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let mean_wall = wall.iter().sum::<f64>() / wall.len().max(1) as f64;
+    let spent = Spent::mean(windows);
+    let one = |metric: &str, unit: &'static str, v: f64| Row::with(name, metric, unit, Values::One(v));
+    vec![
+        one(
+            &format!("  CPU time the {count} had: {cores} cores x wall, mean of the runs"),
+            "ms",
+            cores as f64 * mean_wall,
+        ),
+        one(
+            "  CPU time used meanwhile, whole machine (sampled by tick), mean of the runs",
+            "ms",
+            spent.machine,
+        ),
+        one("    of which the plugin", "ms", spent.plugin),
+        one(
+            "    of which this bench process (test API server, kubelet simulator)",
+            "ms",
+            spent.bench,
+        ),
+        one(
+            "    of which the rest (other processes: the fake root's MPS programs; kernel threads)",
+            "ms",
+            spent.rest(),
+        ),
+        one(
+            &format!("  plugin CPU per claim (plugin CPU / {count})"),
+            "ms",
+            spent.plugin / count as f64,
+        ),
+    ]
 }
 
 /// Resident memory over prepare/unprepare cycles on a `--dynamic-mig`
