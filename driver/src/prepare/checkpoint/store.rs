@@ -19,7 +19,10 @@
 //! a write is in flight queue their [`Batch`]es, and the next writer applies
 //! all of them in one write (one fsync for many batches). The in-memory
 //! state only ever holds what is on disk: a batch whose write failed is
-//! dropped and its caller gets the error.
+//! dropped and its caller gets the error. Each entry is kept with its
+//! encoded text, and the writer reads the entries through a second
+//! reference while it writes, then changes them in place: a write neither
+//! copies the entries nor encodes more than the ones it changes.
 //!
 //! The API is blocking (fsync): async callers use `spawn_blocking`.
 //!
@@ -171,30 +174,67 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.changes.is_empty()
     }
+}
 
-    /// Applies the changes to `checkpoint`, dropping the encoded fragments
-    /// of the entries they change.
-    fn apply(self, checkpoint: &mut Checkpoint, fragments: &mut Fragments) {
-        for change in self.changes {
-            match change {
-                Change::Put(uid, entry) => {
-                    fragments.remove(&uid);
-                    checkpoint.claims.insert(uid, entry);
-                }
-                Change::Remove(uid) => {
-                    fragments.remove(&uid);
-                    checkpoint.claims.remove(&uid);
-                }
-            }
-        }
+/// A durable entry with its encoded text ([`format::encode_entry`]), made
+/// once when the entry is put: a write encodes only what it changes.
+struct Stored {
+    entry: ClaimEntry,
+    encoded: Box<[u8]>,
+}
+
+impl Stored {
+    fn new(uid: &ClaimUid, entry: ClaimEntry) -> Result<Arc<Self>, serde_json::Error> {
+        let encoded = format::encode_entry(uid, &entry)?.into_boxed_slice();
+        Ok(Arc::new(Self { entry, encoded }))
     }
 }
 
-/// Encoded entries ([`format::encode_entry`]) by UID: each one, where
-/// present, is the encoding of the entry of that UID in the checkpoint it
-/// goes with ([`Batch::apply`] drops the fragment of every entry it puts
-/// or removes).
-type Fragments = BTreeMap<ClaimUid, Arc<[u8]>>;
+/// The durable entries by UID. The writer holds a second reference while
+/// it writes (without the lock) and changes the map in place once it is
+/// done, so no write copies the entries.
+type Entries = BTreeMap<ClaimUid, Arc<Stored>>;
+
+/// What a group of batches does, per UID: the last change wins (`None`
+/// removes), each new entry encoded.
+type Changed = BTreeMap<ClaimUid, Option<Arc<Stored>>>;
+
+fn changed(group: Vec<(u64, Batch)>) -> Result<Changed, serde_json::Error> {
+    let mut last: BTreeMap<ClaimUid, Option<ClaimEntry>> = BTreeMap::new();
+    for change in group.into_iter().flat_map(|(_, batch)| batch.changes) {
+        match change {
+            Change::Put(uid, entry) => last.insert(uid, Some(entry)),
+            Change::Remove(uid) => last.insert(uid, None),
+        };
+    }
+    last.into_iter()
+        .map(|(uid, entry)| {
+            let stored = entry.map(|e| Stored::new(&uid, e)).transpose()?;
+            Ok((uid, stored))
+        })
+        .collect()
+}
+
+/// The file for `durable` with `changed` applied, from the encoded
+/// entries; the same bytes as encoding that checkpoint afresh.
+fn encode_with(
+    boot_id: &str,
+    durable: &Entries,
+    changed: &Changed,
+) -> Result<Vec<u8>, serde_json::Error> {
+    let mut entries: Vec<(&ClaimUid, &[u8])> = durable
+        .iter()
+        .filter(|(uid, _)| !changed.contains_key(*uid))
+        .map(|(uid, s)| (uid, &s.encoded[..]))
+        .chain(
+            changed
+                .iter()
+                .filter_map(|(uid, s)| s.as_ref().map(|s| (uid, &s.encoded[..]))),
+        )
+        .collect();
+    entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    format::assemble(boot_id, entries.into_iter())
+}
 
 /// Puts `temp` in place of `path` in one atomic step: an exchange of the
 /// two names when the filesystem can (the old `path` then lives on as
@@ -213,38 +253,11 @@ fn exchange_or_rename(temp: &Path, path: &Path) -> io::Result<()> {
     }
 }
 
-/// The file for `checkpoint`: the entries whose fragment is in
-/// `fragments` reuse it, the others are encoded and added. The document
-/// lists the checkpoint's claims, so what it holds never depends on what
-/// the cache holds beyond them.
-fn encode_with(
-    checkpoint: &Checkpoint,
-    fragments: &mut Fragments,
-) -> Result<Vec<u8>, serde_json::Error> {
-    for (uid, entry) in &checkpoint.claims {
-        if !fragments.contains_key(uid) {
-            let bytes = format::encode_entry(uid, entry)?;
-            fragments.insert(uid.clone(), bytes.into());
-        }
-    }
-    let fragments = &*fragments;
-    format::assemble(
-        &checkpoint.boot_id,
-        checkpoint
-            .claims
-            .keys()
-            .map(|uid| (uid, &fragments[uid][..])),
-    )
-}
-
 /// State shared by committing threads.
 #[derive(Default)]
 struct Shared {
-    /// What is on disk.
-    durable: Checkpoint,
-    /// Encoded entries of `durable` (some or all): a write encodes only the
-    /// entries it changes.
-    fragments: Fragments,
+    /// What is on disk (with [`Store::boot_id`]).
+    durable: Arc<Entries>,
     /// Batches waiting for the next write, with their sequence numbers.
     queue: Vec<(u64, Batch)>,
     next_seq: u64,
@@ -258,6 +271,8 @@ struct Shared {
 pub struct Store {
     dir: PathBuf,
     path: PathBuf,
+    /// The boot the entries belong to (this boot, once open).
+    boot_id: String,
     failpoint: Option<Armed>,
     shared: Mutex<Shared>,
     written: Condvar,
@@ -289,6 +304,7 @@ impl Store {
         let store = Self {
             dir: state_dir.to_owned(),
             path: state_dir.join(FILE_NAME),
+            boot_id: boot_id.clone(),
             failpoint: Armed::from_env(),
             shared: Mutex::new(Shared::default()),
             written: Condvar::new(),
@@ -356,7 +372,13 @@ impl Store {
                 .map_err(|e| failure("serialise checkpoint", &store.path, e.into()))?;
             store.write_atomic(&store.path, &bytes, None)?;
         }
-        store.lock().durable = checkpoint;
+        let entries = checkpoint
+            .claims
+            .into_iter()
+            .map(|(uid, entry)| Ok((uid.clone(), Stored::new(&uid, entry)?)))
+            .collect::<Result<Entries, serde_json::Error>>()
+            .map_err(|e| failure("serialise checkpoint", &store.path, e.into()))?;
+        store.lock().durable = Arc::new(entries);
         tracing::info!(path = %store.path.display(), claims = report.loaded, "checkpoint loaded");
         Ok((store, report))
     }
@@ -368,7 +390,10 @@ impl Store {
 
     /// A copy of the durable checkpoint.
     pub fn snapshot(&self) -> Checkpoint {
-        self.lock().durable.clone()
+        Checkpoint {
+            boot_id: self.boot_id.clone(),
+            claims: self.claims_where(|_| true),
+        }
     }
 
     /// The durable entries `keep` selects: a copy of part of the
@@ -380,16 +405,15 @@ impl Store {
     ) -> BTreeMap<ClaimUid, ClaimEntry> {
         self.lock()
             .durable
-            .claims
             .iter()
-            .filter(|(_, e)| keep(e))
-            .map(|(u, e)| (u.clone(), e.clone()))
+            .filter(|(_, s)| keep(&s.entry))
+            .map(|(u, s)| (u.clone(), s.entry.clone()))
             .collect()
     }
 
     /// The durable entry of `uid`.
     pub fn get(&self, uid: &ClaimUid) -> Option<ClaimEntry> {
-        self.lock().durable.claims.get(uid).cloned()
+        self.lock().durable.get(uid).map(|s| s.entry.clone())
     }
 
     /// How many times the checkpoint file has been written by commits since
@@ -423,14 +447,10 @@ impl Store {
             // Become the writer for everything queued so far.
             shared.writing = true;
             let group = std::mem::take(&mut shared.queue);
-            let mut next = shared.durable.clone();
-            let mut fragments = shared.fragments.clone();
+            let durable = Arc::clone(&shared.durable);
             drop(shared);
 
             let seqs: Vec<u64> = group.iter().map(|(s, _)| *s).collect();
-            for (_, batch) in group {
-                batch.apply(&mut next, &mut fragments);
-            }
             #[cfg(test)]
             if let Some(hook) = self
                 .before_write
@@ -440,23 +460,39 @@ impl Store {
             {
                 hook();
             }
-            let result = encode_with(&next, &mut fragments)
+            let written = changed(group)
+                .and_then(|changed| {
+                    encode_with(&self.boot_id, &durable, &changed).map(|bytes| (changed, bytes))
+                })
                 .map_err(|e| failure("serialise checkpoint", &self.path, e.into()))
-                .and_then(|bytes| {
+                .and_then(|(changed, bytes)| {
                     let armed =
                         Armed::for_write(self.failpoint, self.writes.load(Ordering::Relaxed) + 1);
                     self.write_atomic(&self.path, &bytes, armed)
+                        .map(|()| changed)
                 });
             self.writes.fetch_add(1, Ordering::Relaxed);
+            // The only other reference: the map is changed in place below.
+            drop(durable);
 
             shared = self.lock();
             shared.writing = false;
-            if let Err(e) = &result {
-                tracing::error!(error = %e, batches = seqs.len(), "checkpoint write failed");
-            } else {
-                shared.durable = next;
-                shared.fragments = fragments;
-            }
+            let result = match written {
+                Ok(changed) => {
+                    let entries = Arc::make_mut(&mut shared.durable);
+                    for (uid, stored) in changed {
+                        match stored {
+                            Some(stored) => entries.insert(uid, stored),
+                            None => entries.remove(&uid),
+                        };
+                    }
+                    Ok(())
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, batches = seqs.len(), "checkpoint write failed");
+                    Err(e)
+                }
+            };
             for s in seqs {
                 shared.outcomes.insert(s, result.clone());
             }

@@ -420,7 +420,8 @@ fn cpu_rows(name: &str, count: usize, wall: &[f64], windows: &[Spent]) -> Vec<Ro
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let mean_wall = wall.iter().sum::<f64>() / wall.len().max(1) as f64;
     let spent = Spent::mean(windows);
-    let one = |metric: &str, unit: &'static str, v: f64| Row::with(name, metric, unit, Values::One(v));
+    let one =
+        |metric: &str, unit: &'static str, v: f64| Row::with(name, metric, unit, Values::One(v));
     vec![
         one(
             &format!("  CPU time the {count} had: {cores} cores x wall, mean of the runs"),
