@@ -270,7 +270,7 @@ fn entries_kept_encoded_between_writes_stay_exact() {
     store.commit(Batch::new().remove(uid("zz"))).unwrap();
     check(&store);
     assert_eq!(store.get(&uid("b")).unwrap().name, "again");
-    // A reopened store starts without fragments and writes the same bytes.
+    // A reopened store encodes the entries it loads and writes the same bytes.
     drop(store);
     let (again, _) = env.open();
     again.commit(Batch::new().remove(uid("zz"))).unwrap();
