@@ -153,7 +153,8 @@ mod tests {
             .unwrap();
         let pid = child.id();
         assert_eq!(daemon_processes(dir.path()), vec![pid]);
-        // Another directory's marker (a prefix of this one) does not match.
+        // The marker must name the directory exactly: neither a directory
+        // under it nor the one above it matches.
         let other = dir.path().join("x");
         assert!(!daemon_processes(&other).contains(&pid));
         assert!(!daemon_processes(dir.path().parent().unwrap()).contains(&pid));
