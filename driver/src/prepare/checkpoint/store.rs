@@ -314,10 +314,7 @@ impl Store {
         };
         let mut report = LoadReport::default();
 
-        let mut checkpoint = Checkpoint {
-            boot_id: boot_id.clone(),
-            claims: std::collections::BTreeMap::new(),
-        };
+        let mut claims = BTreeMap::new();
         let clean = match read_capped(&store.path)? {
             FileRead::Missing => false,
             FileRead::TooLarge(len) => {
@@ -354,30 +351,31 @@ impl Store {
                     false
                 }
                 Decoded::Usable {
-                    claims,
+                    claims: loaded,
                     quarantined,
                     ..
                 } => {
-                    checkpoint.claims = claims;
+                    claims = loaded;
                     let clean = quarantined.is_empty();
                     store.quarantine(quarantined, &mut report)?;
                     clean
                 }
             },
         };
-        report.loaded = checkpoint.claims.len();
-        if !clean {
-            // Rewrite so that the file holds exactly what is in memory.
-            let bytes = format::encode(&checkpoint)
-                .map_err(|e| failure("serialise checkpoint", &store.path, e.into()))?;
-            store.write_atomic(&store.path, &bytes, None)?;
-        }
-        let entries = checkpoint
-            .claims
+        report.loaded = claims.len();
+        let serialise =
+            |e: serde_json::Error| failure("serialise checkpoint", &store.path, e.into());
+        let entries = claims
             .into_iter()
             .map(|(uid, entry)| Ok((uid.clone(), Stored::new(&uid, entry)?)))
             .collect::<Result<Entries, serde_json::Error>>()
-            .map_err(|e| failure("serialise checkpoint", &store.path, e.into()))?;
+            .map_err(serialise)?;
+        if !clean {
+            // Rewrite so that the file holds exactly what is in memory.
+            let bytes =
+                encode_with(&store.boot_id, &entries, &Changed::new()).map_err(serialise)?;
+            store.write_atomic(&store.path, &bytes, None)?;
+        }
         store.lock().durable = Arc::new(entries);
         tracing::info!(path = %store.path.display(), claims = report.loaded, "checkpoint loaded");
         Ok((store, report))
