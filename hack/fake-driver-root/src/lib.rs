@@ -50,7 +50,7 @@ pub use layout::{BEHAVIOUR_FILE, CALL_LOG, MPS_PID_FILE, MPS_STATE_FILE, RECORDE
 pub use nodes::{DevRoot, NodeKind, create_dev_root, create_proc_root, create_proc_root_for};
 pub use procs::{
     ProcessGuard, cmdline, is_alive, kill, kill_under, parent_id, process_group_id,
-    processes_under, session_id, terminate,
+    processes_under, session_id, stat_cpu_ticks, terminate,
 };
 pub use record::{Call, MpsCommand, Record};
 pub use scripts::sh_quote;

@@ -50,6 +50,15 @@ pub fn session_id(pid: u32) -> Option<u32> {
     read_stat_field(pid, 3)?.parse().ok()
 }
 
+/// `utime + stime` (fields 14 and 15) of a `/proc/<pid>/stat` text, in
+/// clock ticks: the CPU time of the whole process, exited threads
+/// included.
+pub fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let utime: u64 = stat_field(stat, 11)?.parse().ok()?;
+    let stime: u64 = stat_field(stat, 12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
 /// The argv of a process, if readable.
 pub fn cmdline(pid: u32) -> Option<Vec<String>> {
     let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;

@@ -152,6 +152,12 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
+        // `/proc/<pid>/environ` may read empty for a moment after `spawn`
+        // returns (seen under load in the daemon tests).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !daemon_processes(dir.path()).contains(&pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert_eq!(daemon_processes(dir.path()), vec![pid]);
         // The marker must name the directory exactly: neither a directory
         // under it nor the one above it matches.

@@ -67,7 +67,7 @@ impl Reading {
         };
         let process = |pid: String| -> anyhow::Result<f64> {
             let path = format!("/proc/{pid}/stat");
-            let ticks = process_ticks(&read(path.clone())?)
+            let ticks = fake_driver_root::stat_cpu_ticks(&read(path.clone())?)
                 .with_context(|| format!("{path}: no utime and stime"))?;
             Ok(ticks as f64 * ms(tick))
         };
@@ -104,17 +104,6 @@ fn tick() -> Duration {
     Duration::from_secs(1) / per_second
 }
 
-/// `utime + stime` of a `/proc/<pid>/stat` text, in ticks. The command
-/// name (field 2) may hold spaces and parentheses, so fields are counted
-/// from its last `)`: the state is field 3, utime 14 and stime 15.
-fn process_ticks(stat: &str) -> Option<u64> {
-    let after = &stat[stat.rfind(')')? + 1..];
-    let mut fields = after.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime + stime)
-}
-
 /// Busy ticks of all CPUs from a `/proc/stat` text: the `cpu` line's
 /// user, nice, system, irq, softirq and steal (not idle, not iowait; guest
 /// time is already counted in user).
@@ -139,11 +128,11 @@ mod tests {
     fn process_times_are_counted_after_the_command_name() {
         // A command name with spaces and a ')' of its own.
         let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 7 5 0 0 20 0 3 0 99 1000 200";
-        assert_eq!(process_ticks(stat), Some(12));
-        assert_eq!(process_ticks("42 (x) S 1 2"), None);
-        assert_eq!(process_ticks("no parenthesis"), None);
+        assert_eq!(fake_driver_root::stat_cpu_ticks(stat), Some(12));
+        assert_eq!(fake_driver_root::stat_cpu_ticks("42 (x) S 1 2"), None);
+        assert_eq!(fake_driver_root::stat_cpu_ticks("no parenthesis"), None);
         let mine = std::fs::read_to_string("/proc/self/stat").unwrap();
-        assert!(process_ticks(&mine).is_some(), "{mine}");
+        assert!(fake_driver_root::stat_cpu_ticks(&mine).is_some(), "{mine}");
     }
 
     #[test]
