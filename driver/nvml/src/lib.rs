@@ -13,7 +13,7 @@ pub mod types;
 pub use backend::{DEFAULT_LIBRARY, NvmlBackend};
 pub use types::{
     ComputeMode, ComputeSlices, GpuInfo, MigComputeInstance, MigDevice, MigGpuInstance, MigInfo,
-    MigPlacement, MigProfile, NvLinkInfo, SystemInfo,
+    MigMode, MigPlacement, MigProfile, NvLinkInfo, SystemInfo,
 };
 
 /// Errors from the GPU backend.
@@ -57,6 +57,23 @@ pub trait GpuBackend: Send + Sync + 'static {
     /// Everything about one GPU. An error affects this GPU only; callers skip
     /// it and publish the others.
     fn gpu(&self, index: u32) -> Result<GpuInfo>;
+
+    /// The GPU's compute mode now. Prepares that change the mode read it
+    /// here: one NVML query where [`GpuBackend::gpu`] makes dozens (every
+    /// NVLink, every MIG profile). The default reads it from `gpu`.
+    fn compute_mode(&self, index: u32) -> Result<ComputeMode> {
+        Ok(self.gpu(index)?.compute_mode)
+    }
+
+    /// The GPU's MIG mode now, `None` when it is not MIG capable: one NVML
+    /// query (see [`GpuBackend::compute_mode`]). The default reads it from
+    /// `gpu`.
+    fn mig_mode(&self, index: u32) -> Result<Option<MigMode>> {
+        Ok(self.gpu(index)?.mig.map(|m| MigMode {
+            current_enabled: m.current_enabled,
+            pending_enabled: m.pending_enabled,
+        }))
+    }
 
     /// Enables or disables MIG mode (takes effect at once on Hopper and later;
     /// Ampere needs a reset, which the driver never does).

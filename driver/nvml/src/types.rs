@@ -69,6 +69,15 @@ pub struct NvLinkInfo {
     pub remote_pci_bus_id: String,
 }
 
+/// The MIG mode of a MIG-capable GPU, read alone ([`crate::GpuBackend::mig_mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigMode {
+    /// MIG mode now in effect.
+    pub current_enabled: bool,
+    /// MIG mode after the next GPU reset.
+    pub pending_enabled: bool,
+}
+
 /// MIG state and capabilities of a MIG-capable GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigInfo {

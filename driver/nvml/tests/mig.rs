@@ -225,6 +225,62 @@ fn compute_mode_changes_are_read_back() {
     assert_eq!(backend.gpu(1).unwrap().compute_mode, ComputeMode::Default);
 }
 
+/// The single queries (`compute_mode`, `mig_mode`) answer what the whole
+/// read says, on every kind of GPU and after changes; the trait's defaults
+/// (derived from `gpu`) answer the same.
+#[test]
+fn the_single_mode_queries_agree_with_the_whole_read() {
+    fn check(backend: &dyn GpuBackend, gpu: u32) {
+        let info = backend.gpu(gpu).unwrap();
+        assert_eq!(backend.compute_mode(gpu).unwrap(), info.compute_mode);
+        let mode = backend.mig_mode(gpu).unwrap();
+        assert_eq!(
+            mode.map(|m| (m.current_enabled, m.pending_enabled)),
+            info.mig.map(|m| (m.current_enabled, m.pending_enabled)),
+            "GPU {gpu}"
+        );
+    }
+    // GPU 0: H100, MIG off; 1: H100, MIG on; 2 and 3: L4, not MIG capable.
+    let machine = Machine::shipped("mixed");
+    let backend = machine.open();
+    assert_eq!(backend.mig_mode(2).unwrap(), None);
+    let h100 = backend.mig_mode(0).unwrap().unwrap();
+    assert!(!h100.current_enabled && !h100.pending_enabled);
+    let h100 = backend.mig_mode(1).unwrap().unwrap();
+    assert!(h100.current_enabled && h100.pending_enabled);
+    for gpu in 0..4 {
+        check(&backend, gpu);
+        check(&Minimal(machine.open()), gpu);
+    }
+    backend.set_mig_mode(0, true).unwrap();
+    backend
+        .set_compute_mode(2, ComputeMode::ExclusiveProcess)
+        .unwrap();
+    let h100 = backend.mig_mode(0).unwrap().unwrap();
+    assert!(h100.current_enabled && h100.pending_enabled);
+    assert_eq!(
+        backend.compute_mode(2).unwrap(),
+        ComputeMode::ExclusiveProcess
+    );
+    for gpu in 0..4 {
+        check(&backend, gpu);
+    }
+    // Ampere: the change waits for a reset, and the query says so.
+    let machine = Machine::shipped("dgx-a100");
+    let backend = machine.open();
+    backend.set_mig_mode(4, true).unwrap();
+    let a100 = backend.mig_mode(4).unwrap().unwrap();
+    assert!(!a100.current_enabled && a100.pending_enabled);
+    check(&backend, 4);
+    // A GPU that does not exist is an error naming it, not "no MIG".
+    for err in [
+        backend.mig_mode(9).unwrap_err(),
+        backend.compute_mode(9).map(|_| ()).unwrap_err(),
+    ] {
+        assert!(matches!(err, Error::Call { gpu: Some(9), .. }), "{err}");
+    }
+}
+
 #[test]
 fn concurrent_mig_changes_on_different_gpus() {
     let machine = Machine::shipped("dgx-h100");

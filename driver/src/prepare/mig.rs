@@ -25,7 +25,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::hash::BuildHasher;
 
-use gpu_nvml::{GpuBackend, GpuInfo, MigDevice, MigGpuInstance, MigPlacement};
+use gpu_nvml::{GpuBackend, GpuInfo, MigDevice, MigGpuInstance, MigMode, MigPlacement};
 
 /// The compute capability major from which MIG mode changes take effect
 /// without a GPU reset.
@@ -249,6 +249,13 @@ fn read_gpu(backend: &dyn GpuBackend, gpu: u32) -> Result<GpuInfo, MigError> {
         .map_err(backend_error(gpu, "read the GPU's state"))
 }
 
+/// The MIG mode alone (one NVML query, where [`read_gpu`] makes dozens).
+fn read_mig_mode(backend: &dyn GpuBackend, gpu: u32) -> Result<Option<MigMode>, MigError> {
+    backend
+        .mig_mode(gpu)
+        .map_err(backend_error(gpu, "read its MIG mode"))
+}
+
 fn list_instances(backend: &dyn GpuBackend, gpu: u32) -> Result<Vec<MigGpuInstance>, MigError> {
     backend
         .gpu_instances(gpu)
@@ -291,9 +298,8 @@ fn switch_mode(backend: &dyn GpuBackend, info: &GpuInfo, enabled: bool) -> Resul
         gpu,
         format!("switch MIG mode {}", on_off(enabled)),
     ))?;
-    let after = read_gpu(backend, gpu)?;
-    let mig = after.mig.as_ref();
-    if mig.is_some_and(|m| m.current_enabled == enabled) {
+    let after = read_mig_mode(backend, gpu)?;
+    if after.is_some_and(|m| m.current_enabled == enabled) {
         tracing::info!(gpu, uuid = %info.uuid, enabled, "MIG mode switched");
         return Ok(());
     }
@@ -301,7 +307,7 @@ fn switch_mode(backend: &dyn GpuBackend, info: &GpuInfo, enabled: bool) -> Resul
         gpu,
         uuid: info.uuid.clone(),
         wanted: enabled,
-        pending: mig.is_some_and(|m| m.pending_enabled),
+        pending: after.is_some_and(|m| m.pending_enabled),
     })
 }
 
@@ -530,8 +536,8 @@ pub fn destroy(
     };
     // NVML refuses instance calls while MIG mode is off: then nothing is
     // left to destroy.
-    if let Ok(info) = backend.gpu(gpu_index)
-        && info.mig.as_ref().is_none_or(|m| !m.current_enabled)
+    if let Ok(mode) = backend.mig_mode(gpu_index)
+        && mode.is_none_or(|m| !m.current_enabled)
     {
         tracing::info!(
             gpu = gpu_index,
@@ -616,6 +622,11 @@ pub fn destroy_verified(
 /// [`MigError::ModeNeedsReset`]); if MIG devices exist, an error naming
 /// them. A GPU with MIG mode off, or without MIG, needs nothing.
 pub fn ensure_full_gpu(backend: &dyn GpuBackend, gpu_index: u32) -> Result<(), MigError> {
+    // The common case, MIG mode off, costs one query; the whole state is
+    // read only when there is something to check or switch.
+    if read_mig_mode(backend, gpu_index)?.is_none_or(|m| !m.current_enabled) {
+        return Ok(());
+    }
     let info = read_gpu(backend, gpu_index)?;
     let Some(mig) = &info.mig else {
         return Ok(());

@@ -24,8 +24,8 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
 use crate::{
-    ComputeMode, Error, GpuBackend, GpuInfo, MigDevice, MigGpuInstance, MigPlacement, Result,
-    SystemInfo,
+    ComputeMode, Error, GpuBackend, GpuInfo, MigDevice, MigGpuInstance, MigMode, MigPlacement,
+    Result, SystemInfo,
 };
 
 use raw::RawDevice;
@@ -168,6 +168,16 @@ impl GpuBackend for NvmlBackend {
     fn gpu(&self, index: u32) -> Result<GpuInfo> {
         let handle = self.handle(index)?;
         query::gpu_info(&self.nvml, handle, index)
+    }
+
+    fn compute_mode(&self, index: u32) -> Result<ComputeMode> {
+        let device = self.handle(index)?.device(&self.nvml);
+        query::compute_mode(&device, index)
+    }
+
+    fn mig_mode(&self, index: u32) -> Result<Option<MigMode>> {
+        let device = self.handle(index)?.device(&self.nvml);
+        query::mig_mode(&device, index)
     }
 
     fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<()> {

@@ -13,8 +13,8 @@ use super::call;
 use super::raw::{self, RawDevice};
 use crate::naming;
 use crate::{
-    ComputeMode, ComputeSlices, Error, GpuInfo, MigDevice, MigInfo, MigPlacement, MigProfile,
-    NvLinkInfo, Result,
+    ComputeMode, ComputeSlices, Error, GpuInfo, MigDevice, MigInfo, MigMode, MigPlacement,
+    MigProfile, NvLinkInfo, Result,
 };
 
 /// Everything about GPU `index`. Any failing query fails this GPU only.
@@ -67,18 +67,7 @@ pub(super) fn gpu_info(nvml: &Nvml, handle: RawDevice, index: u32) -> Result<Gpu
         .map_err(call("nvmlDeviceGetPciInfo_v3", index))?;
     let pci_bus_id = naming::normalize_pci_bus_id(&pci.bus_id)
         .map_err(|reason| invalid_answer("nvmlDeviceGetPciInfo_v3", index, reason))?;
-    let compute_mode = match device
-        .compute_mode()
-        .map_err(call("nvmlDeviceGetComputeMode", index))?
-    {
-        NvComputeMode::Default => ComputeMode::Default,
-        // Exclusive-thread is gone from current drivers; it is exclusive use
-        // all the same.
-        NvComputeMode::ExclusiveProcess | NvComputeMode::ExclusiveThread => {
-            ComputeMode::ExclusiveProcess
-        }
-        NvComputeMode::Prohibited => ComputeMode::Prohibited,
-    };
+    let compute_mode = compute_mode(&device, index)?;
     let addressing_mode = addressing_mode(nvml, handle, index)?;
     let mig = mig_info(nvml, &device, handle, index, memory_bytes)?;
     let nvlinks = nvlinks(&device, index);
@@ -97,6 +86,43 @@ pub(super) fn gpu_info(nvml: &Nvml, handle: RawDevice, index: u32) -> Result<Gpu
         mig,
         nvlinks,
     })
+}
+
+/// The compute mode of GPU `index`.
+pub(super) fn compute_mode(device: &Device<'_>, index: u32) -> Result<ComputeMode> {
+    Ok(
+        match device
+            .compute_mode()
+            .map_err(call("nvmlDeviceGetComputeMode", index))?
+        {
+            NvComputeMode::Default => ComputeMode::Default,
+            // Exclusive-thread is gone from current drivers; it is exclusive
+            // use all the same.
+            NvComputeMode::ExclusiveProcess | NvComputeMode::ExclusiveThread => {
+                ComputeMode::ExclusiveProcess
+            }
+            NvComputeMode::Prohibited => ComputeMode::Prohibited,
+        },
+    )
+}
+
+/// The MIG mode of GPU `index`, `None` when it is not MIG capable.
+pub(super) fn mig_mode(device: &Device<'_>, index: u32) -> Result<Option<MigMode>> {
+    let mode = match device.mig_mode() {
+        Ok(mode) => mode,
+        Err(
+            NvmlError::NotSupported
+            | NvmlError::FailedToLoadSymbol(_)
+            | NvmlError::FunctionNotFound,
+        ) => {
+            return Ok(None);
+        }
+        Err(e) => return Err(call("nvmlDeviceGetMigMode", index)(e)),
+    };
+    Ok(Some(MigMode {
+        current_enabled: mode.current == sys::NVML_DEVICE_MIG_ENABLE,
+        pending_enabled: mode.pending == sys::NVML_DEVICE_MIG_ENABLE,
+    }))
 }
 
 /// An NVML answer the backend cannot use (malformed bus id, negative value).
@@ -147,19 +173,13 @@ fn mig_info(
     index: u32,
     memory_bytes: u64,
 ) -> Result<Option<MigInfo>> {
-    let mode = match device.mig_mode() {
-        Ok(mode) => mode,
-        Err(
-            NvmlError::NotSupported
-            | NvmlError::FailedToLoadSymbol(_)
-            | NvmlError::FunctionNotFound,
-        ) => {
-            return Ok(None);
-        }
-        Err(e) => return Err(call("nvmlDeviceGetMigMode", index)(e)),
+    let Some(MigMode {
+        current_enabled,
+        pending_enabled,
+    }) = mig_mode(device, index)?
+    else {
+        return Ok(None);
     };
-    let current_enabled = mode.current == sys::NVML_DEVICE_MIG_ENABLE;
-    let pending_enabled = mode.pending == sys::NVML_DEVICE_MIG_ENABLE;
     let profiles = mig_profiles(nvml, device, handle, index, memory_bytes)?;
     let devices = if current_enabled {
         mig_devices(nvml, device, handle, index)?

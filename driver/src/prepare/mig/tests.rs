@@ -544,6 +544,102 @@ fn ensure_full_gpu_switches_mig_off_only_when_nothing_is_on_it() {
     ensure_full_gpu(&t4.backend, 0).unwrap();
 }
 
+/// Counts the whole-GPU reads (`gpu`) a caller makes; everything else goes
+/// straight to the backend.
+struct CountingReads {
+    backend: NvmlBackend,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+impl CountingReads {
+    fn new(backend: NvmlBackend) -> Self {
+        Self {
+            backend,
+            reads: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    fn reads(&self) -> usize {
+        self.reads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl GpuBackend for CountingReads {
+    fn system(&self) -> gpu_nvml::Result<gpu_nvml::SystemInfo> {
+        self.backend.system()
+    }
+    fn gpu_count(&self) -> gpu_nvml::Result<u32> {
+        self.backend.gpu_count()
+    }
+    fn gpu(&self, index: u32) -> gpu_nvml::Result<GpuInfo> {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.backend.gpu(index)
+    }
+    fn compute_mode(&self, index: u32) -> gpu_nvml::Result<gpu_nvml::ComputeMode> {
+        self.backend.compute_mode(index)
+    }
+    fn mig_mode(&self, index: u32) -> gpu_nvml::Result<Option<MigMode>> {
+        self.backend.mig_mode(index)
+    }
+    fn set_mig_mode(&self, index: u32, enabled: bool) -> gpu_nvml::Result<()> {
+        self.backend.set_mig_mode(index, enabled)
+    }
+    fn create_mig_device(
+        &self,
+        index: u32,
+        profile_id: u32,
+        placement: MigPlacement,
+    ) -> gpu_nvml::Result<MigDevice> {
+        self.backend.create_mig_device(index, profile_id, placement)
+    }
+    fn destroy_mig_device(&self, index: u32, gi: u32, ci: u32) -> gpu_nvml::Result<()> {
+        self.backend.destroy_mig_device(index, gi, ci)
+    }
+    fn set_compute_mode(&self, index: u32, mode: gpu_nvml::ComputeMode) -> gpu_nvml::Result<()> {
+        self.backend.set_compute_mode(index, mode)
+    }
+    fn gpu_instances(&self, index: u32) -> gpu_nvml::Result<Vec<MigGpuInstance>> {
+        self.backend.gpu_instances(index)
+    }
+    fn destroy_gpu_instance(&self, index: u32, gi: u32) -> gpu_nvml::Result<()> {
+        self.backend.destroy_gpu_instance(index, gi)
+    }
+}
+
+/// A whole-GPU prepare on a dynamic-MIG node asks for the MIG mode alone
+/// when it is off (the common case: one NVML query, not the dozens of a
+/// whole read), and a mode switch checks its effect the same way.
+#[test]
+fn whole_gpu_checks_read_the_mig_mode_alone() {
+    let m = Machine::shipped("dgx-h100");
+    let counting = CountingReads::new(m.reopen());
+    ensure_full_gpu(&counting, 0).unwrap();
+    ensure_full_gpu(&counting, 1).unwrap();
+    assert_eq!(counting.reads(), 0, "MIG off: no whole read");
+    // No MIG at all: the same.
+    let t4 = Machine::shipped("t4-inference");
+    let counting_t4 = CountingReads::new(t4.reopen());
+    ensure_full_gpu(&counting_t4, 0).unwrap();
+    assert_eq!(counting_t4.reads(), 0);
+    // MIG on and empty: one whole read (to check what is on it and name
+    // the GPU), the switch itself checked through the mode alone.
+    m.backend.set_mig_mode(2, true).unwrap();
+    ensure_full_gpu(&counting, 2).unwrap();
+    assert_eq!(counting.reads(), 1);
+    assert_eq!(m.mig_mode(2), (false, false));
+    // Destroying a device on a GPU whose MIG mode went off meanwhile:
+    // the mode alone says it is gone.
+    let d = create(&counting, &m.request(3, P_1G_10GB, 0, 1)).unwrap();
+    let after_create = counting.reads();
+    m.backend
+        .destroy_mig_device(3, d.gpu_instance_id, d.compute_instance_id)
+        .unwrap();
+    m.backend.set_mig_mode(3, false).unwrap();
+    destroy(&counting, 3, d.gpu_instance_id, d.compute_instance_id).unwrap();
+    assert_eq!(counting.reads(), after_create);
+}
+
 #[test]
 fn sweep_keeps_referenced_devices_and_destroys_the_rest() {
     let m = Machine::shipped("dgx-a100");

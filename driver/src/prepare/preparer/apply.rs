@@ -637,7 +637,7 @@ fn set_compute_mode(
         device: device.clone(),
         error,
     };
-    let current = inner.backend.gpu(index).map_err(nvml)?.compute_mode;
+    let current = inner.backend.compute_mode(index).map_err(nvml)?;
     if current == mode {
         return Ok(());
     }
