@@ -403,6 +403,7 @@ pub fn create(backend: &dyn GpuBackend, req: &MigRequest) -> Result<CreatedMig, 
         return Err(needs_reset(&info, false, mig.pending_enabled));
     }
 
+    let creating = std::time::Instant::now();
     let device = match backend.create_mig_device(gpu, req.profile_id, placement) {
         Ok(device) => device,
         Err(source) => {
@@ -432,6 +433,9 @@ pub fn create(backend: &dyn GpuBackend, req: &MigRequest) -> Result<CreatedMig, 
         gi = device.gpu_instance_id,
         ci = device.compute_instance_id,
         enabled_mig_mode,
+        // The GPU's own time (instance creation in NVML and the kernel
+        // driver), apart from the driver's checks before it.
+        create_us = u64::try_from(creating.elapsed().as_micros()).unwrap_or(u64::MAX),
         "MIG device created"
     );
     Ok(CreatedMig {

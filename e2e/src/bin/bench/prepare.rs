@@ -117,11 +117,34 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
         }
         let log = node.log_text();
         let (work, answer) = split_at_log(&log, &sent)?;
-        let daemon = daemon_starts(&log);
+        // The time a step outside the driver took inside the prepare: the
+        // MPS daemon's start, or NVML's creation of the MIG device.
+        let outside = match kind {
+            Kind::WholeGpu => None,
+            Kind::Mps => Some((
+                "    of which starting the MPS control daemon (launch, readiness, settings; the fake root's compiled stand-in daemon)",
+                "  (prepare p50 - daemon start p50) / durable write p50",
+                log_field_ms(&log, "started MPS control daemon", "elapsed_ms", 1.0),
+            )),
+            Kind::DynamicMig => Some((
+                "    of which NVML creating the GPU and compute instance (here the fake NVML, which also writes the capability files, device nodes and its state file as the kernel driver would)",
+                "  (prepare p50 - NVML create p50) / durable write p50",
+                log_field_ms(&log, "MIG device created", "create_us", 0.001),
+            )),
+        };
         node.stop()?;
         let ratio = p50(&prepare) / p50(&write);
         let ratio_swapped = p50(&prepare) / p50(&swapped);
-        let own = (!daemon.is_empty()).then(|| (p50(&prepare) - p50(&daemon)) / p50(&write));
+        let outside = outside
+            .map(|(what, ratio_name, samples)| {
+                anyhow::ensure!(
+                    !samples.is_empty(),
+                    "{name}: the plugin's log has no timing of the step outside the driver ({what:?})"
+                );
+                let own = (p50(&prepare) - p50(&samples)) / p50(&write);
+                Ok((what, ratio_name, samples, own))
+            })
+            .transpose()?;
         let mut rows = vec![
             Row::new(name, "prepare, as kubelet sees it", "ms", prepare),
             Row::new(
@@ -169,38 +192,27 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
                 Values::One(ratio_swapped),
             ),
         ];
-        if let Some(own) = own {
-            rows.insert(
-                2,
-                Row::new(
-                    name,
-                    "    of which starting the MPS control daemon (launch, readiness, settings; the fake root's compiled stand-in daemon)",
-                    "ms",
-                    daemon,
-                ),
-            );
-            rows.push(Row::with(
-                name,
-                "  (prepare p50 - daemon start p50) / durable write p50",
-                "x",
-                Values::One(own),
-            ));
+        if let Some((what, ratio_name, samples, own)) = outside {
+            rows.insert(2, Row::new(name, what, "ms", samples));
+            rows.push(Row::with(name, ratio_name, "x", Values::One(own)));
         }
         Ok(rows)
     })
 }
 
-/// The `elapsed_ms` of every "started MPS control daemon" line, in ms.
-fn daemon_starts(log: &str) -> Vec<f64> {
+/// Field `field` of every log line with message `message` that has it,
+/// times `to_ms` (the field's unit in ms).
+fn log_field_ms(log: &str, message: &str, field: &str, to_ms: f64) -> Vec<f64> {
     log.lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|v| v["message"] == "started MPS control daemon")
+        .filter(|v| v["message"] == message)
         // A u128 field is logged as a string.
         .filter_map(|v| {
-            let e = &v["elapsed_ms"];
+            let e = &v[field];
             e.as_f64()
                 .or_else(|| e.as_str().and_then(|s| s.parse().ok()))
         })
+        .map(|value| value * to_ms)
         .collect()
 }
 
@@ -614,10 +626,16 @@ mod tests {
     }
 
     #[test]
-    fn daemon_starts_are_read_from_the_log() {
+    fn step_timings_are_read_from_the_log() {
         let log = "x\n{\"message\":\"started MPS control daemon\",\"elapsed_ms\":41}\n{\"message\":\"claim prepared\",\"elapsed_ms\":7}\n{\"message\":\"started MPS control daemon\",\"elapsed_ms\":\"39\"}\n";
-        assert_eq!(daemon_starts(log), vec![41.0, 39.0]);
-        assert!(daemon_starts("").is_empty());
+        let daemon = |log| log_field_ms(log, "started MPS control daemon", "elapsed_ms", 1.0);
+        assert_eq!(daemon(log), vec![41.0, 39.0]);
+        assert!(daemon("").is_empty());
+        // The backend's line of the same message has no create_us: skipped.
+        let log = "{\"message\":\"MIG device created\",\"target\":\"gpu_nvml::backend::mig\"}\n{\"message\":\"MIG device created\",\"create_us\":250}\n";
+        let create = log_field_ms(log, "MIG device created", "create_us", 0.001);
+        assert_eq!(create.len(), 1);
+        assert!((create[0] - 0.25).abs() < 1e-9, "{create:?}");
     }
 
     #[test]
