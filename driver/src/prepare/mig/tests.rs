@@ -609,7 +609,8 @@ impl GpuBackend for CountingReads {
 
 /// A whole-GPU prepare on a dynamic-MIG node asks for the MIG mode alone
 /// when it is off (the common case: one NVML query, not the dozens of a
-/// whole read), and a mode switch checks its effect the same way.
+/// whole read); a mode switch checks its effect, and a destroy on a GPU
+/// whose MIG mode went off finds the device gone, the same way.
 #[test]
 fn whole_gpu_checks_read_the_mig_mode_alone() {
     let m = Machine::shipped("dgx-h100");

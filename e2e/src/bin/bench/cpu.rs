@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
+use crate::table::ms;
+
 /// CPU times read at one moment, in milliseconds since boot or start.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Reading {
@@ -89,10 +91,6 @@ impl Reading {
             machine: self.machine - earlier.machine,
         }
     }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 /// One clock tick (`sysconf(_SC_CLK_TCK)`), the unit of `/proc` times.

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::cpu::{Reading, Spent};
 use crate::node::{DRIVER, Node, durable_write, result, swapped_write};
 use crate::start::time_of_day;
-use crate::table::{Goal, Row, Stat, Values};
+use crate::table::{Goal, Row, Stat, Values, ms};
 use crate::{Ctx, Settings};
 
 /// GPUs of the machine ([`crate::node::PROFILE`]).
@@ -63,10 +63,6 @@ impl Kind {
 fn gpu_config(sharing: Value) -> Value {
     json!({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {
         "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": sharing}}})
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 fn p50(samples: &[f64]) -> f64 {

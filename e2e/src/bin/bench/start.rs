@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::Ctx;
 use crate::node::Machine;
-use crate::table::{Goal, Row, Stat};
+use crate::table::{Goal, Row, Stat, ms};
 
 /// The node the plugin runs as.
 pub const NODE: &str = "bench-node";
@@ -165,7 +165,7 @@ async fn start_once(
             complete_pool(items).is_some()
         })
         .await;
-    let total_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let total_ms = ms(t0.elapsed());
     let Ok(items) = waited else {
         let _ = child.kill();
         bail!(
@@ -234,7 +234,7 @@ async fn repair(server: &TestApiServer, pool: &[Value]) -> anyhow::Result<f64> {
         })
         .await
         .map_err(|_| anyhow::anyhow!("{name} was not repaired within 30 s"))?;
-    Ok(start.elapsed().as_secs_f64() * 1000.0)
+    Ok(ms(start.elapsed()))
 }
 
 /// Milliseconds a fresh store takes to apply `slices` (as the plugin sent
@@ -265,7 +265,7 @@ fn store_work(slices: &[Value]) -> anyhow::Result<f64> {
             .apply(Resource::ResourceSlices, body, "gpu-kubelet-plugin", true)
             .map_err(|e| anyhow::anyhow!("applying a slice in-process: {e:?}"))?;
     }
-    Ok(start.elapsed().as_secs_f64() * 1000.0)
+    Ok(ms(start.elapsed()))
 }
 
 /// `(slices, devices)` when the stored ResourceSlices of [`NODE`] form a

@@ -4,6 +4,11 @@
 
 use std::fmt::Write as _;
 
+/// A duration in milliseconds, the unit of most rows.
+pub fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
 /// Which number of a row a goal looks at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stat {
