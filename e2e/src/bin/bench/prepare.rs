@@ -120,7 +120,7 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
             Kind::Mps => Some((
                 "    of which starting the MPS control daemon (launch, readiness, settings; the fake root's compiled stand-in daemon)",
                 "  (prepare p50 - daemon start p50) / durable write p50",
-                log_field_ms(&log, "started MPS control daemon", "elapsed_ms", 1.0),
+                log_field_ms(&log, "started MPS control daemon", "elapsed_us", 0.001),
             )),
             Kind::DynamicMig => Some((
                 "    of which NVML creating the GPU and compute instance (here the fake NVML, which also writes the capability files, device nodes and its state file as the kernel driver would)",
@@ -623,9 +623,9 @@ mod tests {
 
     #[test]
     fn step_timings_are_read_from_the_log() {
-        let log = "x\n{\"message\":\"started MPS control daemon\",\"elapsed_ms\":41}\n{\"message\":\"claim prepared\",\"elapsed_ms\":7}\n{\"message\":\"started MPS control daemon\",\"elapsed_ms\":\"39\"}\n";
-        let daemon = |log| log_field_ms(log, "started MPS control daemon", "elapsed_ms", 1.0);
-        assert_eq!(daemon(log), vec![41.0, 39.0]);
+        let log = "x\n{\"message\":\"started MPS control daemon\",\"elapsed_us\":41000}\n{\"message\":\"claim prepared\",\"elapsed_us\":7}\n{\"message\":\"started MPS control daemon\",\"elapsed_us\":\"10500\"}\n";
+        let daemon = |log| log_field_ms(log, "started MPS control daemon", "elapsed_us", 0.001);
+        assert_eq!(daemon(log), vec![41.0, 10.5]);
         assert!(daemon("").is_empty());
         // The backend's line of the same message has no create_us: skipped.
         let log = "{\"message\":\"MIG device created\",\"target\":\"gpu_nvml::backend::mig\"}\n{\"message\":\"MIG device created\",\"create_us\":250}\n";
