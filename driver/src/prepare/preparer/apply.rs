@@ -521,12 +521,16 @@ struct MpsStarts {
 }
 
 /// Sets the `exclusive` GPUs to EXCLUSIVE_PROCESS (each change journalled
-/// first) while the `daemons` start, on threads of their own: a daemon's
-/// start waits on other processes for milliseconds and needs no compute
-/// mode (its server starts at the first client, after the prepare), and
-/// the journal's fsync need not wait for it. A crash in between leaves what
-/// a crash between the two did before: the journalled change, undone by
-/// recovery, and an unrecorded daemon, stopped by the startup sweep.
+/// first) while the `daemons` start, all at once: a daemon's start waits
+/// on other processes for milliseconds and needs no compute mode (its
+/// server starts at the first client, after the prepare), and the
+/// journal's fsync need not wait for it. The first daemon starts on this
+/// thread, the mode changes and any further daemons on threads of their
+/// own: a thread's creation, and the wake-up of a thread waiting for one,
+/// cost tenths of a millisecond on a busy node, and the daemon start is
+/// the longest step. A crash in between leaves what a crash between the
+/// two did before: the journalled change, undone by recovery, and an
+/// unrecorded daemon, stopped by the startup sweep.
 fn start_mps(
     inner: &Inner,
     uid: &ClaimUid,
@@ -539,30 +543,32 @@ fn start_mps(
             set_compute_mode(inner, uid, entry, i, index, ComputeMode::ExclusiveProcess)
         })
     };
-    if exclusive.is_empty() || daemons.is_empty() {
-        let modes = set_modes(entry);
-        let daemons = if modes.is_ok() {
-            daemons.iter().map(|cfg| inner.mps.start(cfg)).collect()
-        } else {
-            Vec::new()
+    let Some((first, rest)) = daemons.split_first() else {
+        return MpsStarts {
+            modes: set_modes(entry),
+            daemons: Vec::new(),
         };
-        return MpsStarts { modes, daemons };
-    }
+    };
     std::thread::scope(|scope| {
-        let handles: Vec<_> = daemons
+        let modes = (!exclusive.is_empty()).then(|| scope.spawn(|| set_modes(entry)));
+        let handles: Vec<_> = rest
             .iter()
             .map(|cfg| scope.spawn(|| inner.mps.start(cfg)))
             .collect();
-        let modes = set_modes(entry);
-        let daemons = handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect();
-        MpsStarts { modes, daemons }
+        let mut started = vec![inner.mps.start(first)];
+        started.extend(handles.into_iter().map(join));
+        MpsStarts {
+            modes: modes.map_or(Ok(()), join),
+            daemons: started,
+        }
     })
+}
+
+/// The result of a scoped thread; its panic goes on in the caller.
+fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    handle
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 fn group(

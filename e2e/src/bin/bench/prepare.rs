@@ -119,12 +119,12 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
             Kind::WholeGpu => None,
             Kind::Mps => Some((
                 "    of which starting the MPS control daemon (launch, readiness, settings; the fake root's compiled stand-in daemon)",
-                "  (prepare p50 - daemon start p50) / durable write p50",
+                "  prepare less the daemon start, claim by claim",
                 log_field_ms(&log, "started MPS control daemon", "elapsed_us", 0.001),
             )),
             Kind::DynamicMig => Some((
                 "    of which NVML creating the GPU and compute instance (here the fake NVML, which also writes the capability files, device nodes and its state file as the kernel driver would)",
-                "  (prepare p50 - NVML create p50) / durable write p50",
+                "  prepare less the NVML create, claim by claim",
                 log_field_ms(&log, "MIG device created", "create_us", 0.001),
             )),
         };
@@ -132,13 +132,11 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
         let ratio = p50(&prepare) / p50(&write);
         let ratio_swapped = p50(&prepare) / p50(&swapped);
         let outside = outside
-            .map(|(what, ratio_name, samples)| {
-                anyhow::ensure!(
-                    !samples.is_empty(),
-                    "{name}: the plugin's log has no timing of the step outside the driver ({what:?})"
-                );
-                let own = (p50(&prepare) - p50(&samples)) / p50(&write);
-                Ok((what, ratio_name, samples, own))
+            .map(|(what, less_name, samples)| {
+                let less = less_outside(&prepare, &samples)
+                    .with_context(|| format!("{name}: {what:?}"))?;
+                let own = p50(&less) / p50(&write);
+                anyhow::Ok((what, less_name, samples, less, own))
             })
             .transpose()?;
         let mut rows = vec![
@@ -188,12 +186,36 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
                 Values::One(ratio_swapped),
             ),
         ];
-        if let Some((what, ratio_name, samples, own)) = outside {
+        if let Some((what, less_name, samples, less, own)) = outside {
             rows.insert(2, Row::new(name, what, "ms", samples));
-            rows.push(Row::with(name, ratio_name, "x", Values::One(own)));
+            rows.push(Row::new(name, less_name, "ms", less));
+            rows.push(Row::with(
+                name,
+                "  that p50 / durable write p50",
+                "x",
+                Values::One(own),
+            ));
         }
         Ok(rows)
     })
+}
+
+/// Each timed prepare less the time of its step outside the driver, in ms.
+/// The cycles run one after the other and each has exactly one such step,
+/// so the log's timings are the first, unsampled cycle's, then one per
+/// timed prepare in order.
+fn less_outside(prepare: &[f64], outside: &[f64]) -> anyhow::Result<Vec<f64>> {
+    anyhow::ensure!(
+        outside.len() == prepare.len() + 1,
+        "the plugin's log has {} timings of the step outside the driver, expected one per cycle ({})",
+        outside.len(),
+        prepare.len() + 1
+    );
+    Ok(prepare
+        .iter()
+        .zip(&outside[1..])
+        .map(|(p, o)| p - o)
+        .collect())
 }
 
 /// Field `field` of every log line with message `message` that has it,
@@ -619,6 +641,16 @@ mod tests {
         assert!((answer[0] - 8.0).abs() < 1e-6, "{answer:?}");
         let missing = split_at_log("", &sent).unwrap_err().to_string();
         assert!(missing.contains("u1"), "{missing}");
+    }
+
+    #[test]
+    fn the_outside_step_is_taken_off_claim_by_claim() {
+        // The first timing is the unsampled cycle's.
+        let less = less_outside(&[12.0, 11.0], &[30.0, 10.0, 9.5]).unwrap();
+        assert_eq!(less, vec![2.0, 1.5]);
+        let short = less_outside(&[12.0, 11.0], &[10.0, 9.5]).unwrap_err();
+        assert!(short.to_string().contains("has 2 timings"), "{short}");
+        assert!(less_outside(&[12.0], &[1.0, 2.0, 3.0]).is_err());
     }
 
     #[test]
