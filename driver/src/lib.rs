@@ -19,3 +19,8 @@ pub mod plugin;
 pub mod prepare;
 pub mod slices;
 pub mod supervise;
+
+/// Microseconds since `t`, for the timing fields (`..._us`) of log lines.
+pub(crate) fn micros(t: std::time::Instant) -> u64 {
+    u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)
+}

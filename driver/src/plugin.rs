@@ -33,6 +33,7 @@ use crate::devices::BuildOptions;
 use crate::discovery::{self, Inventory};
 use crate::flags::Flags;
 use crate::grpc::{self, ServerHandle};
+use crate::micros;
 use crate::prepare::cdi::{HostRoot, SpecDir};
 use crate::prepare::preparer::{self, Preparer};
 use crate::slices::{PublishError, PublishStatus, Publisher, PublisherOptions};
@@ -236,11 +237,6 @@ pub fn nvml_in_driver_root(root: &Path) -> Option<PathBuf> {
         .iter()
         .map(|dir| root.join(dir).join("libnvidia-ml.so.1"))
         .find(|p| p.exists())
-}
-
-/// Microseconds since `t`, for the startup timing logs.
-fn micros(t: Instant) -> u64 {
-    u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Logs, once, how long the first complete publication took.

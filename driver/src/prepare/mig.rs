@@ -435,7 +435,7 @@ pub fn create(backend: &dyn GpuBackend, req: &MigRequest) -> Result<CreatedMig, 
         enabled_mig_mode,
         // The GPU's own time (instance creation in NVML and the kernel
         // driver), apart from the driver's checks before it.
-        create_us = u64::try_from(creating.elapsed().as_micros()).unwrap_or(u64::MAX),
+        create_us = crate::micros(creating),
         "MIG device created"
     );
     Ok(CreatedMig {

@@ -647,7 +647,7 @@ impl MpsControl {
                     pid,
                     devices = %cfg.visible_devices(),
                     shm = ?self.shm_mode(),
-                    elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                    elapsed_us = crate::micros(started),
                     "started MPS control daemon"
                 );
                 Ok(self.record(&dirs, cfg, pid))

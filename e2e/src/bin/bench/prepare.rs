@@ -120,12 +120,12 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
             Kind::Mps => Some((
                 "    of which starting the MPS control daemon (launch, readiness, settings; the fake root's compiled stand-in daemon)",
                 "  prepare less the daemon start, claim by claim",
-                log_field_ms(&log, "started MPS control daemon", "elapsed_us", 0.001),
+                log_micros_as_ms(&log, "started MPS control daemon", "elapsed_us"),
             )),
             Kind::DynamicMig => Some((
                 "    of which NVML creating the GPU and compute instance (here the fake NVML, which also writes the capability files, device nodes and its state file as the kernel driver would)",
                 "  prepare less the NVML create, claim by claim",
-                log_field_ms(&log, "MIG device created", "create_us", 0.001),
+                log_micros_as_ms(&log, "MIG device created", "create_us"),
             )),
         };
         node.stop()?;
@@ -218,19 +218,19 @@ fn less_outside(prepare: &[f64], outside: &[f64]) -> anyhow::Result<Vec<f64>> {
         .collect())
 }
 
-/// Field `field` of every log line with message `message` that has it,
-/// times `to_ms` (the field's unit in ms).
-fn log_field_ms(log: &str, message: &str, field: &str, to_ms: f64) -> Vec<f64> {
+/// Field `field` (microseconds) of every log line with message `message`
+/// that has it, in ms.
+fn log_micros_as_ms(log: &str, message: &str, field: &str) -> Vec<f64> {
     log.lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
         .filter(|v| v["message"] == message)
-        // A u128 field is logged as a string.
+        // A field wider than u64 would be logged as a string.
         .filter_map(|v| {
             let e = &v[field];
             e.as_f64()
                 .or_else(|| e.as_str().and_then(|s| s.parse().ok()))
         })
-        .map(|value| value * to_ms)
+        .map(|micros| micros * 0.001)
         .collect()
 }
 
@@ -656,12 +656,12 @@ mod tests {
     #[test]
     fn step_timings_are_read_from_the_log() {
         let log = "x\n{\"message\":\"started MPS control daemon\",\"elapsed_us\":41000}\n{\"message\":\"claim prepared\",\"elapsed_us\":7}\n{\"message\":\"started MPS control daemon\",\"elapsed_us\":\"10500\"}\n";
-        let daemon = |log| log_field_ms(log, "started MPS control daemon", "elapsed_us", 0.001);
+        let daemon = |log| log_micros_as_ms(log, "started MPS control daemon", "elapsed_us");
         assert_eq!(daemon(log), vec![41.0, 10.5]);
         assert!(daemon("").is_empty());
         // The backend's line of the same message has no create_us: skipped.
         let log = "{\"message\":\"MIG device created\",\"target\":\"gpu_nvml::backend::mig\"}\n{\"message\":\"MIG device created\",\"create_us\":250}\n";
-        let create = log_field_ms(log, "MIG device created", "create_us", 0.001);
+        let create = log_micros_as_ms(log, "MIG device created", "create_us");
         assert_eq!(create.len(), 1);
         assert!((create[0] - 0.25).abs() < 1e-9, "{create:?}");
     }
