@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Lints the Helm chart (deployments/helm/gpu-dra-driver) and validates every
 # object it renders, offline, in several values variants (defaults, cert-manager
-# on/off, another driver name, webhook off, plugin only), plus values that must
-# be refused. See hack/validate_chart.py for the checks. Needs two PyPI packages
+# on/off, another driver name, webhook off, MPS directory off, plugin only),
+# plus values that must be refused. See hack/validate_chart.py for the checks. Needs two PyPI packages
 # (Helm's Go library and the Kubernetes schemas):
 #   python3 -m pip install helm-python-sdk==0.2.2 kubernetes-validate==1.37.0
 #

@@ -12,8 +12,10 @@ For each values variant below:
      against the subset of cert-manager.io/v1 the chart writes (below).
   3. Cross-object checks: names that must agree (Service -> pods, webhook ->
      Service and certificate, RBAC and the admission policy -> the pods'
-     ServiceAccounts), the webhook agreeing with deployments/webhook/, the
-     DeviceClasses being exactly the repository's deviceclasses/ files.
+     ServiceAccounts), the plugin's --mps-dir, its mount and its hostPath
+     volume naming one path (or none of them with mpsDir empty), the webhook
+     agreeing with deployments/webhook/, the DeviceClasses being exactly the
+     repository's deviceclasses/ files.
 Then values that must be refused are rendered, and each must fail with its
 message.
 
@@ -79,6 +81,7 @@ VARIANTS: dict[str, dict] = {
             "sliceRules": "1.35",
             "metrics": {"bindAddress": "::", "port": 9400},
             "nvmlLib": "",
+            "mpsDir": "/var/run/gpu-example/mps",
             "extraArgs": ["--sysfs-root=/sys"],
             "extraEnv": [{"name": "EXTRA", "value": "1"}],
         },
@@ -89,6 +92,8 @@ VARIANTS: dict[str, dict] = {
         "resourceSlicePolicy": {"enabled": False},
         "kubeletPlugin": {"metrics": {"port": 0}, "livenessProbe": {"enabled": False}},
     },
+    # The MPS daemons' directories under the plugin's state dir (no --mps-dir).
+    "mps-dir-empty": {"kubeletPlugin": {"mpsDir": ""}},
     "plugin-only": {
         "controller": {"enabled": False},
         "webhook": {"enabled": False},
@@ -118,6 +123,10 @@ REFUSED: list[tuple[dict, str]] = [
     ({"deviceClasses": {"only": ["no-such-class"]}}, "no-such-class"),
     ({"kubeletPlugin": {"metrics": {"port": 0}}}, "livenessProbe"),
     ({"kubeletPlugin": {"sliceRules": "1.33"}}, "sliceRules"),
+    ({"kubeletPlugin": {"mpsDir": "run/x"}}, "mpsDir"),
+    ({"kubeletPlugin": {"mpsDir": "/dev/shm/mps"}}, "mpsDir"),
+    ({"kubeletPlugin": {"mpsDir": "//dev/./shm"}}, "mpsDir"),
+    ({"kubeletPlugin": {"mpsDir": "/run/../x"}}, "mpsDir"),
     ({"controller": {"pendingGracePeriod": "30"}}, "pendingGracePeriod"),
 ]
 
@@ -315,6 +324,7 @@ def check_cross_references(name: str, values: dict, objects) -> None:
         plugin_dir = f"{v['kubeletPlugin']['kubeletPluginsDir'].rstrip('/')}/{driver}"
         for path in (v["kubeletPlugin"]["kubeletRegistrarDir"], plugin_dir, v["kubeletPlugin"]["cdiRoot"], "/dev"):
             expect(path in mounts, f"the plugin does not mount {path} at the same path: {sorted(mounts)}")
+        check_mps_dir(name, v["kubeletPlugin"]["mpsDir"], pod)
         rules = one(objects, "ClusterRole", ds["metadata"]["name"])["rules"]
         driver_rules = [r for r in rules if "resourceclaims/driver" in r["resources"]]
         expect(len(driver_rules) == 1 and driver_rules[0].get("resourceNames") == [driver],
@@ -400,6 +410,30 @@ def check_cross_references(name: str, values: dict, objects) -> None:
             expect(keep == v["deviceClasses"]["keepOnUninstall"], f"DeviceClass {cname}: resource-policy")
     else:
         expect(not classes, "DeviceClasses rendered although disabled")
+
+
+# The chart's default kubeletPlugin.mpsDir: a tmpfs on systemd hosts.
+DEFAULT_MPS_DIR = "/run/gpu-dra-driver/mps"
+
+
+def check_mps_dir(name: str, mps_dir: str, pod: dict) -> None:
+    """--mps-dir, its mount and its hostPath volume: all three at one path, or none."""
+    container = pod["containers"][0]
+    flags = [a for a in container.get("args", []) if a.split("=", 1)[0] == "--mps-dir"]
+    named = [m for m in container["volumeMounts"] if m["name"] == "mps-dir"]
+    volumes = {vol["name"]: vol for vol in pod["volumes"]}
+    if name == "defaults":
+        expect(mps_dir == DEFAULT_MPS_DIR, f"default kubeletPlugin.mpsDir is {mps_dir!r}, not {DEFAULT_MPS_DIR!r}")
+    if not mps_dir:
+        expect(not flags, f"mpsDir is empty but the plugin gets {flags}")
+        expect(not named and "mps-dir" not in volumes, "mpsDir is empty but the mps-dir volume is rendered")
+        return
+    expect(flags == [f"--mps-dir={mps_dir}"], f"the plugin's --mps-dir args are {flags}, not [--mps-dir={mps_dir}]")
+    mounts = [m for m in container["volumeMounts"] if m["mountPath"] == mps_dir]
+    expect(len(mounts) == 1 and mounts[0] in named, f"the plugin does not mount mps-dir at {mps_dir}: {mounts}")
+    host = volumes.get(mounts[0]["name"], {}).get("hostPath", {})
+    expect(host.get("path") == mps_dir, f"the mps-dir volume is not the host path {mps_dir}: {host}")
+    expect(host.get("type") == "DirectoryOrCreate", f"the mps-dir hostPath type is {host.get('type')}")
 
 
 def check_static_webhook(vwc: dict) -> None:

@@ -3,7 +3,7 @@
 //! [`crate::slices::Flags`]), flattened here.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Component, Path, PathBuf};
 
 pub use gpu_dra_cmdline::LogFormat;
 
@@ -68,6 +68,13 @@ pub struct Flags {
     #[arg(long, env = "STATE_DIR")]
     pub state_dir: Option<PathBuf>,
 
+    /// The MPS daemons' directories (`<mps-dir>/<id>/{pipe,log,shm}`),
+    /// which MPS containers mount from the same host path. Put it on a
+    /// tmpfs (the Helm chart uses the host's `/run`) to keep MPS shared
+    /// memory off the disk. Default: `<state-dir>/mps`.
+    #[arg(long, env = "MPS_DIR", value_parser = parse_mps_dir)]
+    pub mps_dir: Option<PathBuf>,
+
     /// Path of a kubeconfig; in-cluster configuration when unset.
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
@@ -110,6 +117,13 @@ impl Flags {
             .unwrap_or_else(|| self.kubelet_plugins_dir.join(&self.driver_name))
     }
 
+    /// `--mps-dir`, or its default `<state-dir>/mps`.
+    pub fn mps_dir(&self) -> PathBuf {
+        self.mps_dir
+            .clone()
+            .unwrap_or_else(|| self.state_dir().join("mps"))
+    }
+
     /// `--container-driver-root`, or `--driver-root`.
     pub fn container_driver_root(&self) -> PathBuf {
         self.container_driver_root
@@ -122,6 +136,27 @@ fn parse_driver_name(s: &str) -> Result<String, String> {
     crate::grpc::validate_driver_name(s)
         .map(|()| s.to_owned())
         .map_err(|e| e.to_string())
+}
+
+/// An absolute path without `..`, outside `/dev/shm`: container runtimes
+/// mount its directories by the paths the CDI specs name, and each MPS
+/// daemon's `/dev/shm` is replaced by its own shm directory.
+fn parse_mps_dir(s: &str) -> Result<PathBuf, String> {
+    let path = Path::new(s);
+    if !path.is_absolute() {
+        return Err(format!(
+            "{s:?} is not an absolute path (CDI specs mount its directories by this path)"
+        ));
+    }
+    if path.components().any(|c| c == Component::ParentDir) {
+        return Err(format!("{s:?} contains `..`; give the path itself"));
+    }
+    if path.starts_with("/dev/shm") {
+        return Err(format!(
+            "{s:?} is under /dev/shm, which each MPS daemon gets replaced by its own shm directory"
+        ));
+    }
+    Ok(path.to_path_buf())
 }
 
 #[cfg(test)]
@@ -158,6 +193,10 @@ mod tests {
             PathBuf::from("/var/lib/kubelet/plugins/gpu.nvidia.com")
         );
         assert_eq!(f.container_driver_root(), PathBuf::from("/"));
+        assert_eq!(
+            f.mps_dir(),
+            PathBuf::from("/var/lib/kubelet/plugins/gpu.nvidia.com/mps")
+        );
         let f = parse(&[
             "--node-name=n",
             "--driver-root=/run/nvidia/driver",
@@ -168,6 +207,9 @@ mod tests {
         assert_eq!(f.container_driver_root(), PathBuf::from("/driver-root"));
         assert_eq!(f.driver_root, PathBuf::from("/run/nvidia/driver"));
         assert_eq!(f.state_dir(), PathBuf::from("/var/lib/gpu-dra"));
+        assert_eq!(f.mps_dir(), PathBuf::from("/var/lib/gpu-dra/mps"));
+        let f = parse(&["--node-name=n", "--mps-dir=/run/gpu-dra-driver/mps"]).unwrap();
+        assert_eq!(f.mps_dir(), PathBuf::from("/run/gpu-dra-driver/mps"));
     }
 
     #[test]
@@ -183,6 +225,26 @@ mod tests {
             (
                 &["--node-name", "n", "--metrics-addr", "nowhere"][..],
                 "--metrics-addr",
+            ),
+            (
+                &["--node-name", "n", "--mps-dir", "run/mps"][..],
+                "\"run/mps\" is not an absolute path",
+            ),
+            (
+                &["--node-name", "n", "--mps-dir", ""][..],
+                "not an absolute path",
+            ),
+            (
+                &["--node-name", "n", "--mps-dir", "/run/../dev/shm/mps"][..],
+                "contains `..`",
+            ),
+            (
+                &["--node-name", "n", "--mps-dir", "/dev/shm/mps"][..],
+                "is under /dev/shm",
+            ),
+            (
+                &["--node-name", "n", "--mps-dir", "/dev/./shm"][..],
+                "is under /dev/shm",
             ),
         ] {
             let e = parse(args).unwrap_err();

@@ -216,6 +216,7 @@ pub fn preparer_options(flags: &Flags) -> Result<preparer::Options, Error> {
         dev_root: HostRoot::same(flags.dev_root.clone()),
         proc_root: flags.proc_root.clone(),
         state_dir: HostRoot::same(flags.state_dir()),
+        mps_dir: HostRoot::same(flags.mps_dir()),
         build: BuildOptions {
             dynamic_mig: flags.slices.dynamic_mig,
             memory_sharing: flags.slices.memory_sharing.clone(),

@@ -52,7 +52,7 @@ fn launched(test: &str, state: &str) -> Option<Launched> {
     let guard = fake.guard();
     let mps = MpsControl::new(
         HostRoot::same(fake.path()),
-        HostRoot::same(dir.path().join(state)),
+        HostRoot::same(dir.path().join(state)).join("mps"),
     )
     .with_launcher(BIN)
     .with_timeouts(Timeouts {

@@ -277,6 +277,56 @@ async fn mps_claim_gets_a_daemon_with_its_limits_and_the_pipe() {
 }
 
 #[tokio::test]
+async fn mps_dir_flag_puts_the_daemons_directories_there_across_a_restart() {
+    let outside = tempfile::tempdir().unwrap();
+    let mps_dir = outside.path().join("run-mps");
+    let flag = format!("--mps-dir={}", mps_dir.display());
+    let mut n = node("t4-inference", &[&flag], DraVersion::V1).await;
+    let c = n.mps_claim("mps").await;
+    n.prepare_ok(&c).await;
+    let daemon = format!("claim-{}-0", c.uid);
+    let listed: Vec<String> = std::fs::read_dir(&mps_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(listed, std::slice::from_ref(&daemon), "{}", n.logs());
+    assert!(
+        !n.state_dir().join("mps").exists(),
+        "nothing under the state dir"
+    );
+    // Containers mount the daemon's directories from there.
+    let dev = n.spec_device(&c, "gpu-0");
+    let mounts: Vec<(String, String)> = dev["containerEdits"]["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["hostPath"].as_str().unwrap().to_owned(),
+                m["containerPath"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let pipe = mps_dir.join(&daemon).join("pipe");
+    assert!(
+        mounts
+            .iter()
+            .any(|(host, _)| std::path::Path::new(host) == pipe),
+        "{mounts:?}"
+    );
+    // A restarted plugin finds the daemon there and stops it on unprepare.
+    n.restart(&[]).await;
+    n.unprepare_ok(&c).await;
+    assert_eq!(
+        std::fs::read_dir(&mps_dir).unwrap().count(),
+        0,
+        "{}",
+        n.logs()
+    );
+    assert_eq!(n.processes(), 0, "no process left");
+}
+
+#[tokio::test]
 async fn an_mps_prepare_whose_compute_mode_change_fails_leaves_no_daemon() {
     // The daemon starts while the compute mode is set (both take time);
     // the mode change fails, so the daemon that did start must be stopped.

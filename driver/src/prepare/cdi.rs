@@ -173,6 +173,15 @@ impl HostRoot {
         }
     }
 
+    /// The subtree `rel` (without leading `/`), on both sides.
+    #[must_use]
+    pub fn join(&self, rel: impl AsRef<Path>) -> Self {
+        Self {
+            path: self.path.join(rel.as_ref()),
+            host: self.host.join(rel.as_ref()),
+        }
+    }
+
     /// The plugin-side path of a root-relative path (`rel` without leading `/`).
     pub fn local(&self, rel: &Path) -> PathBuf {
         self.path.join(rel)

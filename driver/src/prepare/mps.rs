@@ -23,7 +23,8 @@
 //!   `quit`; devices are named by ordinal ([`DaemonConfig::commands`] says why).
 //!
 //! # What the plugin does
-//! Daemon `<id>` lives in `<state-dir>/mps/<id>/`: `pipe/`, `log/`, `shm/`
+//! Daemon `<id>` lives in `<mps-dir>/<id>/` (`--mps-dir`, default
+//! `<state-dir>/mps`): `pipe/`, `log/`, `shm/`
 //! and `daemon.json` (its [`DaemonConfig`], to restart it from). [`MpsControl::start`]
 //! re-adopts a daemon whose pid file names a live `nvidia-cuda-mps-control`
 //! (and re-applies the settings); otherwise it creates the directories,
@@ -72,17 +73,17 @@
 //!
 //! A deployment needs: the plugin privileged (`CAP_SYS_ADMIN` for `unshare`
 //! and `mount`; no shell or util-linux in its image) and a writable `/tmp`;
-//! the state directory a hostPath at the same path as on the host (or the
+//! the MPS directory a hostPath at the same path as on the host (or the
 //! `HostRoot` mapping), so the runtime mounts the very directories the
 //! daemon uses; `hostPID: true`, so an orphaned daemon is reparented to
 //! the host's init (in a private pid namespace it would die with the
 //! plugin's pid 1 and become its zombie).
-//! `shm/` is a plain directory on the state directory's filesystem, not a
-//! tmpfs (a tmpfs mounted by the plugin would be invisible to the runtime
-//! without Bidirectional mount propagation); put `<state-dir>/mps` on a
-//! tmpfs (e.g. under `/run`) to keep shared memory off the disk, and know
-//! that `/dev/shm` writes of MPS containers are bounded only by that
-//! filesystem. A daemon survives a crash or restart of the plugin
+//! `shm/` is a plain directory on the MPS directory's filesystem, not a
+//! tmpfs of its own (a tmpfs mounted by the plugin would be invisible to
+//! the runtime without Bidirectional mount propagation). The Helm chart
+//! puts the MPS directory under the host's `/run`, a tmpfs on systemd
+//! hosts, which keeps shared memory off the disk; know that `/dev/shm`
+//! writes of MPS containers are bounded only by that filesystem. A daemon survives a crash or restart of the plugin
 //! *process*; a restart of the plugin *container* kills every process in
 //! its cgroup, daemons included: the startup [`MpsControl::check`] restarts
 //! them, and clients that were connected to the old server get errors.
@@ -400,9 +401,9 @@ pub enum Health {
 /// The directories and files of one daemon, plugin side.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DaemonDirs {
-    /// `<state-dir>/mps/<id>`, relative to the state dir.
+    /// `<id>`, relative to the MPS directory.
     pub rel: PathBuf,
-    /// `<state-dir>/mps/<id>`.
+    /// `<mps-dir>/<id>`.
     pub root: PathBuf,
     /// `CUDA_MPS_PIPE_DIRECTORY` (plugin side).
     pub pipe: PathBuf,
@@ -428,7 +429,8 @@ impl DaemonDirs {
 #[derive(Debug)]
 pub struct MpsControl {
     driver_root: HostRoot,
-    state_dir: HostRoot,
+    /// `--mps-dir`: one directory per daemon.
+    dir: HostRoot,
     timeouts: Timeouts,
     /// Detected at the first daemon start (one process start: kept off
     /// the plugin's start path), unless forced.
@@ -440,13 +442,13 @@ pub struct MpsControl {
 
 impl MpsControl {
     /// Daemons run `<driver_root>/usr/bin/nvidia-cuda-mps-control` and live
-    /// in `<state_dir>/mps/<id>/{pipe,log,shm}`. The [`ShmMode`] is detected
+    /// in `<dir>/<id>/{pipe,log,shm}`. The [`ShmMode`] is detected
     /// when first needed (a warning is logged when it falls back to
     /// [`ShmMode::Inherit`]).
-    pub fn new(driver_root: HostRoot, state_dir: HostRoot) -> Self {
+    pub fn new(driver_root: HostRoot, dir: HostRoot) -> Self {
         Self {
             driver_root,
-            state_dir,
+            dir,
             timeouts: Timeouts::default(),
             shm_mode: std::sync::OnceLock::new(),
             launcher: None,
@@ -496,8 +498,8 @@ impl MpsControl {
             id: id.to_owned(),
             reason,
         })?;
-        let rel = Path::new("mps").join(id);
-        let root = self.state_dir.local(&rel);
+        let rel = PathBuf::from(id);
+        let root = self.dir.local(&rel);
         Ok(DaemonDirs {
             pipe: root.join("pipe"),
             log: root.join("log"),
@@ -671,7 +673,7 @@ impl MpsControl {
     }
 
     fn record(&self, dirs: &DaemonDirs, cfg: &DaemonConfig, pid: u32) -> MpsDaemonRecord {
-        let host = |leaf: &str| PathBuf::from(self.state_dir.host_path(&dirs.rel.join(leaf)));
+        let host = |leaf: &str| PathBuf::from(self.dir.host_path(&dirs.rel.join(leaf)));
         MpsDaemonRecord {
             id: cfg.id.clone(),
             pipe_dir: host("pipe"),
@@ -725,13 +727,13 @@ impl MpsControl {
                 // afterwards (its program, log and pipe directories) must
                 // not be under /dev/shm.
                 for (what, path) in [
-                    ("state directory", &dirs.root),
+                    ("MPS directory", &dirs.root),
                     ("driver root", &self.driver_root.path),
                 ] {
                     if path.starts_with("/dev/shm") {
                         return Err(MpsError::PrivateShmUnavailable {
                             reason: format!(
-                                "the {what} {} is under /dev/shm, which an MPS daemon gets replaced by its own shm directory; move it (--state-dir, --container-driver-root)",
+                                "the {what} {} is under /dev/shm, which an MPS daemon gets replaced by its own shm directory; move it (--mps-dir, --container-driver-root)",
                                 path.display()
                             ),
                         });
@@ -992,15 +994,15 @@ impl MpsControl {
     /// Ids of the daemons that have a directory (running or not), sorted;
     /// entries that are not valid ids are skipped.
     pub fn list(&self) -> Result<Vec<String>, MpsError> {
-        let root = self.state_dir.local(Path::new("mps"));
-        let entries = match fs::read_dir(&root) {
+        let root = &self.dir.path;
+        let entries = match fs::read_dir(root) {
             Ok(e) => e,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(io_err("read dir", &root)(e)),
+            Err(e) => return Err(io_err("read dir", root)(e)),
         };
         let mut ids = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(io_err("read dir", &root))?;
+            let entry = entry.map_err(io_err("read dir", root))?;
             let Ok(name) = entry.file_name().into_string() else {
                 continue;
             };
@@ -1063,7 +1065,7 @@ impl MpsControl {
     pub fn checked_container_edits(&self, id: &str) -> Result<ContainerEdits, MpsError> {
         let dirs = self.dirs(id)?;
         let mount = |leaf: &str, container: &str| Mount {
-            host_path: self.state_dir.host_path(&dirs.rel.join(leaf)),
+            host_path: self.dir.host_path(&dirs.rel.join(leaf)),
             container_path: container.to_owned(),
             options: ["rw", "nosuid", "nodev", "bind"].map(String::from).to_vec(),
             mount_type: None,

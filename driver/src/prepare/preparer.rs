@@ -76,8 +76,10 @@ pub struct Options {
     pub dev_root: HostRoot,
     /// Where `driver/nvidia/capabilities` is read (`/proc` in production).
     pub proc_root: PathBuf,
-    /// The plugin's state: checkpoint, MPS daemon directories.
+    /// The plugin's state: checkpoint, lock.
     pub state_dir: HostRoot,
+    /// The MPS daemons' directories (`--mps-dir`).
+    pub mps_dir: HostRoot,
     /// The device model options the publisher uses (dynamic MIG, memory
     /// sharing), so the preparer sees the same devices.
     pub build: BuildOptions,
@@ -202,7 +204,7 @@ impl Preparer {
             // /proc/driver/nvidia at --proc-root.
             let boot_id = std::path::Path::new(BOOT_ID);
             let (store, load) = Store::open(&opts.state_dir.path, boot_id)?;
-            let mut mps = MpsControl::new(opts.driver_root.clone(), opts.state_dir.clone());
+            let mut mps = MpsControl::new(opts.driver_root.clone(), opts.mps_dir.clone());
             if let Some(launcher) = &opts.mps_launcher {
                 mps = mps.with_launcher(launcher);
             }

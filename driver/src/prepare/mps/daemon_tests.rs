@@ -64,7 +64,7 @@ impl Env {
     fn control(&self) -> MpsControl {
         MpsControl::new(
             HostRoot::same(self.fake.path()),
-            HostRoot::same(&self.state),
+            HostRoot::same(&self.state).join("mps"),
         )
         .with_shm_mode(ShmMode::Inherit)
         .with_timeouts(fast())
@@ -330,7 +330,7 @@ fn start_failures_and_slow_starts() {
 
     let missing = MpsControl::new(
         HostRoot::same(env.state.join("nowhere")),
-        HostRoot::same(&env.state),
+        HostRoot::same(&env.state).join("mps"),
     )
     .with_shm_mode(ShmMode::Inherit);
     let err = missing.start(&cfg("claim-1")).unwrap_err();
@@ -601,10 +601,10 @@ fn hostile_configs_start_nothing_and_create_nothing() {
 }
 
 #[test]
-fn private_mount_refuses_a_state_dir_under_dev_shm() {
+fn private_mount_refuses_an_mps_dir_under_dev_shm() {
     let env = Env::new();
     let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
-        eprintln!("SKIPPED private_mount_refuses_a_state_dir_under_dev_shm: no /dev/shm");
+        eprintln!("SKIPPED private_mount_refuses_an_mps_dir_under_dev_shm: no /dev/shm");
         return;
     };
     let mps = MpsControl::new(HostRoot::same(env.fake.path()), HostRoot::same(dir.path()))
@@ -612,9 +612,9 @@ fn private_mount_refuses_a_state_dir_under_dev_shm() {
         .with_timeouts(fast());
     let err = mps.start(&cfg("claim-1")).unwrap_err().to_string();
     assert!(
-        err.contains("state directory")
+        err.contains("MPS directory")
             && err.contains("is under /dev/shm")
-            && err.contains("--state-dir"),
+            && err.contains("--mps-dir"),
         "{err}"
     );
     assert_eq!(env.fake.calls().unwrap(), vec![], "nothing was run");
@@ -650,9 +650,12 @@ fn a_socket_path_too_long_without_a_namespace_is_refused_and_leaves_nothing() {
         .join("s".repeat(MAX_SOCKET_PATH - base - tail - 1));
     let over = env.state.join("s".repeat(MAX_SOCKET_PATH - base - tail));
     let control = |state: &Path| {
-        MpsControl::new(HostRoot::same(env.fake.path()), HostRoot::same(state))
-            .with_shm_mode(ShmMode::Inherit)
-            .with_timeouts(fast())
+        MpsControl::new(
+            HostRoot::same(env.fake.path()),
+            HostRoot::same(state).join("mps"),
+        )
+        .with_shm_mode(ShmMode::Inherit)
+        .with_timeouts(fast())
     };
     let long = control(&over);
     let socket = long.dirs("claim-1").unwrap().pipe.join(CONTROL_SOCKET);

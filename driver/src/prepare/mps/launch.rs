@@ -5,7 +5,7 @@
 //! program, which (and every server it forks) then sees exactly the paths
 //! containers get. Without `-d` it runs a client of that daemon the same
 //! way: the plugin does so when the daemon's socket path on its side
-//! (`<state-dir>/mps/<id>/pipe/control`) is too long for a UNIX socket,
+//! (`<mps-dir>/<id>/pipe/control`) is too long for a UNIX socket,
 //! since `/tmp/nvidia-mps/control` never is.
 //!
 //! One program start instead of four (`unshare`, `sh`, two `mount`s), and

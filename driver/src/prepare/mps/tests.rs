@@ -20,7 +20,7 @@ fn cfg() -> DaemonConfig {
 fn control(dir: &Path) -> MpsControl {
     MpsControl::new(
         HostRoot::same(dir.join("driver")),
-        HostRoot::new(dir.join("state"), "/host/state"),
+        HostRoot::new(dir.join("state"), "/host/state").join("mps"),
     )
     .with_shm_mode(ShmMode::Inherit)
 }
