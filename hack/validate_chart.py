@@ -324,7 +324,7 @@ def check_cross_references(name: str, values: dict, objects) -> None:
         plugin_dir = f"{v['kubeletPlugin']['kubeletPluginsDir'].rstrip('/')}/{driver}"
         for path in (v["kubeletPlugin"]["kubeletRegistrarDir"], plugin_dir, v["kubeletPlugin"]["cdiRoot"], "/dev"):
             expect(path in mounts, f"the plugin does not mount {path} at the same path: {sorted(mounts)}")
-        check_mps_dir(name, v["kubeletPlugin"]["mpsDir"], pod)
+        check_mps_dir(name, v["kubeletPlugin"]["mpsDir"], driver, pod)
         rules = one(objects, "ClusterRole", ds["metadata"]["name"])["rules"]
         driver_rules = [r for r in rules if "resourceclaims/driver" in r["resources"]]
         expect(len(driver_rules) == 1 and driver_rules[0].get("resourceNames") == [driver],
@@ -416,18 +416,21 @@ def check_cross_references(name: str, values: dict, objects) -> None:
 DEFAULT_MPS_DIR = "/run/gpu-dra-driver/mps"
 
 
-def check_mps_dir(name: str, mps_dir: str, pod: dict) -> None:
-    """--mps-dir, its mount and its hostPath volume: all three at one path, or none."""
+def check_mps_dir(name: str, mps_root: str, driver: str, pod: dict) -> None:
+    """--mps-dir, its mount and its hostPath volume: all three at <mpsDir>/<driverName>
+    (one directory per driver name: each plugin stops the daemons in its own that none
+    of its claims use), or none of them with mpsDir empty."""
     container = pod["containers"][0]
     flags = [a for a in container.get("args", []) if a.split("=", 1)[0] == "--mps-dir"]
     named = [m for m in container["volumeMounts"] if m["name"] == "mps-dir"]
     volumes = {vol["name"]: vol for vol in pod["volumes"]}
     if name == "defaults":
-        expect(mps_dir == DEFAULT_MPS_DIR, f"default kubeletPlugin.mpsDir is {mps_dir!r}, not {DEFAULT_MPS_DIR!r}")
-    if not mps_dir:
+        expect(mps_root == DEFAULT_MPS_DIR, f"default kubeletPlugin.mpsDir is {mps_root!r}, not {DEFAULT_MPS_DIR!r}")
+    if not mps_root:
         expect(not flags, f"mpsDir is empty but the plugin gets {flags}")
         expect(not named and "mps-dir" not in volumes, "mpsDir is empty but the mps-dir volume is rendered")
         return
+    mps_dir = f"{mps_root.rstrip('/')}/{driver}"
     expect(flags == [f"--mps-dir={mps_dir}"], f"the plugin's --mps-dir args are {flags}, not [--mps-dir={mps_dir}]")
     mounts = [m for m in container["volumeMounts"] if m["mountPath"] == mps_dir]
     expect(len(mounts) == 1 and mounts[0] in named, f"the plugin does not mount mps-dir at {mps_dir}: {mounts}")

@@ -71,7 +71,9 @@ pub struct Flags {
     /// The MPS daemons' directories (`<mps-dir>/<id>/{pipe,log,shm}`),
     /// which MPS containers mount from the same host path. Put it on a
     /// tmpfs (the Helm chart uses the host's `/run`) to keep MPS shared
-    /// memory off the disk. Default: `<state-dir>/mps`.
+    /// memory off the disk. One per plugin instance: the plugin locks it
+    /// and stops the daemons in it that none of its claims use. Default:
+    /// `<state-dir>/mps`.
     #[arg(long, env = "MPS_DIR", value_parser = parse_mps_dir)]
     pub mps_dir: Option<PathBuf>,
 

@@ -83,10 +83,11 @@
 //! the runtime without Bidirectional mount propagation). The Helm chart
 //! puts the MPS directory under the host's `/run`, a tmpfs on systemd
 //! hosts, which keeps shared memory off the disk; know that `/dev/shm`
-//! writes of MPS containers are bounded only by that filesystem. A daemon survives a crash or restart of the plugin
-//! *process*; a restart of the plugin *container* kills every process in
-//! its cgroup, daemons included: the startup [`MpsControl::check`] restarts
-//! them, and clients that were connected to the old server get errors.
+//! writes of MPS containers are bounded only by that filesystem. A daemon
+//! survives a crash or restart of the plugin *process*; a restart of the
+//! plugin *container* kills every process in its cgroup, daemons included:
+//! the startup [`MpsControl::check`] restarts them, and clients that were
+//! connected to the old server get errors.
 //!
 //! # What the limits enforce, and what a hostile client can still do
 //! - The daemon defaults (active thread percentage, pinned memory limit per

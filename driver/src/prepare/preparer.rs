@@ -94,11 +94,14 @@ pub enum Error {
     /// The checkpoint cannot be opened.
     #[error(transparent)]
     Checkpoint(#[from] checkpoint::Error),
-    /// Another plugin instance holds the state directory.
+    /// Another plugin instance holds the state directory or the MPS
+    /// directory.
     #[error(
-        "state directory {path} is locked by another plugin instance on this node; stop it first (two instances would undo each other's claims)"
+        "{what} {path} is locked by another plugin instance on this node; stop it first or give each instance its own (two instances would undo each other's claims)"
     )]
     Locked {
+        /// `state directory` or `MPS directory`.
+        what: &'static str,
         /// The lock file.
         path: PathBuf,
     },
@@ -118,11 +121,13 @@ pub enum Error {
 /// Where the kernel's boot id is read.
 pub const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
-/// Name of the lock file in the state directory.
+/// Name of the lock file in the state directory (and in the MPS directory
+/// when it is elsewhere).
 pub const LOCK_FILE: &str = "preparer.lock";
 
-/// Takes the state directory's exclusive lock, held for the preparer's life.
-fn lock_state_dir(dir: &std::path::Path) -> Result<std::fs::File, Error> {
+/// Takes the exclusive lock of `dir` (the `what`), held for the
+/// preparer's life; creates the directory if needed.
+fn lock_dir(dir: &std::path::Path, what: &'static str) -> Result<std::fs::File, Error> {
     let io = |path: &std::path::Path| {
         let path = path.to_path_buf();
         move |source| Error::StateDir { path, source }
@@ -143,7 +148,7 @@ fn lock_state_dir(dir: &std::path::Path) -> Result<std::fs::File, Error> {
         .map_err(io(&path))?;
     match file.try_lock() {
         Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Locked { path }),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Locked { what, path }),
         Err(std::fs::TryLockError::Error(e)) => Err(Error::StateDir { path, source: e }),
     }
 }
@@ -178,8 +183,9 @@ pub(crate) struct Inner {
     /// Claim-level CDI edits (driver files, control nodes, hooks), found on
     /// the first prepare and kept.
     common_edits: Mutex<Option<ContainerEdits>>,
-    /// The state directory's lock (see [`LOCK_FILE`]).
-    _lock: std::fs::File,
+    /// The state directory's lock, and the MPS directory's when it is
+    /// elsewhere (see [`LOCK_FILE`]).
+    _locks: Vec<std::fs::File>,
 }
 
 impl Preparer {
@@ -193,7 +199,12 @@ impl Preparer {
     ) -> Result<(Self, RecoveryReport), Error> {
         let catalog = catalog(inventory, &opts.build);
         let inner = tokio::task::spawn_blocking(move || -> Result<_, Error> {
-            let lock = lock_state_dir(&opts.state_dir.path)?;
+            let mut locks = vec![lock_dir(&opts.state_dir.path, "state directory")?];
+            // Each instance stops the daemons in its MPS directory that
+            // none of its claims use: one directory per instance.
+            if !opts.mps_dir.path.starts_with(&opts.state_dir.path) {
+                locks.push(lock_dir(&opts.mps_dir.path, "MPS directory")?);
+            }
             let cdi_root = opts.cdi.root();
             std::fs::create_dir_all(cdi_root).map_err(|source| Error::StateDir {
                 path: cdi_root.to_path_buf(),
@@ -221,7 +232,7 @@ impl Preparer {
                 mps,
                 nodes,
                 common_edits: Mutex::new(None),
-                _lock: lock,
+                _locks: locks,
             });
             let report = recover::recover(&inner, load);
             Ok((inner, report))
@@ -555,5 +566,26 @@ fn entry_for(plan: &plan::ClaimPlan, state: ClaimState) -> ClaimEntry {
         name: plan.name.clone(),
         devices: Vec::new(),
         cdi_spec_paths: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Error, LOCK_FILE, lock_dir};
+
+    #[test]
+    fn a_directory_another_instance_holds_is_refused_by_name_until_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let mps = dir.path().join("run").join("mps");
+        let held = lock_dir(&mps, "MPS directory").unwrap();
+        let err = lock_dir(&mps, "MPS directory").unwrap_err();
+        assert!(matches!(err, Error::Locked { .. }), "{err:?}");
+        let expected = format!(
+            "MPS directory {} is locked by another plugin instance on this node",
+            mps.join(LOCK_FILE).display()
+        );
+        assert!(err.to_string().starts_with(&expected), "{err}");
+        drop(held);
+        lock_dir(&mps, "MPS directory").unwrap();
     }
 }
