@@ -105,9 +105,12 @@ pub enum Error {
         /// The lock file.
         path: PathBuf,
     },
-    /// The state directory or its lock file cannot be used.
-    #[error("cannot use state directory {path}: {source}")]
-    StateDir {
+    /// A directory the preparer needs (state, MPS, CDI) or its lock file
+    /// cannot be used.
+    #[error("cannot use {what} {path}: {source}")]
+    Dir {
+        /// `state directory`, `MPS directory` or `CDI directory`.
+        what: &'static str,
         /// The path concerned.
         path: PathBuf,
         /// The I/O error.
@@ -130,7 +133,7 @@ pub const LOCK_FILE: &str = "preparer.lock";
 fn lock_dir(dir: &std::path::Path, what: &'static str) -> Result<std::fs::File, Error> {
     let io = |path: &std::path::Path| {
         let path = path.to_path_buf();
-        move |source| Error::StateDir { path, source }
+        move |source| Error::Dir { what, path, source }
     };
     // 0750, as the kubelet plugin directories (the state dir is by
     // default the plugin's socket directory).
@@ -149,7 +152,7 @@ fn lock_dir(dir: &std::path::Path, what: &'static str) -> Result<std::fs::File, 
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => Err(Error::Locked { what, path }),
-        Err(std::fs::TryLockError::Error(e)) => Err(Error::StateDir { path, source: e }),
+        Err(std::fs::TryLockError::Error(source)) => Err(Error::Dir { what, path, source }),
     }
 }
 
@@ -206,7 +209,8 @@ impl Preparer {
                 locks.push(lock_dir(&opts.mps_dir.path, "MPS directory")?);
             }
             let cdi_root = opts.cdi.root();
-            std::fs::create_dir_all(cdi_root).map_err(|source| Error::StateDir {
+            std::fs::create_dir_all(cdi_root).map_err(|source| Error::Dir {
+                what: "CDI directory",
                 path: cdi_root.to_path_buf(),
                 source,
             })?;
@@ -587,5 +591,18 @@ mod tests {
         assert!(err.to_string().starts_with(&expected), "{err}");
         drop(held);
         lock_dir(&mps, "MPS directory").unwrap();
+    }
+
+    #[test]
+    fn a_directory_that_cannot_be_made_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "").unwrap();
+        let mps = file.join("mps");
+        let err = lock_dir(&mps, "MPS directory").unwrap_err();
+        assert!(matches!(err, Error::Dir { .. }), "{err:?}");
+        let expected = format!("cannot use MPS directory {}: ", mps.display());
+        assert!(err.to_string().starts_with(&expected), "{err}");
+        assert!(!mps.exists());
     }
 }
