@@ -363,6 +363,47 @@ async fn an_mps_prepare_whose_compute_mode_change_fails_leaves_no_daemon() {
 }
 
 #[tokio::test]
+async fn an_mps_prepare_whose_daemon_fails_leaves_no_spec_and_no_mode() {
+    // The CDI spec is written, and the compute mode set, while the daemon
+    // starts; the start fails, so the rollback undoes both.
+    let n = node("t4-inference", &[], DraVersion::V1).await;
+    n.env
+        .driver_root
+        .set_behaviour(&fake_driver_root::Behaviour {
+            mps_start_failure: Some("simulated: no MPS for you".to_owned()),
+            ..fake_driver_root::Behaviour::default()
+        })
+        .unwrap();
+    let c = n.mps_claim("mps").await;
+    let r = n.prepare(std::slice::from_ref(&c)).await;
+    let error = r[&c.uid].error.clone().unwrap_or_default();
+    assert!(error.contains("no MPS for you"), "{error}");
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    assert!(
+        n.checkpoint_claims().is_empty(),
+        "{:?}",
+        n.checkpoint_claims()
+    );
+    let modes = n.compute_modes();
+    assert!(
+        modes.values().all(|m| m == "Default"),
+        "the compute mode is restored: {modes:?}"
+    );
+    assert_eq!(n.processes(), 0, "no process left\n{}", n.logs());
+
+    // Once the daemon can start, the same claim prepares, spec and all.
+    n.env
+        .driver_root
+        .set_behaviour(&fake_driver_root::Behaviour::default())
+        .unwrap();
+    n.prepare_ok(&c).await;
+    assert_eq!(n.cdi_files().len(), 1, "{:?}", n.cdi_files());
+    assert_eq!(n.mps_daemons(), 1);
+    n.unprepare_ok(&c).await;
+    assert!(n.cdi_files().is_empty() && n.mps_daemons() == 0);
+}
+
+#[tokio::test]
 async fn dynamic_mig_creates_and_destroys_the_instance() {
     let n = node("dgx-h100", &["--dynamic-mig"], DraVersion::V1).await;
     // Wait for the pool so the device name is one the plugin publishes.

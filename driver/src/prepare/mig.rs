@@ -330,10 +330,28 @@ fn needs_reset(info: &GpuInfo, current: bool, pending: bool) -> MigError {
 /// created (MIG mode included). If a MIG device with exactly that profile
 /// and placement already exists (a retried prepare after a crash), it is
 /// returned (adopted) instead of failing.
+///
+/// Reads the whole GPU state first; a caller that already holds the GPU's
+/// facts (from discovery) uses [`create_on`] and spares that read.
 pub fn create(backend: &dyn GpuBackend, req: &MigRequest) -> Result<CreatedMig, MigError> {
+    let info = read_gpu(backend, req.gpu_index)?;
+    create_on(backend, &info, req)
+}
+
+/// [`create`] on a GPU whose facts the caller holds: `info` gives only
+/// what does not change while the driver runs (identity, product, compute
+/// capability, the MIG profiles and their placements), so discovery's
+/// copy serves. What does change is read from the GPU: the MIG mode (one
+/// query) and the GPU instances (one listing); the whole state (dozens of
+/// queries, every NVLink among them) only to adopt a device a crashed
+/// prepare left.
+pub fn create_on(
+    backend: &dyn GpuBackend,
+    info: &GpuInfo,
+    req: &MigRequest,
+) -> Result<CreatedMig, MigError> {
     let gpu = req.gpu_index;
-    let info = read_gpu(backend, gpu)?;
-    if info.uuid != req.parent_uuid || info.minor != req.parent_minor {
+    if info.index != gpu || info.uuid != req.parent_uuid || info.minor != req.parent_minor {
         return Err(MigError::WrongGpu {
             gpu,
             expected_uuid: req.parent_uuid.clone(),
@@ -342,12 +360,13 @@ pub fn create(backend: &dyn GpuBackend, req: &MigRequest) -> Result<CreatedMig, 
             found_minor: info.minor,
         });
     }
+    let not_capable = || MigError::NotMigCapable {
+        gpu,
+        uuid: info.uuid.clone(),
+        product: info.product_name.clone(),
+    };
     let Some(mig) = &info.mig else {
-        return Err(MigError::NotMigCapable {
-            gpu,
-            uuid: info.uuid.clone(),
-            product: info.product_name.clone(),
-        });
+        return Err(not_capable());
     };
     let invalid = |reason: String| MigError::InvalidRequest {
         gpu,
@@ -382,15 +401,16 @@ pub fn create(backend: &dyn GpuBackend, req: &MigRequest) -> Result<CreatedMig, 
         )));
     }
 
+    let mode = read_mig_mode(backend, gpu)?.ok_or_else(not_capable)?;
     let mut enabled_mig_mode = false;
-    if mig.current_enabled {
-        if let Some(adopted) = make_room(backend, &info, req, &profile.name)? {
+    if mode.current_enabled {
+        if let Some(adopted) = make_room(backend, info, req, &profile.name)? {
             return Ok(adopted);
         }
-    } else if runtime_switchable(&info) {
-        switch_mode(backend, &info, true).map_err(|error| {
+    } else if runtime_switchable(info) {
+        switch_mode(backend, info, true).map_err(|error| {
             // Leave the mode as it was, even if only pending.
-            match switch_mode(backend, &info, false) {
+            match switch_mode(backend, info, false) {
                 Ok(()) => error,
                 Err(rollback) => MigError::RollbackFailed {
                     error: Box::new(error),
@@ -400,7 +420,7 @@ pub fn create(backend: &dyn GpuBackend, req: &MigRequest) -> Result<CreatedMig, 
         })?;
         enabled_mig_mode = true;
     } else {
-        return Err(needs_reset(&info, false, mig.pending_enabled));
+        return Err(needs_reset(info, false, mode.pending_enabled));
     }
 
     let creating = std::time::Instant::now();
@@ -415,7 +435,7 @@ pub fn create(backend: &dyn GpuBackend, req: &MigRequest) -> Result<CreatedMig, 
                 ),
                 source,
             };
-            if enabled_mig_mode && let Err(rollback) = switch_mode(backend, &info, false) {
+            if enabled_mig_mode && let Err(rollback) = switch_mode(backend, info, false) {
                 return Err(MigError::RollbackFailed {
                     error: Box::new(error),
                     rollback: Box::new(rollback),
@@ -458,18 +478,21 @@ fn make_room(
 ) -> Result<Option<CreatedMig>, MigError> {
     let gpu = req.gpu_index;
     let placement = req.placement();
-    let devices: &[MigDevice] = info.mig.as_ref().map_or(&[], |m| &m.devices);
     let mut holders = Vec::new();
     for gi in list_instances(backend, gpu)? {
         if !overlaps(gi.placement, placement) {
             continue;
         }
         let exact = gi.profile_id == req.profile_id && gi.placement == placement;
-        if exact && let [ci] = gi.compute_instances.as_slice() {
-            let device = ci
-                .uuid
-                .as_deref()
-                .and_then(|uuid| devices.iter().find(|d| d.uuid == uuid));
+        if exact
+            && let [ci] = gi.compute_instances.as_slice()
+            && let Some(uuid) = ci.uuid.as_deref()
+        {
+            // Rare (a retried prepare): the whole state, now, for the
+            // device's slices (`info` may be discovery's copy).
+            let now = read_gpu(backend, gpu)?;
+            let devices: &[MigDevice] = now.mig.as_ref().map_or(&[], |m| &m.devices);
+            let device = devices.iter().find(|d| d.uuid == uuid);
             if let Some(device) = device.filter(|d| {
                 d.compute_slices
                     .is_none_or(gpu_nvml::ComputeSlices::spans_gpu_instance)

@@ -175,6 +175,10 @@ pub(crate) struct Inner {
     client: kube::Client,
     backend: Arc<dyn GpuBackend>,
     catalog: HashMap<String, Target>,
+    /// Discovery's facts of each GPU, by NVML index: MIG creation takes
+    /// the parts that never change from here instead of reading the whole
+    /// GPU again (see [`crate::prepare::mig::create_on`]).
+    gpus: HashMap<u32, gpu_nvml::GpuInfo>,
     store: Store,
     locks: GpuLocks,
     /// Claims staged and being committed (see [`pending`]).
@@ -201,6 +205,11 @@ impl Preparer {
         inventory: &Inventory,
     ) -> Result<(Self, RecoveryReport), Error> {
         let catalog = catalog(inventory, &opts.build);
+        let gpus = inventory
+            .gpus
+            .iter()
+            .map(|g| (g.info.index, g.info.clone()))
+            .collect();
         let inner = tokio::task::spawn_blocking(move || -> Result<_, Error> {
             let mut locks = vec![lock_dir(&opts.state_dir.path, "state directory")?];
             // Each instance stops the daemons in its MPS directory that
@@ -229,6 +238,7 @@ impl Preparer {
                 client,
                 backend,
                 catalog,
+                gpus,
                 store,
                 locks: GpuLocks::default(),
                 pending: pending::Pending::default(),

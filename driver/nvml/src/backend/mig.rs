@@ -27,7 +27,10 @@ pub(super) fn create(
     let created = finish(nvml, handle, index, &gi);
     match created {
         Ok((device, _ci)) => {
-            tracing::info!(
+            // Debug: the caller reports the creation at info level, with
+            // the profile's name and the time it took; a second info line
+            // would cost each prepare a log write for nothing.
+            tracing::debug!(
                 gpu = index,
                 profile_id,
                 start = placement.start,

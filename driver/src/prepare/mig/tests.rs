@@ -716,3 +716,41 @@ fn sweep_failures_do_not_stop_it() {
     assert!(m.instances(1).is_empty());
     assert_eq!(m.instances(0).len(), 2);
 }
+
+#[test]
+fn creation_on_discovery_facts_reads_only_what_changes() {
+    let m = Machine::shipped("dgx-h100");
+    let counting = CountingReads::new(m.reopen());
+    // Discovery's copy, read while MIG mode was off and nothing existed.
+    let facts = m.backend.gpu(4).unwrap();
+    assert!(!facts.mig.as_ref().unwrap().current_enabled);
+    let req = m.request(4, P_1G_10GB, 0, 1);
+
+    // MIG mode is read live (off: switched on), and no whole read is made.
+    let first = create_on(&counting, &facts, &req).unwrap();
+    assert!(first.enabled_mig_mode && !first.adopted, "{first:?}");
+    assert_eq!(counting.reads(), 0);
+    assert!(m.mig_mode(4).0);
+
+    // The instances are listed live: a device made since the copy (here
+    // the first one) holds the placement against another profile ...
+    let err = create_on(&counting, &facts, &m.request(4, P_3G_40GB, 0, 4)).unwrap_err();
+    assert!(
+        matches!(&err, MigError::PlacementTaken { holders, .. } if holders.as_slice() == std::slice::from_ref(&first.uuid)),
+        "{err}"
+    );
+    assert_eq!(counting.reads(), 0);
+    // ... and a retried prepare of the same request adopts it, with MIG mode
+    // on although the copy says off; only this rare path reads it all.
+    let again = create_on(&counting, &facts, &req).unwrap();
+    assert!(again.adopted && !again.enabled_mig_mode, "{again:?}");
+    assert_eq!(again.uuid, first.uuid);
+    assert_eq!(counting.reads(), 1);
+    assert_eq!(m.instances(4).len(), 1);
+
+    // Another GPU's facts are refused before anything is touched.
+    let other = m.backend.gpu(5).unwrap();
+    let err = create_on(&counting, &other, &m.request(4, P_1G_10GB, 1, 1)).unwrap_err();
+    assert!(matches!(err, MigError::WrongGpu { gpu: 4, .. }), "{err}");
+    assert_eq!(m.instances(4).len(), 1);
+}

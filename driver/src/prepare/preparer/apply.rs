@@ -410,7 +410,7 @@ fn setup(
     // Devices asking for MPS, grouped by identical config: one daemon each.
     let mut mps_groups: Vec<(MpsConfig, Vec<(usize, String)>)> = Vec::new();
     // Whole GPUs of those: (device, GPU index), set to EXCLUSIVE_PROCESS
-    // while their daemons start (see `start_mps`).
+    // while their daemons start (see `start_mps_and_write_spec`).
     let mut exclusive: Vec<(usize, u32)> = Vec::new();
     for (i, d) in plan.devices.iter().enumerate() {
         match &d.target {
@@ -476,10 +476,26 @@ fn setup(
             pinned_memory_limits: limits,
         });
     }
-    let started = start_mps(inner, &plan.uid, entry, &exclusive, &daemons);
+    for (cfg, (_, members)) in daemons.iter().zip(&mps_groups) {
+        for (i, _) in members {
+            spec.add_edits(&names[*i], inner.mps.container_edits(&cfg.id))?;
+        }
+    }
+    let common = common_edits(inner)?;
+    let built = spec.build(common)?;
+    let write_spec = || {
+        inner
+            .opts
+            .cdi
+            .write(&plan.uid.0, &built.spec)
+            .map(drop)
+            .map_err(PrepareError::from)
+    };
+    let started =
+        start_mps_and_write_spec(inner, &plan.uid, entry, &exclusive, &daemons, write_spec);
     // Every daemon that started is recorded, even when another step
-    // failed, so the rollback stops it.
-    let mut first_error = started.modes.err();
+    // failed, so the rollback stops it (and removes the spec).
+    let mut first_error = started.side.err();
     for (result, (_, members)) in started.daemons.into_iter().zip(&mps_groups) {
         match result {
             Ok(record) => {
@@ -498,59 +514,58 @@ fn setup(
     if !daemons.is_empty() {
         failpoint("prepare-after-mps");
     }
-    for (cfg, (_, members)) in daemons.iter().zip(&mps_groups) {
-        for (i, _) in members {
-            spec.add_edits(&names[*i], inner.mps.container_edits(&cfg.id))?;
-        }
-    }
-    let common = common_edits(inner)?;
-    let built = spec.build(common)?;
     for (i, (_, id)) in built.device_ids.iter().enumerate() {
         entry.devices[i].cdi_device_ids = vec![id.clone()];
     }
-    inner.opts.cdi.write(&plan.uid.0, &built.spec)?;
     failpoint("prepare-after-cdi");
     Ok(())
 }
 
-/// What [`start_mps`] did: the compute-mode changes' outcome, and each
-/// daemon's, in order.
+/// What [`start_mps_and_write_spec`] did: the outcome of the compute-mode changes and the
+/// spec's write, and each daemon's, in order.
 struct MpsStarts {
-    modes: Result<(), PrepareError>,
+    side: Result<(), PrepareError>,
     daemons: Vec<Result<MpsDaemonRecord, MpsError>>,
 }
 
 /// Sets the `exclusive` GPUs to EXCLUSIVE_PROCESS (each change journalled
-/// first) while the `daemons` start, all at once: a daemon's start waits
-/// on other processes for milliseconds and needs no compute mode (its
-/// server starts at the first client, after the prepare), and the
-/// journal's fsync need not wait for it. The first daemon starts on this
-/// thread, the mode changes and any further daemons on threads of their
-/// own: a thread's creation, and the wake-up of a thread waiting for one,
-/// cost tenths of a millisecond on a busy node, and the daemon start is
-/// the longest step. A crash in between leaves what a crash between the
-/// two did before: the journalled change, undone by recovery, and an
-/// unrecorded daemon, stopped by the startup sweep.
-fn start_mps(
+/// first) and then writes the claim's CDI spec (`write_spec`) while the
+/// `daemons` start, all at once: a daemon's start waits on other processes
+/// for milliseconds and needs no compute mode (its server starts at the
+/// first client, after the prepare), the journal's fsync need not wait
+/// for it, and the spec names only the daemon's directories, which are
+/// known before it starts. The first daemon starts on this thread; the
+/// mode changes and the spec, and any further daemons, on threads of
+/// their own: a thread's creation, and the wake-up of a thread waiting for
+/// one, cost tenths of a millisecond on a busy node, and the daemon start
+/// is the longest step. A crash in between leaves what a crash between
+/// the steps in turn did before: the journalled change, undone by
+/// recovery; an unrecorded daemon, stopped by the startup sweep; a spec no
+/// completed claim names, removed by the same sweep.
+///
+/// Without daemons, the modes are set and the spec written here, in turn.
+fn start_mps_and_write_spec(
     inner: &Inner,
     uid: &ClaimUid,
     entry: &mut ClaimEntry,
     exclusive: &[(usize, u32)],
     daemons: &[DaemonConfig],
+    write_spec: impl FnOnce() -> Result<(), PrepareError> + Send,
 ) -> MpsStarts {
-    let set_modes = |entry: &mut ClaimEntry| {
+    let side = |entry: &mut ClaimEntry| {
         exclusive.iter().try_for_each(|&(i, index)| {
             set_compute_mode(inner, uid, entry, i, index, ComputeMode::ExclusiveProcess)
-        })
+        })?;
+        write_spec()
     };
     let Some((first, rest)) = daemons.split_first() else {
         return MpsStarts {
-            modes: set_modes(entry),
+            side: side(entry),
             daemons: Vec::new(),
         };
     };
     std::thread::scope(|scope| {
-        let modes = (!exclusive.is_empty()).then(|| scope.spawn(|| set_modes(entry)));
+        let side = scope.spawn(|| side(entry));
         let handles: Vec<_> = rest
             .iter()
             .map(|cfg| scope.spawn(|| inner.mps.start(cfg)))
@@ -558,7 +573,7 @@ fn start_mps(
         let mut started = vec![inner.mps.start(first)];
         started.extend(handles.into_iter().map(join));
         MpsStarts {
-            modes: modes.map_or(Ok(()), join),
+            side: join(side),
             daemons: started,
         }
     })
@@ -763,7 +778,11 @@ fn mig_device(
         error,
     };
     let (gi, ci, uuid, created) = if m.dynamic && !d.admin {
-        let made = mig::create(&*inner.backend, &m.request).map_err(mig_error)?;
+        let made = match inner.gpus.get(&m.request.gpu_index) {
+            Some(info) => mig::create_on(&*inner.backend, info, &m.request),
+            None => mig::create(&*inner.backend, &m.request),
+        }
+        .map_err(mig_error)?;
         (
             made.gpu_instance_id,
             made.compute_instance_id,
