@@ -402,8 +402,6 @@ pub enum Health {
 /// The directories and files of one daemon, plugin side.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DaemonDirs {
-    /// `<id>`, relative to the MPS directory.
-    pub rel: PathBuf,
     /// `<mps-dir>/<id>`.
     pub root: PathBuf,
     /// `CUDA_MPS_PIPE_DIRECTORY` (plugin side).
@@ -499,16 +497,20 @@ impl MpsControl {
             id: id.to_owned(),
             reason,
         })?;
-        let rel = PathBuf::from(id);
-        let root = self.dir.local(&rel);
+        let root = self.dir.local(Path::new(id));
         Ok(DaemonDirs {
             pipe: root.join("pipe"),
             log: root.join("log"),
             shm: root.join("shm"),
             config: root.join(CONFIG_FILE),
-            rel,
             root,
         })
+    }
+
+    /// The host path of `<mps-dir>/<id>/<leaf>`, as CDI specs and records
+    /// name it.
+    fn host_path(&self, id: &str, leaf: &str) -> String {
+        self.dir.host_path(&Path::new(id).join(leaf))
     }
 
     fn control_program(&self) -> Result<PathBuf, MpsError> {
@@ -629,7 +631,7 @@ impl MpsControl {
             }
             self.apply(&program, &dirs, &cfg.id, &cfg.commands()?)?;
             tracing::info!(daemon = %cfg.id, pid, "re-adopted running MPS control daemon");
-            return Ok(self.record(&dirs, cfg, pid));
+            return Ok(self.record(cfg, pid));
         }
         // Refused before anything is made: such a daemon could never bind
         // its socket (in its own namespace it is at /tmp/nvidia-mps).
@@ -653,7 +655,7 @@ impl MpsControl {
                     elapsed_us = crate::micros(started),
                     "started MPS control daemon"
                 );
-                Ok(self.record(&dirs, cfg, pid))
+                Ok(self.record(cfg, pid))
             }
             Err(e) => {
                 // The directories go only once no process of the daemon is
@@ -673,8 +675,8 @@ impl MpsControl {
         }
     }
 
-    fn record(&self, dirs: &DaemonDirs, cfg: &DaemonConfig, pid: u32) -> MpsDaemonRecord {
-        let host = |leaf: &str| PathBuf::from(self.dir.host_path(&dirs.rel.join(leaf)));
+    fn record(&self, cfg: &DaemonConfig, pid: u32) -> MpsDaemonRecord {
+        let host = |leaf: &str| PathBuf::from(self.host_path(&cfg.id, leaf));
         MpsDaemonRecord {
             id: cfg.id.clone(),
             pipe_dir: host("pipe"),
@@ -1064,9 +1066,10 @@ impl MpsControl {
 
     /// [`MpsControl::container_edits`], with an invalid id as an error.
     pub fn checked_container_edits(&self, id: &str) -> Result<ContainerEdits, MpsError> {
-        let dirs = self.dirs(id)?;
+        // The id's check.
+        self.dirs(id)?;
         let mount = |leaf: &str, container: &str| Mount {
-            host_path: self.dir.host_path(&dirs.rel.join(leaf)),
+            host_path: self.host_path(id, leaf),
             container_path: container.to_owned(),
             options: ["rw", "nosuid", "nodev", "bind"].map(String::from).to_vec(),
             mount_type: None,

@@ -175,9 +175,10 @@ pub(crate) struct Inner {
     client: kube::Client,
     backend: Arc<dyn GpuBackend>,
     catalog: HashMap<String, Target>,
-    /// Discovery's facts of each GPU, by NVML index: MIG creation takes
-    /// the parts that never change from here instead of reading the whole
-    /// GPU again (see [`crate::prepare::mig::create_on`]).
+    /// With dynamic MIG, discovery's facts of each GPU, by NVML index:
+    /// MIG creation takes the parts that never change from here instead of
+    /// reading the whole GPU again (see [`crate::prepare::mig::create_on`]).
+    /// Empty otherwise: nothing else reads them.
     gpus: HashMap<u32, gpu_nvml::GpuInfo>,
     store: Store,
     locks: GpuLocks,
@@ -208,6 +209,7 @@ impl Preparer {
         let gpus = inventory
             .gpus
             .iter()
+            .filter(|_| opts.build.dynamic_mig)
             .map(|g| (g.info.index, g.info.clone()))
             .collect();
         let inner = tokio::task::spawn_blocking(move || -> Result<_, Error> {

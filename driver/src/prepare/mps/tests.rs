@@ -311,7 +311,7 @@ fn a_record_carries_host_paths() {
     let dir = tempfile::tempdir().unwrap();
     let mps = control(dir.path());
     let dirs = mps.dirs("claim-1").unwrap();
-    let record = mps.record(&dirs, &cfg(), 42);
+    let record = mps.record(&cfg(), 42);
     assert_eq!(record.id, "claim-1");
     assert_eq!(record.pid, Some(42));
     assert_eq!(
