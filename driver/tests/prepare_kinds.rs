@@ -502,6 +502,80 @@ async fn memory_fraction_shares_one_daemon_until_the_last_claim_leaves() {
 }
 
 #[tokio::test]
+async fn a_changed_mps_dir_takes_over_running_daemons_where_they_were_started() {
+    let outside = tempfile::tempdir().unwrap();
+    let new_dir = outside.path().join("run-mps");
+    let mut n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
+    let share = |request: &str, id: &str| {
+        let mut r = result(request, "gpu-3");
+        r["shareID"] = json!(id);
+        r["consumedCapacity"] = json!({"memory": "4Gi"});
+        r
+    };
+    let a = n
+        .claim(
+            "share-a",
+            json!([share("a", "11111111-0000-4000-8000-000000000001")]),
+            json!([]),
+        )
+        .await;
+    n.prepare_ok(&a).await;
+    let old_pipe = n.state_dir().join("mps/shared-gpu3/pipe");
+    assert!(old_pipe.is_dir(), "{}", n.logs());
+
+    // The plugin again, with another --mps-dir: the GPU's daemon runs on.
+    let flag = format!("--mps-dir={}", new_dir.display());
+    n.restart_with_flags(&["--memory-sharing=all", &flag]).await;
+    assert!(
+        n.logs()
+            .contains("MPS daemons of an earlier --mps-dir taken over"),
+        "{}",
+        n.logs()
+    );
+    let b = n
+        .claim(
+            "share-b",
+            json!([share("b", "11111111-0000-4000-8000-000000000002")]),
+            json!([]),
+        )
+        .await;
+    n.prepare_ok(&b).await;
+    let starts = |n: &common::prepare::Node| {
+        let calls = n.env.driver_root.mps_control_calls().unwrap();
+        calls.iter().filter(|c| c.args == ["-d"]).count()
+    };
+    assert_eq!(starts(&n), 1, "b joined the running daemon\n{}", n.logs());
+    let mounts = n.spec_device(&b, "gpu-3")["containerEdits"]["mounts"].clone();
+    assert!(
+        mounts
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| std::path::Path::new(m["hostPath"].as_str().unwrap()) == old_pipe),
+        "{mounts}"
+    );
+    // The last claim's unprepare stops it there.
+    n.unprepare_ok(&a).await;
+    assert!(old_pipe.is_dir(), "b still uses it");
+    n.unprepare_ok(&b).await;
+    assert_eq!(n.mps_daemons(), 0, "{}", n.logs());
+    assert_eq!(n.processes(), 0, "no process left");
+    // The next claim's daemon starts under the new directory.
+    let c = n
+        .claim(
+            "share-c",
+            json!([share("c", "11111111-0000-4000-8000-000000000003")]),
+            json!([]),
+        )
+        .await;
+    n.prepare_ok(&c).await;
+    assert!(new_dir.join("shared-gpu3/pipe").is_dir(), "{}", n.logs());
+    n.unprepare_ok(&c).await;
+    assert_eq!(n.processes(), 0, "no process left");
+    assert_eq!(starts(&n), 2);
+}
+
+#[tokio::test]
 async fn a_device_is_never_given_to_two_claims_but_admin_access_may_watch() {
     let n = node("t4-inference", &[], DraVersion::V1).await;
     let first = n

@@ -48,7 +48,10 @@
 //! runs in a process group of its own and forks the daemon, which makes
 //! its own session, into the background), so they outlive a plugin crash;
 //! a new [`MpsControl`] on the same state directory finds them from their
-//! pid files.
+//! pid files. A daemon the checkpoint records under another directory (the
+//! plugin ran with another `--mps-dir` when it was started) is taken over
+//! there ([`MpsControl::adopt_elsewhere`]) until it stops: changing the flag
+//! neither orphans a daemon nor starts a second one for a memory-shared GPU.
 //! [`MpsControl::check`] restarts a needed daemon that died; [`MpsControl::stop`]
 //! sends `quit`, kills what is left (every process carrying the daemon's
 //! [`procs::DAEMON_MARKER_ENV`]) and removes the directories.
@@ -75,9 +78,10 @@
 //! and `mount`; no shell or util-linux in its image) and a writable `/tmp`;
 //! the MPS directory a hostPath at the same path as on the host (or the
 //! `HostRoot` mapping), so the runtime mounts the very directories the
-//! daemon uses; `hostPID: true`, so an orphaned daemon is reparented to
-//! the host's init (in a private pid namespace it would die with the
-//! plugin's pid 1 and become its zombie).
+//! daemon uses; a reaper for the daemons, whose `-d` parent exits: the
+//! chart's `--supervise` ([`crate::supervise`]) is the container's main
+//! process and a child subreaper, so daemons outlive a crash of the plugin
+//! process, not the container.
 //! `shm/` is a plain directory on the MPS directory's filesystem, not a
 //! tmpfs of its own (a tmpfs mounted by the plugin would be invisible to
 //! the runtime without Bidirectional mount propagation). The Helm chart
@@ -123,7 +127,7 @@ use std::fs;
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
@@ -296,6 +300,19 @@ pub enum MpsError {
         /// What is wrong.
         reason: String,
     },
+    /// A daemon recorded under an earlier `--mps-dir` runs in a directory
+    /// this plugin cannot see.
+    #[error(
+        "MPS daemon {id} runs (pids {pids:?}) in {dir}, under the MPS directory of an earlier plugin run (another --mps-dir), which this plugin cannot see: mount that directory into the plugin at the same path, or unprepare the claims that use the daemon first"
+    )]
+    Unreachable {
+        /// The daemon.
+        id: String,
+        /// Its directory.
+        dir: PathBuf,
+        /// Its processes, found by their marker.
+        pids: Vec<u32>,
+    },
     /// Processes of a daemon survived SIGKILL.
     #[error("MPS daemon {id}: processes {pids:?} are still alive after SIGKILL")]
     StopFailed {
@@ -437,6 +454,11 @@ pub struct MpsControl {
     /// The program that starts a daemon in its own mount namespace.
     launcher: Option<PathBuf>,
     locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Daemons that live under another MPS directory than `dir`, by id:
+    /// started by an earlier plugin run with another `--mps-dir` and taken
+    /// over from the checkpoint ([`MpsControl::adopt_elsewhere`]); each
+    /// entry goes when its daemon is stopped.
+    elsewhere: Mutex<HashMap<String, PathBuf>>,
 }
 
 impl MpsControl {
@@ -452,6 +474,7 @@ impl MpsControl {
             shm_mode: std::sync::OnceLock::new(),
             launcher: None,
             locks: Mutex::new(HashMap::new()),
+            elsewhere: Mutex::new(HashMap::new()),
         }
     }
 
@@ -497,7 +520,7 @@ impl MpsControl {
             id: id.to_owned(),
             reason,
         })?;
-        let root = self.dir.local(Path::new(id));
+        let root = self.root_of(id).local(Path::new(id));
         Ok(DaemonDirs {
             pipe: root.join("pipe"),
             log: root.join("log"),
@@ -510,7 +533,132 @@ impl MpsControl {
     /// The host path of `<mps-dir>/<id>/<leaf>`, as CDI specs and records
     /// name it.
     fn host_path(&self, id: &str, leaf: &str) -> String {
-        self.dir.host_path(&Path::new(id).join(leaf))
+        self.root_of(id).host_path(&Path::new(id).join(leaf))
+    }
+
+    /// The MPS directory daemon `id` lives in: `--mps-dir`, or the one it
+    /// was recorded under by an earlier plugin run (seen at its host path).
+    fn root_of(&self, id: &str) -> HostRoot {
+        let elsewhere = self
+            .elsewhere
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        elsewhere
+            .get(id)
+            .map_or_else(|| self.dir.clone(), |dir| HostRoot::same(dir.clone()))
+    }
+
+    fn is_elsewhere(&self, id: &str) -> bool {
+        let elsewhere = self
+            .elsewhere
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        elsewhere.contains_key(id)
+    }
+
+    fn forget_elsewhere(&self, id: &str) {
+        let mut elsewhere = self
+            .elsewhere
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        elsewhere.remove(id);
+    }
+
+    /// The MPS directory (host path) a checkpoint's daemon record names, when
+    /// it is not `--mps-dir`: the plugin ran with another `--mps-dir` when
+    /// the daemon was started. `None`: the current directory, or a record
+    /// from before the directories were recorded. The record comes from a
+    /// file: its three directories must be `<dir>/<id>/{pipe,log,shm}` of
+    /// one absolute, normalized `dir` (log and shm may be missing).
+    pub fn recorded_elsewhere(
+        &self,
+        record: &MpsDaemonRecord,
+    ) -> Result<Option<PathBuf>, MpsError> {
+        validate_id(&record.id).map_err(|reason| MpsError::InvalidId {
+            id: record.id.clone(),
+            reason,
+        })?;
+        if record.pipe_dir.as_os_str().is_empty() {
+            return Ok(None);
+        }
+        let bad = |reason: String| MpsError::BadRecord {
+            path: record.pipe_dir.clone(),
+            reason: format!(
+                "the checkpoint's record of MPS daemon {}: {reason}",
+                record.id
+            ),
+        };
+        let normal = |p: &Path| {
+            p.is_absolute()
+                && p.components()
+                    .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        };
+        let dir = record
+            .pipe_dir
+            .parent()
+            .and_then(Path::parent)
+            .filter(|d| normal(d))
+            .ok_or_else(|| bad("the pipe directory is not <absolute dir>/<id>/pipe".into()))?;
+        for (leaf, recorded) in [
+            ("pipe", &record.pipe_dir),
+            ("log", &record.log_dir),
+            ("shm", &record.shm_dir),
+        ] {
+            let expected = dir.join(&record.id).join(leaf);
+            if !(recorded.as_os_str().is_empty() && leaf != "pipe") && *recorded != expected {
+                return Err(bad(format!(
+                    "the {leaf} directory {} is not {}",
+                    recorded.display(),
+                    expected.display()
+                )));
+            }
+        }
+        // Spelled as components (`/a/./b/` is `/a/b`), as the marker is.
+        let dir: PathBuf = dir.components().collect();
+        Ok((dir != self.dir.host).then_some(dir))
+    }
+
+    /// Takes over daemon `id` under `dir` (from
+    /// [`MpsControl::recorded_elsewhere`]), seen at that path: `start` (the
+    /// claims of a memory-shared GPU join it), `check`, `stop`, its records
+    /// and container edits use that directory until the daemon is stopped;
+    /// daemons started later go under `--mps-dir`. Where this plugin cannot
+    /// see `dir` (not mounted in its container), a start or check finds
+    /// whether any process of the daemon is left by its marker, and `stop`
+    /// kills them by it.
+    pub fn adopt_elsewhere(&self, id: &str, dir: PathBuf) {
+        let mut elsewhere = self
+            .elsewhere
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        elsewhere.insert(id.to_owned(), dir);
+    }
+
+    /// The directories to start or check daemon `id` in. A daemon taken
+    /// over under a directory this plugin cannot see is forgotten when none
+    /// of its processes is left, so it starts afresh under `--mps-dir`;
+    /// while one runs, that is [`MpsError::Unreachable`] (a second daemon
+    /// for its devices would fight it).
+    fn usable_dirs(&self, id: &str) -> Result<DaemonDirs, MpsError> {
+        let dirs = self.dirs(id)?;
+        if dirs.root.exists() || !self.is_elsewhere(id) {
+            return Ok(dirs);
+        }
+        let pids = procs::daemon_processes(&dirs.root);
+        if !pids.is_empty() {
+            return Err(MpsError::Unreachable {
+                id: id.to_owned(),
+                dir: dirs.root,
+                pids,
+            });
+        }
+        tracing::warn!(
+            daemon = %id,
+            dir = %dirs.root.display(),
+            "MPS daemon of an earlier --mps-dir, in a directory this plugin cannot see, is gone; it starts afresh under --mps-dir"
+        );
+        self.forget_elsewhere(id);
+        self.dirs(id)
     }
 
     fn control_program(&self) -> Result<PathBuf, MpsError> {
@@ -600,7 +748,7 @@ impl MpsControl {
     }
 
     fn start_locked(&self, cfg: &DaemonConfig) -> Result<MpsDaemonRecord, MpsError> {
-        let dirs = self.dirs(&cfg.id)?;
+        let dirs = self.usable_dirs(&cfg.id)?;
         let program = self.control_program()?;
         if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
             // Rewritten only when it changes: a memory-shared GPU's daemon
@@ -958,10 +1106,14 @@ impl MpsControl {
     /// any MPS server left), then removes its directories. An unknown id is
     /// a success.
     pub fn stop(&self, id: &str) -> Result<(), MpsError> {
-        let dirs = self.dirs(id)?;
+        // The id's check, before a lock entry is made for it.
+        self.dirs(id)?;
         let lock = self.lock_for(id);
         let held = lock.lock().unwrap_or_else(PoisonError::into_inner);
-        let result = self.stop_locked(id, &dirs);
+        let result = self.dirs(id).and_then(|dirs| self.stop_locked(id, &dirs));
+        if result.is_ok() {
+            self.forget_elsewhere(id);
+        }
         drop(held);
         self.forget_lock(id, &lock);
         result
@@ -969,6 +1121,17 @@ impl MpsControl {
 
     fn stop_locked(&self, id: &str, dirs: &DaemonDirs) -> Result<(), MpsError> {
         if !dirs.root.exists() {
+            if self.is_elsewhere(id) {
+                // Under an earlier --mps-dir this plugin cannot see: no
+                // pid file or socket to reach, but its processes carry
+                // the marker.
+                Self::kill_all(id, dirs)?;
+                tracing::warn!(
+                    daemon = %id,
+                    dir = %dirs.root.display(),
+                    "stopped MPS daemon of an earlier --mps-dir by its marker; its directory, which this plugin cannot see, is left on the host"
+                );
+            }
             return Ok(());
         }
         if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
@@ -1028,9 +1191,17 @@ impl MpsControl {
     }
 
     fn check_one(&self, id: &str) -> Result<Health, MpsError> {
-        let dirs = self.dirs(id)?;
+        self.dirs(id)?;
         let lock = self.lock_for(id);
         let _held = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let dirs = match self.usable_dirs(id) {
+            Err(MpsError::Unreachable { pids, .. }) => {
+                // It runs, where nothing can restart it anyway.
+                let pid = pids.into_iter().min().unwrap_or_default();
+                return Ok(Health::Running { pid });
+            }
+            other => other?,
+        };
         if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
             return Ok(Health::Running { pid });
         }

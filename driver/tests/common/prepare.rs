@@ -147,6 +147,12 @@ impl Node {
         self.kubelet = register(&self.plugin, self.version).await;
     }
 
+    /// [`Self::restart`] with the plugin's flags replaced by `extra`.
+    pub async fn restart_with_flags(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|s| (*s).to_owned()).collect();
+        self.restart(&[]).await;
+    }
+
     /// Registers the kubelet again with the plugin's new sockets (after the
     /// plugin process was restarted by its supervisor).
     pub async fn reregister(&mut self) {

@@ -682,3 +682,229 @@ fn a_socket_path_too_long_without_a_namespace_is_refused_and_leaves_nothing() {
     assert!(fits.is_running("claim-1"));
     fits.stop("claim-1").unwrap();
 }
+
+/// A memory-shared GPU's daemon (no settings) in `mps`.
+fn shared(id: &str) -> DaemonConfig {
+    DaemonConfig {
+        id: id.into(),
+        gpu_uuids: vec![A.into()],
+        active_thread_percentage: None,
+        pinned_memory_limits: BTreeMap::new(),
+    }
+}
+
+impl Env {
+    /// A control of the same driver root whose `--mps-dir` is `<state>/<leaf>`.
+    fn control_in(&self, leaf: &str) -> MpsControl {
+        MpsControl::new(
+            HostRoot::same(self.fake.path()),
+            HostRoot::same(self.state.join(leaf)),
+        )
+        .with_shm_mode(ShmMode::Inherit)
+        .with_timeouts(fast())
+    }
+}
+
+#[test]
+fn a_daemon_recorded_under_an_earlier_mps_dir_is_taken_over_there_until_it_stops() {
+    let env = Env::new();
+    let before = env.control();
+    let id = "shared-gpu0";
+    let record = before.start(&shared(id)).unwrap();
+    let pid = record.pid.unwrap();
+    let old_root = before.dirs(id).unwrap().root;
+
+    // The plugin again, with another --mps-dir.
+    let mps = env.control_in("run-mps");
+    let old_dir = env.state.join("mps");
+    assert_eq!(
+        mps.recorded_elsewhere(&record).unwrap(),
+        Some(old_dir.clone())
+    );
+    assert_eq!(
+        before.recorded_elsewhere(&record).unwrap(),
+        None,
+        "its own directory"
+    );
+    mps.adopt_elsewhere(id, old_dir);
+    // A claim joining the GPU joins the running daemon: no second start.
+    let joined = mps.start(&shared(id)).unwrap();
+    assert_eq!(
+        (joined.pid, &joined.pipe_dir),
+        (Some(pid), &record.pipe_dir)
+    );
+    assert_eq!(env.starts(), 1);
+    let edits = mps.container_edits(id);
+    assert!(
+        edits
+            .mounts
+            .iter()
+            .all(|m| Path::new(&m.host_path).starts_with(&old_root)),
+        "{edits:?}"
+    );
+    assert_eq!(
+        mps.check(&[id.into()])[0].1.as_ref().ok(),
+        Some(&Health::Running { pid })
+    );
+    // Stopped there, directory and all; the next start is under --mps-dir.
+    mps.stop(id).unwrap();
+    wait_dead(pid);
+    assert!(!old_root.exists());
+    let fresh = mps.start(&shared(id)).unwrap();
+    assert_ne!(fresh.pid, Some(pid));
+    assert!(
+        fresh.pipe_dir.starts_with(env.state.join("run-mps")),
+        "{fresh:?}"
+    );
+    assert_eq!(mps.list().unwrap(), [id]);
+    mps.stop(id).unwrap();
+    assert!(env.guard.processes().is_empty());
+}
+
+#[test]
+fn a_daemon_of_an_earlier_mps_dir_that_cannot_be_seen_is_never_doubled_and_stops_by_its_marker() {
+    let env = Env::new();
+    let before = env.control();
+    let id = "shared-gpu0";
+    let pid = before.start(&shared(id)).unwrap().pid.unwrap();
+    // Not mounted in the new plugin's container: here, moved out of sight
+    // (the daemon's processes still carry the old directory as marker).
+    let old_dir = env.state.join("mps");
+    fs::rename(&old_dir, env.state.join("hidden")).unwrap();
+
+    let mps = env.control_in("run-mps");
+    mps.adopt_elsewhere(id, old_dir.clone());
+    let err = mps.start(&shared(id)).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(&err, MpsError::Unreachable { pids, .. } if pids.contains(&pid)),
+        "{text}"
+    );
+    assert!(
+        text.contains(&old_dir.join(id).display().to_string()) && text.contains("--mps-dir"),
+        "{text}"
+    );
+    assert_eq!(env.starts(), 1, "no second daemon for the GPU");
+    assert!(!env.state.join("run-mps").exists(), "nothing made");
+    assert_eq!(
+        mps.check(&[id.into()])[0].1.as_ref().ok(),
+        Some(&Health::Running { pid })
+    );
+    // Unprepare of its last claim: killed by the marker.
+    mps.stop(id).unwrap();
+    wait_dead(pid);
+    assert!(env.guard.processes().is_empty());
+    // Forgotten: the next claim gets a daemon under --mps-dir.
+    let fresh = mps.start(&shared(id)).unwrap();
+    assert!(fresh.pipe_dir.starts_with(env.state.join("run-mps")));
+    mps.stop(id).unwrap();
+}
+
+#[test]
+fn a_gone_daemon_of_an_earlier_mps_dir_that_cannot_be_seen_starts_afresh() {
+    let env = Env::new();
+    let before = env.control();
+    let id = "shared-gpu0";
+    before.start(&shared(id)).unwrap();
+    let old_dir = env.state.join("mps");
+    // The old plugin's container went, and its daemons with it.
+    MpsControl::kill_all(id, &before.dirs(id).unwrap()).unwrap();
+    fs::rename(&old_dir, env.state.join("hidden")).unwrap();
+
+    let mps = env.control_in("run-mps");
+    mps.adopt_elsewhere(id, old_dir);
+    let fresh = mps.start(&shared(id)).unwrap();
+    assert!(
+        fresh.pipe_dir.starts_with(env.state.join("run-mps")),
+        "{fresh:?}"
+    );
+    assert_eq!(env.starts(), 2);
+    mps.stop(id).unwrap();
+    assert!(env.guard.processes().is_empty());
+}
+
+#[test]
+fn hostile_daemon_records_name_no_directory() {
+    let env = Env::new();
+    let mps = env.control_in("run-mps");
+    let record = |id: &str, pipe: &str, log: &str, shm: &str| MpsDaemonRecord {
+        id: id.into(),
+        pipe_dir: pipe.into(),
+        pid: None,
+        log_dir: log.into(),
+        shm_dir: shm.into(),
+        gpu_uuids: vec![],
+    };
+    let current = env.state.join("run-mps/claim-1");
+    let current = |leaf: &str| current.join(leaf).display().to_string();
+    for (r, expected) in [
+        (
+            record(
+                "claim-1",
+                &current("pipe"),
+                &current("log"),
+                &current("shm"),
+            ),
+            None,
+        ),
+        // The same directory, spelled otherwise.
+        (
+            record("claim-1", "/old/./mps//claim-1/pipe/", "", ""),
+            Some(PathBuf::from("/old/mps")),
+        ),
+        // Records from before the directories were kept.
+        (record("claim-1", "", "", ""), None),
+        (
+            record("claim-1", "/old/mps/claim-1/pipe", "", ""),
+            Some(PathBuf::from("/old/mps")),
+        ),
+        (
+            record(
+                "claim-1",
+                "/old/mps/claim-1/pipe",
+                "/old/mps/claim-1/log",
+                "/old/mps/claim-1/shm",
+            ),
+            Some(PathBuf::from("/old/mps")),
+        ),
+    ] {
+        assert_eq!(mps.recorded_elsewhere(&r).unwrap(), expected, "{r:?}");
+    }
+    for (r, needle) in [
+        (
+            record("../etc", "/old/../etc/pipe", "", ""),
+            "invalid MPS daemon id",
+        ),
+        (
+            record("claim-1", "old/mps/claim-1/pipe", "", ""),
+            "not <absolute dir>/<id>/pipe",
+        ),
+        (
+            record("claim-1", "/old/../etc/claim-1/pipe", "", ""),
+            "not <absolute dir>/<id>/pipe",
+        ),
+        (
+            record("claim-1", "/pipe", "", ""),
+            "not <absolute dir>/<id>/pipe",
+        ),
+        (
+            record("claim-1", "/old/mps/claim-2/pipe", "", ""),
+            "the pipe directory /old/mps/claim-2/pipe is not /old/mps/claim-1/pipe",
+        ),
+        (
+            record("claim-1", "/old/mps/claim-1/log", "", ""),
+            "the pipe directory /old/mps/claim-1/log is not",
+        ),
+        (
+            record("claim-1", "/old/mps/claim-1/pipe", "/etc", ""),
+            "the log directory /etc is not /old/mps/claim-1/log",
+        ),
+        (
+            record("claim-1", "/old/mps/claim-1/pipe", "", "/dev/shm"),
+            "the shm directory /dev/shm is not /old/mps/claim-1/shm",
+        ),
+    ] {
+        let err = mps.recorded_elsewhere(&r).unwrap_err().to_string();
+        assert!(err.contains(needle), "{r:?}: {err}");
+    }
+}

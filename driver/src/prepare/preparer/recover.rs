@@ -1,6 +1,8 @@
 //! Startup recovery: bring the node back to what the checkpoint says, after
 //! a crash at any step of a prepare or unprepare.
 //!
+//! 0. MPS daemons recorded under another MPS directory (the plugin ran with
+//!    another `--mps-dir` when they were started) are taken over there.
 //! 1. Entries still `PrepareStarted` were cut off half-way: undo what they
 //!    record and drop them (kubelet retries the prepare, which then starts
 //!    from scratch). An entry whose undo fails stays, and the next prepare
@@ -13,11 +15,12 @@
 //!
 //! Problems are reported and logged; none stops the plugin.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
 
 use super::Inner;
 use super::apply::undo;
-use crate::prepare::checkpoint::{Batch, ClaimState, DeviceKind, LoadReport};
+use crate::prepare::checkpoint::{Batch, Checkpoint, ClaimState, DeviceKind, LoadReport};
 use crate::prepare::mig;
 
 /// What recovery found and did.
@@ -29,6 +32,9 @@ pub struct RecoveryReport {
     pub undone: Vec<String>,
     /// MIG devices destroyed because no claim referenced them (UUIDs).
     pub mig_destroyed: Vec<String>,
+    /// MPS daemons of an earlier `--mps-dir`, taken over where they were
+    /// started (`<id> in <directory>`).
+    pub mps_elsewhere: Vec<String>,
     /// MPS daemons stopped because no claim referenced them.
     pub mps_stopped: Vec<String>,
     /// CDI specs deleted because no claim referenced them (claim UIDs).
@@ -58,6 +64,9 @@ impl RecoveryReport {
         if !self.mig_destroyed.is_empty() {
             tracing::warn!(devices = ?self.mig_destroyed, "unreferenced MIG devices destroyed");
         }
+        if !self.mps_elsewhere.is_empty() {
+            tracing::warn!(daemons = ?self.mps_elsewhere, "MPS daemons of an earlier --mps-dir taken over where they run; they stay there until stopped");
+        }
         if !self.mps_stopped.is_empty() {
             tracing::warn!(daemons = ?self.mps_stopped, "unreferenced MPS daemons stopped");
         }
@@ -78,6 +87,7 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
         ..RecoveryReport::default()
     };
     let snapshot = inner.store.snapshot();
+    adopt_daemons_elsewhere(inner, &snapshot, &mut report);
     let mut drop_batch = Batch::new();
     for (uid, entry) in &snapshot.claims {
         if entry.state != ClaimState::PrepareStarted {
@@ -169,4 +179,46 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
         Err(e) => report.errors.push(format!("list CDI specs: {e}")),
     }
     report
+}
+
+/// Step 0: every MPS daemon whose records name another MPS directory than
+/// `--mps-dir` is taken over there, unless a record of the same id names the
+/// current one (a daemon started afresh after the earlier one was gone).
+fn adopt_daemons_elsewhere(inner: &Inner, snapshot: &Checkpoint, report: &mut RecoveryReport) {
+    let mut here = HashSet::new();
+    let mut elsewhere: BTreeMap<&str, PathBuf> = BTreeMap::new();
+    let records = snapshot
+        .claims
+        .values()
+        .flat_map(|e| e.devices.iter())
+        .filter_map(|d| d.sharing.mps_daemon.as_ref());
+    for record in records {
+        match inner.mps.recorded_elsewhere(record) {
+            Ok(None) => {
+                here.insert(record.id.as_str());
+            }
+            Ok(Some(dir)) => match elsewhere.get(record.id.as_str()) {
+                Some(first) if *first != dir => report.errors.push(format!(
+                    "MPS daemon {} is recorded under both {} and {}; taken over under the first",
+                    record.id,
+                    first.display(),
+                    dir.display()
+                )),
+                Some(_) => {}
+                None => {
+                    elsewhere.insert(&record.id, dir);
+                }
+            },
+            Err(e) => report.errors.push(e.to_string()),
+        }
+    }
+    for (id, dir) in elsewhere {
+        if here.contains(id) {
+            continue;
+        }
+        report
+            .mps_elsewhere
+            .push(format!("{id} in {}", dir.join(id).display()));
+        inner.mps.adopt_elsewhere(id, dir);
+    }
 }
