@@ -506,19 +506,15 @@ async fn a_changed_mps_dir_takes_over_running_daemons_where_they_were_started() 
     let outside = tempfile::tempdir().unwrap();
     let new_dir = outside.path().join("run-mps");
     let mut n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
-    let share = |request: &str, id: &str| {
-        let mut r = result(request, "gpu-3");
-        r["shareID"] = json!(id);
+    // A 4 GiB share of gpu-3, named `share-<n>`.
+    async fn share(n: &common::prepare::Node, name: char) -> Claim {
+        let mut r = result(&name.to_string(), "gpu-3");
+        r["shareID"] = json!(format!("11111111-0000-4000-8000-00000000000{name}"));
         r["consumedCapacity"] = json!({"memory": "4Gi"});
-        r
-    };
-    let a = n
-        .claim(
-            "share-a",
-            json!([share("a", "11111111-0000-4000-8000-000000000001")]),
-            json!([]),
-        )
-        .await;
+        n.claim(&format!("share-{name}"), json!([r]), json!([]))
+            .await
+    }
+    let a = share(&n, 'a').await;
     n.prepare_ok(&a).await;
     let old_pipe = n.state_dir().join("mps/shared-gpu3/pipe");
     assert!(old_pipe.is_dir(), "{}", n.logs());
@@ -532,13 +528,7 @@ async fn a_changed_mps_dir_takes_over_running_daemons_where_they_were_started() 
         "{}",
         n.logs()
     );
-    let b = n
-        .claim(
-            "share-b",
-            json!([share("b", "11111111-0000-4000-8000-000000000002")]),
-            json!([]),
-        )
-        .await;
+    let b = share(&n, 'b').await;
     n.prepare_ok(&b).await;
     let starts = |n: &common::prepare::Node| {
         let calls = n.env.driver_root.mps_control_calls().unwrap();
@@ -561,13 +551,7 @@ async fn a_changed_mps_dir_takes_over_running_daemons_where_they_were_started() 
     assert_eq!(n.mps_daemons(), 0, "{}", n.logs());
     assert_eq!(n.processes(), 0, "no process left");
     // The next claim's daemon starts under the new directory.
-    let c = n
-        .claim(
-            "share-c",
-            json!([share("c", "11111111-0000-4000-8000-000000000003")]),
-            json!([]),
-        )
-        .await;
+    let c = share(&n, 'c').await;
     n.prepare_ok(&c).await;
     assert!(new_dir.join("shared-gpu3/pipe").is_dir(), "{}", n.logs());
     n.unprepare_ok(&c).await;
