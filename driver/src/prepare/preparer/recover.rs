@@ -20,7 +20,9 @@ use std::path::PathBuf;
 
 use super::Inner;
 use super::apply::undo;
-use crate::prepare::checkpoint::{Batch, Checkpoint, ClaimState, DeviceKind, LoadReport};
+use crate::prepare::checkpoint::{
+    Batch, Checkpoint, ClaimState, DeviceKind, LoadReport, MpsDaemonRecord,
+};
 use crate::prepare::mig;
 
 /// What recovery found and did.
@@ -182,23 +184,42 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
 }
 
 /// Step 0: every MPS daemon whose records name another MPS directory than
-/// `--mps-dir` is taken over there, unless a record of the same id names the
-/// current one (a daemon started afresh after the earlier one was gone).
+/// `--mps-dir` is taken over there.
 fn adopt_daemons_elsewhere(inner: &Inner, snapshot: &Checkpoint, report: &mut RecoveryReport) {
-    let mut here = HashSet::new();
-    let mut elsewhere: BTreeMap<&str, PathBuf> = BTreeMap::new();
     let records = snapshot
         .claims
         .values()
         .flat_map(|e| e.devices.iter())
         .filter_map(|d| d.sharing.mps_daemon.as_ref());
+    let (adopt, errors) = daemons_elsewhere(records, |r| inner.mps.recorded_elsewhere(r));
+    report.errors.extend(errors);
+    for (id, dir) in adopt {
+        report
+            .mps_elsewhere
+            .push(format!("{id} in {}", dir.join(&id).display()));
+        inner.mps.adopt_elsewhere(&id, dir);
+    }
+}
+
+/// The daemons of `records` to take over under another directory, by id,
+/// and what was wrong. `recorded` says where a record's daemon lives
+/// (`None`: `--mps-dir`). An id recorded under `--mps-dir` too stays there
+/// (a daemon started afresh after the earlier one was gone); one recorded
+/// under two other directories is taken over under the first, with an error.
+fn daemons_elsewhere<'a, E: std::fmt::Display>(
+    records: impl Iterator<Item = &'a MpsDaemonRecord>,
+    recorded: impl Fn(&MpsDaemonRecord) -> Result<Option<PathBuf>, E>,
+) -> (BTreeMap<String, PathBuf>, Vec<String>) {
+    let mut here = HashSet::new();
+    let mut elsewhere: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut errors = Vec::new();
     for record in records {
-        match inner.mps.recorded_elsewhere(record) {
+        match recorded(record) {
             Ok(None) => {
-                here.insert(record.id.as_str());
+                here.insert(record.id.clone());
             }
-            Ok(Some(dir)) => match elsewhere.get(record.id.as_str()) {
-                Some(first) if *first != dir => report.errors.push(format!(
+            Ok(Some(dir)) => match elsewhere.get(&record.id) {
+                Some(first) if *first != dir => errors.push(format!(
                     "MPS daemon {} is recorded under both {} and {}; taken over under the first",
                     record.id,
                     first.display(),
@@ -206,19 +227,63 @@ fn adopt_daemons_elsewhere(inner: &Inner, snapshot: &Checkpoint, report: &mut Re
                 )),
                 Some(_) => {}
                 None => {
-                    elsewhere.insert(&record.id, dir);
+                    elsewhere.insert(record.id.clone(), dir);
                 }
             },
-            Err(e) => report.errors.push(e.to_string()),
+            Err(e) => errors.push(e.to_string()),
         }
     }
-    for (id, dir) in elsewhere {
-        if here.contains(id) {
-            continue;
-        }
-        report
-            .mps_elsewhere
-            .push(format!("{id} in {}", dir.join(id).display()));
-        inner.mps.adopt_elsewhere(id, dir);
+    elsewhere.retain(|id, _| !here.contains(id));
+    (elsewhere, errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    fn daemons_elsewhere_are_taken_over_once_and_never_over_the_current_dir() {
+        let record = |id: &str, dir: &str| MpsDaemonRecord {
+            id: id.into(),
+            pipe_dir: PathBuf::from(dir).join(id).join("pipe"),
+            ..MpsDaemonRecord::default()
+        };
+        let records = [
+            // Two claims of one memory-shared GPU, both under the old dir.
+            record("shared-gpu0", "/old"),
+            record("shared-gpu0", "/old"),
+            // Started afresh under --mps-dir after the old one was gone.
+            record("shared-gpu1", "/old"),
+            record("shared-gpu1", "/current"),
+            // Under two old directories.
+            record("shared-gpu2", "/old"),
+            record("shared-gpu2", "/older"),
+            record("claim-x-0", "/current"),
+            record("bad", "/old"),
+        ];
+        let (adopt, errors) = daemons_elsewhere(records.iter(), |r| {
+            let dir = r.pipe_dir.parent().and_then(Path::parent).unwrap();
+            match r.id.as_str() {
+                "bad" => Err("a bad record"),
+                _ if dir == Path::new("/current") => Ok(None),
+                _ => Ok(Some(dir.to_path_buf())),
+            }
+        });
+        assert_eq!(
+            adopt,
+            BTreeMap::from([
+                ("shared-gpu0".to_owned(), PathBuf::from("/old")),
+                ("shared-gpu2".to_owned(), PathBuf::from("/old")),
+            ])
+        );
+        assert_eq!(
+            errors,
+            [
+                "MPS daemon shared-gpu2 is recorded under both /old and /older; taken over under the first",
+                "a bad record",
+            ]
+        );
     }
 }
