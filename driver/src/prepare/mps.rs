@@ -122,6 +122,7 @@ pub(crate) mod exec;
 pub mod launch;
 pub mod procs;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, ErrorKind};
@@ -516,10 +517,7 @@ impl MpsControl {
 
     /// The directories of daemon `id`.
     pub fn dirs(&self, id: &str) -> Result<DaemonDirs, MpsError> {
-        validate_id(id).map_err(|reason| MpsError::InvalidId {
-            id: id.to_owned(),
-            reason,
-        })?;
+        checked_id(id)?;
         let root = self.root_of(id).local(Path::new(id));
         Ok(DaemonDirs {
             pipe: root.join("pipe"),
@@ -538,14 +536,16 @@ impl MpsControl {
 
     /// The MPS directory daemon `id` lives in: `--mps-dir`, or the one it
     /// was recorded under by an earlier plugin run (seen at its host path).
-    fn root_of(&self, id: &str) -> HostRoot {
+    /// Borrowed (no copy) in the common case, on every prepare's path.
+    fn root_of(&self, id: &str) -> Cow<'_, HostRoot> {
         let elsewhere = self
             .elsewhere
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        elsewhere
-            .get(id)
-            .map_or_else(|| self.dir.clone(), |dir| HostRoot::same(dir.clone()))
+        match elsewhere.get(id) {
+            Some(dir) => Cow::Owned(HostRoot::same(dir.clone())),
+            None => Cow::Borrowed(&self.dir),
+        }
     }
 
     fn is_elsewhere(&self, id: &str) -> bool {
@@ -574,10 +574,7 @@ impl MpsControl {
         &self,
         record: &MpsDaemonRecord,
     ) -> Result<Option<PathBuf>, MpsError> {
-        validate_id(&record.id).map_err(|reason| MpsError::InvalidId {
-            id: record.id.clone(),
-            reason,
-        })?;
+        checked_id(&record.id)?;
         if record.pipe_dir.as_os_str().is_empty() {
             return Ok(None);
         }
@@ -1106,8 +1103,8 @@ impl MpsControl {
     /// any MPS server left), then removes its directories. An unknown id is
     /// a success.
     pub fn stop(&self, id: &str) -> Result<(), MpsError> {
-        // The id's check, before a lock entry is made for it.
-        self.dirs(id)?;
+        // Before a lock entry is made for it.
+        checked_id(id)?;
         let lock = self.lock_for(id);
         let held = lock.lock().unwrap_or_else(PoisonError::into_inner);
         let result = self.dirs(id).and_then(|dirs| self.stop_locked(id, &dirs));
@@ -1191,7 +1188,7 @@ impl MpsControl {
     }
 
     fn check_one(&self, id: &str) -> Result<Health, MpsError> {
-        self.dirs(id)?;
+        checked_id(id)?;
         let lock = self.lock_for(id);
         let _held = lock.lock().unwrap_or_else(PoisonError::into_inner);
         let dirs = match self.usable_dirs(id) {
@@ -1237,8 +1234,7 @@ impl MpsControl {
 
     /// [`MpsControl::container_edits`], with an invalid id as an error.
     pub fn checked_container_edits(&self, id: &str) -> Result<ContainerEdits, MpsError> {
-        // The id's check.
-        self.dirs(id)?;
+        checked_id(id)?;
         let mount = |leaf: &str, container: &str| Mount {
             host_path: self.host_path(id, leaf),
             container_path: container.to_owned(),
@@ -1320,6 +1316,14 @@ pub fn checked_client_limit_edits(
 }
 
 /// Whether a UNIX socket can be bound or connected at `path`.
+/// [`validate_id`], as an [`MpsError::InvalidId`].
+fn checked_id(id: &str) -> Result<(), MpsError> {
+    validate_id(id).map_err(|reason| MpsError::InvalidId {
+        id: id.to_owned(),
+        reason,
+    })
+}
+
 fn socket_path_fits(path: &Path) -> bool {
     path.as_os_str().len() <= MAX_SOCKET_PATH
 }
