@@ -318,13 +318,10 @@ async fn prepares_on_different_gpus_overlap() {
     // A: an MPS claim on GPU 0 whose daemon never gets ready, so its
     // prepare holds GPU 0's lock until the plugin's readiness timeout
     // (seconds) and then fails.
-    n.env
-        .driver_root
-        .set_behaviour(&fake_driver_root::Behaviour {
-            mps_never_ready: true,
-            ..fake_driver_root::Behaviour::default()
-        })
-        .unwrap();
+    n.fake_behaves(fake_driver_root::Behaviour {
+        mps_never_ready: true,
+        ..fake_driver_root::Behaviour::default()
+    });
     let slow = n
         .claim(
             "slow",

@@ -373,13 +373,10 @@ async fn an_mps_prepare_whose_daemon_fails_leaves_no_spec_and_no_mode() {
     // The CDI spec is written, and the compute mode set, while the daemon
     // starts; the start fails, so the rollback undoes both.
     let n = node("t4-inference", &[], DraVersion::V1).await;
-    n.env
-        .driver_root
-        .set_behaviour(&fake_driver_root::Behaviour {
-            mps_start_failure: Some("simulated: no MPS for you".to_owned()),
-            ..fake_driver_root::Behaviour::default()
-        })
-        .unwrap();
+    n.fake_behaves(fake_driver_root::Behaviour {
+        mps_start_failure: Some("simulated: no MPS for you".to_owned()),
+        ..fake_driver_root::Behaviour::default()
+    });
     let c = n.mps_claim("mps").await;
     let r = n.prepare(std::slice::from_ref(&c)).await;
     let error = r[&c.uid].error.clone().unwrap_or_default();
@@ -387,10 +384,7 @@ async fn an_mps_prepare_whose_daemon_fails_leaves_no_spec_and_no_mode() {
     assert_rolled_back(&n);
 
     // Once the daemon can start, the same claim prepares, spec and all.
-    n.env
-        .driver_root
-        .set_behaviour(&fake_driver_root::Behaviour::default())
-        .unwrap();
+    n.fake_behaves(fake_driver_root::Behaviour::default());
     n.prepare_ok(&c).await;
     assert_eq!(n.cdi_files().len(), 1, "{:?}", n.cdi_files());
     assert_eq!(n.mps_daemons(), 1);

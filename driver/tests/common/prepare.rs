@@ -147,6 +147,11 @@ impl Node {
         self.kubelet = register(&self.plugin, self.version).await;
     }
 
+    /// Makes the fake driver root's programs behave as `behaviour` says.
+    pub fn fake_behaves(&self, behaviour: fake_driver_root::Behaviour) {
+        self.env.driver_root.set_behaviour(&behaviour).unwrap();
+    }
+
     /// [`Self::restart`] with the plugin's flags replaced by `extra`.
     pub async fn restart_with_flags(&mut self, extra: &[&str]) {
         self.extra = extra.iter().map(|s| (*s).to_owned()).collect();
