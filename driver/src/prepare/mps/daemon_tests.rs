@@ -62,9 +62,15 @@ impl Env {
     }
 
     fn control(&self) -> MpsControl {
+        self.control_in("mps")
+    }
+
+    /// A control of the fake driver root whose `--mps-dir` is
+    /// `<state>/<leaf>` (`mps`: [`Self::control`]).
+    fn control_in(&self, leaf: &str) -> MpsControl {
         MpsControl::new(
             HostRoot::same(self.fake.path()),
-            HostRoot::same(&self.state).join("mps"),
+            HostRoot::same(self.state.join(leaf)),
         )
         .with_shm_mode(ShmMode::Inherit)
         .with_timeouts(fast())
@@ -690,18 +696,6 @@ fn shared(id: &str) -> DaemonConfig {
         gpu_uuids: vec![A.into()],
         active_thread_percentage: None,
         pinned_memory_limits: BTreeMap::new(),
-    }
-}
-
-impl Env {
-    /// A control of the same driver root whose `--mps-dir` is `<state>/<leaf>`.
-    fn control_in(&self, leaf: &str) -> MpsControl {
-        MpsControl::new(
-            HostRoot::same(self.fake.path()),
-            HostRoot::same(self.state.join(leaf)),
-        )
-        .with_shm_mode(ShmMode::Inherit)
-        .with_timeouts(fast())
     }
 }
 
