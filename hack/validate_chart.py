@@ -81,6 +81,7 @@ VARIANTS: dict[str, dict] = {
             "sliceRules": "1.35",
             "metrics": {"bindAddress": "::", "port": 9400},
             "nvmlLib": "",
+            "nvidiaCdiHookPath": "/usr/local/nvidia/toolkit/nvidia-cdi-hook",
             "mpsDir": "/var/run/gpu-example/mps",
             "extraArgs": ["--sysfs-root=/sys"],
             "extraEnv": [{"name": "EXTRA", "value": "1"}],
@@ -127,6 +128,8 @@ REFUSED: list[tuple[dict, str]] = [
     ({"kubeletPlugin": {"mpsDir": "/dev/shm/mps"}}, "mpsDir"),
     ({"kubeletPlugin": {"mpsDir": "//dev/./shm"}}, "mpsDir"),
     ({"kubeletPlugin": {"mpsDir": "/run/../x"}}, "mpsDir"),
+    ({"kubeletPlugin": {"nvidiaCdiHookPath": "nvidia-cdi-hook"}}, "nvidiaCdiHookPath"),
+    ({"kubeletPlugin": {"nvidiaCdiHookPath": "/usr/bin/"}}, "nvidiaCdiHookPath"),
     ({"controller": {"pendingGracePeriod": "30"}}, "pendingGracePeriod"),
 ]
 

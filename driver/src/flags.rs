@@ -52,6 +52,17 @@ pub struct Flags {
     #[arg(long, env = "CONTAINER_DRIVER_ROOT")]
     pub container_driver_root: Option<PathBuf>,
 
+    /// Host path of `nvidia-cdi-hook` (NVIDIA Container Toolkit), which CDI
+    /// specs name for their ldcache and symlink hooks (NVIDIA's
+    /// `NVIDIA_CDI_HOOK_PATH`), e.g. the GPU Operator's
+    /// `/usr/local/nvidia/toolkit/nvidia-cdi-hook`. The runtime runs it on
+    /// the host, so the plugin does not look for it. Default:
+    /// `<driver-root>/usr/bin/nvidia-cdi-hook` when that exists; without a
+    /// hook, libraries are also mounted where the loaders of both image
+    /// families look (docs/install.md).
+    #[arg(long, env = "NVIDIA_CDI_HOOK_PATH", value_parser = parse_hook_path)]
+    pub nvidia_cdi_hook_path: Option<String>,
+
     /// Root under which device nodes are looked up (`<dev-root>/dev/nvidia0`);
     /// tests and the demo point it at stand-in nodes. CDI specs name the
     /// real `/dev/...` paths.
@@ -140,6 +151,24 @@ fn parse_driver_name(s: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// An absolute path without `..` that names a file: CDI specs carry it as
+/// the hooks' program.
+fn parse_hook_path(s: &str) -> Result<String, String> {
+    let path = Path::new(s);
+    if !path.is_absolute() {
+        return Err(format!(
+            "{s:?} is not an absolute path (the container runtime runs the hook by this host path)"
+        ));
+    }
+    if path.components().any(|c| c == Component::ParentDir) {
+        return Err(format!("{s:?} contains `..`; give the path itself"));
+    }
+    if s.ends_with('/') || path.file_name().is_none() {
+        return Err(format!("{s:?} names a directory, not the hook program"));
+    }
+    Ok(s.to_owned())
+}
+
 /// An absolute path without `..`, outside `/dev/shm`: container runtimes
 /// mount its directories by the paths the CDI specs name, and each MPS
 /// daemon's `/dev/shm` is replaced by its own shm directory.
@@ -212,6 +241,16 @@ mod tests {
         assert_eq!(f.mps_dir(), PathBuf::from("/var/lib/gpu-dra/mps"));
         let f = parse(&["--node-name=n", "--mps-dir=/run/gpu-dra-driver/mps"]).unwrap();
         assert_eq!(f.mps_dir(), PathBuf::from("/run/gpu-dra-driver/mps"));
+        assert_eq!(f.nvidia_cdi_hook_path, None);
+        let f = parse(&[
+            "--node-name=n",
+            "--nvidia-cdi-hook-path=/usr/local/nvidia/toolkit/nvidia-cdi-hook",
+        ])
+        .unwrap();
+        assert_eq!(
+            f.nvidia_cdi_hook_path.as_deref(),
+            Some("/usr/local/nvidia/toolkit/nvidia-cdi-hook")
+        );
     }
 
     #[test]
@@ -247,6 +286,32 @@ mod tests {
             (
                 &["--node-name", "n", "--mps-dir", "/dev/./shm"][..],
                 "is under /dev/shm",
+            ),
+            (
+                &[
+                    "--node-name",
+                    "n",
+                    "--nvidia-cdi-hook-path",
+                    "nvidia-cdi-hook",
+                ][..],
+                "\"nvidia-cdi-hook\" is not an absolute path",
+            ),
+            (
+                &[
+                    "--node-name",
+                    "n",
+                    "--nvidia-cdi-hook-path",
+                    "/usr/../tmp/hook",
+                ][..],
+                "contains `..`",
+            ),
+            (
+                &["--node-name", "n", "--nvidia-cdi-hook-path", "/usr/bin/"][..],
+                "names a directory",
+            ),
+            (
+                &["--node-name", "n", "--nvidia-cdi-hook-path", "/"][..],
+                "names a directory",
             ),
         ] {
             let e = parse(args).unwrap_err();

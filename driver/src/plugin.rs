@@ -223,6 +223,7 @@ pub fn preparer_options(flags: &Flags) -> Result<preparer::Options, Error> {
             ..BuildOptions::default()
         },
         mps_launcher: flags.mps_launcher.clone(),
+        cdi_hook: flags.nvidia_cdi_hook_path.clone(),
     })
 }
 

@@ -110,6 +110,33 @@ async fn whole_gpu_v1beta1() {
     whole_gpu(DraVersion::V1beta1).await;
 }
 
+/// `--nvidia-cdi-hook-path` names the hook the specs run (a toolkit outside
+/// the driver root, as the GPU Operator installs it), instead of the one in
+/// the driver root.
+#[tokio::test]
+async fn the_cdi_hook_path_flag_names_the_hook_in_the_specs() {
+    const HOOK: &str = "/usr/local/nvidia/toolkit/nvidia-cdi-hook";
+    let n = node(
+        "t4-inference",
+        &["--nvidia-cdi-hook-path", HOOK],
+        DraVersion::V1,
+    )
+    .await;
+    let c = n
+        .claim("whole", json!([result("gpu", "gpu-0")]), json!([]))
+        .await;
+    n.prepare_ok(&c).await;
+    let hooks = n.spec(&c)["containerEdits"]["hooks"].clone();
+    let hooks = hooks.as_array().unwrap();
+    let args: Vec<&str> = hooks
+        .iter()
+        .map(|h| h["args"][1].as_str().unwrap())
+        .collect();
+    assert_eq!(args, ["create-symlinks", "update-ldcache"], "{hooks:?}");
+    assert!(hooks.iter().all(|h| h["path"] == HOOK), "{hooks:?}");
+    n.unprepare_ok(&c).await;
+}
+
 /// The status write runs after the answer: a plugin killed before it
 /// lands writes it at its next start, for claims still prepared.
 #[tokio::test]

@@ -86,6 +86,9 @@ pub struct Options {
     /// The program that starts MPS daemons in a private mount namespace
     /// ([`MpsControl::with_launcher`]).
     pub mps_launcher: Option<PathBuf>,
+    /// Host path of `nvidia-cdi-hook` (`--nvidia-cdi-hook-path`); `None`:
+    /// the one in the driver root, if any.
+    pub cdi_hook: Option<String>,
 }
 
 /// Errors that stop the preparer from starting.

@@ -585,6 +585,63 @@ mod tests {
         assert!(model("H200").is_none());
     }
 
+    /// The H100 model against what a real H100 80GB HBM3's NVML reported
+    /// (`observed/h100-80gb-hbm3.json`, read by `hack/real-gpu`): identity,
+    /// memory, and every GPU-instance profile with its placements; the
+    /// profile indexes NVML refused are the ones the model lacks.
+    #[test]
+    fn h100_model_matches_a_real_h100() {
+        let seen: serde_json::Value =
+            serde_json::from_str(include_str!("../observed/h100-80gb-hbm3.json")).unwrap();
+        let m = model("H100-SXM5-80GB").unwrap();
+        assert_eq!(seen["name"], m.name.as_str());
+        assert_eq!(seen["brand"], m.brand);
+        assert_eq!(seen["architecture"], m.architecture);
+        let (major, minor) = m.compute_capability;
+        assert_eq!(
+            seen["cudaComputeCapability"],
+            serde_json::json!([major, minor])
+        );
+        assert_eq!(seen["memoryTotalBytes"], m.memory_mib << 20);
+        assert_eq!(seen["pciDeviceId"], m.pci_device_id);
+        let subsystems = seen["pciSubSystemIdsSeen"].as_array().unwrap();
+        assert!(subsystems.contains(&m.pci_subsystem_id.into()));
+        let table = m.mig.unwrap();
+        let observed = seen["gpuInstanceProfiles"].as_array().unwrap();
+        assert_eq!(observed.len(), table.profiles.len());
+        for o in observed {
+            let p = table
+                .profiles
+                .iter()
+                .find(|p| o["profile"] == p.nvml_profile)
+                .unwrap_or_else(|| panic!("no profile at index {}", o["profile"]));
+            let placements: Vec<[u32; 2]> = p
+                .placements
+                .iter()
+                .map(|&s| [s, p.placement_size])
+                .collect();
+            assert_eq!(
+                serde_json::json!({
+                    "profile": p.nvml_profile, "id": p.id, "name": format!("MIG {}", p.name),
+                    "sliceCount": p.compute_slices, "instanceCount": p.instance_count,
+                    "multiprocessorCount": p.multiprocessors, "copyEngineCount": p.copy_engines,
+                    "decoderCount": p.decoders, "encoderCount": p.encoders,
+                    "jpegCount": p.jpeg_engines, "ofaCount": p.ofa_engines,
+                    "memorySizeMB": p.memory_mib, "placements": placements,
+                }),
+                *o,
+                "{}",
+                p.name
+            );
+        }
+        for index in seen["unsupportedProfileIndexes"].as_array().unwrap() {
+            assert!(
+                !table.profiles.iter().any(|p| *index == p.nvml_profile),
+                "the model has profile index {index}, which NVML refused"
+            );
+        }
+    }
+
     #[test]
     fn a100_80gb_matches_nvidia_smi_lgip() {
         let t = model("A100-SXM4-80GB").unwrap().mig.unwrap();

@@ -12,8 +12,21 @@
 //! NVIDIA's toolkit writes them): `create-symlinks --link
 //! libcuda.so.1::<dir>/libcuda.so` and `update-ldcache --folder <dir>` per
 //! library directory, both at `createContainer`.
+//!
+//! Without the hook nothing tells the container's loader where the driver's
+//! libraries are: it finds them only in the directories glibc searches by
+//! default, and those differ between image families (Debian and Ubuntu:
+//! `/lib/<triplet>`, `/usr/lib/<triplet>`, `/lib`, `/usr/lib`; the Red Hat
+//! family: `/lib64`, `/usr/lib64`). Libraries found under another directory
+//! of the driver root (`lib64/` of a GKE-style root lands in `/lib64`, which
+//! Ubuntu's loader never searches: seen on a real H100 node, where neither
+//! `nvidia-smi` nor CUDA could start) are then also mounted under
+//! `/usr/lib/<triplet>` and `/usr/lib64`, whichever does not already hold
+//! them, so that images of either family find them ([`loader_paths`]).
 
-use super::driver_root::DriverFiles;
+use std::path::Path;
+
+use super::driver_root::{DriverFileKind, DriverFiles};
 use super::names::{
     claim_device_name, qualified_id, validate_claim_uid, validate_class, validate_vendor,
 };
@@ -150,16 +163,31 @@ impl ClaimSpec {
 /// the driver files as read-only bind mounts and, when the driver root has
 /// `nvidia-cdi-hook`, the symlink and ldcache hooks.
 pub fn claim_edits(files: &DriverFiles, control: &ControlNodes) -> ContainerEdits {
-    let mounts = files
+    let mount = |host_path: &str, container_path: String| Mount {
+        host_path: host_path.to_owned(),
+        container_path,
+        options: MOUNT_OPTIONS.iter().map(|&o| o.to_owned()).collect(),
+        mount_type: None,
+    };
+    let mut mounts: Vec<Mount> = files
         .files
         .iter()
-        .map(|f| Mount {
-            host_path: f.host_path.clone(),
-            container_path: f.container_path.clone(),
-            options: MOUNT_OPTIONS.iter().map(|&o| o.to_owned()).collect(),
-            mount_type: None,
-        })
+        .map(|f| mount(&f.host_path, f.container_path.clone()))
         .collect();
+    if files.cdi_hook.is_none() {
+        let taken: Vec<String> = mounts.iter().map(|m| m.container_path.clone()).collect();
+        for f in files
+            .files
+            .iter()
+            .filter(|f| f.kind == DriverFileKind::Library)
+        {
+            for path in loader_paths(&f.container_path, std::env::consts::ARCH) {
+                if !taken.contains(&path) {
+                    mounts.push(mount(&f.host_path, path));
+                }
+            }
+        }
+    }
     let mut hooks = Vec::new();
     if let Some(hook) = &files.cdi_hook {
         if let Some(cuda) = files.find("libcuda.so.1") {
@@ -198,6 +226,40 @@ pub fn claim_edits(files: &DriverFiles, control: &ControlNodes) -> ContainerEdit
         mounts,
         additional_gids: Vec::new(),
     }
+}
+
+/// Where a library mounted at `container_path` must also be mounted for
+/// the default search path of both glibc families to hold it, on a node of
+/// `arch` (`std::env::consts::ARCH`): `/usr/lib/<triplet>/<name>` unless its
+/// directory is a Debian-family default, `/usr/lib64/<name>` unless it is a
+/// Red Hat-family one. Used only without the ldcache hook (module docs).
+pub fn loader_paths(container_path: &str, arch: &str) -> Vec<String> {
+    let path = Path::new(container_path);
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Vec::new();
+    };
+    let name = name.to_string_lossy();
+    let triplet = match arch {
+        "x86_64" => Some("x86_64-linux-gnu"),
+        "aarch64" => Some("aarch64-linux-gnu"),
+        _ => None,
+    };
+    let mut out = Vec::new();
+    if let Some(triplet) = triplet {
+        let debian = [
+            format!("/lib/{triplet}"),
+            format!("/usr/lib/{triplet}"),
+            "/lib".to_owned(),
+            "/usr/lib".to_owned(),
+        ];
+        if !debian.iter().any(|d| dir == Path::new(d)) {
+            out.push(format!("/usr/lib/{triplet}/{name}"));
+        }
+    }
+    if dir != Path::new("/lib64") && dir != Path::new("/usr/lib64") {
+        out.push(format!("/usr/lib64/{name}"));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -608,7 +608,16 @@ fn common_edits(inner: &Inner) -> Result<ContainerEdits, PrepareError> {
     if let Some(edits) = cached.as_ref() {
         return Ok(edits.clone());
     }
-    let files = cdi::driver_root::discover(&inner.opts.driver_root)?;
+    let mut files = cdi::driver_root::discover(&inner.opts.driver_root)?;
+    if let Some(hook) = &inner.opts.cdi_hook {
+        files.cdi_hook = Some(hook.clone());
+    }
+    if files.cdi_hook.is_none() {
+        tracing::warn!(
+            driver_root = %inner.opts.driver_root.path.display(),
+            "no nvidia-cdi-hook in the driver root and no --nvidia-cdi-hook-path: containers get no ldcache hook, so the driver's libraries are also mounted under /usr/lib/<triplet> and /usr/lib64, where glibc looks by default"
+        );
+    }
     let control = inner.nodes.control()?;
     let edits = cdi::claim_edits(&files, &control);
     *cached = Some(edits.clone());

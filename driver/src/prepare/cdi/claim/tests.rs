@@ -164,7 +164,91 @@ fn mig_spec_structure_and_no_hooks_without_the_hook_binary() {
     );
     assert_eq!(v["devices"][1]["name"], "claim-a-gpu-2");
     assert!(v["containerEdits"].get("hooks").is_none(), "{v}");
-    assert_eq!(v["containerEdits"]["mounts"].as_array().unwrap().len(), 3);
+    // Without the hook, each library also where the other image family's
+    // loader looks: here (a Debian-layout root) /usr/lib64.
+    let paths: Vec<&str> = v["containerEdits"]["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["containerPath"].as_str().unwrap())
+        .collect();
+    let mut want = vec![
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1".to_owned(),
+        "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1".to_owned(),
+        "/usr/bin/nvidia-smi".to_owned(),
+    ];
+    let extra: Vec<String> = want[..2]
+        .iter()
+        .flat_map(|lib| loader_paths(lib, std::env::consts::ARCH))
+        .collect();
+    want.extend(extra);
+    assert_eq!(paths, want);
+    if std::env::consts::ARCH == "x86_64" {
+        assert_eq!(
+            &paths[3..],
+            ["/usr/lib64/libcuda.so.1", "/usr/lib64/libnvidia-ml.so.1"]
+        );
+    }
+    let extra = &v["containerEdits"]["mounts"][3];
+    assert_eq!(
+        extra["hostPath"],
+        "/drv/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05"
+    );
+    assert_eq!(extra["options"], json!(OPTS));
+}
+
+#[test]
+fn loader_paths_cover_both_image_families() {
+    let x86 = "x86_64";
+    let cases: [(&str, &str, &[&str]); 9] = [
+        // GKE-style root (`lib64/`): Ubuntu's loader never searches /lib64.
+        (
+            "/lib64/libcuda.so.1",
+            x86,
+            &["/usr/lib/x86_64-linux-gnu/libcuda.so.1"],
+        ),
+        (
+            "/usr/lib64/libcuda.so.1",
+            x86,
+            &["/usr/lib/x86_64-linux-gnu/libcuda.so.1"],
+        ),
+        // Debian-layout roots: Red Hat-family loaders search /usr/lib64.
+        (
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            x86,
+            &["/usr/lib64/libcuda.so.1"],
+        ),
+        (
+            "/lib/x86_64-linux-gnu/libcuda.so.1",
+            x86,
+            &["/usr/lib64/libcuda.so.1"],
+        ),
+        ("/usr/lib/libcuda.so.1", x86, &["/usr/lib64/libcuda.so.1"]),
+        // Neither: both.
+        (
+            "/usr/local/nvidia/lib64/libcuda.so.1",
+            x86,
+            &[
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                "/usr/lib64/libcuda.so.1",
+            ],
+        ),
+        (
+            "/usr/lib64/libcuda.so.1",
+            "aarch64",
+            &["/usr/lib/aarch64-linux-gnu/libcuda.so.1"],
+        ),
+        // No Debian triplet known for the arch: only the Red Hat directory.
+        (
+            "/lib/x86_64-linux-gnu/libcuda.so.1",
+            "riscv64",
+            &["/usr/lib64/libcuda.so.1"],
+        ),
+        ("/", x86, &[]),
+    ];
+    for (path, arch, want) in cases {
+        assert_eq!(loader_paths(path, arch), want, "{path} on {arch}");
+    }
 }
 
 #[test]
