@@ -111,11 +111,10 @@ fn short_bus_id(id: &str) -> String {
 
 /// `580.159.04` as semver: `580.159.4`.
 fn semver(version: &str) -> String {
-    let parts: Vec<String> = version
+    let mut parts: Vec<String> = version
         .split('.')
         .map(|p| p.parse::<u64>().unwrap().to_string())
         .collect();
-    let mut parts = parts;
     parts.resize(3, "0".to_owned());
     parts.join(".")
 }
@@ -145,9 +144,11 @@ struct RealPlugin {
 }
 
 impl RealPlugin {
-    fn start(dir: &Path, kubeconfig: &Path, extra: &[&str]) -> Self {
+    /// Starts the plugin in `dir`, logging to `<name>.log` (saved when it
+    /// is dropped), and waits until it serves.
+    fn start(name: &str, dir: &Path, kubeconfig: &Path, extra: &[&str]) -> Self {
         let reg_dir = dir.join("reg");
-        let log = dir.join(format!("plugin-{}.log", extra.len()));
+        let log = dir.join(format!("{name}.log"));
         let root = driver_root();
         let (state, plugins) = (dir.join("state"), dir.join("plugins"));
         let mut args: Vec<&str> = vec![
@@ -249,7 +250,7 @@ async fn the_pool_publishes_what_nvidia_smi_reports() {
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
 
-    let plugin = RealPlugin::start(dir.path(), &kubeconfig, &[]);
+    let plugin = RealPlugin::start("plugin-pool", dir.path(), &kubeconfig, &[]);
     let devices = published(&api).await;
     save(
         "devices.json",
@@ -310,18 +311,19 @@ async fn the_pool_publishes_what_nvidia_smi_reports() {
     drop(plugin);
 
     // Dynamic MIG publishes every placement of every profile, read from
-    // NVML; only where MIG is off, so that the startup sweep (which only
-    // looks at GPUs with MIG on) has nothing to touch.
-    let mig_off: Vec<&SmiGpu> = gpus
-        .iter()
-        .filter(|g| g.mig_current == "Disabled")
-        .collect();
-    if mig_off.len() != gpus.len() {
-        eprintln!("!!!!!!!! dynamic-MIG pass skipped: MIG is not off on every GPU: {gpus:?}");
+    // NVML; only where no GPU has MIG on, so that the startup sweep (which
+    // only looks at GPUs with MIG on) has nothing to touch.
+    if gpus.iter().any(|g| g.mig_current == "Enabled") {
+        eprintln!("!!!!!!!! dynamic-MIG pass skipped: MIG is on on a GPU: {gpus:?}");
         return;
     }
     let dir = short_dir();
-    let plugin = RealPlugin::start(dir.path(), &kubeconfig, &["--dynamic-mig"]);
+    let plugin = RealPlugin::start(
+        "plugin-dynamic-mig",
+        dir.path(),
+        &kubeconfig,
+        &["--dynamic-mig"],
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     let devices = loop {
         let devices = published(&api).await;
@@ -346,7 +348,8 @@ async fn the_pool_publishes_what_nvidia_smi_reports() {
         "dynamic MIG: {} placements of profiles {profiles:?}",
         mig.len()
     );
-    let mig_capable = gpus.iter().any(|g| g.mig_current != "[N/A]");
+    // MIG-capable GPUs say Disabled here; the others [N/A].
+    let mig_capable = gpus.iter().any(|g| g.mig_current == "Disabled");
     if mig_capable {
         assert!(
             !mig.is_empty(),
@@ -473,7 +476,7 @@ async fn a_container_runs_cuda_on_the_gpu_the_plugin_prepared() {
     api.create_node(NODE);
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
-    let plugin = RealPlugin::start(dir.path(), &kubeconfig, &[]);
+    let plugin = RealPlugin::start("plugin-prepare", dir.path(), &kubeconfig, &[]);
     let kubelet = KubeletSim::new()
         .register(&plugin.reg_dir.join(format!("{DRIVER}-reg.sock")))
         .await

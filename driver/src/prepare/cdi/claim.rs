@@ -24,6 +24,7 @@
 //! `/usr/lib/<triplet>` and `/usr/lib64`, whichever does not already hold
 //! them, so that images of either family find them ([`loader_paths`]).
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use super::driver_root::{DriverFileKind, DriverFiles};
@@ -175,14 +176,15 @@ pub fn claim_edits(files: &DriverFiles, control: &ControlNodes) -> ContainerEdit
         .map(|f| mount(&f.host_path, f.container_path.clone()))
         .collect();
     if files.cdi_hook.is_none() {
-        let taken: Vec<String> = mounts.iter().map(|m| m.container_path.clone()).collect();
+        // The first library of a name wins, as in the loader's search.
+        let mut taken: HashSet<String> = mounts.iter().map(|m| m.container_path.clone()).collect();
         for f in files
             .files
             .iter()
             .filter(|f| f.kind == DriverFileKind::Library)
         {
             for path in loader_paths(&f.container_path, std::env::consts::ARCH) {
-                if !taken.contains(&path) {
+                if taken.insert(path.clone()) {
                     mounts.push(mount(&f.host_path, path));
                 }
             }
