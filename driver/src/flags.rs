@@ -151,18 +151,23 @@ fn parse_driver_name(s: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-/// An absolute path without `..` that names a file: CDI specs carry it as
-/// the hooks' program.
-fn parse_hook_path(s: &str) -> Result<String, String> {
+/// `s` as a path, if it is absolute (else an error saying `why` it must
+/// be) and has no `..`.
+fn absolute_without_dotdot<'s>(s: &'s str, why: &str) -> Result<&'s Path, String> {
     let path = Path::new(s);
     if !path.is_absolute() {
-        return Err(format!(
-            "{s:?} is not an absolute path (the container runtime runs the hook by this host path)"
-        ));
+        return Err(format!("{s:?} is not an absolute path ({why})"));
     }
     if path.components().any(|c| c == Component::ParentDir) {
         return Err(format!("{s:?} contains `..`; give the path itself"));
     }
+    Ok(path)
+}
+
+/// An absolute path without `..` that names a file: CDI specs carry it as
+/// the hooks' program.
+fn parse_hook_path(s: &str) -> Result<String, String> {
+    let path = absolute_without_dotdot(s, "the container runtime runs the hook by this host path")?;
     if s.ends_with('/') || path.file_name().is_none() {
         return Err(format!("{s:?} names a directory, not the hook program"));
     }
@@ -173,15 +178,7 @@ fn parse_hook_path(s: &str) -> Result<String, String> {
 /// mount its directories by the paths the CDI specs name, and each MPS
 /// daemon's `/dev/shm` is replaced by its own shm directory.
 fn parse_mps_dir(s: &str) -> Result<PathBuf, String> {
-    let path = Path::new(s);
-    if !path.is_absolute() {
-        return Err(format!(
-            "{s:?} is not an absolute path (CDI specs mount its directories by this path)"
-        ));
-    }
-    if path.components().any(|c| c == Component::ParentDir) {
-        return Err(format!("{s:?} contains `..`; give the path itself"));
-    }
+    let path = absolute_without_dotdot(s, "CDI specs mount its directories by this path")?;
     if path.starts_with("/dev/shm") {
         return Err(format!(
             "{s:?} is under /dev/shm, which each MPS daemon gets replaced by its own shm directory"

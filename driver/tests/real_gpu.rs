@@ -183,18 +183,7 @@ impl RealPlugin {
             log,
             reg_dir,
         };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !plugin.stderr().contains("serving kubelet plugin sockets") {
-            if let Some(status) = plugin.child.try_wait().unwrap() {
-                panic!("plugin exited with {status}: {}", plugin.stderr());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "not serving: {}",
-                plugin.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        common::wait_serving(&mut plugin.child, &plugin.log, Duration::from_secs(60));
         plugin
     }
 

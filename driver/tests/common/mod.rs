@@ -438,6 +438,21 @@ pub fn run_to_exit(args: &[&str], dir: &Path) -> (ExitStatus, String) {
     run_bare(&all, &[], dir)
 }
 
+/// Waits until the plugin `child`, logging to `log`, says it serves its
+/// sockets (the socket file alone proves nothing: a stale one may be
+/// there); panics with the log if it exits first or `timeout` passes.
+pub fn wait_serving(child: &mut Child, log: &Path, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let stderr = || std::fs::read_to_string(log).unwrap_or_default();
+    while !stderr().contains("serving kubelet plugin sockets") {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("plugin exited with {status}: {}", stderr());
+        }
+        assert!(Instant::now() < deadline, "not serving: {}", stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + timeout;
     loop {
@@ -502,19 +517,7 @@ impl Plugin {
         envs: &[(&str, &str)],
     ) -> Self {
         let mut p = Self::spawn_with(env, dir, name, extra, envs);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        // The socket file alone proves nothing (a stale one may be there).
-        while !p.stderr().contains("serving kubelet plugin sockets") {
-            if let Some(status) = p.child.try_wait().unwrap() {
-                panic!("plugin exited with {status}: {}", p.stderr());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no registration socket: {}",
-                p.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_serving(&mut p.child, &p.log, Duration::from_secs(20));
         p
     }
 
