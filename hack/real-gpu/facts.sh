@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Read-only facts about a real GPU machine, written under $1 (default $OUT):
+# Read-only facts about a real GPU machine, written under $1 (default $OUT,
+# else /tmp/gpu-dra-real):
 # the OS, the driver's files and device nodes, NVIDIA's proc tree, and
 # NVML's answers (nvml_snapshot.py). Nothing here changes a GPU setting.
 set -u
-out=${1:-$OUT}
+out=${1:-${OUT:-/tmp/gpu-dra-real}}
 mkdir -p "$out"
 {
     echo "== os"; cat /etc/os-release 2>/dev/null | head -3; uname -r; ldd --version 2>&1 | head -1

@@ -20,7 +20,9 @@ smi=$(command -v nvidia-smi) || { echo "no nvidia-smi on PATH: is the NVIDIA dri
 if [ -z "${GPU_DRA_REAL_DRIVER_ROOT:-}" ]; then
     # <root>/bin/nvidia-smi or <root>/usr/bin/nvidia-smi.
     root=$(dirname "$(dirname "$(readlink -f "$smi")")")
-    [ "$root" = /usr ] && root=/
+    case $root in
+        */usr) root=${root%/usr}; root=${root:-/} ;;
+    esac
     export GPU_DRA_REAL_DRIVER_ROOT=$root
 fi
 echo "driver root: $GPU_DRA_REAL_DRIVER_ROOT"

@@ -8,8 +8,9 @@
 //! CUDA sees exactly the claimed devices; and a per-device value would be
 //! wrong when a container gets several devices (the last one would win).
 //!
-//! Hooks, only when the driver root has `nvidia-cdi-hook` (arguments as
-//! NVIDIA's toolkit writes them): `create-symlinks --link
+//! Hooks, only when there is an `nvidia-cdi-hook` (in the driver root, or
+//! named by `--nvidia-cdi-hook-path`; arguments as NVIDIA's toolkit writes
+//! them): `create-symlinks --link
 //! libcuda.so.1::<dir>/libcuda.so` and `update-ldcache --folder <dir>` per
 //! library directory, both at `createContainer`.
 //!
@@ -161,8 +162,9 @@ impl ClaimSpec {
 }
 
 /// The claim-level edits: `NVIDIA_VISIBLE_DEVICES=void`, the control nodes,
-/// the driver files as read-only bind mounts and, when the driver root has
-/// `nvidia-cdi-hook`, the symlink and ldcache hooks.
+/// the driver files as read-only bind mounts and, with an `nvidia-cdi-hook`,
+/// the symlink and ldcache hooks; without one, the libraries' loader copies
+/// ([`loader_paths`]).
 pub fn claim_edits(files: &DriverFiles, control: &ControlNodes) -> ContainerEdits {
     let mount = |host_path: &str, container_path: String| Mount {
         host_path: host_path.to_owned(),
