@@ -15,37 +15,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::prepare::allocated_claim;
 use common::{NODE, Plugin, TestEnv, short_dir};
 use gpu_dra_e2e::kubelet::{Claim, KubeletSim};
 use gpu_dra_e2e::podman::{CdiSpecFile, Podman};
-use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
-
-async fn claim(
-    client: &kube::Client,
-    driver: &str,
-    name: &str,
-    device: &str,
-    config: Value,
-) -> Claim {
-    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
-    let object: ResourceClaim = serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
-    }))
-    .unwrap();
-    let created = api.create(&PostParams::default(), &object).await.unwrap();
-    let status = json!({"status": {"allocation": {"devices": {
-        "results": [{"request": "gpu", "driver": driver, "pool": NODE, "device": device}],
-        "config": config}}}});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
-        .await
-        .unwrap();
-    Claim::new("default", name, created.metadata.uid.unwrap())
-}
+use serde_json::json;
 
 #[tokio::test]
 async fn podman_runs_a_container_with_the_cdi_ids_the_plugin_returned() {
@@ -99,8 +74,9 @@ async fn podman_runs_a_container_with_the_cdi_ids_the_plugin_returned() {
     let mps = json!([{"source": "FromClaim", "opaque": {"driver": driver, "parameters": {
         "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
         "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}}}}]);
-    let whole = claim(&client, &driver, "whole", "gpu-0", mps).await;
-    let part = claim(&client, &driver, "part", &mig, json!([])).await;
+    let at = |device: &str| json!([{"request": "gpu", "driver": driver, "pool": NODE, "device": device}]);
+    let whole = allocated_claim(&client, "whole", at("gpu-0"), mps).await;
+    let part = allocated_claim(&client, "part", at(&mig), json!([])).await;
     let answers = kubelet
         .prepare(&[whole.clone(), part.clone()])
         .await

@@ -27,13 +27,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::prepare::{allocated_claim, result};
 use common::{ApiServer, BIN, NODE, short_dir};
 use gpu_dra_e2e::apiserver::{Resource, ValidationRules};
-use gpu_dra_e2e::kubelet::{Claim, KubeletSim};
+use gpu_dra_e2e::kubelet::KubeletSim;
 use gpu_dra_e2e::podman::{CdiSpecFile, Podman};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const DRIVER: &str = "gpu.nvidia.com";
@@ -354,24 +354,6 @@ async fn the_pool_publishes_what_nvidia_smi_reports() {
     }
 }
 
-/// A ResourceClaim for `device`, allocated on this node.
-async fn allocated_claim(client: &kube::Client, name: &str, device: &str) -> Claim {
-    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
-    let object: ResourceClaim = serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
-    }))
-    .unwrap();
-    let created = api.create(&PostParams::default(), &object).await.unwrap();
-    let status = json!({"status": {"allocation": {"devices": {
-        "results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]}}}});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
-        .await
-        .unwrap();
-    Claim::new("default", name, created.metadata.uid.unwrap())
-}
-
 /// The libraries `program` loads (from `ldd`) outside the driver root: the
 /// driver's own must come from the CDI spec, not the image.
 fn libraries(program: &Path, driver_root: &Path) -> Vec<PathBuf> {
@@ -472,7 +454,7 @@ async fn a_container_runs_cuda_on_the_gpu_the_plugin_prepared() {
         .unwrap();
     let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
     let device = format!("gpu-{}", gpu.index);
-    let claim = allocated_claim(&client, "whole", &device).await;
+    let claim = allocated_claim(&client, "whole", json!([result("gpu", &device)]), json!([])).await;
 
     let started = Instant::now();
     let answers = kubelet.prepare(std::slice::from_ref(&claim)).await.unwrap();

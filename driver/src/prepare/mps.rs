@@ -538,30 +538,26 @@ impl MpsControl {
     /// was recorded under by an earlier plugin run (seen at its host path).
     /// Borrowed (no copy) in the common case, on every prepare's path.
     fn root_of(&self, id: &str) -> Cow<'_, HostRoot> {
-        let elsewhere = self
-            .elsewhere
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match elsewhere.get(id) {
+        match self.elsewhere().get(id) {
             Some(dir) => Cow::Owned(HostRoot::same(dir.clone())),
             None => Cow::Borrowed(&self.dir),
         }
     }
 
-    fn is_elsewhere(&self, id: &str) -> bool {
-        let elsewhere = self
-            .elsewhere
+    /// The daemons taken over under another directory (a poisoned lock
+    /// still holds a consistent map: each use is one map operation).
+    fn elsewhere(&self) -> std::sync::MutexGuard<'_, HashMap<String, PathBuf>> {
+        self.elsewhere
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        elsewhere.contains_key(id)
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn is_elsewhere(&self, id: &str) -> bool {
+        self.elsewhere().contains_key(id)
     }
 
     fn forget_elsewhere(&self, id: &str) {
-        let mut elsewhere = self
-            .elsewhere
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        elsewhere.remove(id);
+        self.elsewhere().remove(id);
     }
 
     /// The MPS directory (host path) a checkpoint's daemon record names, when
@@ -624,11 +620,7 @@ impl MpsControl {
     /// whether any process of the daemon is left by its marker, and `stop`
     /// kills them by it.
     pub fn adopt_elsewhere(&self, id: &str, dir: PathBuf) {
-        let mut elsewhere = self
-            .elsewhere
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        elsewhere.insert(id.to_owned(), dir);
+        self.elsewhere().insert(id.to_owned(), dir);
     }
 
     /// The directories to start or check daemon `id` in. A daemon taken
@@ -1315,7 +1307,6 @@ pub fn checked_client_limit_edits(
     Ok(limit_env(pinned_limit_mib, active_thread_percentage))
 }
 
-/// Whether a UNIX socket can be bound or connected at `path`.
 /// [`validate_id`], as an [`MpsError::InvalidId`].
 fn checked_id(id: &str) -> Result<(), MpsError> {
     validate_id(id).map_err(|reason| MpsError::InvalidId {
@@ -1324,6 +1315,7 @@ fn checked_id(id: &str) -> Result<(), MpsError> {
     })
 }
 
+/// Whether a UNIX socket can be bound or connected at `path`.
 fn socket_path_fits(path: &Path) -> bool {
     path.as_os_str().len() <= MAX_SOCKET_PATH
 }

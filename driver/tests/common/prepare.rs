@@ -95,6 +95,49 @@ async fn register(plugin: &Plugin, version: DraVersion) -> gpu_dra_e2e::kubelet:
     kubelet
 }
 
+/// Creates claim `name` in namespace `default` through `client`, with one
+/// request (class `gpu.nvidia.com`) per request name in `results`, and
+/// allocates it with `results` and `config`; returns the kubelet's
+/// reference to it.
+pub async fn allocated_claim(
+    client: &kube::Client,
+    name: &str,
+    results: Value,
+    config: Value,
+) -> Claim {
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
+    let requests: Vec<Value> = {
+        let mut names: Vec<String> = results
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let n = r["request"].as_str().unwrap();
+                n.split('/').next().unwrap().to_owned()
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .map(|n| json!({"name": n, "exactly": {"deviceClassName": "gpu.nvidia.com"}}))
+            .collect()
+    };
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": requests}},
+    }))
+    .unwrap();
+    let created = api.create(&PostParams::default(), &claim).await.unwrap();
+    let status =
+        json!({"status": {"allocation": {"devices": {"results": results, "config": config}}}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+    Claim::new("default", name, created.metadata.uid.unwrap())
+}
+
 /// An allocation result of our driver on this node.
 pub fn result(request: &str, device: &str) -> Value {
     json!({"request": request, "driver": DRIVER, "pool": NODE, "device": device})
@@ -196,39 +239,9 @@ impl Node {
     }
 
     /// Creates claim `name` allocated with `results` and `config`; returns
-    /// the kubelet's reference to it.
+    /// the kubelet's reference to it ([`allocated_claim`]).
     pub async fn claim(&self, name: &str, results: Value, config: Value) -> Claim {
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), "default");
-        let requests: Vec<Value> = {
-            let mut names: Vec<String> = results
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|r| {
-                    let n = r["request"].as_str().unwrap();
-                    n.split('/').next().unwrap().to_owned()
-                })
-                .collect();
-            names.sort();
-            names.dedup();
-            names
-                .into_iter()
-                .map(|n| json!({"name": n, "exactly": {"deviceClassName": "gpu.nvidia.com"}}))
-                .collect()
-        };
-        let claim: ResourceClaim = serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"devices": {"requests": requests}},
-        }))
-        .unwrap();
-        let created = api.create(&PostParams::default(), &claim).await.unwrap();
-        let status =
-            json!({"status": {"allocation": {"devices": {"results": results, "config": config}}}});
-        api.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
-            .await
-            .unwrap();
-        Claim::new("default", name, created.metadata.uid.unwrap())
+        allocated_claim(&self.client, name, results, config).await
     }
 
     pub async fn prepare(&self, claims: &[Claim]) -> BTreeMap<String, PrepareResult> {
