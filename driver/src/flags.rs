@@ -97,6 +97,17 @@ pub struct Flags {
     #[arg(long, env = "METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
 
+    /// Threads of the async runtime: the kubelet gRPC servers, the claim
+    /// reads and `status.devices` writes, publishing. NVML calls, file
+    /// writes and program starts run on the blocking pool whatever this is.
+    /// With 1 (the default) all of that runs on the main thread. More help
+    /// a node that prepares dozens of claims at once only together with
+    /// more glibc malloc arenas (`MALLOC_ARENA_MAX`, 1 in the shipped
+    /// images), at about 1 MiB more resident memory: BENCHMARKS.md,
+    /// "Claims at once on 16 cores".
+    #[arg(long, env = "RUNTIME_THREADS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub runtime_threads: u16,
+
     /// Log format on stderr. The level comes from RUST_LOG (default info).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -239,6 +250,9 @@ mod tests {
         let f = parse(&["--node-name=n", "--mps-dir=/run/gpu-dra-driver/mps"]).unwrap();
         assert_eq!(f.mps_dir(), PathBuf::from("/run/gpu-dra-driver/mps"));
         assert_eq!(f.nvidia_cdi_hook_path, None);
+        assert_eq!(f.runtime_threads, 1);
+        let f = parse(&["--node-name=n", "--runtime-threads=4"]).unwrap();
+        assert_eq!(f.runtime_threads, 4);
         let f = parse(&[
             "--node-name=n",
             "--nvidia-cdi-hook-path=/usr/local/nvidia/toolkit/nvidia-cdi-hook",
@@ -260,6 +274,18 @@ mod tests {
                 "invalid driver name",
             ),
             (&["--node-name", "n", "--log-format", "xml"][..], "xml"),
+            (
+                &["--node-name", "n", "--runtime-threads", "0"][..],
+                "--runtime-threads",
+            ),
+            (
+                &["--node-name", "n", "--runtime-threads", "65"][..],
+                "1..=64",
+            ),
+            (
+                &["--node-name", "n", "--runtime-threads", "many"][..],
+                "--runtime-threads",
+            ),
             (
                 &["--node-name", "n", "--metrics-addr", "nowhere"][..],
                 "--metrics-addr",

@@ -34,13 +34,22 @@ fn main() -> ExitCode {
     if flags.supervise {
         return supervise();
     }
-    // One runtime thread: the plugin's async work (kubelet gRPC, the API
-    // server) waits on I/O, and NVML calls run on the blocking pool. Each
-    // extra worker thread would get its own glibc malloc arena, which keeps
-    // the memory of a publication resident (BENCHMARKS.md: with the same
-    // publisher, 17.8 MiB resident with the multi-threaded runtime, 16.2
-    // MiB with one thread).
-    gpu_dra_cmdline::run(tokio::runtime::Builder::new_current_thread(), run(flags))
+    // The async work (kubelet gRPC, claim reads and status writes,
+    // publishing) on `--runtime-threads` threads, one by default; NVML
+    // calls and file writes run on the blocking pool either way. One
+    // thread and one malloc arena (MALLOC_ARENA_MAX=1 in the images and the
+    // DaemonSet) keep the plugin's memory flat; with 64 claims at once on
+    // 16 cores, more of both made the crowd 30% faster for 1 MiB more
+    // (BENCHMARKS.md, "Claims at once on 16 cores").
+    let builder = match flags.runtime_threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(usize::from(n));
+            b
+        }
+    };
+    gpu_dra_cmdline::run(builder, run(flags))
 }
 
 /// `--supervise`: the same program with the same flags, minus that one, as

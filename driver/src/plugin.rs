@@ -140,7 +140,12 @@ impl Plugin {
     /// GPUs, binds the kubelet sockets, then starts publishing the pool.
     pub async fn start_with(flags: &Flags, parts: Parts) -> Result<PluginHandle, Error> {
         let started = Instant::now();
-        tracing::info!(node = %flags.node_name, driver = %flags.driver_name, "starting");
+        tracing::info!(
+            node = %flags.node_name,
+            driver = %flags.driver_name,
+            runtime_workers = tokio::runtime::Handle::current().metrics().num_workers(),
+            "starting"
+        );
         let inventory =
             discovery::discover(parts.backend.clone(), &flags.discovery.sysfs_root).await?;
         tracing::info!(

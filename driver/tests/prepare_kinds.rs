@@ -14,8 +14,8 @@ use common::{DRIVER, NODE};
 use gpu_dra_e2e::kubelet::{Claim, DraVersion};
 use serde_json::json;
 
-async fn whole_gpu(version: DraVersion) {
-    let n = node("t4-inference", &[], version).await;
+async fn whole_gpu(version: DraVersion, flags: &[&str]) {
+    let n = node("t4-inference", flags, version).await;
     let c = n
         .claim("whole", json!([result("gpu", "gpu-1")]), json!([]))
         .await;
@@ -102,12 +102,28 @@ async fn whole_gpu(version: DraVersion) {
 
 #[tokio::test]
 async fn whole_gpu_v1() {
-    whole_gpu(DraVersion::V1).await;
+    whole_gpu(DraVersion::V1, &[]).await;
 }
 
 #[tokio::test]
 async fn whole_gpu_v1beta1() {
-    whole_gpu(DraVersion::V1beta1).await;
+    whole_gpu(DraVersion::V1beta1, &[]).await;
+}
+
+/// `--runtime-threads` above 1: the same prepare on a multi-threaded
+/// runtime with that many workers (the runtime's own count, logged at
+/// start; the default runtime has one, the main thread).
+#[tokio::test]
+async fn whole_gpu_on_three_runtime_threads() {
+    let n = node("t4-inference", &[], DraVersion::V1).await;
+    let log = n.plugin.stderr();
+    assert!(log.contains("runtime_workers=1"), "{log}");
+    drop(n);
+    let n = node("t4-inference", &["--runtime-threads", "3"], DraVersion::V1).await;
+    let log = n.plugin.stderr();
+    assert!(log.contains("runtime_workers=3"), "{log}");
+    drop(n);
+    whole_gpu(DraVersion::V1, &["--runtime-threads", "3"]).await;
 }
 
 /// `--nvidia-cdi-hook-path` names the hook the specs run (a toolkit outside

@@ -9,7 +9,7 @@
 //! ```text
 //! cargo run --release -p gpu-dra-e2e --bin bench [-- OPTIONS]
 //! target/release/bench [--runs N] [--iterations N] [--cycles N] [--only SUBSTRING]
-//!                      [--no-build] [--env KEY=VALUE] [--smaps DIR]
+//!                      [--no-build] [--env KEY=VALUE] [--smaps DIR] [--keep]
 //! ```
 //!
 //! Before measuring, the bench builds the release plugin and fake NVML
@@ -71,6 +71,11 @@ struct Args {
     /// for experiments such as `MALLOC_ARENA_MAX=1`.
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
     envs: Vec<(String, String)>,
+    /// Keep the scratch directories (each benchmark's `NN/`, named in its
+    /// `benchmark` file, with the plugin's JSON log `plugin.log`) instead of
+    /// removing them at the end; their paths go to stderr.
+    #[arg(long)]
+    keep: bool,
     /// Copy each started plugin's `/proc/<pid>/smaps` (read with its
     /// status) into this directory, to see where its resident memory is.
     #[arg(long, value_name = "DIR")]
@@ -266,7 +271,7 @@ fn main() -> anyhow::Result<()> {
             plugin_bin.display()
         );
     }
-    let scratch = Scratch::create()?;
+    let scratch = Scratch::create(args.keep)?;
     let ctx = Ctx {
         runtime: tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -363,10 +368,12 @@ fn summary(e: &anyhow::Error) -> String {
 struct Scratch {
     disk: PathBuf,
     volatile: PathBuf,
+    /// `--keep`: left in place at the end.
+    keep: bool,
 }
 
 impl Scratch {
-    fn create() -> anyhow::Result<Self> {
+    fn create(keep: bool) -> anyhow::Result<Self> {
         let base = std::env::var_os("BENCH_DISK_DIR").unwrap_or_else(|| "/tmp".into());
         let disk = PathBuf::from(base).join(format!("bench-{}", std::process::id()));
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
@@ -380,7 +387,11 @@ impl Scratch {
         }
         // The volatile one first: it may be inside the disk one.
         children::register_scratch(&[&volatile, &disk]);
-        Ok(Self { disk, volatile })
+        Ok(Self {
+            disk,
+            volatile,
+            keep,
+        })
     }
 }
 
@@ -394,6 +405,14 @@ fn shm_is_tmpfs(mounts: &str) -> bool {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
+        if self.keep {
+            eprintln!(
+                "bench: kept {} and {}",
+                self.disk.display(),
+                self.volatile.display()
+            );
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.volatile);
         let _ = std::fs::remove_dir_all(&self.disk);
     }
