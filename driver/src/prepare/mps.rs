@@ -158,12 +158,9 @@ pub const CONTROL_SOCKET: &str = "control";
 pub const MAX_SOCKET_PATH: usize = 107;
 /// The daemon's settings file in its directory.
 pub const CONFIG_FILE: &str = "daemon.json";
-/// Which daemon process last took which settings, in its directory: a
-/// re-adoption with the same settings sends none (see [`Applied`]).
-pub const APPLIED_FILE: &str = "applied.json";
 /// Where `-d`'s own output goes, in the log directory.
 pub const START_OUTPUT: &str = "plugin-start.out";
-/// Largest `daemon.json` or `applied.json` read.
+/// Largest `daemon.json` read.
 const MAX_CONFIG_BYTES: u64 = 64 * 1024;
 /// Why a private `/dev/shm` cannot be had without a launcher.
 const NO_LAUNCHER: &str = "no launcher for a private mount namespace (only the gpu-kubelet-plugin and gpu-dra programs have one)";
@@ -442,10 +439,6 @@ impl DaemonDirs {
 
     fn control(&self) -> PathBuf {
         self.pipe.join(CONTROL_SOCKET)
-    }
-
-    fn applied(&self) -> PathBuf {
-        self.root.join(APPLIED_FILE)
     }
 }
 
@@ -773,16 +766,7 @@ impl MpsControl {
             if !unchanged {
                 write_config(&dirs, cfg)?;
             }
-            // The settings live in the daemon process: the same process
-            // with the same settings needs no client run. A memory-shared
-            // GPU's daemon is re-adopted by every claim that joins it, under
-            // the GPU's lock, and each command is a program start.
-            if Applied::read(&dirs, pid).as_ref() == Some(cfg) {
-                tracing::debug!(daemon = %cfg.id, pid, "MPS settings already applied");
-            } else {
-                self.apply(&program, &dirs, &cfg.id, &cfg.commands()?)?;
-                Applied::record(&dirs, pid, cfg);
-            }
+            self.apply(&program, &dirs, &cfg.id, &cfg.commands()?)?;
             tracing::info!(daemon = %cfg.id, pid, "re-adopted running MPS control daemon");
             return Ok(self.record(cfg, pid));
         }
@@ -953,7 +937,6 @@ impl MpsControl {
         };
         let pid = self.wait_ready(program, dirs, cfg, probe)?;
         self.apply(program, dirs, &cfg.id, rest)?;
-        Applied::record(dirs, pid, cfg);
         Ok(pid)
     }
 
@@ -1391,24 +1374,8 @@ fn write_config(dirs: &DaemonDirs, cfg: &DaemonConfig) -> Result<(), MpsError> {
 }
 
 fn read_config(dirs: &DaemonDirs) -> Result<Option<DaemonConfig>, MpsError> {
-    let path = &dirs.config;
-    let Some(bytes) = read_bounded(path)? else {
-        return Ok(None);
-    };
-    let cfg: DaemonConfig = serde_json::from_slice(&bytes).map_err(|e| MpsError::BadRecord {
-        path: path.clone(),
-        reason: e.to_string(),
-    })?;
-    cfg.validate().map_err(|e| MpsError::BadRecord {
-        path: path.clone(),
-        reason: e.to_string(),
-    })?;
-    Ok(Some(cfg))
-}
-
-/// The file at `path`, at most [`MAX_CONFIG_BYTES`]; `None` when missing.
-fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>, MpsError> {
     use std::io::Read;
+    let path = &dirs.config;
     let file = match fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
@@ -1420,72 +1387,19 @@ fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>, MpsError> {
         .map_err(io_err("read", path))?;
     if bytes.len() as u64 > MAX_CONFIG_BYTES {
         return Err(MpsError::BadRecord {
-            path: path.to_path_buf(),
+            path: path.clone(),
             reason: format!("larger than {MAX_CONFIG_BYTES} bytes"),
         });
     }
-    Ok(Some(bytes))
-}
-
-/// `applied.json`: the settings a daemon process took, every command
-/// answered. Written after the last command succeeded, so a crash or a
-/// refusal half-way leaves the earlier record, which then differs from what
-/// is wanted. It names the process: a daemon started again (a new pid)
-/// has none of its predecessor's settings.
-#[derive(Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Applied<C> {
-    pid: u32,
-    settings: C,
-}
-
-impl Applied<DaemonConfig> {
-    /// The settings daemon `pid` took; `None` when nothing is recorded for
-    /// that process or the record cannot be read (the settings are then
-    /// sent again, which is always safe).
-    fn read(dirs: &DaemonDirs, pid: u32) -> Option<DaemonConfig> {
-        let path = dirs.applied();
-        let parsed = read_bounded(&path).and_then(|bytes| {
-            bytes
-                .map(|b| serde_json::from_slice::<Self>(&b))
-                .transpose()
-                .map_err(|e| MpsError::BadRecord {
-                    path: path.clone(),
-                    reason: e.to_string(),
-                })
-        });
-        match parsed {
-            Ok(Some(applied)) if applied.pid == pid => Some(applied.settings),
-            Ok(_) => None,
-            Err(e) => {
-                tracing::debug!(error = %e, "record of applied MPS settings unusable; sending them again");
-                None
-            }
-        }
-    }
-}
-
-impl<'a> Applied<&'a DaemonConfig> {
-    /// Records that daemon `pid` took `settings`. A failed write is logged
-    /// and costs only a resend at the next re-adoption.
-    fn record(dirs: &DaemonDirs, pid: u32, settings: &'a DaemonConfig) {
-        let path = dirs.applied();
-        let tmp = path.with_extension("json.tmp");
-        let written = serde_json::to_vec(&Applied { pid, settings })
-            .map_err(io::Error::other)
-            .and_then(|json| fs::write(&tmp, json))
-            .and_then(|()| fs::rename(&tmp, &path));
-        if let Err(e) = written {
-            let _ = fs::remove_file(&tmp);
-            tracing::warn!(
-                daemon = %settings.id,
-                pid,
-                path = %path.display(),
-                error = %e,
-                "cannot record the applied MPS settings; the next re-adoption sends them again"
-            );
-        }
-    }
+    let cfg: DaemonConfig = serde_json::from_slice(&bytes).map_err(|e| MpsError::BadRecord {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    cfg.validate().map_err(|e| MpsError::BadRecord {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(Some(cfg))
 }
 
 #[cfg(test)]
