@@ -100,8 +100,8 @@ pub struct Flags {
     /// Threads of the async runtime: the kubelet gRPC servers, the claim
     /// reads and `status.devices` writes, publishing. NVML calls, file
     /// writes and program starts run on the blocking pool whatever this is.
-    /// With 1 (the default) all of that runs on the main thread. More help
-    /// a node that prepares dozens of claims at once only together with
+    /// With 1 (the default) all of that runs on the main thread. More threads
+    /// help a node that prepares dozens of claims at once only together with
     /// more glibc malloc arenas (`MALLOC_ARENA_MAX`, 1 in the shipped
     /// images), at about 1 MiB more resident memory: BENCHMARKS.md,
     /// "Claims at once on 16 cores".
