@@ -630,7 +630,9 @@ impl MpsControl {
     /// for its devices would fight it).
     fn usable_dirs(&self, id: &str) -> Result<DaemonDirs, MpsError> {
         let dirs = self.dirs(id)?;
-        if dirs.root.exists() || !self.is_elsewhere(id) {
+        // The map first: a daemon under --mps-dir (every start on a
+        // prepare's path) needs no look at the file system here.
+        if !self.is_elsewhere(id) || dirs.root.exists() {
             return Ok(dirs);
         }
         let pids = procs::daemon_processes(&dirs.root);
