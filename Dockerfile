@@ -5,7 +5,9 @@
 #   docker build --target gpu-dra-controller -t gpu-dra-controller .
 #   docker build --target gpu-kubelet-plugin-fake-nvml -t gpu-kubelet-plugin:fake .   # e2e/kind only
 #
-# Both programs are built once, in release mode, from the locked workspace. They link
+# Both programs are built once from the locked workspace: the controller in release mode,
+# the plugin in the `plugin` profile (release optimized for size: it runs on every GPU
+# node, and its code pages are most of its memory; see Cargo.toml). They link
 # glibc dynamically: the plugin dlopen()s libnvidia-ml from the host's driver, which a
 # static (musl) binary cannot do. So the runtime images are distroless "cc" (glibc,
 # libgcc, CA certificates, no shell), on the same Debian release as the build image.
@@ -21,11 +23,10 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked \
-        -p gpu-kubelet-plugin --bin gpu-kubelet-plugin \
-        -p gpu-dra-controller --bin gpu-dra-controller \
+    cargo build --profile plugin -p gpu-kubelet-plugin --locked --bin gpu-kubelet-plugin \
+ && cargo build --release --locked -p gpu-dra-controller --bin gpu-dra-controller \
  && mkdir -p /out \
- && cp target/release/gpu-kubelet-plugin target/release/gpu-dra-controller /out/
+ && cp target/plugin/gpu-kubelet-plugin target/release/gpu-dra-controller /out/
 
 # The fake NVML library (hack/mock-nvml), for clusters without GPUs (e2e/kind).
 FROM build AS build-fake-nvml

@@ -42,8 +42,8 @@ fi
 test_bin=${1:-}
 if [ -z "$test_bin" ]; then
     cd "$here/../.."
-    cargo build --release -p gpu-kubelet-plugin
-    test_bin=$(cargo test --release -p gpu-kubelet-plugin --test real_gpu --no-run --message-format=json 2>/dev/null \
+    cargo build --profile plugin -p gpu-kubelet-plugin
+    test_bin=$(cargo test --profile plugin -p gpu-kubelet-plugin --test real_gpu --no-run --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)

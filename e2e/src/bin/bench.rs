@@ -1,6 +1,6 @@
 //! `bench`: every benchmark of the project in one run and one table
-//! (measurements, not timed tests). The plugin benchmarks run the release
-//! `gpu-kubelet-plugin` against the in-process test API server, the fake
+//! (measurements, not timed tests). The plugin benchmarks run the shipped
+//! build of `gpu-kubelet-plugin` against the in-process test API server, the fake
 //! NVML and a fake driver root, driven by the kubelet simulator over the
 //! plugin's real sockets; the webhook, CEL and allocator benchmarks are run
 //! by their own commands through cargo. Every result lands in one Markdown
@@ -12,10 +12,11 @@
 //!                      [--no-build] [--env KEY=VALUE] [--smaps DIR] [--keep]
 //! ```
 //!
-//! Before measuring, the bench builds the release plugin and fake NVML
-//! (`cargo build --release -p gpu-kubelet-plugin -p mock-nvml`, a no-op when
-//! they are fresh) unless `--no-build`; the plugin is looked up next to this
-//! binary. Add a benchmark by appending to [`BENCHMARKS`].
+//! Before measuring, the bench builds the plugin as it ships and the fake
+//! NVML ([`BUILDS`]: `cargo build --profile plugin -p gpu-kubelet-plugin`,
+//! `cargo build --release -p mock-nvml`, no-ops when they are fresh) unless
+//! `--no-build`; the plugin is looked up in `target/plugin/`. Add a
+//! benchmark by appending to [`BENCHMARKS`].
 //!
 //! Killed with SIGINT, SIGTERM or SIGHUP, the bench stops the plugins it
 //! started and their stand-in MPS daemons, then exits with 128 + the
@@ -40,7 +41,7 @@ mod start;
 #[path = "bench/table.rs"]
 mod table;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context as _, bail};
@@ -157,6 +158,25 @@ const BENCHMARKS: &[Benchmark] = &[
 /// (`Dockerfile`, the DaemonSet template); `--env` adds to it and wins.
 pub const DEPLOYED_ENV: &[(&str, &str)] = &[("MALLOC_ARENA_MAX", "1")];
 
+/// The builds the bench runs first (cargo arguments): the plugin as it
+/// ships, in the size-optimized `plugin` profile (`Cargo.toml`), then the
+/// fake NVML. The bench itself is a release build, so the plugin is in the
+/// `plugin` directory beside its own (see [`plugin_next_to`]).
+const BUILDS: [&[&str]; 2] = [
+    &["build", "--profile", "plugin", "-p", "gpu-kubelet-plugin"],
+    &["build", "--release", "-p", "mock-nvml"],
+];
+
+/// The plugin binary of the `plugin` profile for the bench binary `exe`:
+/// `<target>/plugin/gpu-kubelet-plugin` for `<target>/<profile>/bench`.
+fn plugin_next_to(exe: &Path) -> anyhow::Result<PathBuf> {
+    let target = exe
+        .parent()
+        .and_then(Path::parent)
+        .with_context(|| format!("{} is not in a cargo target directory", exe.display()))?;
+    Ok(target.join("plugin").join("gpu-kubelet-plugin"))
+}
+
 /// What benchmarks share: the runtime, the binaries, scratch directories.
 pub struct Ctx {
     pub runtime: tokio::runtime::Runtime,
@@ -245,30 +265,25 @@ fn main() -> anyhow::Result<()> {
         .to_path_buf();
     let cargo = std::env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from);
     if !args.no_build {
-        eprintln!("bench: building the release plugin and fake NVML");
-        let status = Command::new(&cargo)
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "gpu-kubelet-plugin",
-                "-p",
-                "mock-nvml",
-            ])
-            .current_dir(&workspace)
-            .status()
-            .context("running cargo build")?;
-        if !status.success() {
-            bail!("cargo build --release -p gpu-kubelet-plugin -p mock-nvml failed ({status})");
+        for build in BUILDS {
+            eprintln!("bench: cargo {}", build.join(" "));
+            let status = Command::new(&cargo)
+                .args(build)
+                .current_dir(&workspace)
+                .status()
+                .context("running cargo build")?;
+            if !status.success() {
+                bail!("cargo {} failed ({status})", build.join(" "));
+            }
         }
     }
     let exe = std::env::current_exe().context("locating the bench binary")?;
-    let dir = exe.parent().context("the bench binary has no directory")?;
-    let plugin_bin = dir.join("gpu-kubelet-plugin");
+    let plugin_bin = plugin_next_to(&exe)?;
     if !plugin_bin.is_file() {
         bail!(
-            "{} not found: build it with `cargo build --release -p gpu-kubelet-plugin`",
-            plugin_bin.display()
+            "{} not found: build it with `cargo {}`",
+            plugin_bin.display(),
+            BUILDS[0].join(" ")
         );
     }
     let scratch = Scratch::create(args.keep)?;
@@ -441,6 +456,29 @@ mod tests {
             let chart = format!("- name: {key}\n              value: \"{value}\"");
             assert!(daemonset.contains(&chart), "the DaemonSet sets {chart}");
         }
+    }
+
+    /// The bench measures the plugin as the image ships it: the same
+    /// profile, from the same place in the target directory.
+    #[test]
+    fn the_plugin_is_built_as_the_image_builds_it() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+        let build = format!("cargo {} --locked", BUILDS[0].join(" "));
+        assert!(dockerfile.contains(&build), "the image runs `{build}`");
+        assert!(dockerfile.contains("cp target/plugin/gpu-kubelet-plugin "));
+        let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+        assert!(manifest.contains("[profile.plugin]\ninherits = \"release\"\n"));
+    }
+
+    #[test]
+    fn the_plugin_is_looked_up_in_the_plugin_profile_directory() {
+        assert_eq!(
+            plugin_next_to(Path::new("/w/target/release/bench")).unwrap(),
+            Path::new("/w/target/plugin/gpu-kubelet-plugin")
+        );
+        let err = plugin_next_to(Path::new("bench")).unwrap_err().to_string();
+        assert!(err.contains("not in a cargo target directory"), "{err}");
     }
 
     #[test]
