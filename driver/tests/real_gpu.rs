@@ -169,13 +169,8 @@ impl RealPlugin {
         ];
         args.extend_from_slice(extra);
         let bin = std::env::var_os("GPU_DRA_REAL_PLUGIN").unwrap_or_else(|| BIN.into());
-        let child = Command::new(bin)
-            .env_clear()
+        let child = common::program_command(bin, &args, &log)
             .env("RUST_LOG", "info")
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
         let mut plugin = Self {

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
@@ -390,7 +391,12 @@ pub fn complete_pool(slices: &[Value]) -> Option<i64> {
 /// The plugin binary with a clean environment and the given arguments,
 /// stderr going to `stderr`; nothing else added.
 pub fn bare_command(args: &[&str], stderr: &Path) -> Command {
-    let mut c = Command::new(BIN);
+    program_command(BIN, args, stderr)
+}
+
+/// [`bare_command`] for another build of the plugin, `program`.
+pub fn program_command(program: impl AsRef<OsStr>, args: &[&str], stderr: &Path) -> Command {
+    let mut c = Command::new(program);
     c.env_clear()
         .args(args)
         .stdin(Stdio::null())
