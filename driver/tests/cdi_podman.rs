@@ -359,6 +359,18 @@ fn mig_claim_spec_gives_the_capability_nodes() {
         "{env:?}"
     );
     assert_eq!(rest, expected_probe(spec, &absent));
+    // No hook made the unversioned link: libcuda.so is libcuda's file.
+    let version = files.version.as_deref().unwrap();
+    let libcuda =
+        fs::read_to_string(roots.driver.lib_dir().join(format!("libcuda.so.{version}"))).unwrap();
+    assert!(
+        rest.contains(&format!(
+            "== file /{LIB_DIR}/libcuda.so {} bytes\n{}",
+            libcuda.len(),
+            libcuda.lines().next().unwrap()
+        )),
+        "{rest}"
+    );
     for node in [
         "/dev/nvidia0",
         "/dev/nvidiactl",

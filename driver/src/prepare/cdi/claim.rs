@@ -24,11 +24,13 @@
 //! `nvidia-smi` nor CUDA could start) are then also mounted under
 //! `/usr/lib/<triplet>` and `/usr/lib64`, whichever does not already hold
 //! them, so that images of either family find them ([`loader_paths`]).
+//! And `libcuda.so`, which the hook would have linked, is mounted as a copy
+//! of `libcuda.so.1` ([`dev_link`]).
 
 use std::collections::HashSet;
 use std::path::Path;
 
-use super::driver_root::{DriverFileKind, DriverFiles};
+use super::driver_root::{DriverFile, DriverFileKind, DriverFiles};
 use super::names::{
     claim_device_name, qualified_id, validate_claim_uid, validate_class, validate_vendor,
 };
@@ -163,8 +165,8 @@ impl ClaimSpec {
 
 /// The claim-level edits: `NVIDIA_VISIBLE_DEVICES=void`, the control nodes,
 /// the driver files as read-only bind mounts and, with an `nvidia-cdi-hook`,
-/// the symlink and ldcache hooks; without one, the libraries' loader copies
-/// ([`loader_paths`]).
+/// the symlink and ldcache hooks; without one, `libcuda.so` ([`dev_link`])
+/// and the libraries' loader copies ([`loader_paths`]).
 pub fn claim_edits(files: &DriverFiles, control: &ControlNodes) -> ContainerEdits {
     let mount = |host_path: &str, container_path: String| Mount {
         host_path: host_path.to_owned(),
@@ -180,10 +182,17 @@ pub fn claim_edits(files: &DriverFiles, control: &ControlNodes) -> ContainerEdit
     if files.cdi_hook.is_none() {
         // The first library of a name wins, as in the loader's search.
         let mut taken: HashSet<String> = mounts.iter().map(|m| m.container_path.clone()).collect();
+        let dev_link = dev_link(files);
+        if let Some(link) = &dev_link
+            && taken.insert(link.container_path.clone())
+        {
+            mounts.push(mount(&link.host_path, link.container_path.clone()));
+        }
         for f in files
             .files
             .iter()
             .filter(|f| f.kind == DriverFileKind::Library)
+            .chain(&dev_link)
         {
             for path in loader_paths(&f.container_path, std::env::consts::ARCH) {
                 if taken.insert(path.clone()) {
@@ -230,6 +239,20 @@ pub fn claim_edits(files: &DriverFiles, control: &ControlNodes) -> ContainerEdit
         mounts,
         additional_gids: Vec::new(),
     }
+}
+
+/// Without the hook's `create-symlinks`, the unversioned `libcuda.so` (what
+/// `-lcuda` links against, and what some programs `dlopen`) would be missing
+/// from the container: the file `libcuda.so.1` resolves to is mounted at
+/// that name next to it instead. A bind mount, not a link: CDI has no edit
+/// that makes a symlink.
+pub fn dev_link(files: &DriverFiles) -> Option<DriverFile> {
+    let cuda = files.find("libcuda.so.1")?;
+    Some(DriverFile {
+        kind: DriverFileKind::Library,
+        container_path: cuda.container_path.strip_suffix(".1")?.to_owned(),
+        host_path: cuda.host_path.clone(),
+    })
 }
 
 /// Where a library mounted at `container_path` must also be mounted for

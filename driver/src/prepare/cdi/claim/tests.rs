@@ -172,29 +172,71 @@ fn mig_spec_structure_and_no_hooks_without_the_hook_binary() {
         .iter()
         .map(|m| m["containerPath"].as_str().unwrap())
         .collect();
+    // And the unversioned libcuda.so, which the hook would have linked.
     let mut want = vec![
         "/usr/lib/x86_64-linux-gnu/libcuda.so.1".to_owned(),
         "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1".to_owned(),
         "/usr/bin/nvidia-smi".to_owned(),
+        "/usr/lib/x86_64-linux-gnu/libcuda.so".to_owned(),
     ];
-    let extra: Vec<String> = want[..2]
-        .iter()
+    let extra: Vec<String> = [&want[0], &want[1], &want[3]]
+        .into_iter()
         .flat_map(|lib| loader_paths(lib, std::env::consts::ARCH))
         .collect();
     want.extend(extra);
     assert_eq!(paths, want);
     if std::env::consts::ARCH == "x86_64" {
         assert_eq!(
-            &paths[3..],
-            ["/usr/lib64/libcuda.so.1", "/usr/lib64/libnvidia-ml.so.1"]
+            &paths[4..],
+            [
+                "/usr/lib64/libcuda.so.1",
+                "/usr/lib64/libnvidia-ml.so.1",
+                "/usr/lib64/libcuda.so"
+            ]
         );
     }
-    let extra = &v["containerEdits"]["mounts"][3];
+    let mounts = &v["containerEdits"]["mounts"];
+    for i in [3, 4] {
+        assert_eq!(
+            mounts[i]["hostPath"], "/drv/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05",
+            "{i}"
+        );
+        assert_eq!(mounts[i]["options"], json!(OPTS));
+    }
+}
+
+#[test]
+fn without_the_hook_libcuda_so_is_mounted_unless_there_is_no_libcuda_so_1() {
+    let host = "/drv/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05";
+    let link = dev_link(&files(false)).unwrap();
     assert_eq!(
-        extra["hostPath"],
-        "/drv/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05"
+        (link.container_path.as_str(), link.host_path.as_str()),
+        ("/usr/lib/x86_64-linux-gnu/libcuda.so", host)
     );
-    assert_eq!(extra["options"], json!(OPTS));
+    // With the hook, create-symlinks makes the link: no mount of it.
+    let edits = claim_edits(&files(true), &control());
+    assert!(
+        !edits
+            .mounts
+            .iter()
+            .any(|m| m.container_path.ends_with("/libcuda.so")),
+        "{:?}",
+        edits.mounts
+    );
+    // A root without libcuda.so.1 (discovery refuses one, but the edits
+    // must not invent a path): nothing.
+    let mut no_soname = files(false);
+    no_soname.files.remove(0);
+    assert_eq!(dev_link(&no_soname), None);
+    let edits = claim_edits(&no_soname, &control());
+    assert!(
+        !edits
+            .mounts
+            .iter()
+            .any(|m| m.container_path.contains("libcuda")),
+        "{:?}",
+        edits.mounts
+    );
 }
 
 #[test]
