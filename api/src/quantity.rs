@@ -233,6 +233,13 @@ impl serde::Serialize for Quantity {
 }
 
 /// Accepts a string, or, as Kubernetes does, a bare JSON number.
+///
+/// Like Kubernetes' `Quantity.UnmarshalJSON` (`strings.TrimSpace` before
+/// `ParseQuantity`), whitespace around the text of a string is dropped:
+/// `" 10Gi "` is `10Gi`. Only here: [`Quantity::parse`] (used by CEL) stays
+/// strict. Go trims the raw JSON text, whose escapes are not decoded yet, so
+/// a whitespace that JSON can only carry escaped (tab, newline, vertical
+/// tab, form feed, carriage return) is kept and rejected, as there.
 impl<'de> serde::Deserialize<'de> for Quantity {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct Visitor;
@@ -245,7 +252,8 @@ impl<'de> serde::Deserialize<'de> for Quantity {
             }
 
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Quantity, E> {
-                parse(v).map_err(E::custom)
+                parse(v.trim_matches(|c: char| c.is_whitespace() && !c.is_ascii_control()))
+                    .map_err(E::custom)
             }
 
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Quantity, E> {

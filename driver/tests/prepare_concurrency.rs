@@ -530,3 +530,70 @@ async fn memory_shares_prepared_and_unprepared_at_once_keep_the_daemon_while_use
     assert_eq!(exclusive(&n), 0, "mode restored: {:?}", n.compute_modes());
     assert!(n.checkpoint_claims().is_empty());
 }
+
+#[tokio::test]
+async fn a_second_unprepare_waiting_for_the_gpu_does_not_undo_the_claim_prepared_meanwhile() {
+    let n = node("dgx-h100", &[], DraVersion::V1).await;
+    let first = n.mps_claim("first").await;
+    let first_ref = std::slice::from_ref(&first);
+    n.prepare_ok(&first).await;
+    // Every answer of an MPS daemon now takes a while, so the first
+    // unprepare holds GPU 0 (stopping the daemon) while the others queue.
+    n.fake_behaves(fake_driver_root::Behaviour {
+        mps_reply_delay_ms: 1500,
+        ..Default::default()
+    });
+    let step = Duration::from_millis(300);
+    let unprepare_1 = n.kubelet.unprepare(first_ref);
+    // A new MPS claim on GPU 0 queues for its lock, then a second
+    // unprepare of the first claim (a kubelet retry) queues behind it,
+    // having seen the first claim's entry still there.
+    let next = n.mps_claim("next").await;
+    let prepare = async {
+        tokio::time::sleep(step).await;
+        n.kubelet.prepare(std::slice::from_ref(&next)).await
+    };
+    let unprepare_2 = async {
+        tokio::time::sleep(step * 2).await;
+        n.kubelet.unprepare(first_ref).await
+    };
+    let (u1, p, u2) = tokio::time::timeout(
+        ROUND_LIMIT,
+        Box::pin(async { tokio::join!(unprepare_1, prepare, unprepare_2) }),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("calls still running\n{}", n.logs()));
+    for u in [u1, u2] {
+        let u = u.unwrap_or_else(|e| panic!("unprepare call failed: {e}\n{}", n.logs()));
+        assert_eq!(u[&first.uid].error, None, "{}", n.logs());
+    }
+    let p = p.unwrap_or_else(|e| panic!("prepare call failed: {e}\n{}", n.logs()));
+    assert_eq!(p[&next.uid].error, None, "{}", n.logs());
+    n.fake_behaves(fake_driver_root::Behaviour::default());
+
+    // The new claim keeps what it set up: its daemon, its compute mode,
+    // its spec and its entry.
+    assert_eq!(
+        n.checkpoint_claims(),
+        vec![next.uid.clone()],
+        "{}",
+        n.logs()
+    );
+    assert_eq!(n.mps_daemons(), 1, "{}", n.logs());
+    assert_eq!(n.cdi_files().len(), 1, "{:?}", n.cdi_files());
+    let exclusive: Vec<String> = n
+        .compute_modes()
+        .into_iter()
+        .filter(|(_, m)| m == "ExclusiveProcess")
+        .map(|(uuid, _)| uuid)
+        .collect();
+    assert_eq!(exclusive.len(), 1, "GPU 0 for the new claim\n{}", n.logs());
+    n.unprepare_ok(&next).await;
+    assert_eq!(n.mps_daemons(), 0);
+    assert!(n.checkpoint_claims().is_empty());
+    assert!(
+        n.compute_modes().values().all(|m| m != "ExclusiveProcess"),
+        "{:?}",
+        n.compute_modes()
+    );
+}

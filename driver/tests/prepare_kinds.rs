@@ -539,6 +539,145 @@ async fn memory_fraction_shares_one_daemon_until_the_last_claim_leaves() {
 }
 
 #[tokio::test]
+async fn a_share_whose_daemon_start_fails_leaves_the_gpu_to_the_claims_sharing_it() {
+    let n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
+    let share = |request: &str, id: &str| {
+        let mut r = result(request, "gpu-3");
+        r["shareID"] = json!(id);
+        r["consumedCapacity"] = json!({"memory": "4Gi"});
+        json!([r])
+    };
+    let a = n
+        .claim(
+            "share-a",
+            share("a", "11111111-0000-4000-8000-00000000000a"),
+            json!([]),
+        )
+        .await;
+    let b = n
+        .claim(
+            "share-b",
+            share("b", "11111111-0000-4000-8000-00000000000b"),
+            json!([]),
+        )
+        .await;
+    n.prepare_ok(&a).await;
+    let exclusive = |n: &common::prepare::Node| {
+        n.compute_modes()
+            .values()
+            .filter(|m| *m == "ExclusiveProcess")
+            .count()
+    };
+    assert_eq!(exclusive(&n), 1, "{:?}", n.compute_modes());
+    // The second share cannot reach the daemon: its prepare fails and
+    // rolls back, but the GPU's mode and daemon belong to the first too.
+    let program = n
+        .env
+        .driver_root
+        .path()
+        .join("usr/bin/nvidia-cuda-mps-control");
+    let hidden = program.with_extension("hidden");
+    std::fs::rename(&program, &hidden).unwrap();
+    let r = n.prepare(std::slice::from_ref(&b)).await;
+    std::fs::rename(&hidden, &program).unwrap();
+    let error = r[&b.uid].error.clone().unwrap_or_default();
+    assert!(error.contains("nvidia-cuda-mps-control"), "{error}");
+    assert_eq!(n.checkpoint_claims(), vec![a.uid.clone()]);
+    assert_eq!(
+        exclusive(&n),
+        1,
+        "the mode stays for the first share: {:?}\n{}",
+        n.compute_modes(),
+        n.logs()
+    );
+    assert_eq!(n.mps_daemons(), 1);
+    // Once it can, the second share joins; the last one out restores.
+    n.prepare_ok(&b).await;
+    n.unprepare_ok(&a).await;
+    assert_eq!(exclusive(&n), 1);
+    n.unprepare_ok(&b).await;
+    assert_eq!(exclusive(&n), 0, "{:?}", n.compute_modes());
+    assert_eq!(n.mps_daemons(), 0);
+}
+
+#[tokio::test]
+async fn a_refused_time_slice_fails_the_claim_and_leaves_the_gpu_free() {
+    let n = node("t4-inference", &[], DraVersion::V1).await;
+    n.fake_behaves(fake_driver_root::Behaviour {
+        nvidia_smi_failure: Some((3, "Setting time slice is Not Supported".to_owned())),
+        ..fake_driver_root::Behaviour::default()
+    });
+    let ts = n
+        .claim(
+            "ts",
+            json!([result("gpu", "gpu-2")]),
+            json!([gpu_config(
+                json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})
+            )]),
+        )
+        .await;
+    let r = n.prepare(std::slice::from_ref(&ts)).await;
+    let error = r[&ts.uid].error.clone().unwrap_or_default();
+    assert!(error.contains("Not Supported"), "{error}");
+    assert!(
+        n.checkpoint_claims().is_empty(),
+        "{:?}",
+        n.checkpoint_claims()
+    );
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    // The refused set is not "reset" (it would be refused the same way).
+    let calls = n.env.driver_root.nvidia_smi_calls().unwrap();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    // The GPU is free for the next claim.
+    n.fake_behaves(fake_driver_root::Behaviour::default());
+    let whole = n
+        .claim("whole", json!([result("gpu", "gpu-2")]), json!([]))
+        .await;
+    n.prepare_ok(&whole).await;
+    n.unprepare_ok(&whole).await;
+    n.unprepare_ok(&ts).await;
+}
+
+#[tokio::test]
+async fn an_empty_gpu_config_is_accepted_on_a_memory_shared_gpu_but_a_sharing_one_is_not() {
+    let n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
+    let share = |request: &str, id: &str| {
+        let mut r = result(request, "gpu-1");
+        r["shareID"] = json!(id);
+        r["consumedCapacity"] = json!({"memory": "2Gi"});
+        json!([r])
+    };
+    // `GpuConfig` with nothing set (normalized to time-slicing, default
+    // interval: no change).
+    let mut empty = gpu_config(json!(null));
+    empty["opaque"]["parameters"]
+        .as_object_mut()
+        .unwrap()
+        .remove("sharing");
+    let plain = n
+        .claim(
+            "plain",
+            share("a", "11111111-0000-4000-8000-0000000000a1"),
+            json!([empty]),
+        )
+        .await;
+    n.prepare_ok(&plain).await;
+    let mps = n
+        .claim(
+            "mps",
+            share("b", "11111111-0000-4000-8000-0000000000b1"),
+            json!([gpu_config(json!({"strategy": "MPS"}))]),
+        )
+        .await;
+    let r = n.prepare(std::slice::from_ref(&mps)).await;
+    let error = r[&mps.uid].error.clone().unwrap_or_default();
+    assert!(error.contains("remove the sharing config"), "{error}");
+    assert_eq!(n.checkpoint_claims(), vec![plain.uid.clone()]);
+    n.unprepare_ok(&plain).await;
+    assert_eq!(n.mps_daemons(), 0);
+}
+
+#[tokio::test]
 async fn a_changed_mps_dir_takes_over_running_daemons_where_they_were_started() {
     let outside = tempfile::tempdir().unwrap();
     let new_dir = outside.path().join("run-mps");

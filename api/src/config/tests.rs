@@ -63,6 +63,29 @@ fn nvidia_example_mps_round_trips() {
 }
 
 #[test]
+fn quantities_with_surrounding_spaces_decode_as_in_kubernetes() {
+    let text = br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{
+        "strategy":"MPS","mpsConfig":{"defaultPinnedDeviceMemoryLimit":" 10Gi ",
+        "defaultPerDevicePinnedMemoryLimit":{"0":"2Gi  "}}}}"#;
+    for config in [
+        decode_bytes_validated(text).unwrap(),
+        decode_validated(&serde_json::from_slice(text).unwrap()).unwrap(),
+    ] {
+        let DeviceConfig::Gpu(gpu_config) = &config else {
+            panic!("{config:?}")
+        };
+        let mps = gpu_config.mps().unwrap();
+        assert_eq!(mps.default_pinned_device_memory_limit, Some(q("10Gi")));
+        assert_eq!(
+            mps.pinned_memory_limits(&["GPU-a", "GPU-b"]).unwrap(),
+            [("GPU-a", "2048M"), ("GPU-b", "10240M")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .into()
+        );
+    }
+}
+
+#[test]
 fn the_same_config_decodes_from_bytes_and_from_a_value() {
     let text = br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"MigDeviceConfig",
                     "sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":10}}}"#;
@@ -185,10 +208,6 @@ fn every_validation_rule_names_its_field() {
             "sharing.timeSlicingConfig: only allowed with strategy TimeSlicing, the strategy is MPS",
         ),
         (
-            mig(&json!({"strategy": "TimeSlicing", "mpsConfig": {}})),
-            "sharing.mpsConfig: only allowed with strategy MPS, the strategy is TimeSlicing",
-        ),
-        (
             mig(&json!({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 101}})),
             "sharing.mpsConfig.defaultActiveThreadPercentage: must be between 0 and 100, got 101",
         ),
@@ -203,6 +222,42 @@ fn every_validation_rule_names_its_field() {
     for limit in ["1Mi", "1048576", "7Ei", "9223372036854775807", "1.5Mi"] {
         decode_validated(&mps(json!({"defaultPinnedDeviceMemoryLimit": limit}))).unwrap();
     }
+}
+
+#[test]
+fn an_mps_block_next_to_time_slicing_is_ignored_on_mig_but_refused_on_a_gpu() {
+    // NVIDIA: MigDeviceSharing.Validate returns nil for TimeSlicing without
+    // looking at mpsConfig, and prepare never reads it; a GpuConfig fails at
+    // prepare (GetTimeSlicingConfig: "cannot use MpsConfig with the
+    // 'TimeSlicing' strategy").
+    let ignored = json!({"defaultActiveThreadPercentage": 101,
+        "defaultPinnedDeviceMemoryLimit": "1k",
+        "defaultPerDevicePinnedMemoryLimit": {"nope": "1Gi"}});
+    for mps in [json!({}), ignored] {
+        let params = mig(&json!({"strategy": "TimeSlicing", "mpsConfig": mps}));
+        let DeviceConfig::Mig(config) =
+            decode_validated(&params).unwrap_or_else(|e| panic!("{params}: {e}"))
+        else {
+            panic!("{params}")
+        };
+        assert_eq!(config.mps(), None, "{params}");
+    }
+    // still strictly decoded: a typo or a malformed quantity is an error
+    assert!(
+        error_of(&mig(
+            &json!({"strategy": "TimeSlicing", "mpsConfig": {"defaultActiveThreadPercent": 1}})
+        ))
+        .contains("defaultActiveThreadPercent"),
+    );
+    assert!(
+        decode_validated(&mig(&json!({"strategy": "TimeSlicing",
+        "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "lots"}})))
+        .is_err()
+    );
+    assert_eq!(
+        error_of(&gpu(&json!({"strategy": "TimeSlicing", "mpsConfig": {}}))),
+        "sharing.mpsConfig: only allowed with strategy MPS, the strategy is TimeSlicing"
+    );
 }
 
 #[test]
@@ -290,6 +345,30 @@ fn pinned_limits_apply_default_then_overrides() {
         mps.pinned_memory_limits(&["GPU-a", "GPU-b"]),
         Err(ConfigError::UnknownDevice { key, .. }) if key == "GPU-c"
     ));
+    // indexes count in the sorted UUIDs, not in the order given (NVIDIA:
+    // AllocatableDevices.UUIDs() sorts before MpsPerDevicePinnedMemoryLimit.Normalize)
+    let by_index = MpsConfig {
+        default_per_device_pinned_memory_limit: Some(
+            [("0".to_owned(), q("1Gi")), ("2".to_owned(), q("3Gi"))].into(),
+        ),
+        ..MpsConfig::default()
+    };
+    assert_eq!(
+        by_index
+            .pinned_memory_limits(&["GPU-c", "GPU-a", "GPU-b"])
+            .unwrap(),
+        [("GPU-a", "1024M"), ("GPU-c", "3072M")]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .into()
+    );
+    assert_eq!(
+        by_index.pinned_memory_limits(&["GPU-b", "GPU-a", "GPU-b"]),
+        Err(ConfigError::UnknownDevice {
+            key: "2".to_owned(),
+            count: 2
+        }),
+        "a UUID given twice is one device"
+    );
     // no default: only the overrides
     let only = MpsConfig {
         default_per_device_pinned_memory_limit: Some([("0".to_owned(), q("1Gi"))].into()),

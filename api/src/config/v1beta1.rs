@@ -8,13 +8,15 @@
 //!   without `mpsConfig` gets an empty one;
 //! - a `MigDeviceConfig` without `sharing` means no sharing; it has no
 //!   `timeSlicingConfig` field; `TimeSlicing` is accepted and has no effect
-//!   (time slices cannot be set on MIG devices);
+//!   (time slices cannot be set on MIG devices), and an `mpsConfig` next to
+//!   it is ignored, unchecked, as in NVIDIA's driver;
 //! - `defaultActiveThreadPercentage` is 0 to 100; pinned memory limits are
 //!   handed to MPS in MiB (`<N>M`) and must be at least 1 MiB.
 //!
-//! Checks NVIDIA makes only at prepare time (a limit below 1 MiB, an
-//! `mpsConfig` next to the `TimeSlicing` strategy or a `timeSlicingConfig`
-//! next to `MPS`) are made here, at validation, so the webhook catches them.
+//! Checks NVIDIA makes only at prepare time (a limit below 1 MiB, a
+//! `GpuConfig` with an `mpsConfig` next to the `TimeSlicing` strategy or a
+//! `timeSlicingConfig` next to `MPS`) are made here, at validation, so the
+//! webhook catches them.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -73,7 +75,7 @@ pub struct GpuSharing {
 pub struct MigDeviceSharing {
     /// `MPS` (or `TimeSlicing`, which has no effect on MIG devices).
     pub strategy: SharingStrategy,
-    /// Only with `MPS`.
+    /// Used only with `MPS`; ignored (and not validated) with `TimeSlicing`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps_config: Option<MpsConfig>,
 }
@@ -142,8 +144,9 @@ pub struct MpsConfig {
     /// Pinned device memory limit of every device of the daemon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_pinned_device_memory_limit: Option<Quantity>,
-    /// Per-device overrides, keyed by device UUID or by index in the list of
-    /// the config's devices.
+    /// Per-device overrides, keyed by device UUID or by index in the sorted
+    /// list of the UUIDs of the config's devices (see
+    /// [`MpsConfig::pinned_memory_limits`]).
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -301,19 +304,16 @@ impl MigDeviceConfig {
         }
     }
 
-    /// Every invalid field.
+    /// Every invalid field. With the `TimeSlicing` strategy an `mpsConfig`
+    /// is accepted and ignored, not even checked, as NVIDIA's
+    /// `MigDeviceSharing.Validate` does (and its prepare never reads it).
     pub fn validate(&self) -> Vec<FieldError> {
         let mut errors = Vec::new();
-        if let Some(sharing) = &self.sharing {
-            if sharing.strategy != SharingStrategy::Mps && sharing.mps_config.is_some() {
-                errors.push(field(
-                    "sharing.mpsConfig",
-                    "only allowed with strategy MPS, the strategy is TimeSlicing",
-                ));
-            }
-            if let Some(mps) = &sharing.mps_config {
-                mps.validate("sharing.mpsConfig", &mut errors);
-            }
+        if let Some(sharing) = &self.sharing
+            && sharing.strategy == SharingStrategy::Mps
+            && let Some(mps) = &sharing.mps_config
+        {
+            mps.validate("sharing.mpsConfig", &mut errors);
         }
         errors
     }
@@ -364,11 +364,20 @@ impl MpsConfig {
     /// The pinned device memory limit of each of the config's devices, as MPS
     /// wants them (`<N>M`), keyed by device UUID: the default for every
     /// device, then the per-device overrides, whose keys are UUIDs among
-    /// `uuids` or indexes into it.
+    /// `uuids` or indexes.
+    ///
+    /// An index counts in the devices' UUIDs sorted (byte-wise, duplicates
+    /// dropped), whatever the order of `uuids`: NVIDIA's driver resolves it
+    /// against `AllocatableDevices.UUIDs()`, which sorts, so `"0"` is the
+    /// smallest UUID, not the first device allocated.
     pub fn pinned_memory_limits(
         &self,
         uuids: &[&str],
     ) -> Result<BTreeMap<String, String>, ConfigError> {
+        let mut sorted = uuids.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let uuids = sorted.as_slice();
         let mut limits = BTreeMap::new();
         if let Some(q) = &self.default_pinned_device_memory_limit {
             let limit = mps_memory_limit(q).map_err(|message| {

@@ -183,6 +183,32 @@ fn canonical_text_round_trips() {
 }
 
 #[test]
+fn serde_trims_surrounding_whitespace_like_kubernetes_but_parse_stays_strict() {
+    let ten = Quantity::parse("10Gi").unwrap();
+    for text in [
+        "\" 10Gi \"",
+        "\"10Gi   \"",
+        "\"\u{a0}10Gi\u{3000}\"",
+        "\"\u{85}10Gi\"",
+    ] {
+        let q: Quantity = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert_eq!(q, ten, "{text}");
+    }
+    let q: Quantity = serde_json::from_value(serde_json::json!(" 1.5Gi ")).unwrap();
+    assert_eq!(q, Quantity::parse("1536Mi").unwrap());
+    // Go trims the raw JSON text: an escaped tab or newline is not trimmed there
+    for text in ["\"\\t10Gi\"", "\"10Gi\\n\"", "\"10 Gi\"", "\"   \""] {
+        assert!(serde_json::from_str::<Quantity>(text).is_err(), "{text}");
+    }
+    let err = serde_json::from_str::<Quantity>("\"  \"").unwrap_err();
+    assert!(err.to_string().contains("quantity is empty"), "{err}");
+    // the parser itself (CEL's quantity()) does not trim
+    for text in [" 10Gi", "10Gi ", "\u{a0}10Gi"] {
+        assert!(Quantity::parse(text).is_err(), "{text:?}");
+    }
+}
+
+#[test]
 fn serde_accepts_strings_and_bare_numbers() {
     let q: Quantity = serde_json::from_str("\"10Gi\"").unwrap();
     assert_eq!(q, Quantity::parse("10Gi").unwrap());

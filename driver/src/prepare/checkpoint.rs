@@ -34,6 +34,8 @@ pub use store::{Batch, FAILPOINT_ENV, Store};
 pub const FILE_NAME: &str = "checkpoint.json";
 /// File name of the human-readable record of quarantined entries.
 pub const QUARANTINE_FILE_NAME: &str = "checkpoint.quarantine.json";
+/// Where the checkpoint of an earlier boot is kept when a start discards it.
+pub const PREVIOUS_BOOT_FILE_NAME: &str = "checkpoint.previous-boot.json";
 
 /// The UID of a ResourceClaim (`metadata.uid`), the checkpoint's key.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -227,6 +229,10 @@ pub struct LoadReport {
     pub discarded_for_reboot: usize,
     /// The boot id of the file when it differed from the current one.
     pub previous_boot_id: Option<String>,
+    /// Where the file of that earlier boot was kept when it held entries
+    /// (one copy, the latest: a boot id damaged on disk reads as a reboot
+    /// too, and the entries are then not lost for a human).
+    pub previous_boot_copy: Option<PathBuf>,
     /// The file was unusable as a whole (too large, not JSON, bad header)
     /// and moved to this path; the node started empty.
     pub moved_aside: Option<(PathBuf, String)>,

@@ -336,19 +336,37 @@ impl Preparer {
     pub async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), ClaimError> {
         let inner = &self.inner;
         let uid = ClaimUid(claim.uid.clone());
-        // A prepare of this claim still committing finishes first.
-        inner.pending.wait_settled(&uid).await;
-        let Some(entry) = inner.store.get(&uid) else {
-            tracing::debug!(claim = %uid, "unprepare of a claim not prepared here: nothing to do");
-            // A crash may have come between the checkpoint and the status.
-            inner.status_writes.settle(&uid).await;
-            status::clear(inner, claim).await;
-            return Ok(());
+        let (entry, held) = loop {
+            // A prepare of this claim still committing finishes first.
+            inner.pending.wait_settled(&uid).await;
+            let Some(seen) = inner.store.get(&uid) else {
+                tracing::debug!(claim = %uid, "unprepare of a claim not prepared here: nothing to do");
+                // A crash may have come between the checkpoint and the status.
+                inner.status_writes.settle(&uid).await;
+                status::clear(inner, claim).await;
+                return Ok(());
+            };
+            let minors = apply::entry_minors(&seen);
+            let held = inner.locks.lock(&minors).await;
+            // Read again under the locks: while this call waited for them,
+            // another (a retry, or the claim twice in one call) may have
+            // unprepared the claim, and a new claim may have set up these
+            // GPUs since. Undoing the entry seen before the wait would undo
+            // that claim's settings.
+            match inner.store.get(&uid) {
+                Some(now)
+                    if !inner.pending.contains(&uid) && apply::entry_minors(&now) == minors =>
+                {
+                    break (now, held);
+                }
+                // Gone (the next round answers it), prepared again on other
+                // GPUs, or being committed: look again without the locks.
+                _ => drop(held),
+            }
         };
-        let minors = apply::entry_minors(&entry);
-        let held = inner.locks.lock(&minors).await;
         let worker = Arc::clone(inner);
-        tokio::task::spawn_blocking(move || apply::unprepare(&worker, &uid, &entry))
+        let undone = uid.clone();
+        tokio::task::spawn_blocking(move || apply::unprepare(&worker, &undone, &entry))
             .await
             .map_err(|e| ClaimError::Failed(format!("internal error: unprepare task failed: {e}")))?
             .map_err(|e| ClaimError::Failed(e.to_string()))?;

@@ -46,8 +46,8 @@ use serde_json::{Map, Value};
 
 use super::format::{self, Decoded, MAX_FILE_BYTES, Quarantined};
 use super::{
-    Checkpoint, ClaimEntry, ClaimUid, Error, FILE_NAME, LoadReport, QUARANTINE_FILE_NAME,
-    WriteFailure,
+    Checkpoint, ClaimEntry, ClaimUid, Error, FILE_NAME, LoadReport, PREVIOUS_BOOT_FILE_NAME,
+    QUARANTINE_FILE_NAME, WriteFailure,
 };
 
 /// Environment variable naming a step at which a checkpoint commit aborts
@@ -279,6 +279,9 @@ pub struct Store {
     writes: AtomicU64,
     #[cfg(test)]
     before_write: Mutex<Option<Box<dyn Fn() + Send>>>,
+    /// Fails the next write's directory fsync (after the rename), once.
+    #[cfg(test)]
+    fail_dir_sync: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Store {
@@ -311,6 +314,8 @@ impl Store {
             writes: AtomicU64::new(0),
             #[cfg(test)]
             before_write: Mutex::new(None),
+            #[cfg(test)]
+            fail_dir_sync: std::sync::atomic::AtomicBool::new(false),
         };
         let mut report = LoadReport::default();
 
@@ -348,6 +353,9 @@ impl Store {
                         "the node rebooted: discarding prepared state of the previous boot"
                     );
                     report.previous_boot_id = Some(file_boot);
+                    if report.discarded_for_reboot > 0 {
+                        report.previous_boot_copy = store.keep_previous_boot();
+                    }
                     false
                 }
                 Decoded::Usable {
@@ -374,7 +382,9 @@ impl Store {
             // Rewrite so that the file holds exactly what is in memory.
             let bytes =
                 encode_with(&store.boot_id, &entries, &Changed::new()).map_err(serialise)?;
-            store.write_atomic(&store.path, &bytes, None)?;
+            store
+                .write_atomic(&store.path, &bytes, None)
+                .map_err(|u| u.failure)?;
         }
         store.lock().durable = Arc::new(entries);
         tracing::info!(path = %store.path.display(), claims = report.loaded, "checkpoint loaded");
@@ -422,7 +432,11 @@ impl Store {
 
     /// Applies `batch` and makes it durable, together with batches other
     /// threads commit at the same time. Returns once the file on disk holds
-    /// the batch; on error the batch is not applied at all.
+    /// the batch. On error the batch is not applied, unless the write
+    /// failed after the new file took the checkpoint's name (its
+    /// directory's fsync): then the entries follow the file, which every
+    /// reader (and the next start) sees, and the caller's rollback, seeing
+    /// its entry, writes its removal.
     pub fn commit(&self, batch: Batch) -> Result<(), Error> {
         if batch.is_empty() {
             return Ok(());
@@ -462,12 +476,16 @@ impl Store {
                 .and_then(|changed| {
                     encode_with(&self.boot_id, &durable, &changed).map(|bytes| (changed, bytes))
                 })
-                .map_err(|e| failure("serialise checkpoint", &self.path, e.into()))
+                .map_err(|e| (failure("serialise checkpoint", &self.path, e.into()), None))
                 .and_then(|(changed, bytes)| {
                     let armed =
                         Armed::for_write(self.failpoint, self.writes.load(Ordering::Relaxed) + 1);
-                    self.write_atomic(&self.path, &bytes, armed)
-                        .map(|()| changed)
+                    match self.write_atomic(&self.path, &bytes, armed) {
+                        Ok(()) => Ok(changed),
+                        Err(Unfinished { failure, in_place }) => {
+                            Err((failure, in_place.then_some(changed)))
+                        }
+                    }
                 });
             self.writes.fetch_add(1, Ordering::Relaxed);
             // The only other reference: the map is changed in place below.
@@ -475,19 +493,28 @@ impl Store {
 
             shared = self.lock();
             shared.writing = false;
+            let apply = |shared: &mut Shared, changed: Changed| {
+                let entries = Arc::make_mut(&mut shared.durable);
+                for (uid, stored) in changed {
+                    match stored {
+                        Some(stored) => entries.insert(uid, stored),
+                        None => entries.remove(&uid),
+                    };
+                }
+            };
             let result = match written {
                 Ok(changed) => {
-                    let entries = Arc::make_mut(&mut shared.durable);
-                    for (uid, stored) in changed {
-                        match stored {
-                            Some(stored) => entries.insert(uid, stored),
-                            None => entries.remove(&uid),
-                        };
-                    }
+                    apply(&mut shared, changed);
                     Ok(())
                 }
-                Err(e) => {
-                    tracing::error!(error = %e, batches = seqs.len(), "checkpoint write failed");
+                Err((e, in_place)) => {
+                    let in_place = in_place.map(|changed| apply(&mut shared, changed));
+                    tracing::error!(
+                        error = %e,
+                        batches = seqs.len(),
+                        in_place = in_place.is_some(),
+                        "checkpoint write failed"
+                    );
                     Err(e)
                 }
             };
@@ -505,6 +532,12 @@ impl Store {
             .before_write
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(hook);
+    }
+
+    /// Makes the next write's directory fsync fail.
+    #[cfg(test)]
+    pub(super) fn fail_next_dir_sync(&self) {
+        self.fail_dir_sync.store(true, Ordering::Relaxed);
     }
 
     /// Number of batches waiting for a write.
@@ -532,19 +565,23 @@ impl Store {
         path: &Path,
         bytes: &[u8],
         failpoint: Option<Failpoint>,
-    ) -> Result<(), WriteFailure> {
+    ) -> Result<(), Unfinished> {
+        let before = |failure| Unfinished {
+            failure,
+            in_place: false,
+        };
         let temp = self.temp_path(path);
         let mut file = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false)
             .open(&temp)
-            .map_err(|e| failure("open temp file", &temp, e))?;
+            .map_err(|e| before(failure("open temp file", &temp, e)))?;
         Failpoint::hit(failpoint, Failpoint::BeforeTempWrite);
         if failpoint == Some(Failpoint::MidTempWrite) {
             file.write_all(&bytes[..bytes.len() / 2])
                 .and_then(|()| file.sync_all())
-                .map_err(|e| failure("write temp file", &temp, e))?;
+                .map_err(|e| before(failure("write temp file", &temp, e)))?;
             Failpoint::hit(failpoint, Failpoint::MidTempWrite);
         }
         // Written from the start, then cut: an older, longer version in the
@@ -552,18 +589,46 @@ impl Store {
         // the data back); the times need no flush.
         file.write_all(bytes)
             .and_then(|()| file.set_len(bytes.len() as u64))
-            .map_err(|e| failure("write temp file", &temp, e))?;
+            .map_err(|e| before(failure("write temp file", &temp, e)))?;
         file.sync_data()
-            .map_err(|e| failure("fsync temp file", &temp, e))?;
+            .map_err(|e| before(failure("fsync temp file", &temp, e)))?;
         drop(file);
         Failpoint::hit(failpoint, Failpoint::AfterTempWrite);
-        exchange_or_rename(&temp, path).map_err(|e| failure("rename temp file over", path, e))?;
+        exchange_or_rename(&temp, path)
+            .map_err(|e| before(failure("rename temp file over", path, e)))?;
         Failpoint::hit(failpoint, Failpoint::AfterRename);
-        File::open(&self.dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|e| failure("fsync directory", &self.dir, e))?;
+        #[cfg(test)]
+        let injected = self.fail_dir_sync.swap(false, Ordering::Relaxed);
+        #[cfg(not(test))]
+        let injected = false;
+        let synced = if injected {
+            Err(io::Error::other("injected directory fsync failure"))
+        } else {
+            File::open(&self.dir).and_then(|dir| dir.sync_all())
+        };
+        synced.map_err(|e| Unfinished {
+            failure: failure("fsync directory", &self.dir, e),
+            in_place: true,
+        })?;
         Failpoint::hit(failpoint, Failpoint::AfterDirSync);
         Ok(())
+    }
+
+    /// Renames the file of an earlier boot, which held entries, to
+    /// [`PREVIOUS_BOOT_FILE_NAME`] (over an older one), for humans; best
+    /// effort.
+    fn keep_previous_boot(&self) -> Option<PathBuf> {
+        let kept = self.dir.join(PREVIOUS_BOOT_FILE_NAME);
+        match fs::rename(&self.path, &kept) {
+            Ok(()) => {
+                tracing::info!(path = %kept.display(), "checkpoint of the previous boot kept");
+                Some(kept)
+            }
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot keep the checkpoint of the previous boot");
+                None
+            }
+        }
     }
 
     /// Moves the unusable checkpoint file aside for humans.
@@ -616,7 +681,8 @@ impl Store {
         }
         let bytes = serde_json::to_vec_pretty(&Value::Object(all))
             .map_err(|e| failure("serialise quarantine", &path, e.into()))?;
-        self.write_atomic(&path, &bytes, None)?;
+        self.write_atomic(&path, &bytes, None)
+            .map_err(|u| u.failure)?;
         Ok(())
     }
 }
@@ -672,6 +738,13 @@ fn read_boot_id(path: &Path) -> Result<String, Error> {
         return Err(err("not a boot id (too long or control characters)".into()));
     }
     Ok(id.to_owned())
+}
+
+/// A write that failed, and whether the new file had already taken the
+/// checkpoint's name (every later read sees it).
+struct Unfinished {
+    failure: WriteFailure,
+    in_place: bool,
 }
 
 fn failure(step: &'static str, path: &Path, e: io::Error) -> WriteFailure {

@@ -621,6 +621,21 @@ fn a_different_boot_id_discards_everything() {
     assert!(report.quarantined.is_empty());
     assert!(store.snapshot().claims.is_empty());
     assert_eq!(env.doc()["bootId"], "7f00aa00-0000-4000-8000-000000000002");
+    // The earlier boot's file is kept whole (a damaged boot id reads as a
+    // reboot too: its entries are not lost for a human).
+    let kept = env.state.join(PREVIOUS_BOOT_FILE_NAME);
+    assert_eq!(report.previous_boot_copy.as_deref(), Some(kept.as_path()));
+    let old: serde_json::Value = serde_json::from_slice(&fs::read(&kept).unwrap()).unwrap();
+    assert_eq!(old["bootId"], BOOT);
+    assert_eq!(old["entries"].as_object().unwrap().len(), 2);
+    // Another reboot with nothing prepared keeps that copy.
+    drop(store);
+    fs::write(&env.boot, "7f00aa00-0000-4000-8000-000000000003\n").unwrap();
+    let (_, report) = env.open();
+    assert_eq!(report.discarded_for_reboot, 0);
+    assert_eq!(report.previous_boot_copy, None);
+    let old: serde_json::Value = serde_json::from_slice(&fs::read(&kept).unwrap()).unwrap();
+    assert_eq!(old["bootId"], BOOT);
 }
 
 #[test]
@@ -677,6 +692,35 @@ fn a_failed_write_changes_nothing() {
     let (again, _) = env.open();
     assert!(again.get(&uid("a")).is_some());
     assert!(again.get(&uid("b")).is_none());
+}
+
+#[test]
+fn a_write_that_fails_after_the_rename_leaves_memory_as_the_file_is() {
+    let env = Env::new();
+    two_claims(&env);
+    let (store, _) = env.open();
+    // The new file is in place when the directory fsync fails: every
+    // reader sees it, so the entries follow it, and a rollback that looks
+    // the entry up finds it to remove.
+    store.fail_next_dir_sync();
+    let err = store
+        .commit(Batch::new().put(uid("c"), gpu_entry(ClaimState::PrepareCompleted, "c")))
+        .unwrap_err();
+    assert!(err.to_string().contains("fsync directory"), "{err}");
+    assert!(store.get(&uid("c")).is_some(), "memory must match the file");
+    let (again, _) = env.open();
+    assert!(again.get(&uid("c")).is_some());
+    drop(again);
+    // The same for a removal.
+    store.fail_next_dir_sync();
+    assert!(store.commit(Batch::new().remove(uid("a"))).is_err());
+    assert!(store.get(&uid("a")).is_none());
+    // The next write goes through and keeps both outcomes.
+    store.commit(Batch::new().remove(uid("c"))).unwrap();
+    let (again, _) = env.open();
+    assert!(again.get(&uid("a")).is_none());
+    assert!(again.get(&uid("b")).is_some());
+    assert!(again.get(&uid("c")).is_none());
 }
 
 #[test]

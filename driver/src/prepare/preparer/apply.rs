@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use gpu_dra_api::config::{DeviceConfig, MpsConfig, TimeSliceInterval};
+use gpu_dra_api::config::{DeviceConfig, MpsConfig, SharingStrategy, TimeSliceInterval};
 use gpu_nvml::ComputeMode;
 
 use super::plan::{ClaimPlan, GpuTarget, MigTarget, PlannedDevice, Target};
@@ -32,7 +32,7 @@ use crate::prepare::checkpoint::{
 };
 use crate::prepare::mig;
 use crate::prepare::mps::{self, DaemonConfig, MpsError};
-use crate::prepare::timeslice;
+use crate::prepare::timeslice::{self, TimeSliceError};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -41,13 +41,17 @@ const MIB: u64 = 1024 * 1024;
 pub enum PrepareError {
     /// Another prepared claim holds an overlapping device.
     #[error(
-        "device {device} overlaps device {other_device} already prepared for claim {other} ({other_uid}); a device is never given to two claims: unprepare the other claim first"
+        "device {device} overlaps device {other_device} {} claim {other} ({other_uid}); a device is never given to two claims: {}",
+        .held.how(),
+        .held.remedy()
     )]
     Conflict {
         /// Our device.
         device: String,
         /// The other claim's device.
         other_device: String,
+        /// How the other claim holds it.
+        held: Held,
         /// The other claim (namespace/name).
         other: String,
         /// Its UID.
@@ -328,7 +332,12 @@ impl Footprint {
             (Share(_), Share(_)) => false,
             (Whole(a) | Share(a), Whole(b) | Share(b) | Slices(b, _, _))
             | (Slices(a, _, _), Whole(b) | Share(b)) => a == b,
-            (Slices(a, s1, n1), Slices(b, s2, n2)) => a == b && s1 < s2 + n2 && s2 < s1 + n1,
+            // In u64: the placements of a checkpoint entry are whatever
+            // its file holds.
+            (Slices(a, s1, n1), Slices(b, s2, n2)) => {
+                let end = |s: u32, n: u32| u64::from(s) + u64::from(n);
+                a == b && u64::from(s1) < end(s2, n2) && u64::from(s2) < end(s1, n1)
+            }
         }
     }
 }
@@ -358,6 +367,34 @@ fn record_footprint(d: &PreparedDeviceRecord) -> Footprint {
     }
 }
 
+/// How another claim holds a device (for [`PrepareError::Conflict`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// Its prepare completed.
+    Prepared,
+    /// Its prepare failed and the rollback could not undo everything: the
+    /// entry stays (`PrepareStarted`) until a retry undoes it.
+    FailedPrepare,
+}
+
+impl Held {
+    fn how(self) -> &'static str {
+        match self {
+            Held::Prepared => "already prepared for",
+            Held::FailedPrepare => "still held by a failed prepare of",
+        }
+    }
+
+    fn remedy(self) -> &'static str {
+        match self {
+            Held::Prepared => "unprepare the other claim first",
+            Held::FailedPrepare => {
+                "its rollback could not undo everything (see the plugin's log); it is retried at that claim's next prepare or unprepare and at the plugin's start"
+            }
+        }
+    }
+}
+
 /// Refuses a device that overlaps a non-admin device of another claim.
 fn check_conflicts(
     plan: &ClaimPlan,
@@ -368,9 +405,15 @@ fn check_conflicts(
         for (uid, entry) in others {
             for theirs in entry.devices.iter().filter(|r| !r.admin) {
                 if mine.overlaps(record_footprint(theirs)) {
+                    let held = if entry.state == ClaimState::PrepareCompleted {
+                        Held::Prepared
+                    } else {
+                        Held::FailedPrepare
+                    };
                     return Err(PrepareError::Conflict {
                         device: d.device.clone(),
                         other_device: theirs.device.clone(),
+                        held,
                         other: format!("{}/{}", entry.namespace, entry.name),
                         other_uid: uid.0.clone(),
                     });
@@ -699,6 +742,16 @@ fn time_slice(
     entry.devices[i].sharing.time_slice_interval = Some(format!("{interval:?}"));
     journal(inner, uid, entry, "record a time-slice change")?;
     timeslice::set_timeslice(&inner.opts.driver_root, &g.uuid, interval).map_err(|error| {
+        // Refused, or never run: the time slice is as it was. A reset in
+        // the rollback would fail the same way and keep the half-done
+        // entry holding the GPU. Only a timed-out or unwaited run may
+        // have changed it, and stays for the rollback to reset.
+        if !matches!(
+            error,
+            TimeSliceError::TimedOut { .. } | TimeSliceError::Spawn { .. }
+        ) {
+            entry.devices[i].sharing.time_slice_interval = None;
+        }
         PrepareError::TimeSlice {
             device: entry.devices[i].device.clone(),
             error,
@@ -729,8 +782,17 @@ fn shared_gpu(
     let consumed = d.consumed_memory.ok_or_else(|| {
         unsupported("the GPU is shared by memory fraction but the allocation consumed no memory (allocated by a scheduler without DRAConsumableCapacity?)".to_owned())
     })?;
+    // Resolved configs are normalized: a `GpuConfig` without sharing
+    // reads as time-slicing at the default interval, which changes
+    // nothing and is no reason to refuse.
     if let Some(DeviceConfig::Gpu(cfg)) = &d.config
-        && cfg.sharing.is_some()
+        && cfg.sharing.as_ref().is_some_and(|s| {
+            s.strategy != SharingStrategy::TimeSlicing
+                || s.time_slicing_config
+                    .as_ref()
+                    .and_then(|t| t.interval)
+                    .is_some_and(|i| i != TimeSliceInterval::Default)
+        })
     {
         return Err(unsupported(
             "a memory-shared GPU always runs MPS with limits derived from the consumed memory; remove the sharing config from the claim or class".to_owned(),
@@ -750,9 +812,7 @@ fn shared_gpu(
         .flat_map(|(_, e)| e.devices.iter())
         .filter(|r| r.sharing.mps_daemon.as_ref().is_some_and(|m| m.id == id))
         .find_map(|r| r.sharing.compute_mode.clone());
-    if let Some(change) = inherited {
-        entry.devices[i].sharing.compute_mode = Some(change);
-    } else {
+    if inherited.is_none() {
         set_compute_mode(inner, uid, entry, i, g.index, ComputeMode::ExclusiveProcess)?;
     }
     let daemon = inner.mps.start(&DaemonConfig {
@@ -761,6 +821,14 @@ fn shared_gpu(
         active_thread_percentage: None,
         pinned_memory_limits: BTreeMap::new(),
     })?;
+    // A joining claim copies the change only now, together with the
+    // daemon: the undo restores the mode only for a record that names the
+    // daemon and only when no other claim uses it. A copy recorded before
+    // a failed start would have the rollback restore the mode under the
+    // claims that still share the GPU.
+    if let Some(change) = inherited {
+        entry.devices[i].sharing.compute_mode = Some(change);
+    }
     entry.devices[i].sharing.mps_daemon = Some(daemon);
     failpoint("prepare-after-mps");
     let pinned_mib = (consumed / MIB).max(1);
@@ -910,10 +978,23 @@ pub(crate) fn undo(
             errors.push(format!("reset time-slice of {}: {e}", record.device));
         }
         if let Some(change) = restore_mode
-            && let (Some(index), Some(mode)) = (index, parse_mode(&change.previous))
-            && let Err(e) = inner.backend.set_compute_mode(index, mode)
+            && let Some(mode) = parse_mode(&change.previous)
         {
-            errors.push(format!("restore compute mode of {}: {e}", record.device));
+            if let Some(index) = index {
+                if let Err(e) = inner.backend.set_compute_mode(index, mode) {
+                    errors.push(format!("restore compute mode of {}: {e}", record.device));
+                }
+            } else {
+                // Not an error that keeps the entry: a GPU this plugin no
+                // longer sees cannot be reached by any retry either.
+                tracing::error!(
+                    claim = %uid,
+                    device = %record.device,
+                    gpu = %uuid,
+                    mode = %change.previous,
+                    "cannot restore the compute mode: the GPU is not known to this plugin; set it by hand"
+                );
+            }
         }
         if let DeviceKind::Mig {
             gpu_instance_id: Some(gi),
@@ -993,5 +1074,43 @@ mod tests {
         assert!(Slices(0, 6, 1).overlaps(Whole(0)) && Whole(0).overlaps(Slices(0, 6, 1)));
         assert!(Slices(0, 6, 1).overlaps(Share(0)) && Share(0).overlaps(Slices(0, 6, 1)));
         assert!(!Slices(0, 6, 1).overlaps(Whole(1)));
+    }
+
+    #[test]
+    fn a_conflict_says_how_the_other_claim_holds_the_device() {
+        let conflict = |held| {
+            super::PrepareError::Conflict {
+                device: "gpu-0".into(),
+                other_device: "gpu-0".into(),
+                held,
+                other: "ns/other".into(),
+                other_uid: "u-1".into(),
+            }
+            .to_string()
+        };
+        let prepared = conflict(super::Held::Prepared);
+        assert!(
+            prepared.contains("already prepared for claim ns/other (u-1)")
+                && prepared.ends_with("unprepare the other claim first"),
+            "{prepared}"
+        );
+        let failed = conflict(super::Held::FailedPrepare);
+        assert!(
+            failed.contains("still held by a failed prepare of claim ns/other (u-1)")
+                && failed.contains("retried at that claim's next prepare"),
+            "{failed}"
+        );
+    }
+
+    #[test]
+    fn placements_from_a_hostile_checkpoint_neither_overflow_nor_wrap() {
+        let max = u32::MAX;
+        // Would overflow in u32 (a panic with overflow checks, a wrap to a
+        // missed overlap without).
+        assert!(Slices(0, max, 2).overlaps(Slices(0, max, 1)));
+        assert!(Slices(0, 0, 8).overlaps(Slices(0, 7, max)));
+        assert!(Slices(0, 7, max).overlaps(Slices(0, 0, 8)));
+        assert!(!Slices(0, 0, 7).overlaps(Slices(0, 7, max)));
+        assert!(!Slices(0, max, max).overlaps(Slices(0, 0, max)));
     }
 }

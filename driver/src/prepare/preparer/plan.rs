@@ -12,9 +12,15 @@
 //! - every device named must be one this plugin publishes;
 //! - configs: class configs, then claim configs, later wins, only ours,
 //!   strictly decoded ([`gpu_dra_api::config::resolve`]); a config that does
-//!   not decode fails the claim even if it applies to another request;
+//!   not decode fails the claim even if it applies to another request; a
+//!   config `source` other than `FromClass` or `FromClaim` fails the claim
+//!   (of any driver, as NVIDIA's `GetOpaqueDeviceConfigs` does);
 //! - one device allocated to several requests of the claim (or the same
-//!   share) is prepared once and answered with all its request names.
+//!   share) is prepared once and answered with all its request names. It
+//!   gets admin access only if every one of those results has it, and the
+//!   config that applies to each of those requests: requests without one
+//!   take the others', two different configs are an error naming both
+//!   requests (Kubernetes' allocator never does this; it is hostile input).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -206,6 +212,35 @@ pub enum PlanError {
         /// The config error.
         error: String,
     },
+    /// An allocation config has a `source` that is neither `FromClass` nor
+    /// `FromClaim`.
+    #[error("ResourceClaim {namespace}/{name}: status.allocation.devices.config[{index}]: {error}")]
+    ConfigSource {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Index of the config entry.
+        index: usize,
+        /// The config error ([`config::ConfigError::InvalidSource`]).
+        error: String,
+    },
+    /// One device is allocated to two requests of the claim whose configs
+    /// differ; it can be configured only one way.
+    #[error(
+        "ResourceClaim {namespace}/{name}: device {device:?} is allocated to both request {:?} and request {:?}, but their configs differ ({} vs {}); give both requests the same config",
+        conflict.first_request, conflict.second_request, conflict.first_config, conflict.second_config
+    )]
+    ConflictingConfigs {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Device name.
+        device: String,
+        /// The two requests and their configs.
+        conflict: Box<ConfigConflict>,
+    },
     /// A consumed capacity cannot be read.
     #[error("ResourceClaim {namespace}/{name}: request {request:?}: {reason}")]
     Capacity {
@@ -218,6 +253,19 @@ pub enum PlanError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// The two requests of [`PlanError::ConflictingConfigs`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigConflict {
+    /// The request whose config was taken first.
+    pub first_request: String,
+    /// Its config, as JSON.
+    pub first_config: String,
+    /// The request whose config differs.
+    pub second_request: String,
+    /// Its config, as JSON.
+    pub second_config: String,
 }
 
 /// Plans `claim` for driver `driver` on node `node`; `expected_uid` is the
@@ -248,21 +296,35 @@ pub fn plan(
     else {
         return Err(PlanError::NotAllocated { namespace, name });
     };
-    let configs: Vec<AllocationConfig> = allocation
+    let configs = allocation
         .config
         .iter()
         .flatten()
-        .map(|c| AllocationConfig {
-            source: c.source.parse().unwrap_or(config::ConfigSource::FromClaim),
-            requests: c.requests.clone().unwrap_or_default(),
-            opaque: c.opaque.as_ref().map(|o| OpaqueConfig {
-                driver: o.driver.clone(),
-                parameters: o.parameters.0.clone(),
-            }),
+        .enumerate()
+        .map(|(i, c)| {
+            let source =
+                c.source
+                    .parse()
+                    .map_err(|e: config::ConfigError| PlanError::ConfigSource {
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                        index: i,
+                        error: e.to_string(),
+                    })?;
+            Ok(AllocationConfig {
+                source,
+                requests: c.requests.clone().unwrap_or_default(),
+                opaque: c.opaque.as_ref().map(|o| OpaqueConfig {
+                    driver: o.driver.clone(),
+                    parameters: o.parameters.0.clone(),
+                }),
+            })
         })
-        .collect();
+        .collect::<Result<Vec<AllocationConfig>, PlanError>>()?;
 
     let mut devices: Vec<PlannedDevice> = Vec::new();
+    // Per device: the request its config came from (for conflict messages).
+    let mut config_from: Vec<String> = Vec::new();
     let mut index: BTreeMap<(String, String, Option<String>), usize> = BTreeMap::new();
     let mut elsewhere = Vec::new();
     for result in allocation.results.iter().flatten() {
@@ -280,9 +342,44 @@ pub fn plan(
             result.device.clone(),
             result.share_id.clone(),
         );
+        let admin = result.admin_access.unwrap_or(false);
+        let resolve = |kind: config::DeviceKind| {
+            config::resolve(&configs, &result.request, driver, kind).map_err(|e| {
+                PlanError::Config {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    request: result.request.clone(),
+                    error: e.to_string(),
+                }
+            })
+        };
         if let Some(&i) = index.get(&key) {
-            if !devices[i].requests.contains(&base) {
-                devices[i].requests.push(base);
+            let merged = &mut devices[i];
+            let config = resolve(merged.target.config_kind())?;
+            match (&merged.config, config) {
+                (_, None) => {}
+                (None, Some(c)) => {
+                    merged.config = Some(c);
+                    config_from[i].clone_from(&result.request);
+                }
+                (Some(mine), Some(theirs)) if *mine == theirs => {}
+                (Some(mine), Some(theirs)) => {
+                    return Err(PlanError::ConflictingConfigs {
+                        namespace,
+                        name,
+                        device: result.device.clone(),
+                        conflict: Box::new(ConfigConflict {
+                            first_request: config_from[i].clone(),
+                            first_config: config_json(mine),
+                            second_request: result.request.clone(),
+                            second_config: config_json(&theirs),
+                        }),
+                    });
+                }
+            }
+            merged.admin &= admin;
+            if !merged.requests.contains(&base) {
+                merged.requests.push(base);
             }
             continue;
         }
@@ -295,13 +392,7 @@ pub fn plan(
                 device: result.device.clone(),
                 node: node.to_owned(),
             })?;
-        let config = config::resolve(&configs, &result.request, driver, target.config_kind())
-            .map_err(|e| PlanError::Config {
-                namespace: namespace.clone(),
-                name: name.clone(),
-                request: result.request.clone(),
-                error: e.to_string(),
-            })?;
+        let config = resolve(target.config_kind())?;
         let consumed_memory = match result
             .consumed_capacity
             .as_ref()
@@ -316,12 +407,13 @@ pub fn plan(
             })?),
         };
         index.insert(key, devices.len());
+        config_from.push(result.request.clone());
         devices.push(PlannedDevice {
             requests: vec![base],
             pool: result.pool.clone(),
             device: result.device.clone(),
             share_id: result.share_id.clone(),
-            admin: result.admin_access.unwrap_or(false),
+            admin,
             target,
             config,
             consumed_memory,
@@ -348,6 +440,12 @@ pub fn plan(
         name,
         devices,
     })
+}
+
+/// A config as compact JSON, for error messages.
+fn config_json(config: &DeviceConfig) -> String {
+    serde_json::to_string(config)
+        .unwrap_or_else(|e| format!("<{} not printable: {e}>", config.kind()))
 }
 
 /// A `memory` quantity in whole bytes (rounded up).

@@ -235,3 +235,123 @@ fn hostile_consumed_capacities_are_errors() {
         assert!(e.to_string().contains(bad), "{e}");
     }
 }
+
+#[test]
+fn an_unknown_config_source_fails_the_claim_naming_it() {
+    // NVIDIA's GetOpaqueDeviceConfigs: "invalid config source", whatever the
+    // driver. A forged source must not rank as FromClaim.
+    for (driver, requests) in [(DRIVER, vec!["gpu"]), ("other.example.com", vec![])] {
+        let mut forged = gpu_config("FromAdmin", &[], "Long");
+        forged["opaque"]["driver"] = json!(driver);
+        forged["requests"] = json!(requests);
+        let c = claim(
+            json!([result("gpu", "gpu-0")]),
+            json!([gpu_config("FromClass", &[], "Short"), forged]),
+        );
+        let e = run(&c).unwrap_err();
+        assert!(
+            matches!(e, PlanError::ConfigSource { index: 1, .. }),
+            "{driver}: {e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "ResourceClaim ns/c: status.allocation.devices.config[1]: invalid config source \"FromAdmin\": expected FromClass or FromClaim"
+        );
+    }
+    let empty = gpu_config("", &[], "Long");
+    let e = run(&claim(json!([result("gpu", "gpu-0")]), json!([empty]))).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("config[0]: invalid config source \"\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn one_device_in_two_results_is_admin_only_if_both_are() {
+    let mut mon = result("mon", "gpu-0");
+    mon["adminAccess"] = json!(true);
+    let work = result("work", "gpu-0");
+    for results in [
+        json!([mon.clone(), work.clone()]),
+        json!([work, mon.clone()]),
+    ] {
+        let p = run(&claim(results.clone(), json!([]))).unwrap();
+        assert_eq!(p.devices.len(), 1, "{results}");
+        assert!(!p.devices[0].admin, "{results}");
+        assert_eq!(p.devices[0].requests.len(), 2, "{results}");
+    }
+    let mut mon2 = result("mon2", "gpu-0");
+    mon2["adminAccess"] = json!(true);
+    let p = run(&claim(json!([mon, mon2]), json!([]))).unwrap();
+    assert!(p.devices[0].admin);
+}
+
+#[test]
+fn one_device_in_two_results_keeps_a_config_given_to_either_request() {
+    let interval = |p: &ClaimPlan| match &p.devices[0].config {
+        Some(DeviceConfig::Gpu(cfg)) => cfg.time_slice(),
+        other => panic!("{other:?}"),
+    };
+    // the config is named for the second request only: not dropped
+    let c = claim(
+        json!([result("mon", "gpu-0"), result("work", "gpu-0")]),
+        json!([gpu_config("FromClaim", &["work"], "Long")]),
+    );
+    let p = run(&c).unwrap();
+    assert_eq!(
+        interval(&p),
+        Some(gpu_dra_api::config::TimeSliceInterval::Long)
+    );
+    // the same config for both (by value) is fine
+    let c = claim(
+        json!([result("a", "gpu-0"), result("b", "gpu-0")]),
+        json!([
+            gpu_config("FromClaim", &["a"], "Short"),
+            gpu_config("FromClaim", &["b"], "Short")
+        ]),
+    );
+    assert_eq!(
+        interval(&run(&c).unwrap()),
+        Some(gpu_dra_api::config::TimeSliceInterval::Short)
+    );
+}
+
+#[test]
+fn one_device_in_two_results_with_different_configs_is_an_error_naming_both() {
+    let mut mon = result("mon", "gpu-0");
+    mon["adminAccess"] = json!(true);
+    let c = claim(
+        json!([mon, result("work/fast", "gpu-0")]),
+        json!([
+            gpu_config("FromClaim", &["mon"], "Short"),
+            gpu_config("FromClaim", &["work"], "Long")
+        ]),
+    );
+    let e = run(&c).unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, PlanError::ConflictingConfigs { .. }), "{text}");
+    assert!(
+        text.starts_with(
+            "ResourceClaim ns/c: device \"gpu-0\" is allocated to both request \"mon\" and request \"work/fast\", but their configs differ ("
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"Short\"") && text.contains("\"Long\""),
+        "{text}"
+    );
+    // a wrong-kind config for the second request is no longer skipped
+    let c = claim(
+        json!([
+            result("a", "gpu-2-mig-1g10gb-19-3"),
+            result("b", "gpu-2-mig-1g10gb-19-3")
+        ]),
+        json!([gpu_config("FromClaim", &["b"], "Long")]),
+    );
+    let e = run(&c).unwrap_err();
+    assert!(
+        matches!(&e, PlanError::Config { request, .. } if request == "b"),
+        "{e}"
+    );
+}
