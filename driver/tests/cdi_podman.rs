@@ -202,6 +202,19 @@ fn expected_probe(spec: &Spec, absent: &[&str]) -> String {
     s
 }
 
+/// The probe's line for the driver root's libcuda mounted at `name` in
+/// the library directory: its size and first line.
+fn libcuda_probe_line(roots: &Roots, files: &DriverFiles, name: &str) -> String {
+    let version = files.version.as_deref().unwrap();
+    let libcuda =
+        fs::read_to_string(roots.driver.lib_dir().join(format!("libcuda.so.{version}"))).unwrap();
+    format!(
+        "== file /{LIB_DIR}/{name} {} bytes\n{}\n",
+        libcuda.len(),
+        libcuda.lines().next().unwrap()
+    )
+}
+
 /// Runs the probe with `ids`; returns (env lines, everything after the env).
 fn probe(
     podman: &Podman,
@@ -284,16 +297,8 @@ fn whole_gpu_claim_spec_is_applied_by_podman() {
     // The driver's programs run from their mounts.
     let version = files.version.as_deref().unwrap();
     assert!(smi.contains(&format!("Driver Version: {version}")), "{smi}");
-    let libcuda =
-        fs::read_to_string(roots.driver.lib_dir().join(format!("libcuda.so.{version}"))).unwrap();
-    assert!(
-        mounted.contains(&format!(
-            "== file /{LIB_DIR}/libcuda.so.1 {} bytes\n{}",
-            libcuda.len(),
-            libcuda.lines().next().unwrap()
-        )),
-        "{mounted}"
-    );
+    let line = libcuda_probe_line(&roots, &files, "libcuda.so.1");
+    assert!(mounted.contains(&line), "{line} in {mounted}");
 
     // The runtime ran the spec's createContainer hooks (on the host) with
     // their arguments, in order.
@@ -360,17 +365,8 @@ fn mig_claim_spec_gives_the_capability_nodes() {
     );
     assert_eq!(rest, expected_probe(spec, &absent));
     // No hook made the unversioned link: libcuda.so is libcuda's file.
-    let version = files.version.as_deref().unwrap();
-    let libcuda =
-        fs::read_to_string(roots.driver.lib_dir().join(format!("libcuda.so.{version}"))).unwrap();
-    assert!(
-        rest.contains(&format!(
-            "== file /{LIB_DIR}/libcuda.so {} bytes\n{}",
-            libcuda.len(),
-            libcuda.lines().next().unwrap()
-        )),
-        "{rest}"
-    );
+    let line = libcuda_probe_line(&roots, &files, "libcuda.so");
+    assert!(rest.contains(&line), "{line} in {rest}");
     for node in [
         "/dev/nvidia0",
         "/dev/nvidiactl",

@@ -233,18 +233,43 @@ async fn a_failed_commit_rolls_the_prepare_back() {
     assert!(n.mig_instances().is_empty());
 }
 
+/// A result for a memory share `id` of `device` consuming `memory`.
+fn share(request: &str, device: &str, id: &str, memory: &str) -> serde_json::Value {
+    let mut r = result(request, device);
+    r["shareID"] = json!(id);
+    r["consumedCapacity"] = json!({"memory": memory});
+    r
+}
+
+/// The share id of share `letter`.
+fn share_id(letter: char) -> String {
+    format!("11111111-0000-4000-8000-00000000000{letter}")
+}
+
+/// A claim `share-<letter>` for a memory share of `gpu-3` consuming
+/// `memory`.
+async fn shared_claim(n: &common::prepare::Node, letter: char, memory: &str) -> Claim {
+    let name = format!("share-{letter}");
+    let result = share(&name, "gpu-3", &share_id(letter), memory);
+    n.claim(&name, json!([result]), json!([])).await
+}
+
+/// A claim `name` for `gpu-2`, time-sliced at the `Long` interval.
+async fn long_time_slices(n: &common::prepare::Node, name: &str) -> Claim {
+    n.claim(
+        name,
+        json!([result("gpu", "gpu-2")]),
+        json!([gpu_config(
+            json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})
+        )]),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn time_slicing_sets_and_resets_the_interval() {
     let n = node("t4-inference", &[], DraVersion::V1).await;
-    let c = n
-        .claim(
-            "ts",
-            json!([result("gpu", "gpu-2")]),
-            json!([gpu_config(
-                json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})
-            )]),
-        )
-        .await;
+    let c = long_time_slices(&n, "ts").await;
     n.prepare_ok(&c).await;
     let calls: Vec<Vec<String>> = n
         .env
@@ -487,30 +512,12 @@ async fn dynamic_mig_creates_and_destroys_the_instance() {
 #[tokio::test]
 async fn memory_fraction_shares_one_daemon_until_the_last_claim_leaves() {
     let n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
-    let share = |request: &str, id: &str, memory: &str| {
-        let mut r = result(request, "gpu-3");
-        r["shareID"] = json!(id);
-        r["consumedCapacity"] = json!({"memory": memory});
-        r
-    };
-    let a = n
-        .claim(
-            "share-a",
-            json!([share("a", "11111111-0000-4000-8000-000000000001", "4Gi")]),
-            json!([]),
-        )
-        .await;
-    let b = n
-        .claim(
-            "share-b",
-            json!([share("b", "11111111-0000-4000-8000-000000000002", "8Gi")]),
-            json!([]),
-        )
-        .await;
+    let a = shared_claim(&n, 'a', "4Gi").await;
+    let b = shared_claim(&n, 'b', "8Gi").await;
     let ra = n.prepare_ok(&a).await;
     assert_eq!(
         ra.devices[0].share_id.as_deref(),
-        Some("11111111-0000-4000-8000-000000000001")
+        Some(share_id('a').as_str())
     );
     n.prepare_ok(&b).await;
     assert_eq!(n.mps_daemons(), 1, "one daemon for the GPU");
@@ -541,26 +548,8 @@ async fn memory_fraction_shares_one_daemon_until_the_last_claim_leaves() {
 #[tokio::test]
 async fn a_share_whose_daemon_start_fails_leaves_the_gpu_to_the_claims_sharing_it() {
     let n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
-    let share = |request: &str, id: &str| {
-        let mut r = result(request, "gpu-3");
-        r["shareID"] = json!(id);
-        r["consumedCapacity"] = json!({"memory": "4Gi"});
-        json!([r])
-    };
-    let a = n
-        .claim(
-            "share-a",
-            share("a", "11111111-0000-4000-8000-00000000000a"),
-            json!([]),
-        )
-        .await;
-    let b = n
-        .claim(
-            "share-b",
-            share("b", "11111111-0000-4000-8000-00000000000b"),
-            json!([]),
-        )
-        .await;
+    let a = shared_claim(&n, 'a', "4Gi").await;
+    let b = shared_claim(&n, 'b', "4Gi").await;
     n.prepare_ok(&a).await;
     let exclusive = |n: &common::prepare::Node| {
         n.compute_modes()
@@ -607,15 +596,7 @@ async fn a_refused_time_slice_fails_the_claim_and_leaves_the_gpu_free() {
         nvidia_smi_failure: Some((3, "Setting time slice is Not Supported".to_owned())),
         ..fake_driver_root::Behaviour::default()
     });
-    let ts = n
-        .claim(
-            "ts",
-            json!([result("gpu", "gpu-2")]),
-            json!([gpu_config(
-                json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})
-            )]),
-        )
-        .await;
+    let ts = long_time_slices(&n, "ts").await;
     let r = n.prepare(std::slice::from_ref(&ts)).await;
     let error = r[&ts.uid].error.clone().unwrap_or_default();
     assert!(error.contains("Not Supported"), "{error}");
@@ -641,12 +622,6 @@ async fn a_refused_time_slice_fails_the_claim_and_leaves_the_gpu_free() {
 #[tokio::test]
 async fn an_empty_gpu_config_is_accepted_on_a_memory_shared_gpu_but_a_sharing_one_is_not() {
     let n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
-    let share = |request: &str, id: &str| {
-        let mut r = result(request, "gpu-1");
-        r["shareID"] = json!(id);
-        r["consumedCapacity"] = json!({"memory": "2Gi"});
-        json!([r])
-    };
     // `GpuConfig` with nothing set (normalized to time-slicing, default
     // interval: no change).
     let mut empty = gpu_config(json!(null));
@@ -657,7 +632,12 @@ async fn an_empty_gpu_config_is_accepted_on_a_memory_shared_gpu_but_a_sharing_on
     let plain = n
         .claim(
             "plain",
-            share("a", "11111111-0000-4000-8000-0000000000a1"),
+            json!([share(
+                "a",
+                "gpu-1",
+                "11111111-0000-4000-8000-0000000000a1",
+                "2Gi"
+            )]),
             json!([empty]),
         )
         .await;
@@ -665,7 +645,12 @@ async fn an_empty_gpu_config_is_accepted_on_a_memory_shared_gpu_but_a_sharing_on
     let mps = n
         .claim(
             "mps",
-            share("b", "11111111-0000-4000-8000-0000000000b1"),
+            json!([share(
+                "b",
+                "gpu-1",
+                "11111111-0000-4000-8000-0000000000b1",
+                "2Gi"
+            )]),
             json!([gpu_config(json!({"strategy": "MPS"}))]),
         )
         .await;
