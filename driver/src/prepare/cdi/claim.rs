@@ -203,11 +203,7 @@ pub fn claim_edits(files: &DriverFiles, control: &ControlNodes) -> ContainerEdit
     }
     let mut hooks = Vec::new();
     if let Some(hook) = &files.cdi_hook {
-        if let Some(cuda) = files.find("libcuda.so.1") {
-            let dir = cuda
-                .container_path
-                .strip_suffix("/libcuda.so.1")
-                .unwrap_or_default();
+        if let Some(link) = dev_link(files) {
             hooks.push(Hook {
                 hook_name: "createContainer".into(),
                 path: hook.clone(),
@@ -215,7 +211,7 @@ pub fn claim_edits(files: &DriverFiles, control: &ControlNodes) -> ContainerEdit
                     "nvidia-cdi-hook".into(),
                     "create-symlinks".into(),
                     "--link".into(),
-                    format!("libcuda.so.1::{dir}/libcuda.so"),
+                    format!("libcuda.so.1::{}", link.container_path),
                 ],
                 ..Hook::default()
             });
@@ -241,11 +237,10 @@ pub fn claim_edits(files: &DriverFiles, control: &ControlNodes) -> ContainerEdit
     }
 }
 
-/// Without the hook's `create-symlinks`, the unversioned `libcuda.so` (what
-/// `-lcuda` links against, and what some programs `dlopen`) would be missing
-/// from the container: the file `libcuda.so.1` resolves to is mounted at
-/// that name next to it instead. A bind mount, not a link: CDI has no edit
-/// that makes a symlink.
+/// The unversioned `libcuda.so` next to `libcuda.so.1` (what `-lcuda`
+/// links against, and what some programs `dlopen`), from the file
+/// `libcuda.so.1` resolves to. The hook's `create-symlinks` makes it a link;
+/// without the hook it is mounted (CDI has no edit that makes a symlink).
 pub fn dev_link(files: &DriverFiles) -> Option<DriverFile> {
     let cuda = files.find("libcuda.so.1")?;
     Some(DriverFile {

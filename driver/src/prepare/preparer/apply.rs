@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use gpu_dra_api::config::{DeviceConfig, MpsConfig, SharingStrategy, TimeSliceInterval};
+use gpu_dra_api::config::{DeviceConfig, MpsConfig, TimeSliceInterval};
 use gpu_nvml::ComputeMode;
 
 use super::plan::{ClaimPlan, GpuTarget, MigTarget, PlannedDevice, Target};
@@ -786,13 +786,8 @@ fn shared_gpu(
     // reads as time-slicing at the default interval, which changes
     // nothing and is no reason to refuse.
     if let Some(DeviceConfig::Gpu(cfg)) = &d.config
-        && cfg.sharing.as_ref().is_some_and(|s| {
-            s.strategy != SharingStrategy::TimeSlicing
-                || s.time_slicing_config
-                    .as_ref()
-                    .and_then(|t| t.interval)
-                    .is_some_and(|i| i != TimeSliceInterval::Default)
-        })
+        && cfg.sharing.is_some()
+        && cfg.time_slice() != Some(TimeSliceInterval::Default)
     {
         return Err(unsupported(
             "a memory-shared GPU always runs MPS with limits derived from the consumed memory; remove the sharing config from the claim or class".to_owned(),
