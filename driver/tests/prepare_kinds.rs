@@ -7,10 +7,12 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::prepare::{VENDOR_KIND, env_of, gpu_config, node, node_yaml, result};
+use common::prepare::{VENDOR_KIND, env_of, gpu_config, gpu_config_for, node, node_yaml, result};
 use common::{DRIVER, NODE};
+use fake_driver_root::FakeDriverRoot;
 use gpu_dra_e2e::kubelet::{Claim, DraVersion};
 use serde_json::json;
 
@@ -341,6 +343,96 @@ async fn mps_claim_gets_a_daemon_with_its_limits_and_the_pipe() {
     assert!(!n.live_processes().is_empty(), "the daemon runs");
     n.unprepare_ok(&c).await;
     assert_eq!(n.mps_daemons(), 0, "daemon stopped");
+    assert_eq!(n.processes(), 0, "no process left");
+}
+
+/// NVIDIA's driver starts one daemon per config entry, and counts
+/// index-keyed per-device limits within the entry's devices, sorted by UUID.
+/// Two entries with the same content are two groups: each GPU is its
+/// group's device "0" and gets the limit. One entry for both requests is
+/// one group: only its first GPU does.
+#[tokio::test]
+async fn mps_daemons_and_index_keyed_limits_follow_config_entries_not_their_content() {
+    let n = node("dgx-h100", &[], DraVersion::V1).await;
+    let sharing = json!({"strategy": "MPS", "mpsConfig": {
+        "defaultPerDevicePinnedMemoryLimit": {"0": "1Gi"}}});
+    let results = json!([result("a", "gpu-0"), result("b", "gpu-1")]);
+    // Each daemon of the checkpoint's entries: the GPUs it serves and
+    // those it was given a limit of 1 GiB for, by UUID (the daemon takes
+    // devices by their place in its CUDA_VISIBLE_DEVICES), read from the
+    // fake daemon's own state.
+    let daemons = |n: &common::prepare::Node| -> BTreeSet<(Vec<String>, Vec<String>)> {
+        let checkpoint = n.checkpoint();
+        let mut found = BTreeSet::new();
+        for entry in checkpoint["entries"].as_object().unwrap().values() {
+            for device in entry["entry"]["devices"].as_array().unwrap() {
+                let Some(pipe) = device["sharing"]["mpsDaemon"]["pipeDir"].as_str() else {
+                    continue;
+                };
+                let state = FakeDriverRoot::mps_state(pipe.as_ref()).unwrap().unwrap();
+                let visible: Vec<String> = state
+                    .visible_devices
+                    .split(',')
+                    .map(str::to_owned)
+                    .collect();
+                let limited = state
+                    .pinned_mem_limits
+                    .iter()
+                    .map(|(place, value)| {
+                        assert_eq!(value, "1024M");
+                        visible[place.parse::<usize>().unwrap()].clone()
+                    })
+                    .collect();
+                let mut served = visible.clone();
+                served.sort();
+                found.insert((served, limited));
+            }
+        }
+        found
+    };
+
+    let two = n
+        .claim(
+            "two-entries",
+            results.clone(),
+            json!([
+                gpu_config_for(&["a"], sharing.clone()),
+                gpu_config_for(&["b"], sharing.clone())
+            ]),
+        )
+        .await;
+    n.prepare_ok(&two).await;
+    assert_eq!(n.mps_daemons(), 2, "a daemon per config entry");
+    let found = daemons(&n);
+    assert_eq!(found.len(), 2, "{found:?}");
+    for (served, limited) in &found {
+        assert_eq!(served.len(), 1, "{found:?}");
+        assert_eq!(
+            limited, served,
+            "each GPU is device 0 of its own daemon and has the limit"
+        );
+    }
+    n.unprepare_ok(&two).await;
+    assert_eq!(n.mps_daemons(), 0);
+
+    let one = n
+        .claim(
+            "one-entry",
+            results,
+            json!([gpu_config_for(&["a", "b"], sharing)]),
+        )
+        .await;
+    n.prepare_ok(&one).await;
+    assert_eq!(n.mps_daemons(), 1, "one daemon for the entry's two GPUs");
+    let found = daemons(&n);
+    let [(served, limited)] = Vec::from_iter(found.clone()).try_into().unwrap();
+    assert_eq!(served.len(), 2, "{found:?}");
+    assert_eq!(
+        limited,
+        served[..1],
+        "only the group's first GPU by sorted UUID has the limit"
+    );
+    n.unprepare_ok(&one).await;
     assert_eq!(n.processes(), 0, "no process left");
 }
 

@@ -80,6 +80,19 @@ pub fn resolve(
     driver: &str,
     device_kind: DeviceKind,
 ) -> Result<Option<DeviceConfig>, ConfigError> {
+    Ok(resolve_entry(configs, request, driver, device_kind)?.map(|(_, config)| config))
+}
+
+/// As [`resolve`], with the winning config's index in `configs`. Devices
+/// whose configs came from one entry are one group in NVIDIA's driver (one
+/// MPS daemon, index-keyed limits counted within the group), even where
+/// two entries have the same content.
+pub fn resolve_entry(
+    configs: &[AllocationConfig],
+    request: &str,
+    driver: &str,
+    device_kind: DeviceKind,
+) -> Result<Option<(usize, DeviceConfig)>, ConfigError> {
     let ordered = configs
         .iter()
         .enumerate()
@@ -105,13 +118,13 @@ pub fn resolve(
                 source_kind: config.source,
                 error: Box::new(error),
             })?;
-        ours.push((&config.requests, decoded));
+        ours.push((index, &config.requests, decoded));
     }
     let main = request.split_once('/').map(|(main, _)| main);
-    for (requests, config) in ours.into_iter().rev() {
+    for (index, requests, config) in ours.into_iter().rev() {
         if requests.is_empty() {
             if config.device_kind() == device_kind {
-                return Ok(Some(config));
+                return Ok(Some((index, config)));
             }
             continue;
         }
@@ -126,7 +139,7 @@ pub fn resolve(
                     request: request.to_owned(),
                 });
             }
-            return Ok(Some(config));
+            return Ok(Some((index, config)));
         }
     }
     Ok(None)

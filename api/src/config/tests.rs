@@ -718,6 +718,31 @@ fn claim_configs_beat_class_configs_and_later_wins() {
 }
 
 #[test]
+fn the_winning_entry_is_named_by_its_index_in_the_allocation() {
+    use ConfigSource::{FromClaim, FromClass};
+    // Two entries with the same content stay two entries; the index is the
+    // position in the list as written, not in the class-first order.
+    let configs = [
+        alloc(FromClaim, &["a"], DRIVER, ts("Short")),
+        alloc(FromClass, &[], DRIVER, ts("Short")),
+        alloc(FromClaim, &["b"], DRIVER, ts("Short")),
+    ];
+    let entry = |request| {
+        resolve_entry(&configs, request, DRIVER, DeviceKind::Gpu)
+            .unwrap()
+            .map(|(index, _)| index)
+    };
+    assert_eq!(entry("a"), Some(0));
+    assert_eq!(entry("b"), Some(2));
+    assert_eq!(entry("c"), Some(1), "only the class config covers it");
+    assert_eq!(
+        resolve_entry(&configs, "c", DRIVER, DeviceKind::Mig),
+        Ok(None),
+        "a GpuConfig for all requests is skipped for a MIG device"
+    );
+}
+
+#[test]
 fn foreign_drivers_are_ignored_even_when_broken() {
     use ConfigSource::FromClaim;
     let configs = [

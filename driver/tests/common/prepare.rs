@@ -149,6 +149,13 @@ pub fn gpu_config(sharing: Value) -> Value {
         "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": sharing}}})
 }
 
+/// A claim config with a `GpuConfig` of `sharing`, for `requests`.
+pub fn gpu_config_for(requests: &[&str], sharing: Value) -> Value {
+    let mut config = gpu_config(sharing);
+    config["requests"] = json!(requests);
+    config
+}
+
 /// A claim config with a `MigDeviceConfig` of `sharing`, for `requests`.
 pub fn mig_config(requests: &[&str], sharing: Value) -> Value {
     json!({"source": "FromClaim", "requests": requests, "opaque": {"driver": DRIVER,

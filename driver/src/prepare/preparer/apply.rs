@@ -450,8 +450,9 @@ fn setup(
     let names = cdi_names(plan);
     let mut spec =
         ClaimSpec::with_kind(inner.opts.cdi.vendor(), inner.opts.cdi.class(), &plan.uid.0)?;
-    // Devices asking for MPS, grouped by identical config: one daemon each.
-    let mut mps_groups: Vec<(MpsConfig, Vec<(usize, String)>)> = Vec::new();
+    // Devices asking for MPS, grouped by the config entry they took it
+    // from: one daemon each.
+    let mut mps_groups: Vec<MpsGroup> = Vec::new();
     // Whole GPUs of those: (device, GPU index), set to EXCLUSIVE_PROCESS
     // while their daemons start (see `start_mps_and_write_spec`).
     let mut exclusive: Vec<(usize, u32)> = Vec::new();
@@ -481,7 +482,7 @@ fn setup(
                         time_slice(inner, &plan.uid, entry, i, g, interval)?;
                     } else if let Some(mps) = cfg.mps() {
                         exclusive.push((i, g.index));
-                        group(&mut mps_groups, mps, i, g.uuid.clone());
+                        group(&mut mps_groups, d.config_entry, mps, i, g.uuid.clone());
                     }
                 }
             }
@@ -495,13 +496,14 @@ fn setup(
                 if let Some(DeviceConfig::Mig(cfg)) = &d.config
                     && let Some(mps) = cfg.mps()
                 {
-                    group(&mut mps_groups, mps, i, uuid);
+                    group(&mut mps_groups, d.config_entry, mps, i, uuid);
                 }
             }
         }
     }
     let mut daemons = Vec::with_capacity(mps_groups.len());
-    for (n, (config, members)) in mps_groups.iter().enumerate() {
+    for (n, group) in mps_groups.iter().enumerate() {
+        let (config, members) = (&group.config, &group.members);
         let uuids: Vec<&str> = members.iter().map(|(_, u)| u.as_str()).collect();
         let limits =
             config
@@ -519,8 +521,8 @@ fn setup(
             pinned_memory_limits: limits,
         });
     }
-    for (cfg, (_, members)) in daemons.iter().zip(&mps_groups) {
-        for (i, _) in members {
+    for (cfg, group) in daemons.iter().zip(&mps_groups) {
+        for (i, _) in &group.members {
             spec.add_edits(&names[*i], inner.mps.container_edits(&cfg.id))?;
         }
     }
@@ -539,10 +541,10 @@ fn setup(
     // Every daemon that started is recorded, even when another step
     // failed, so the rollback stops it (and removes the spec).
     let mut first_error = started.side.err();
-    for (result, (_, members)) in started.daemons.into_iter().zip(&mps_groups) {
+    for (result, group) in started.daemons.into_iter().zip(&mps_groups) {
         match result {
             Ok(record) => {
-                for (i, _) in members {
+                for (i, _) in &group.members {
                     entry.devices[*i].sharing.mps_daemon = Some(record.clone());
                 }
             }
@@ -629,16 +631,36 @@ fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
+/// The MPS devices of a claim that took their config from one entry of the
+/// allocation's configs: one daemon serves them, and index-keyed
+/// per-device limits count within them (NVIDIA's driver groups the same
+/// way, so two entries with equal content get a daemon each).
+struct MpsGroup {
+    entry: Option<usize>,
+    config: MpsConfig,
+    /// (device index in the plan, GPU or MIG UUID)
+    members: Vec<(usize, String)>,
+}
+
 fn group(
-    groups: &mut Vec<(MpsConfig, Vec<(usize, String)>)>,
+    groups: &mut Vec<MpsGroup>,
+    entry: Option<usize>,
     cfg: &MpsConfig,
     i: usize,
     uuid: String,
 ) {
-    if let Some((_, members)) = groups.iter_mut().find(|(c, _)| c == cfg) {
-        members.push((i, uuid));
-    } else {
-        groups.push((cfg.clone(), vec![(i, uuid)]));
+    // One entry has one content; comparing it too keeps a group from ever
+    // mixing two configs.
+    match groups
+        .iter_mut()
+        .find(|g| g.entry == entry && g.config == *cfg)
+    {
+        Some(g) => g.members.push((i, uuid)),
+        None => groups.push(MpsGroup {
+            entry,
+            config: cfg.clone(),
+            members: vec![(i, uuid)],
+        }),
     }
 }
 

@@ -128,6 +128,9 @@ pub struct PlannedDevice {
     /// The opaque config that applies; `None`: nothing configured, so the
     /// hardware is left as it is.
     pub config: Option<DeviceConfig>,
+    /// Where `config` came from: its index in the allocation's `config`
+    /// list. MPS devices of one entry share a daemon, as in NVIDIA's driver.
+    pub config_entry: Option<usize>,
     /// Bytes of `memory` the allocation consumed (memory-fraction sharing).
     pub consumed_memory: Option<u64>,
 }
@@ -344,7 +347,7 @@ pub fn plan(
         );
         let admin = result.admin_access.unwrap_or(false);
         let resolve = |kind: config::DeviceKind| {
-            config::resolve(&configs, &result.request, driver, kind).map_err(|e| {
+            config::resolve_entry(&configs, &result.request, driver, kind).map_err(|e| {
                 PlanError::Config {
                     namespace: namespace.clone(),
                     name: name.clone(),
@@ -358,12 +361,13 @@ pub fn plan(
             let config = resolve(merged.target.config_kind())?;
             match (&merged.config, config) {
                 (_, None) => {}
-                (None, Some(c)) => {
+                (None, Some((entry, c))) => {
                     merged.config = Some(c);
+                    merged.config_entry = Some(entry);
                     config_from[i].clone_from(&result.request);
                 }
-                (Some(mine), Some(theirs)) if *mine == theirs => {}
-                (Some(mine), Some(theirs)) => {
+                (Some(mine), Some((_, theirs))) if *mine == theirs => {}
+                (Some(mine), Some((_, theirs))) => {
                     return Err(PlanError::ConflictingConfigs {
                         namespace,
                         name,
@@ -392,7 +396,7 @@ pub fn plan(
                 device: result.device.clone(),
                 node: node.to_owned(),
             })?;
-        let config = resolve(target.config_kind())?;
+        let (config_entry, config) = resolve(target.config_kind())?.unzip();
         let consumed_memory = match result
             .consumed_capacity
             .as_ref()
@@ -416,6 +420,7 @@ pub fn plan(
             admin,
             target,
             config,
+            config_entry,
             consumed_memory,
         });
     }
