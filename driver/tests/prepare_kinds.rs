@@ -812,6 +812,46 @@ async fn a_changed_mps_dir_takes_over_running_daemons_where_they_were_started() 
     assert_eq!(starts(&n), 2);
 }
 
+/// A claim's entry lost to a bad checksum while the plugin was down, and
+/// the plugin back with another --mps-dir: no record names the claim's
+/// daemon under the old directory any more; it is found as this plugin's by
+/// process and stopped, directory and all.
+#[tokio::test]
+async fn a_daemon_whose_entry_was_lost_under_an_earlier_mps_dir_is_stopped() {
+    let outside = tempfile::tempdir().unwrap();
+    let new_dir = outside.path().join("run-mps");
+    let mut n = node("t4-inference", &[], DraVersion::V1).await;
+    let c = n.mps_claim("lost").await;
+    n.prepare_ok(&c).await;
+    assert_eq!(n.mps_daemons(), 1);
+    assert!(!n.live_processes().is_empty(), "the daemon runs");
+
+    n.stop();
+    let path = n.state_dir().join("checkpoint.json");
+    let mut checkpoint = n.checkpoint();
+    checkpoint["entries"][&c.uid]["entry"]["name"] = json!("tampered");
+    std::fs::write(&path, serde_json::to_vec(&checkpoint).unwrap()).unwrap();
+    let flag = format!("--mps-dir={}", new_dir.display());
+    n.restart_with_flags(&[&flag]).await;
+
+    let logs = n.logs();
+    assert!(logs.contains("checkpoint entry quarantined"), "{logs}");
+    assert!(logs.contains("unreferenced MPS daemons stopped"), "{logs}");
+    assert_eq!(n.processes(), 0, "no process left\n{logs}");
+    assert_eq!(n.mps_daemons(), 0, "its directory removed");
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    // The plugin serves on: the claim again gets a daemon under --mps-dir.
+    let again = n.mps_claim("again").await;
+    n.prepare_ok(&again).await;
+    let daemon_dirs = std::fs::read_dir(&new_dir)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().is_dir())
+        .count();
+    assert_eq!(daemon_dirs, 1, "{}", n.logs());
+    n.unprepare_ok(&again).await;
+    assert_eq!(n.processes(), 0, "no process left");
+}
+
 #[tokio::test]
 async fn a_device_is_never_given_to_two_claims_but_admin_access_may_watch() {
     let n = node("t4-inference", &[], DraVersion::V1).await;

@@ -238,6 +238,19 @@ pub struct LoadReport {
     pub moved_aside: Option<(PathBuf, String)>,
 }
 
+impl LoadReport {
+    /// Whether entries of the file were dropped without being undone:
+    /// quarantined, in a file moved aside, or of an earlier boot (after a
+    /// real reboot nothing they set up is left, but a damaged boot id reads
+    /// as a reboot too). What they had set up on the node is no longer
+    /// recorded.
+    pub fn lost_entries(&self) -> bool {
+        !self.quarantined.is_empty()
+            || self.moved_aside.is_some()
+            || self.previous_boot_copy.is_some()
+    }
+}
+
 /// A failed filesystem step of a checkpoint write; shared by every commit of
 /// the group that write carried.
 #[derive(Clone, Debug, thiserror::Error)]

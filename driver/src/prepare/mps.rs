@@ -52,6 +52,10 @@
 //! plugin ran with another `--mps-dir` when it was started) is taken over
 //! there ([`MpsControl::adopt_elsewhere`]) until it stops: changing the flag
 //! neither orphans a daemon nor starts a second one for a memory-shared GPU.
+//! Every daemon also carries [`procs::OWNER_ENV`], the plugin's state
+//! directory: when checkpoint entries were lost, recovery finds this
+//! plugin's daemons under an earlier `--mps-dir` that no record names by
+//! that mark and stops them ([`MpsControl::stop_orphans_elsewhere`]).
 //! [`MpsControl::check`] restarts a needed daemon that died; [`MpsControl::stop`]
 //! sends `quit`, kills what is left (every process carrying the daemon's
 //! [`procs::DAEMON_MARKER_ENV`]) and removes the directories.
@@ -433,6 +437,17 @@ pub struct DaemonDirs {
 }
 
 impl DaemonDirs {
+    /// The layout of the daemon directory `root` (`<mps-dir>/<id>`).
+    fn at(root: PathBuf) -> Self {
+        Self {
+            pipe: root.join("pipe"),
+            log: root.join("log"),
+            shm: root.join("shm"),
+            config: root.join(CONFIG_FILE),
+            root,
+        }
+    }
+
     fn pid_file(&self) -> PathBuf {
         self.pipe.join(PID_FILE)
     }
@@ -460,6 +475,10 @@ pub struct MpsControl {
     /// over from the checkpoint ([`MpsControl::adopt_elsewhere`]); each
     /// entry goes when its daemon is stopped.
     elsewhere: Mutex<HashMap<String, PathBuf>>,
+    /// Set on every daemon as [`procs::OWNER_ENV`]: the plugin's state
+    /// directory, so its daemons are found by process even where no record
+    /// or directory names them ([`MpsControl::stop_orphans_elsewhere`]).
+    owner: Option<PathBuf>,
 }
 
 impl MpsControl {
@@ -476,7 +495,15 @@ impl MpsControl {
             launcher: None,
             locks: Mutex::new(HashMap::new()),
             elsewhere: Mutex::new(HashMap::new()),
+            owner: None,
         }
+    }
+
+    /// Marks every daemon started from now on as this `owner`'s (the
+    /// plugin's state directory, which one plugin at a time holds).
+    pub fn with_owner(mut self, owner: impl Into<PathBuf>) -> Self {
+        self.owner = Some(owner.into());
+        self
     }
 
     /// Uses these timeouts.
@@ -518,14 +545,7 @@ impl MpsControl {
     /// The directories of daemon `id`.
     pub fn dirs(&self, id: &str) -> Result<DaemonDirs, MpsError> {
         checked_id(id)?;
-        let root = self.root_of(id).local(Path::new(id));
-        Ok(DaemonDirs {
-            pipe: root.join("pipe"),
-            log: root.join("log"),
-            shm: root.join("shm"),
-            config: root.join(CONFIG_FILE),
-            root,
-        })
+        Ok(DaemonDirs::at(self.root_of(id).local(Path::new(id))))
     }
 
     /// The host path of `<mps-dir>/<id>/<leaf>`, as CDI specs and records
@@ -898,6 +918,9 @@ impl MpsControl {
         // the leader of a session of its own when it forks it.
         cmd.process_group(0);
         driver_env(&mut cmd, &self.driver_root.path);
+        if let Some(owner) = &self.owner {
+            cmd.env(procs::OWNER_ENV, owner);
+        }
         cmd.env("CUDA_MPS_PIPE_DIRECTORY", pipe_env);
         cmd.env("CUDA_VISIBLE_DEVICES", cfg.visible_devices())
             .env("CUDA_MPS_LOG_DIRECTORY", &dirs.log)
@@ -1111,8 +1134,15 @@ impl MpsControl {
     }
 
     fn stop_locked(&self, id: &str, dirs: &DaemonDirs) -> Result<(), MpsError> {
+        self.stop_in(id, dirs, self.is_elsewhere(id))
+    }
+
+    /// [`Self::stop_locked`] for the daemon in `dirs`; `elsewhere`: it lives
+    /// under an earlier `--mps-dir`, so where the directory cannot be seen
+    /// its processes are killed by their marker.
+    fn stop_in(&self, id: &str, dirs: &DaemonDirs, elsewhere: bool) -> Result<(), MpsError> {
         if !dirs.root.exists() {
-            if self.is_elsewhere(id) {
+            if elsewhere {
                 // Under an earlier --mps-dir this plugin cannot see: no
                 // pid file or socket to reach, but its processes carry
                 // the marker.
@@ -1146,6 +1176,52 @@ impl MpsControl {
         fs::remove_dir_all(&dirs.root).map_err(io_err("remove", &dirs.root))?;
         tracing::info!(daemon = %id, "stopped MPS control daemon");
         Ok(())
+    }
+
+    /// Stops this owner's daemons ([`Self::with_owner`]) that run under
+    /// another MPS directory than `--mps-dir` and were not taken over from a
+    /// record ([`Self::adopt_elsewhere`]): daemons of an earlier `--mps-dir`
+    /// whose checkpoint entry was lost (quarantined, or the file moved
+    /// aside). Found by a walk over every process's environment, so only
+    /// run when entries were lost. Daemons under `--mps-dir` are
+    /// [`Self::list`]ed instead. Returns `<id> in <directory>` of each
+    /// daemon stopped, and the failures.
+    pub fn stop_orphans_elsewhere(&self) -> (Vec<String>, Vec<String>) {
+        let (mut stopped, mut errors) = (Vec::new(), Vec::new());
+        let Some(owner) = &self.owner else {
+            return (stopped, errors);
+        };
+        for root in procs::owned_daemon_dirs(owner) {
+            let (Some(dir), Some(id)) = (root.parent(), root.file_name()) else {
+                continue;
+            };
+            if dir == self.dir.path {
+                continue;
+            }
+            let Some(id) = id.to_str().filter(|id| validate_id(id).is_ok()) else {
+                errors.push(format!(
+                    "a process of this plugin's names MPS daemon directory {}, whose name is not a daemon id; left running",
+                    root.display()
+                ));
+                continue;
+            };
+            if self.elsewhere().get(id).is_some_and(|d| d == dir) {
+                continue;
+            }
+            let lock = self.lock_for(id);
+            let held = lock.lock().unwrap_or_else(PoisonError::into_inner);
+            let result = self.stop_in(id, &DaemonDirs::at(root.clone()), true);
+            drop(held);
+            self.forget_lock(id, &lock);
+            match result {
+                Ok(()) => stopped.push(format!("{id} in {}", dir.display())),
+                Err(e) => errors.push(format!(
+                    "stop MPS daemon {id} of an earlier --mps-dir {}: {e}",
+                    dir.display()
+                )),
+            }
+        }
+        (stopped, errors)
     }
 
     /// Ids of the daemons that have a directory (running or not), sorted;

@@ -233,7 +233,8 @@ impl Preparer {
             // /proc/driver/nvidia at --proc-root.
             let boot_id = std::path::Path::new(BOOT_ID);
             let (store, load) = Store::open(&opts.state_dir.path, boot_id)?;
-            let mut mps = MpsControl::new(opts.driver_root.clone(), opts.mps_dir.clone());
+            let mut mps = MpsControl::new(opts.driver_root.clone(), opts.mps_dir.clone())
+                .with_owner(&opts.state_dir.path);
             if let Some(launcher) = &opts.mps_launcher {
                 mps = mps.with_launcher(launcher);
             }

@@ -188,13 +188,19 @@ impl Node {
     /// state, MPS daemons), with environment variables `envs`; registers the
     /// kubelet with it again.
     pub async fn restart(&mut self, envs: &[(&str, &str)]) {
-        let _ = self.plugin.child.kill();
-        let _ = self.plugin.child.wait();
+        self.stop();
         let name = format!("run-{}", self.logs.len());
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
         self.plugin = Plugin::launch_with(&self.env, self.dir.path(), &name, &extra, envs);
         self.logs.push(self.plugin.log.clone());
         self.kubelet = register(&self.plugin, self.version).await;
+    }
+
+    /// Stops the plugin (SIGKILL if it still runs), leaving everything it
+    /// made in place; [`Self::restart`] starts it again.
+    pub fn stop(&mut self) {
+        let _ = self.plugin.child.kill();
+        let _ = self.plugin.child.wait();
     }
 
     /// Makes the fake driver root's programs behave as `behaviour` says.

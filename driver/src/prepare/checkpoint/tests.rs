@@ -952,3 +952,33 @@ fn checkpoint_commit_cost() {
     println!("commit, 1 claim ({one_size} bytes): {one:?} per commit");
     println!("commit, 101 claims ({hundred_size} bytes): {hundred:?} per commit");
 }
+
+#[test]
+fn entries_count_as_lost_when_quarantined_moved_aside_or_kept_as_an_earlier_boots() {
+    let clean = LoadReport {
+        loaded: 3,
+        // a reboot whose file held no entries is kept nowhere: nothing lost
+        discarded_for_reboot: 0,
+        previous_boot_id: Some("old".into()),
+        ..LoadReport::default()
+    };
+    assert!(!clean.lost_entries());
+    let lost = [
+        LoadReport {
+            quarantined: vec![("uid".into(), "checksum mismatch".into())],
+            ..clean.clone()
+        },
+        LoadReport {
+            moved_aside: Some(("checkpoint.json.corrupt".into(), "not JSON".into())),
+            ..clean.clone()
+        },
+        LoadReport {
+            discarded_for_reboot: 2,
+            previous_boot_copy: Some("checkpoint.previous-boot.json".into()),
+            ..clean.clone()
+        },
+    ];
+    for report in lost {
+        assert!(report.lost_entries(), "{report:?}");
+    }
+}

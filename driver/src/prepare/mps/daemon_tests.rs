@@ -794,6 +794,80 @@ fn a_daemon_of_an_earlier_mps_dir_that_cannot_be_seen_is_never_doubled_and_stops
     mps.stop(id).unwrap();
 }
 
+/// Entries lost: daemons of an earlier --mps-dir that no record names are
+/// found by their owner mark and stopped, whether their directory can be
+/// seen or not; a daemon taken over from a record, one under --mps-dir, and
+/// another owner's are left alone.
+#[test]
+fn orphans_of_an_earlier_mps_dir_are_stopped_by_owner_and_nothing_else_is() {
+    let env = Env::new();
+    let owner = env.state.clone();
+    let before = env.control_in("old").with_owner(&owner);
+    let pid_of = |mps: &MpsControl, id: &str| mps.start(&shared(id)).unwrap().pid.unwrap();
+    let seen = pid_of(&before, "orphan-seen");
+    let kept = pid_of(&before, "recorded");
+    let hidden_owner = env.control_in("hidden-old").with_owner(&owner);
+    let hidden = pid_of(&hidden_owner, "orphan-hidden");
+    fs::rename(env.state.join("hidden-old"), env.state.join("out-of-sight")).unwrap();
+    let foreign = pid_of(
+        &env.control_in("theirs")
+            .with_owner(env.state.join("another")),
+        "foreign",
+    );
+    let unmarked = pid_of(&env.control_in("unmarked"), "unmarked");
+
+    let mps = env.control_in("run-mps").with_owner(&owner);
+    let current = pid_of(&mps, "current");
+    mps.adopt_elsewhere("recorded", env.state.join("old"));
+    let (stopped, errors) = mps.stop_orphans_elsewhere();
+    assert!(errors.is_empty(), "{errors:?}");
+    let old = env.state.join("old");
+    let hidden_dir = env.state.join("hidden-old");
+    assert_eq!(
+        stopped,
+        [
+            format!("orphan-hidden in {}", hidden_dir.display()),
+            format!("orphan-seen in {}", old.display()),
+        ]
+    );
+    wait_dead(seen);
+    wait_dead(hidden);
+    assert!(!old.join("orphan-seen").exists(), "its directory removed");
+    for pid in [kept, foreign, unmarked, current] {
+        assert!(procs::is_alive(pid), "{pid} left running");
+    }
+    assert!(old.join("recorded").exists());
+    // Nothing left to find the second time.
+    assert_eq!(mps.stop_orphans_elsewhere(), (vec![], vec![]));
+    // A process with the mark and a directory whose name is no daemon id
+    // (not one of ours, or a hostile environment): reported, left alone.
+    let mut odd = std::process::Command::new("sleep")
+        .arg("30")
+        .env(procs::OWNER_ENV, &owner)
+        .env(
+            procs::DAEMON_MARKER_ENV,
+            env.state.join("old").join("not an id"),
+        )
+        .spawn()
+        .unwrap();
+    // (`spawn` returns once `sleep` runs, with this environment.)
+    let (stopped, errors) = mps.stop_orphans_elsewhere();
+    assert!(stopped.is_empty(), "{stopped:?}");
+    assert!(
+        errors.len() == 1 && errors[0].contains("not an id") && errors[0].contains("left running"),
+        "{errors:?}"
+    );
+    assert!(procs::is_alive(odd.id()));
+    let _ = odd.kill();
+    let _ = odd.wait();
+    // Without an owner it finds nothing at all.
+    let unowned = env.control_in("run-mps");
+    assert_eq!(unowned.stop_orphans_elsewhere(), (vec![], vec![]));
+    for pid in [kept, foreign, unmarked, current] {
+        procs::kill(pid);
+    }
+}
+
 #[test]
 fn a_gone_daemon_of_an_earlier_mps_dir_that_cannot_be_seen_starts_afresh() {
     let env = Env::new();

@@ -8,14 +8,21 @@
 //! [`DAEMON_MARKER_ENV`] with the daemon directory in their environment,
 //! which finds them even without a pid file.
 
+use std::collections::BTreeSet;
+use std::ffi::OsStr;
 use std::fs;
-use std::path::Path;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 
 use rustix::process::{Pid, Signal, kill_process};
 
 /// Environment variable naming the daemon directory, set on every daemon
 /// the plugin starts (inherited by its MPS servers).
 pub const DAEMON_MARKER_ENV: &str = "GPU_DRA_MPS_DAEMON_DIR";
+/// Environment variable naming the plugin's state directory, set on every
+/// daemon the plugin starts: which plugin's daemon a process is, when no
+/// record says so.
+pub const OWNER_ENV: &str = "GPU_DRA_MPS_OWNER";
 /// Largest pid file read.
 const MAX_PID_FILE: u64 = 64;
 
@@ -43,8 +50,7 @@ fn cmdline(pid: u32) -> Option<Vec<Vec<u8>>> {
 }
 
 fn names_mps(arg: &[u8], prefix: &str) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    Path::new(std::ffi::OsStr::from_bytes(arg))
+    Path::new(OsStr::from_bytes(arg))
         .file_name()
         .and_then(|n| n.to_str())
         .is_some_and(|n| n.starts_with(prefix))
@@ -77,32 +83,55 @@ pub fn live_daemon_pid(pid_file: &Path) -> Option<u32> {
 pub fn daemon_processes(dir: &Path) -> Vec<u32> {
     let mut needle = format!("{DAEMON_MARKER_ENV}=").into_bytes();
     needle.extend_from_slice(dir.as_os_str().as_encoded_bytes());
+    // The environment first, liveness only for a match: most processes
+    // are not the daemon's, and a zombie's environment reads empty.
+    let mut out: Vec<u32> = environments()
+        .filter(|(pid, environ)| {
+            environ.split(|b| *b == 0).any(|v| v == needle.as_slice()) && is_alive(*pid)
+        })
+        .map(|(pid, _)| pid)
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// `(pid, /proc/<pid>/environ)` of every process but this one whose
+/// environment can be read.
+fn environments() -> impl Iterator<Item = (u32, Vec<u8>)> {
     let me = std::process::id();
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == me {
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(move |entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            if pid == me {
+                return None;
+            }
+            Some((pid, fs::read(format!("/proc/{pid}/environ")).ok()?))
+        })
+}
+
+/// The daemon directories ([`DAEMON_MARKER_ENV`]) of the live processes
+/// whose environment holds `GPU_DRA_MPS_OWNER=<owner>`, sorted and
+/// distinct. A process with the owner but no marker is skipped.
+pub fn owned_daemon_dirs(owner: &Path) -> BTreeSet<PathBuf> {
+    let mut needle = format!("{OWNER_ENV}=").into_bytes();
+    needle.extend_from_slice(owner.as_os_str().as_encoded_bytes());
+    let marker = format!("{DAEMON_MARKER_ENV}=");
+    let mut out = BTreeSet::new();
+    for (pid, environ) in environments() {
+        let mut vars = environ.split(|b| *b == 0);
+        if !vars.clone().any(|v| v == needle.as_slice()) {
             continue;
         }
-        // The environment first, liveness only for a match: most processes
-        // are not the daemon's, and a zombie's environment reads empty.
-        let Ok(environ) = fs::read(format!("/proc/{pid}/environ")) else {
-            continue;
-        };
-        if environ.split(|b| *b == 0).any(|v| v == needle.as_slice()) && is_alive(pid) {
-            out.push(pid);
+        let dir = vars.find_map(|v| v.strip_prefix(marker.as_bytes()));
+        if let Some(dir) = dir.filter(|d| !d.is_empty())
+            && is_alive(pid)
+        {
+            out.insert(PathBuf::from(OsStr::from_bytes(dir)));
         }
     }
-    out.sort_unstable();
     out
 }
 

@@ -9,7 +9,10 @@
 //!    of that claim undoes it first.
 //! 2. With dynamic MIG, MIG devices no remaining entry references are
 //!    destroyed (a crash between creating an instance and recording it).
-//! 3. MPS daemons no remaining entry references are stopped.
+//! 3. MPS daemons no remaining entry references are stopped: those under
+//!    `--mps-dir`, and, when entries were lost (quarantined, or the file
+//!    moved aside or kept as an earlier boot's), this plugin's daemons
+//!    under an earlier `--mps-dir`, found by process.
 //! 4. CDI specs of claims without an entry, and temp files of interrupted
 //!    writes, are deleted.
 //!
@@ -160,6 +163,11 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
             }
         }
         Err(e) => report.errors.push(format!("list MPS daemons: {e}")),
+    }
+    if report.load.lost_entries() {
+        let (stopped, errors) = inner.mps.stop_orphans_elsewhere();
+        report.mps_stopped.extend(stopped);
+        report.errors.extend(errors);
     }
 
     let cdi = &inner.opts.cdi;
