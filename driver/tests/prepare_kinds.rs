@@ -815,7 +815,8 @@ async fn a_changed_mps_dir_takes_over_running_daemons_where_they_were_started() 
 /// A claim's entry lost to a bad checksum while the plugin was down, and
 /// the plugin back with another --mps-dir: no record names the claim's
 /// daemon under the old directory any more; it is found as this plugin's by
-/// process and stopped, directory and all.
+/// process and stopped, directory and all. The compute mode it set is
+/// reported, not changed.
 #[tokio::test]
 async fn a_daemon_whose_entry_was_lost_under_an_earlier_mps_dir_is_stopped() {
     let outside = tempfile::tempdir().unwrap();
@@ -840,6 +841,22 @@ async fn a_daemon_whose_entry_was_lost_under_an_earlier_mps_dir_is_stopped() {
     assert_eq!(n.processes(), 0, "no process left\n{logs}");
     assert_eq!(n.mps_daemons(), 0, "its directory removed");
     assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    // The compute mode the lost entry set is named, and left as it is.
+    let exclusive: Vec<String> = n
+        .compute_modes()
+        .into_iter()
+        .filter(|(_, m)| m == "ExclusiveProcess")
+        .map(|(uuid, _)| uuid)
+        .collect();
+    assert_eq!(exclusive.len(), 1, "{:?}", n.compute_modes());
+    let line = logs
+        .lines()
+        .find(|l| l.contains("not in compute mode Default"))
+        .unwrap_or_else(|| panic!("no warning\n{logs}"));
+    assert!(
+        line.contains(&format!("{} (index 0) is ExclusiveProcess", exclusive[0])),
+        "{line}"
+    );
     // The plugin serves on: the claim again gets a daemon under --mps-dir.
     let again = n.mps_claim("again").await;
     n.prepare_ok(&again).await;

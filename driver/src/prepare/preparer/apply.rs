@@ -689,7 +689,7 @@ fn common_edits(inner: &Inner) -> Result<ContainerEdits, PrepareError> {
     Ok(edits)
 }
 
-fn mode_name(mode: ComputeMode) -> &'static str {
+pub(super) fn mode_name(mode: ComputeMode) -> &'static str {
     match mode {
         ComputeMode::Default => "Default",
         ComputeMode::ExclusiveProcess => "ExclusiveProcess",

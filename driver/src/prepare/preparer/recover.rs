@@ -13,6 +13,9 @@
 //!    `--mps-dir`, and, when entries were lost (quarantined, or the file
 //!    moved aside or kept as an earlier boot's), this plugin's daemons
 //!    under an earlier `--mps-dir`, found by process.
+//!    The compute modes of GPUs no remaining entry uses are read then, and
+//!    one other than `Default` is reported (not changed: nothing records
+//!    who set it).
 //! 4. CDI specs of claims without an entry, and temp files of interrupted
 //!    writes, are deleted.
 //!
@@ -22,11 +25,13 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 
 use super::Inner;
-use super::apply::undo;
+use super::apply::{mode_name, undo};
+use super::plan::{GpuTarget, Target};
 use crate::prepare::checkpoint::{
     Batch, Checkpoint, ClaimState, DeviceKind, LoadReport, MpsDaemonRecord,
 };
 use crate::prepare::mig;
+use gpu_nvml::ComputeMode;
 
 /// What recovery found and did.
 #[derive(Clone, Debug, Default)]
@@ -42,6 +47,11 @@ pub struct RecoveryReport {
     pub mps_elsewhere: Vec<String>,
     /// MPS daemons stopped because no claim referenced them.
     pub mps_stopped: Vec<String>,
+    /// After lost entries: GPUs in a compute mode other than `Default`
+    /// that no remaining claim has a device on (`<uuid> (index <i>) is
+    /// <mode>`). A lost entry may have set it; it is left as it is, since
+    /// an admin may have set it too.
+    pub compute_mode_unrecorded: Vec<String>,
     /// CDI specs deleted because no claim referenced them (claim UIDs).
     pub cdi_removed: Vec<String>,
     /// Steps that failed.
@@ -74,6 +84,12 @@ impl RecoveryReport {
         }
         if !self.mps_stopped.is_empty() {
             tracing::warn!(daemons = ?self.mps_stopped, "unreferenced MPS daemons stopped");
+        }
+        if !self.compute_mode_unrecorded.is_empty() {
+            tracing::warn!(
+                gpus = ?self.compute_mode_unrecorded,
+                "checkpoint entries were lost and these GPUs, which no claim uses, are not in compute mode Default; a lost entry may have set it (MPS), and it is left as it is: if nothing else on the node needs it, reset it with nvidia-smi -i <index> -c DEFAULT"
+            );
         }
         if !self.cdi_removed.is_empty() {
             tracing::warn!(claims = ?self.cdi_removed, "unreferenced CDI specs deleted");
@@ -168,6 +184,7 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
         let (stopped, errors) = inner.mps.stop_orphans_elsewhere();
         report.mps_stopped.extend(stopped);
         report.errors.extend(errors);
+        unrecorded_compute_modes(inner, &remaining, &mut report);
     }
 
     let cdi = &inner.opts.cdi;
@@ -189,6 +206,48 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
         Err(e) => report.errors.push(format!("list CDI specs: {e}")),
     }
     report
+}
+
+/// After lost entries: the GPUs no remaining entry has a device on whose
+/// compute mode is not `Default` (nothing records a change to undo, so
+/// nothing is changed; see [`RecoveryReport::compute_mode_unrecorded`]).
+fn unrecorded_compute_modes(inner: &Inner, remaining: &Checkpoint, report: &mut RecoveryReport) {
+    let used: HashSet<&str> = remaining
+        .claims
+        .values()
+        .flat_map(|e| e.devices.iter())
+        .map(|d| match &d.kind {
+            DeviceKind::Gpu { uuid, .. } => uuid.as_str(),
+            DeviceKind::Mig { parent_uuid, .. } => parent_uuid.as_str(),
+        })
+        .collect();
+    // The GPUs a claim can get whole: the only ones a prepare sets a
+    // compute mode on.
+    let mut gpus: Vec<&GpuTarget> = inner
+        .catalog
+        .values()
+        .filter_map(|t| match t {
+            Target::Gpu(g) if !used.contains(g.uuid.as_str()) => Some(g),
+            _ => None,
+        })
+        .collect();
+    gpus.sort_by_key(|g| g.index);
+    gpus.dedup_by_key(|g| g.index);
+    for gpu in gpus {
+        match inner.backend.compute_mode(gpu.index) {
+            Ok(ComputeMode::Default) => {}
+            Ok(mode) => report.compute_mode_unrecorded.push(format!(
+                "{} (index {}) is {}",
+                gpu.uuid,
+                gpu.index,
+                mode_name(mode)
+            )),
+            Err(e) => report.errors.push(format!(
+                "read the compute mode of GPU {} (index {}): {e}",
+                gpu.uuid, gpu.index
+            )),
+        }
+    }
 }
 
 /// Step 0: every MPS daemon whose records name another MPS directory than
