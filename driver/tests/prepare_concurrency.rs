@@ -581,12 +581,7 @@ async fn a_second_unprepare_waiting_for_the_gpu_does_not_undo_the_claim_prepared
     );
     assert_eq!(n.mps_daemons(), 1, "{}", n.logs());
     assert_eq!(n.cdi_files().len(), 1, "{:?}", n.cdi_files());
-    let exclusive: Vec<String> = n
-        .compute_modes()
-        .into_iter()
-        .filter(|(_, m)| m == "ExclusiveProcess")
-        .map(|(uuid, _)| uuid)
-        .collect();
+    let exclusive = n.exclusive_gpus();
     assert_eq!(exclusive.len(), 1, "GPU 0 for the new claim\n{}", n.logs());
     n.unprepare_ok(&next).await;
     assert_eq!(n.mps_daemons(), 0);

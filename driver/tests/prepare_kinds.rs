@@ -842,12 +842,7 @@ async fn a_daemon_whose_entry_was_lost_under_an_earlier_mps_dir_is_stopped() {
     assert_eq!(n.mps_daemons(), 0, "its directory removed");
     assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
     // The compute mode the lost entry set is named, and left as it is.
-    let exclusive: Vec<String> = n
-        .compute_modes()
-        .into_iter()
-        .filter(|(_, m)| m == "ExclusiveProcess")
-        .map(|(uuid, _)| uuid)
-        .collect();
+    let exclusive = n.exclusive_gpus();
     assert_eq!(exclusive.len(), 1, "{:?}", n.compute_modes());
     let line = logs
         .lines()

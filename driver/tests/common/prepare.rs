@@ -429,6 +429,16 @@ impl Node {
         out
     }
 
+    /// UUIDs of the GPUs whose compute mode is `ExclusiveProcess` (as MPS
+    /// sets it), sorted.
+    pub fn exclusive_gpus(&self) -> Vec<String> {
+        self.compute_modes()
+            .into_iter()
+            .filter(|(_, m)| m == "ExclusiveProcess")
+            .map(|(uuid, _)| uuid)
+            .collect()
+    }
+
     /// Compute modes of the GPUs the fake NVML has state for, by UUID.
     pub fn compute_modes(&self) -> BTreeMap<String, String> {
         let state = self.nvml_state();
