@@ -55,7 +55,7 @@
 //! Every daemon also carries [`procs::OWNER_ENV`], the plugin's state
 //! directory: when checkpoint entries were lost, recovery finds this
 //! plugin's daemons under an earlier `--mps-dir` that no record names by
-//! that mark and stops them ([`MpsControl::stop_orphans_elsewhere`]).
+//! that mark and kills them ([`MpsControl::stop_orphans_elsewhere`]).
 //! [`MpsControl::check`] restarts a needed daemon that died; [`MpsControl::stop`]
 //! sends `quit`, kills what is left (every process carrying the daemon's
 //! [`procs::DAEMON_MARKER_ENV`]) and removes the directories.
@@ -437,17 +437,6 @@ pub struct DaemonDirs {
 }
 
 impl DaemonDirs {
-    /// The layout of the daemon directory `root` (`<mps-dir>/<id>`).
-    fn at(root: PathBuf) -> Self {
-        Self {
-            pipe: root.join("pipe"),
-            log: root.join("log"),
-            shm: root.join("shm"),
-            config: root.join(CONFIG_FILE),
-            root,
-        }
-    }
-
     fn pid_file(&self) -> PathBuf {
         self.pipe.join(PID_FILE)
     }
@@ -545,7 +534,14 @@ impl MpsControl {
     /// The directories of daemon `id`.
     pub fn dirs(&self, id: &str) -> Result<DaemonDirs, MpsError> {
         checked_id(id)?;
-        Ok(DaemonDirs::at(self.root_of(id).local(Path::new(id))))
+        let root = self.root_of(id).local(Path::new(id));
+        Ok(DaemonDirs {
+            pipe: root.join("pipe"),
+            log: root.join("log"),
+            shm: root.join("shm"),
+            config: root.join(CONFIG_FILE),
+            root,
+        })
     }
 
     /// The host path of `<mps-dir>/<id>/<leaf>`, as CDI specs and records
@@ -1092,28 +1088,10 @@ impl MpsControl {
         if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
             pids.push(pid);
         }
-        if pids.is_empty() {
-            return Ok(());
-        }
-        for pid in &pids {
-            procs::kill(*pid);
-        }
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let mut attempt = 0;
-        loop {
-            pids.retain(|p| procs::is_alive(*p));
-            if pids.is_empty() {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(MpsError::StopFailed {
-                    id: id.to_owned(),
-                    pids,
-                });
-            }
-            thread::sleep(backoff(attempt));
-            attempt += 1;
-        }
+        kill_and_wait(pids).map_err(|pids| MpsError::StopFailed {
+            id: id.to_owned(),
+            pids,
+        })
     }
 
     /// Stops daemon `id`: `quit`, SIGKILL after [`Timeouts::stop`] (and for
@@ -1134,15 +1112,8 @@ impl MpsControl {
     }
 
     fn stop_locked(&self, id: &str, dirs: &DaemonDirs) -> Result<(), MpsError> {
-        self.stop_in(id, dirs, self.is_elsewhere(id))
-    }
-
-    /// [`Self::stop_locked`] for the daemon in `dirs`; `elsewhere`: it lives
-    /// under an earlier `--mps-dir`, so where the directory cannot be seen
-    /// its processes are killed by their marker.
-    fn stop_in(&self, id: &str, dirs: &DaemonDirs, elsewhere: bool) -> Result<(), MpsError> {
         if !dirs.root.exists() {
-            if elsewhere {
+            if self.is_elsewhere(id) {
                 // Under an earlier --mps-dir this plugin cannot see: no
                 // pid file or socket to reach, but its processes carry
                 // the marker.
@@ -1178,20 +1149,25 @@ impl MpsControl {
         Ok(())
     }
 
-    /// Stops this owner's daemons ([`Self::with_owner`]) that run under
+    /// Kills this owner's daemons ([`Self::with_owner`]) that run under
     /// another MPS directory than `--mps-dir` and were not taken over from a
     /// record ([`Self::adopt_elsewhere`]): daemons of an earlier `--mps-dir`
-    /// whose checkpoint entry was lost (quarantined, or the file moved
-    /// aside). Found by a walk over every process's environment, so only
-    /// run when entries were lost. Daemons under `--mps-dir` are
-    /// [`Self::list`]ed instead. Returns `<id> in <directory>` of each
-    /// daemon stopped, and the failures.
+    /// whose checkpoint entry was lost. Found by a walk over every process's
+    /// environment, so only run when entries were lost; daemons under
+    /// `--mps-dir` are [`Self::list`]ed instead. Returns `<id> in
+    /// <directory>` of each daemon stopped, and the failures.
+    ///
+    /// Only the processes found are killed (the daemon and its servers, which
+    /// carry both marks), with SIGKILL, and their directories are left:
+    /// a process's environment is anyone's to write, so its marker is not
+    /// trusted with a `quit` to a socket, a pid file or a directory removal.
+    /// A forged mark only gets its own process killed.
     pub fn stop_orphans_elsewhere(&self) -> (Vec<String>, Vec<String>) {
         let (mut stopped, mut errors) = (Vec::new(), Vec::new());
         let Some(owner) = &self.owner else {
             return (stopped, errors);
         };
-        for root in procs::owned_daemon_dirs(owner) {
+        for (root, pids) in procs::owned_daemons(owner) {
             let (Some(dir), Some(id)) = (root.parent(), root.file_name()) else {
                 continue;
             };
@@ -1200,7 +1176,7 @@ impl MpsControl {
             }
             let Some(id) = id.to_str().filter(|id| validate_id(id).is_ok()) else {
                 errors.push(format!(
-                    "a process of this plugin's names MPS daemon directory {}, whose name is not a daemon id; left running",
+                    "processes {pids:?} carry this plugin's mark and MPS daemon directory {}, whose name is not a daemon id; left running",
                     root.display()
                 ));
                 continue;
@@ -1208,15 +1184,17 @@ impl MpsControl {
             if self.elsewhere().get(id).is_some_and(|d| d == dir) {
                 continue;
             }
-            let lock = self.lock_for(id);
-            let held = lock.lock().unwrap_or_else(PoisonError::into_inner);
-            let result = self.stop_in(id, &DaemonDirs::at(root.clone()), true);
-            drop(held);
-            self.forget_lock(id, &lock);
-            match result {
-                Ok(()) => stopped.push(format!("{id} in {}", dir.display())),
-                Err(e) => errors.push(format!(
-                    "stop MPS daemon {id} of an earlier --mps-dir {}: {e}",
+            match kill_and_wait(pids) {
+                Ok(()) => {
+                    tracing::warn!(
+                        daemon = %id,
+                        dir = %root.display(),
+                        "killed MPS daemon of an earlier --mps-dir whose checkpoint entry was lost; its directory is left"
+                    );
+                    stopped.push(format!("{id} in {}", dir.display()));
+                }
+                Err(left) => errors.push(format!(
+                    "MPS daemon {id} of an earlier --mps-dir {}: processes {left:?} still alive after SIGKILL",
                     dir.display()
                 )),
             }
@@ -1386,6 +1364,26 @@ pub fn checked_client_limit_edits(
 }
 
 /// [`validate_id`], as an [`MpsError::InvalidId`].
+/// SIGKILLs `pids` and waits up to 2 s for them to go; the ones left.
+fn kill_and_wait(mut pids: Vec<u32>) -> Result<(), Vec<u32>> {
+    for pid in &pids {
+        procs::kill(*pid);
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut attempt = 0;
+    loop {
+        pids.retain(|p| procs::is_alive(*p));
+        if pids.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(pids);
+        }
+        thread::sleep(backoff(attempt));
+        attempt += 1;
+    }
+}
+
 fn checked_id(id: &str) -> Result<(), MpsError> {
     validate_id(id).map_err(|reason| MpsError::InvalidId {
         id: id.to_owned(),

@@ -795,9 +795,10 @@ fn a_daemon_of_an_earlier_mps_dir_that_cannot_be_seen_is_never_doubled_and_stops
 }
 
 /// Entries lost: daemons of an earlier --mps-dir that no record names are
-/// found by their owner mark and stopped, whether their directory can be
+/// found by their owner mark and killed, whether their directory can be
 /// seen or not; a daemon taken over from a record, one under --mps-dir, and
-/// another owner's are left alone.
+/// another owner's are left alone, and a forged mark gets nothing but its
+/// own process killed.
 #[test]
 fn orphans_of_an_earlier_mps_dir_are_stopped_by_owner_and_nothing_else_is() {
     let env = Env::new();
@@ -832,7 +833,10 @@ fn orphans_of_an_earlier_mps_dir_are_stopped_by_owner_and_nothing_else_is() {
     );
     wait_dead(seen);
     wait_dead(hidden);
-    assert!(!old.join("orphan-seen").exists(), "its directory removed");
+    assert!(
+        old.join("orphan-seen").exists(),
+        "its directory is left: a marker is not trusted with a removal"
+    );
     for pid in [kept, foreign, unmarked, current] {
         assert!(procs::is_alive(pid), "{pid} left running");
     }
@@ -860,6 +864,30 @@ fn orphans_of_an_earlier_mps_dir_are_stopped_by_owner_and_nothing_else_is() {
     assert!(procs::is_alive(odd.id()));
     let _ = odd.kill();
     let _ = odd.wait();
+    // A forged mark naming a directory whose pid file names a daemon that
+    // is taken over: only the forging process goes, the daemon and the
+    // directory stay.
+    let forged = env.state.join("forged").join("x");
+    fs::create_dir_all(forged.join("pipe")).unwrap();
+    fs::write(forged.join("pipe").join(PID_FILE), kept.to_string()).unwrap();
+    let mut forger = std::process::Command::new("sleep")
+        .arg("30")
+        .env(procs::OWNER_ENV, &owner)
+        .env(procs::DAEMON_MARKER_ENV, &forged)
+        .spawn()
+        .unwrap();
+    let (stopped, errors) = mps.stop_orphans_elsewhere();
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(
+        stopped,
+        [format!("x in {}", forged.parent().unwrap().display())]
+    );
+    let _ = forger.wait();
+    assert!(
+        procs::is_alive(kept),
+        "the daemon the pid file names runs on"
+    );
+    assert!(forged.join("pipe").exists());
     // Without an owner it finds nothing at all.
     let unowned = env.control_in("run-mps");
     assert_eq!(unowned.stop_orphans_elsewhere(), (vec![], vec![]));

@@ -8,7 +8,7 @@
 //! [`DAEMON_MARKER_ENV`] with the daemon directory in their environment,
 //! which finds them even without a pid file.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -112,14 +112,14 @@ fn environments() -> impl Iterator<Item = (u32, Vec<u8>)> {
         })
 }
 
-/// The daemon directories ([`DAEMON_MARKER_ENV`]) of the live processes
-/// whose environment holds `GPU_DRA_MPS_OWNER=<owner>`, sorted and
-/// distinct. A process with the owner but no marker is skipped.
-pub fn owned_daemon_dirs(owner: &Path) -> BTreeSet<PathBuf> {
+/// The live processes whose environment holds `GPU_DRA_MPS_OWNER=<owner>`,
+/// by their daemon directory ([`DAEMON_MARKER_ENV`]), each list sorted. A
+/// process with the owner but no marker is skipped.
+pub fn owned_daemons(owner: &Path) -> BTreeMap<PathBuf, Vec<u32>> {
     let mut needle = format!("{OWNER_ENV}=").into_bytes();
     needle.extend_from_slice(owner.as_os_str().as_encoded_bytes());
     let marker = format!("{DAEMON_MARKER_ENV}=");
-    let mut out = BTreeSet::new();
+    let mut out: BTreeMap<PathBuf, Vec<u32>> = BTreeMap::new();
     for (pid, environ) in environments() {
         let mut vars = environ.split(|b| *b == 0);
         if !vars.clone().any(|v| v == needle.as_slice()) {
@@ -129,8 +129,13 @@ pub fn owned_daemon_dirs(owner: &Path) -> BTreeSet<PathBuf> {
         if let Some(dir) = dir.filter(|d| !d.is_empty())
             && is_alive(pid)
         {
-            out.insert(PathBuf::from(OsStr::from_bytes(dir)));
+            out.entry(PathBuf::from(OsStr::from_bytes(dir)))
+                .or_default()
+                .push(pid);
         }
+    }
+    for pids in out.values_mut() {
+        pids.sort_unstable();
     }
     out
 }
