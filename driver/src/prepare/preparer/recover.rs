@@ -12,7 +12,8 @@
 //! 3. MPS daemons no remaining entry references are stopped: those under
 //!    `--mps-dir`, and, when entries were lost (quarantined, or the file
 //!    moved aside or kept as an earlier boot's), this plugin's daemons
-//!    under an earlier `--mps-dir`, found by process.
+//!    under an earlier `--mps-dir`, found by process and killed (their
+//!    directories are left: see `MpsControl::stop_orphans_elsewhere`).
 //!    The compute modes of GPUs no remaining entry uses are read then, and
 //!    one other than `Default` is reported (not changed: nothing records
 //!    who set it).
@@ -24,6 +25,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 
+use gpu_nvml::ComputeMode;
+
 use super::Inner;
 use super::apply::{mode_name, undo};
 use super::plan::{GpuTarget, Target};
@@ -31,7 +34,6 @@ use crate::prepare::checkpoint::{
     Batch, Checkpoint, ClaimState, DeviceKind, LoadReport, MpsDaemonRecord,
 };
 use crate::prepare::mig;
-use gpu_nvml::ComputeMode;
 
 /// What recovery found and did.
 #[derive(Clone, Debug, Default)]
