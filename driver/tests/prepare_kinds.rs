@@ -643,12 +643,7 @@ async fn a_share_whose_daemon_start_fails_leaves_the_gpu_to_the_claims_sharing_i
     let a = shared_claim(&n, 'a', "4Gi").await;
     let b = shared_claim(&n, 'b', "4Gi").await;
     n.prepare_ok(&a).await;
-    let exclusive = |n: &common::prepare::Node| {
-        n.compute_modes()
-            .values()
-            .filter(|m| *m == "ExclusiveProcess")
-            .count()
-    };
+    let exclusive = |n: &common::prepare::Node| n.exclusive_gpus().len();
     assert_eq!(exclusive(&n), 1, "{:?}", n.compute_modes());
     // The second share cannot reach the daemon: its prepare fails and
     // rolls back, but the GPU's mode and daemon belong to the first too.
@@ -761,11 +756,7 @@ async fn a_changed_mps_dir_takes_over_running_daemons_where_they_were_started() 
     let mut n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
     // A 4 GiB share of gpu-3, named `share-<n>`.
     async fn share(n: &common::prepare::Node, name: char) -> Claim {
-        let mut r = result(&name.to_string(), "gpu-3");
-        r["shareID"] = json!(format!("11111111-0000-4000-8000-00000000000{name}"));
-        r["consumedCapacity"] = json!({"memory": "4Gi"});
-        n.claim(&format!("share-{name}"), json!([r]), json!([]))
-            .await
+        shared_claim(n, name, "4Gi").await
     }
     let a = share(&n, 'a').await;
     n.prepare_ok(&a).await;

@@ -16,6 +16,11 @@ fn q(s: &str) -> crate::quantity::Quantity {
     crate::quantity::Quantity::parse(s).unwrap()
 }
 
+/// Pinned memory limits by UUID, as `MpsConfig::pinned_memory_limits` gives them.
+fn by_uuid<const N: usize>(pairs: [(&str, &str); N]) -> std::collections::BTreeMap<String, String> {
+    pairs.map(|(k, v)| (k.to_owned(), v.to_owned())).into()
+}
+
 /// The error of `decode_validated`, as text.
 fn error_of(v: &Value) -> String {
     decode_validated(v).expect_err(&v.to_string()).to_string()
@@ -53,9 +58,7 @@ fn nvidia_example_mps_round_trips() {
     assert_eq!(mps.default_pinned_device_memory_limit, Some(q("10Gi")));
     assert_eq!(
         mps.pinned_memory_limits(&["GPU-a", "GPU-b"]).unwrap(),
-        [("GPU-a", "10240M"), ("GPU-b", "10240M")]
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .into()
+        by_uuid([("GPU-a", "10240M"), ("GPU-b", "10240M")])
     );
     let back = serde_json::to_value(&config).unwrap();
     assert_eq!(back, params);
@@ -78,9 +81,7 @@ fn quantities_with_surrounding_spaces_decode_as_in_kubernetes() {
         assert_eq!(mps.default_pinned_device_memory_limit, Some(q("10Gi")));
         assert_eq!(
             mps.pinned_memory_limits(&["GPU-a", "GPU-b"]).unwrap(),
-            [("GPU-a", "2048M"), ("GPU-b", "10240M")]
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .into()
+            by_uuid([("GPU-a", "2048M"), ("GPU-b", "10240M")])
         );
     }
 }
@@ -328,10 +329,7 @@ fn pinned_limits_apply_default_then_overrides() {
         .pinned_memory_limits(&["GPU-a", "GPU-b", "GPU-c"])
         .unwrap();
     let expected = [("GPU-a", "2048M"), ("GPU-b", "1536M"), ("GPU-c", "3000M")];
-    assert_eq!(
-        limits,
-        expected.map(|(k, v)| (k.to_owned(), v.to_owned())).into()
-    );
+    assert_eq!(limits, by_uuid(expected));
 
     // keys must name one of the config's devices
     assert_eq!(
@@ -357,9 +355,7 @@ fn pinned_limits_apply_default_then_overrides() {
         by_index
             .pinned_memory_limits(&["GPU-c", "GPU-a", "GPU-b"])
             .unwrap(),
-        [("GPU-a", "1024M"), ("GPU-c", "3072M")]
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .into()
+        by_uuid([("GPU-a", "1024M"), ("GPU-c", "3072M")])
     );
     assert_eq!(
         by_index.pinned_memory_limits(&["GPU-b", "GPU-a", "GPU-b"]),

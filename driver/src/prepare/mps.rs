@@ -1363,7 +1363,6 @@ pub fn checked_client_limit_edits(
     Ok(limit_env(pinned_limit_mib, active_thread_percentage))
 }
 
-/// [`validate_id`], as an [`MpsError::InvalidId`].
 /// SIGKILLs `pids` and waits up to 2 s for them to go; the ones left.
 fn kill_and_wait(mut pids: Vec<u32>) -> Result<(), Vec<u32>> {
     for pid in &pids {
@@ -1384,6 +1383,7 @@ fn kill_and_wait(mut pids: Vec<u32>) -> Result<(), Vec<u32>> {
     }
 }
 
+/// [`validate_id`], as an [`MpsError::InvalidId`].
 fn checked_id(id: &str) -> Result<(), MpsError> {
     validate_id(id).map_err(|reason| MpsError::InvalidId {
         id: id.to_owned(),

@@ -11,7 +11,7 @@
 //!   error (kubelet only sends claims that involve this driver);
 //! - every device named must be one this plugin publishes;
 //! - configs: class configs, then claim configs, later wins, only ours,
-//!   strictly decoded ([`gpu_dra_api::config::resolve`]); a config that does
+//!   strictly decoded ([`gpu_dra_api::config::resolve_entry`]); a config that does
 //!   not decode fails the claim even if it applies to another request; a
 //!   config `source` other than `FromClass` or `FromClaim` fails the claim
 //!   (of any driver, as NVIDIA's `GetOpaqueDeviceConfigs` does);
