@@ -22,7 +22,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::prepare::{Node, gpu_config, node, result};
+use common::prepare::{Node, gpu_config, node, node_with, result};
 use common::{DRIVER, NODE};
 use futures::FutureExt;
 use gpu_dra_e2e::kubelet::{Claim, DraVersion, PrepareResult};
@@ -533,28 +533,41 @@ async fn memory_shares_prepared_and_unprepared_at_once_keep_the_daemon_while_use
 
 #[tokio::test]
 async fn a_second_unprepare_waiting_for_the_gpu_does_not_undo_the_claim_prepared_meanwhile() {
-    let n = node("dgx-h100", &[], DraVersion::V1).await;
+    // At debug level the plugin logs who holds and who waits for a GPU's
+    // lock, which orders the three calls below without sleeps.
+    let n = node_with(
+        "dgx-h100",
+        &[],
+        DraVersion::V1,
+        &[(
+            "RUST_LOG",
+            "info,gpu_kubelet_plugin::prepare::preparer::locks=debug",
+        )],
+    )
+    .await;
     let first = n.mps_claim("first").await;
     let first_ref = std::slice::from_ref(&first);
     n.prepare_ok(&first).await;
+    let next = n.mps_claim("next").await;
     // Every answer of an MPS daemon now takes a while, so the first
     // unprepare holds GPU 0 (stopping the daemon) while the others queue.
     n.fake_behaves(fake_driver_root::Behaviour {
         mps_reply_delay_ms: 1500,
         ..Default::default()
     });
-    let step = Duration::from_millis(300);
+    let mark = n.log_mark();
     let unprepare_1 = n.kubelet.unprepare(first_ref);
-    // A new MPS claim on GPU 0 queues for its lock, then a second
-    // unprepare of the first claim (a kubelet retry) queues behind it,
-    // having seen the first claim's entry still there.
-    let next = n.mps_claim("next").await;
+    // Once the first unprepare holds GPU 0, a new MPS claim on GPU 0 queues
+    // for its lock; then a second unprepare of the first claim (a kubelet
+    // retry) queues behind it, having seen the first claim's entry still
+    // there.
     let prepare = async {
-        tokio::time::sleep(step).await;
+        n.wait_line(mark, &["GPU locks held", &first.uid]).await;
         n.kubelet.prepare(std::slice::from_ref(&next)).await
     };
     let unprepare_2 = async {
-        tokio::time::sleep(step * 2).await;
+        n.wait_line(mark, &["waiting for a GPU's lock", &next.uid])
+            .await;
         n.kubelet.unprepare(first_ref).await
     };
     let (u1, p, u2) = tokio::time::timeout(
@@ -563,6 +576,14 @@ async fn a_second_unprepare_waiting_for_the_gpu_does_not_undo_the_claim_prepared
     )
     .await
     .unwrap_or_else(|_| panic!("calls still running\n{}", n.logs()));
+    // The race took place: the retry saw the entry and queued for GPU 0.
+    assert_eq!(
+        n.lines_after(mark, &["waiting for a GPU's lock", &first.uid])
+            .len(),
+        1,
+        "the second unprepare never waited for GPU 0\n{}",
+        n.logs()
+    );
     for u in [u1, u2] {
         let u = u.unwrap_or_else(|e| panic!("unprepare call failed: {e}\n{}", n.logs()));
         assert_eq!(u[&first.uid].error, None, "{}", n.logs());

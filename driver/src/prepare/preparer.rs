@@ -297,7 +297,7 @@ impl Preparer {
             failed(&format!("internal error: prepare task failed: {e}"))
         };
         let entry = loop {
-            let held = inner.locks.lock(&plan.gpu_minors()).await;
+            let held = inner.locks.lock(&plan.gpu_minors(), &uid).await;
             let (worker, work) = (Arc::clone(inner), Arc::clone(&plan));
             let attempt = tokio::task::spawn_blocking(move || attempt(&worker, &work, held))
                 .await
@@ -348,7 +348,7 @@ impl Preparer {
                 return Ok(());
             };
             let minors = apply::entry_minors(&seen);
-            let held = inner.locks.lock(&minors).await;
+            let held = inner.locks.lock(&minors, &uid).await;
             // Read again under the locks: while this call waited for them,
             // another (a retry, or the claim twice in one call) may have
             // unprepared the claim, and a new claim may have set up these
@@ -459,8 +459,8 @@ fn attempt(
         Ok(()) => Ok(Attempt::Prepared(entry)),
         Err(error) => {
             // A blocking thread may wait for the async locks.
-            let held =
-                tokio::runtime::Handle::current().block_on(inner.locks.lock(&plan.gpu_minors()));
+            let held = tokio::runtime::Handle::current()
+                .block_on(inner.locks.lock(&plan.gpu_minors(), &plan.uid));
             let error = apply::abandon(inner, &plan.uid, entry, error);
             drop(held);
             Err(error)

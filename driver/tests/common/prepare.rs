@@ -183,6 +183,38 @@ impl Node {
         out
     }
 
+    /// Where the current run's log ends now: lines after this mark are
+    /// what the plugin logged since.
+    pub fn log_mark(&self) -> usize {
+        self.plugin.stderr().len()
+    }
+
+    /// The current run's log lines after `mark` that contain every one of
+    /// `needles`.
+    pub fn lines_after(&self, mark: usize, needles: &[&str]) -> Vec<String> {
+        let log = self.plugin.stderr();
+        log.get(mark..)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| needles.iter().all(|n| l.contains(n)))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Polls (up to 20 s) until the current run has logged, after `mark`, a
+    /// line containing every one of `needles`.
+    pub async fn wait_line(&self, mark: usize, needles: &[&str]) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.lines_after(mark, needles).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "no line with {needles:?} logged\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Stops the plugin (SIGKILL if it still runs) and starts a new one on
     /// the same machine, plugin directories and state (checkpoint, fake NVML
     /// state, MPS daemons), with environment variables `envs`; registers the

@@ -7,9 +7,16 @@
 //!
 //! The locks are in-process only: one plugin instance per node is enforced
 //! by the instance lock taken when the sockets are bound.
+//!
+//! At debug level, a call that finds a GPU's lock taken says so (claim and
+//! GPU) once it is queued, and every call says when it holds its locks: what
+//! a slow prepare waited for, and what tests use to order racing calls.
 
 use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
@@ -35,8 +42,9 @@ impl Held {
 
 impl GpuLocks {
     /// Takes the locks of `minors` (any order, duplicates allowed) in
-    /// ascending order.
-    pub async fn lock(&self, minors: &[u32]) -> Held {
+    /// ascending order, for `claim` (named in the debug lines). Waiters are
+    /// served first come, first served.
+    pub async fn lock(&self, minors: &[u32], claim: &impl Display) -> Held {
         let mut sorted = minors.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
@@ -51,9 +59,22 @@ impl GpuLocks {
                 .collect()
         };
         let mut guards = Vec::with_capacity(mutexes.len());
-        for m in mutexes {
-            guards.push(m.lock_owned().await);
+        for (m, minor) in mutexes.into_iter().zip(&sorted) {
+            let mut acquire = std::pin::pin!(m.lock_owned());
+            // The first poll takes a free lock or queues this call; only
+            // then is the wait logged, so whoever reads the line knows
+            // this call is ahead of any that comes later.
+            let first = std::future::poll_fn(|cx| Poll::Ready(acquire.as_mut().poll(cx))).await;
+            let guard = match first {
+                Poll::Ready(guard) => guard,
+                Poll::Pending => {
+                    tracing::debug!(claim = %claim, gpu = minor, "waiting for a GPU's lock");
+                    acquire.await
+                }
+            };
+            guards.push(guard);
         }
+        tracing::debug!(claim = %claim, gpus = ?sorted, "GPU locks held");
         Held {
             _guards: guards,
             minors: sorted,
@@ -70,18 +91,19 @@ mod tests {
     #[tokio::test]
     async fn disjoint_gpus_do_not_wait_for_each_other() {
         let locks = Arc::new(GpuLocks::default());
-        let held = locks.lock(&[3]).await;
+        let held = locks.lock(&[3], &"a").await;
         // GPU 5 is free while 3 is held.
-        let other = tokio::time::timeout(Duration::from_secs(5), locks.lock(&[5]))
+        let other = tokio::time::timeout(Duration::from_secs(5), locks.lock(&[5], &"b"))
             .await
             .expect("lock of another GPU waited");
         assert_eq!(other.minors(), [5]);
         // GPU 3 is not.
-        let again = tokio::time::timeout(Duration::from_millis(50), locks.lock(&[3, 5])).await;
+        let again =
+            tokio::time::timeout(Duration::from_millis(50), locks.lock(&[3, 5], &"c")).await;
         assert!(again.is_err(), "GPU 3 was locked twice");
         drop(held);
         drop(other);
-        let both = locks.lock(&[5, 3, 3]).await;
+        let both = locks.lock(&[5, 3, 3], &"d").await;
         assert_eq!(both.minors(), [3, 5]);
     }
 
@@ -97,7 +119,7 @@ mod tests {
                 vec![3, 2, 1]
             };
             tasks.push(tokio::spawn(async move {
-                let _held = locks.lock(&set).await;
+                let _held = locks.lock(&set, &i).await;
                 tokio::task::yield_now().await;
             }));
         }
