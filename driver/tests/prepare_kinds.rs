@@ -293,6 +293,51 @@ async fn time_slicing_sets_and_resets_the_interval() {
     assert_eq!(calls[1].args.last().unwrap(), "0", "reset to Default");
 }
 
+/// A time-slicing claim's entry lost to a bad checksum while the plugin
+/// was down: the time slice it set cannot be read back, so recovery names
+/// every GPU no claim uses as unknown, and sets nothing.
+#[tokio::test]
+async fn a_time_slice_whose_entry_was_lost_is_reported_not_reset() {
+    let mut n = node("t4-inference", &[], DraVersion::V1).await;
+    let c = long_time_slices(&n, "lost").await;
+    n.prepare_ok(&c).await;
+    let kept = n
+        .claim("kept", json!([result("gpu", "gpu-1")]), json!([]))
+        .await;
+    n.prepare_ok(&kept).await;
+    assert_eq!(n.env.driver_root.nvidia_smi_calls().unwrap().len(), 1);
+
+    n.stop();
+    let path = n.state_dir().join("checkpoint.json");
+    let mut checkpoint = n.checkpoint();
+    checkpoint["entries"][&c.uid]["entry"]["name"] = json!("tampered");
+    std::fs::write(&path, serde_json::to_vec(&checkpoint).unwrap()).unwrap();
+    n.restart(&[]).await;
+
+    let logs = n.logs();
+    assert!(logs.contains("checkpoint entry quarantined"), "{logs}");
+    let line = logs
+        .lines()
+        .find(|l| l.contains("may have set the time slice"))
+        .unwrap_or_else(|| panic!("no warning\n{logs}"));
+    // The lost claim's GPU (the one nvidia-smi was told about) and the
+    // other unused ones are named; the GPU the remaining claim holds is not.
+    let calls = n.env.driver_root.nvidia_smi_calls().unwrap();
+    let sliced = calls[0].args[calls[0].args.iter().position(|a| a == "-i").unwrap() + 1].clone();
+    assert!(line.contains(&format!("{sliced} (index 2)")), "{line}");
+    for index in [0, 3] {
+        assert!(line.contains(&format!("(index {index})")), "{line}");
+    }
+    assert!(!line.contains("(index 1)"), "{line}");
+    assert_eq!(
+        n.env.driver_root.nvidia_smi_calls().unwrap().len(),
+        1,
+        "nothing reset"
+    );
+    assert_eq!(n.cdi_files().len(), 1, "{:?}", n.cdi_files());
+    n.unprepare_ok(&kept).await;
+}
+
 #[tokio::test]
 async fn mps_claim_gets_a_daemon_with_its_limits_and_the_pipe() {
     let n = node("t4-inference", &[], DraVersion::V1).await;

@@ -15,8 +15,9 @@
 //!    under an earlier `--mps-dir`, found by process and killed (their
 //!    directories are left: see `MpsControl::stop_orphans_elsewhere`).
 //!    The compute modes of GPUs no remaining entry uses are read then, and
-//!    one other than `Default` is reported (not changed: nothing records
-//!    who set it).
+//!    one other than `Default` is reported; their time slices, which
+//!    cannot be read, are reported as unknown (neither is changed: nothing
+//!    records who set it).
 //! 4. CDI specs of claims without an entry, and temp files of interrupted
 //!    writes, are deleted.
 //!
@@ -54,6 +55,11 @@ pub struct RecoveryReport {
     /// <mode>`). A lost entry may have set it; it is left as it is, since
     /// an admin may have set it too.
     pub compute_mode_unrecorded: Vec<String>,
+    /// After lost entries: every GPU a claim can get whole that no
+    /// remaining claim has a device on (`<uuid> (index <i>)`). A lost entry
+    /// may have set its time slice, which cannot be read back (NVML has no
+    /// call for it, `nvidia-smi` only sets it); it is left as it is.
+    pub time_slice_unknown: Vec<String>,
     /// CDI specs deleted because no claim referenced them (claim UIDs).
     pub cdi_removed: Vec<String>,
     /// Steps that failed.
@@ -91,6 +97,12 @@ impl RecoveryReport {
             tracing::warn!(
                 gpus = ?self.compute_mode_unrecorded,
                 "checkpoint entries were lost and these GPUs, which no claim uses, are not in compute mode Default; a lost entry may have set it (MPS), and it is left as it is: if nothing else on the node needs it, reset it with nvidia-smi -i <index> -c DEFAULT"
+            );
+        }
+        if !self.time_slice_unknown.is_empty() {
+            tracing::warn!(
+                gpus = ?self.time_slice_unknown,
+                "checkpoint entries were lost and a lost entry may have set the time slice of these GPUs, which no claim uses; time slices cannot be read back, so they are left as they are: to be sure a GPU runs at the default interval, set it with nvidia-smi compute-policy -i <uuid> --set-timeslice 0"
             );
         }
         if !self.cdi_removed.is_empty() {
@@ -186,7 +198,7 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
         let (stopped, errors) = inner.mps.stop_orphans_elsewhere();
         report.mps_stopped.extend(stopped);
         report.errors.extend(errors);
-        unrecorded_compute_modes(inner, &remaining, &mut report);
+        unrecorded_gpu_settings(inner, &remaining, &mut report);
     }
 
     let cdi = &inner.opts.cdi;
@@ -211,9 +223,11 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
 }
 
 /// After lost entries: the GPUs no remaining entry has a device on whose
-/// compute mode is not `Default` (nothing records a change to undo, so
-/// nothing is changed; see [`RecoveryReport::compute_mode_unrecorded`]).
-fn unrecorded_compute_modes(inner: &Inner, remaining: &Checkpoint, report: &mut RecoveryReport) {
+/// compute mode is not `Default`, and all of them for their time slices,
+/// which cannot be read (nothing records a change to undo, so nothing is
+/// changed; see [`RecoveryReport::compute_mode_unrecorded`] and
+/// [`RecoveryReport::time_slice_unknown`]).
+fn unrecorded_gpu_settings(inner: &Inner, remaining: &Checkpoint, report: &mut RecoveryReport) {
     let used: HashSet<&str> = remaining
         .claims
         .values()
@@ -224,7 +238,7 @@ fn unrecorded_compute_modes(inner: &Inner, remaining: &Checkpoint, report: &mut 
         })
         .collect();
     // The GPUs a claim can get whole: the only ones a prepare sets a
-    // compute mode on.
+    // compute mode or time slice on.
     let mut gpus: Vec<&GpuTarget> = inner
         .catalog
         .values()
@@ -236,6 +250,9 @@ fn unrecorded_compute_modes(inner: &Inner, remaining: &Checkpoint, report: &mut 
     gpus.sort_by_key(|g| g.index);
     gpus.dedup_by_key(|g| g.index);
     for gpu in gpus {
+        report
+            .time_slice_unknown
+            .push(format!("{} (index {})", gpu.uuid, gpu.index));
         match inner.backend.compute_mode(gpu.index) {
             Ok(ComputeMode::Default) => {}
             Ok(mode) => report.compute_mode_unrecorded.push(format!(
