@@ -484,13 +484,12 @@ async fn memory_shares_prepared_and_unprepared_at_once_keep_the_daemon_while_use
     }
     assert_eq!(n.mps_daemons(), 1, "one daemon for the GPU\n{}", n.logs());
     assert_eq!(n.checkpoint_claims().len(), 8);
-    let exclusive = |n: &Node| {
+    assert_eq!(
+        n.exclusive_gpus().len(),
+        1,
+        "the shared GPU: {:?}",
         n.compute_modes()
-            .values()
-            .filter(|m| *m == "ExclusiveProcess")
-            .count()
-    };
-    assert_eq!(exclusive(&n), 1, "the shared GPU: {:?}", n.compute_modes());
+    );
 
     // Half leave at once while the other half are prepared again (answered
     // from the checkpoint): the daemon stays for the four left.
@@ -527,7 +526,12 @@ async fn memory_shares_prepared_and_unprepared_at_once_keep_the_daemon_while_use
         n.logs()
     );
     assert_eq!(n.processes(), 0, "no process left");
-    assert_eq!(exclusive(&n), 0, "mode restored: {:?}", n.compute_modes());
+    assert_eq!(
+        n.exclusive_gpus().len(),
+        0,
+        "mode restored: {:?}",
+        n.compute_modes()
+    );
     assert!(n.checkpoint_claims().is_empty());
 }
 
@@ -607,9 +611,5 @@ async fn a_second_unprepare_waiting_for_the_gpu_does_not_undo_the_claim_prepared
     n.unprepare_ok(&next).await;
     assert_eq!(n.mps_daemons(), 0);
     assert!(n.checkpoint_claims().is_empty());
-    assert!(
-        n.compute_modes().values().all(|m| m != "ExclusiveProcess"),
-        "{:?}",
-        n.compute_modes()
-    );
+    assert!(n.exclusive_gpus().is_empty(), "{:?}", n.compute_modes());
 }

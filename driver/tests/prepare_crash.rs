@@ -153,11 +153,11 @@ fn assert_prepared(n: &Node, claim: &Claim, when: &str) {
         n.checkpoint(),
         n.logs()
     );
-    let modes = n.compute_modes();
     assert_eq!(
-        modes.values().filter(|m| *m == "ExclusiveProcess").count(),
+        n.exclusive_gpus().len(),
         1,
-        "{when}: {modes:?}\n{}",
+        "{when}: {:?}\n{}",
+        n.compute_modes(),
         n.logs()
     );
     let slices = n.env.driver_root.gpu_state().unwrap().timeslice;

@@ -437,6 +437,19 @@ pub struct DaemonDirs {
 }
 
 impl DaemonDirs {
+    /// The directories of daemon `id` (a checked id) in MPS directory
+    /// `dir`.
+    fn under(dir: &HostRoot, id: &str) -> Self {
+        let root = dir.local(Path::new(id));
+        Self {
+            pipe: root.join("pipe"),
+            log: root.join("log"),
+            shm: root.join("shm"),
+            config: root.join(CONFIG_FILE),
+            root,
+        }
+    }
+
     fn pid_file(&self) -> PathBuf {
         self.pipe.join(PID_FILE)
     }
@@ -534,14 +547,7 @@ impl MpsControl {
     /// The directories of daemon `id`.
     pub fn dirs(&self, id: &str) -> Result<DaemonDirs, MpsError> {
         checked_id(id)?;
-        let root = self.root_of(id).local(Path::new(id));
-        Ok(DaemonDirs {
-            pipe: root.join("pipe"),
-            log: root.join("log"),
-            shm: root.join("shm"),
-            config: root.join(CONFIG_FILE),
-            root,
-        })
+        Ok(DaemonDirs::under(&self.root_of(id), id))
     }
 
     /// The host path of `<mps-dir>/<id>/<leaf>`, as CDI specs and records
@@ -645,10 +651,14 @@ impl MpsControl {
     /// while one runs, that is [`MpsError::Unreachable`] (a second daemon
     /// for its devices would fight it).
     fn usable_dirs(&self, id: &str) -> Result<DaemonDirs, MpsError> {
-        let dirs = self.dirs(id)?;
-        // The map first: a daemon under --mps-dir (every start on a
-        // prepare's path) needs no look at the file system here.
-        if !self.is_elsewhere(id) || dirs.root.exists() {
+        checked_id(id)?;
+        // The map first, looked at once: a daemon under --mps-dir (every
+        // start on a prepare's path) needs no look at the file system here.
+        let Some(dir) = self.elsewhere().get(id).cloned() else {
+            return Ok(DaemonDirs::under(&self.dir, id));
+        };
+        let dirs = DaemonDirs::under(&HostRoot::same(dir), id);
+        if dirs.root.exists() {
             return Ok(dirs);
         }
         let pids = procs::daemon_processes(&dirs.root);
@@ -665,7 +675,7 @@ impl MpsControl {
             "MPS daemon of an earlier --mps-dir, in a directory this plugin cannot see, is gone; it starts afresh under --mps-dir"
         );
         self.forget_elsewhere(id);
-        self.dirs(id)
+        Ok(DaemonDirs::under(&self.dir, id))
     }
 
     fn control_program(&self) -> Result<PathBuf, MpsError> {

@@ -326,9 +326,9 @@ pub fn plan(
         .collect::<Result<Vec<AllocationConfig>, PlanError>>()?;
 
     let mut devices: Vec<PlannedDevice> = Vec::new();
-    // Per device: the request its config came from (for conflict messages).
-    let mut config_from: Vec<String> = Vec::new();
-    let mut index: BTreeMap<(String, String, Option<String>), usize> = BTreeMap::new();
+    // Per device: its place in `devices`, and the request its config came
+    // from (for conflict messages).
+    let mut index: BTreeMap<(String, String, Option<String>), (usize, String)> = BTreeMap::new();
     let mut elsewhere = Vec::new();
     for result in allocation.results.iter().flatten() {
         if result.driver != driver || result.pool != node {
@@ -356,15 +356,15 @@ pub fn plan(
                 }
             })
         };
-        if let Some(&i) = index.get(&key) {
-            let merged = &mut devices[i];
+        if let Some((i, config_from)) = index.get_mut(&key) {
+            let merged = &mut devices[*i];
             let config = resolve(merged.target.config_kind())?;
             match (&merged.config, config) {
                 (_, None) => {}
                 (None, Some((entry, c))) => {
                     merged.config = Some(c);
                     merged.config_entry = Some(entry);
-                    config_from[i].clone_from(&result.request);
+                    config_from.clone_from(&result.request);
                 }
                 (Some(mine), Some((_, theirs))) if *mine == theirs => {}
                 (Some(mine), Some((_, theirs))) => {
@@ -373,7 +373,7 @@ pub fn plan(
                         name,
                         device: result.device.clone(),
                         conflict: Box::new(ConfigConflict {
-                            first_request: config_from[i].clone(),
+                            first_request: config_from.clone(),
                             first_config: config_json(mine),
                             second_request: result.request.clone(),
                             second_config: config_json(&theirs),
@@ -410,8 +410,7 @@ pub fn plan(
                 reason,
             })?),
         };
-        index.insert(key, devices.len());
-        config_from.push(result.request.clone());
+        index.insert(key, (devices.len(), result.request.clone()));
         devices.push(PlannedDevice {
             requests: vec![base],
             pool: result.pool.clone(),
