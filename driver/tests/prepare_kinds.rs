@@ -308,10 +308,7 @@ async fn a_time_slice_whose_entry_was_lost_is_reported_not_reset() {
     assert_eq!(n.env.driver_root.nvidia_smi_calls().unwrap().len(), 1);
 
     n.stop();
-    let path = n.state_dir().join("checkpoint.json");
-    let mut checkpoint = n.checkpoint();
-    checkpoint["entries"][&c.uid]["entry"]["name"] = json!("tampered");
-    std::fs::write(&path, serde_json::to_vec(&checkpoint).unwrap()).unwrap();
+    n.tamper_entry(&c);
     n.restart(&[]).await;
 
     let logs = n.logs();
@@ -864,10 +861,7 @@ async fn a_daemon_whose_entry_was_lost_under_an_earlier_mps_dir_is_stopped() {
     assert!(!n.live_processes().is_empty(), "the daemon runs");
 
     n.stop();
-    let path = n.state_dir().join("checkpoint.json");
-    let mut checkpoint = n.checkpoint();
-    checkpoint["entries"][&c.uid]["entry"]["name"] = json!("tampered");
-    std::fs::write(&path, serde_json::to_vec(&checkpoint).unwrap()).unwrap();
+    n.tamper_entry(&c);
     let flag = format!("--mps-dir={}", new_dir.display());
     n.restart_with_flags(&[&flag]).await;
 

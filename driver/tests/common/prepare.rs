@@ -389,6 +389,15 @@ impl Node {
         }
     }
 
+    /// Changes `claim`'s entry in the checkpoint file behind its checksum
+    /// (its `name`), so the next start quarantines it. For a stopped plugin.
+    pub fn tamper_entry(&self, claim: &Claim) {
+        let mut checkpoint = self.checkpoint();
+        checkpoint["entries"][&claim.uid]["entry"]["name"] = json!("tampered");
+        let path = self.state_dir().join("checkpoint.json");
+        std::fs::write(&path, serde_json::to_vec(&checkpoint).unwrap()).unwrap();
+    }
+
     /// UIDs of the claims in the checkpoint.
     pub fn checkpoint_claims(&self) -> Vec<String> {
         let c = self.checkpoint();
