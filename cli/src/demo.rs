@@ -251,7 +251,7 @@ fn plugin_flags(
 }
 
 async fn demo(out: &Printer, settings: &Settings<'_>) -> Result<(Value, Vec<String>)> {
-    let outside = OutsidePaths::observe();
+    let mut outside = OutsidePaths::observe();
     let tmp = tempfile::Builder::new()
         .prefix("gpu-dra-demo-")
         .tempdir()

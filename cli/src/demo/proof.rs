@@ -11,15 +11,18 @@
 //! - entries of the checkpoint, in the preparer's memory and in its file.
 //!
 //! A check that cannot be made counts as something left. The run also
-//! watches the one path outside its temporary directory it may create:
-//! `/tmp/nvidia-mps`, the mount point MPS daemons use in their private
-//! mount namespace when the plugin runs as root.
+//! looks after the one path outside its temporary directory that it may
+//! need: `/tmp/nvidia-mps`, the mount point MPS daemons use in their
+//! private mount namespace when the plugin runs as root, shared with any
+//! other demo run at the same time ([`OutsidePaths`]).
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpu_kubelet_plugin::prepare::preparer::Preparer;
 use gpu_nvml::GpuBackend;
+use rustix::fs::{FlockOperation, flock};
 use serde_json::{Value, json};
 
 /// Where a node's state lives in the demo.
@@ -248,53 +251,149 @@ fn checkpoint_file(node: &NodePaths, failed: &mut Vec<String>) -> Vec<String> {
 /// The MPS daemons' mount point outside the temporary directory.
 pub const MPS_MOUNT_POINT: &str = "/tmp/nvidia-mps";
 
-/// `/tmp/nvidia-mps` as found before the run.
+/// The mode of a mount point a demo run made: the sticky bit marks it, so
+/// that any later run can tell it from one the host's plugin made (a
+/// plugin's has no sticky bit; a demo never removes one).
+const DEMO_MADE_MODE: u32 = 0o1755;
+
+/// How many times [`OutsidePaths::observe`] makes the mount point anew
+/// after another run removed it between the making and the locking.
+const HOLD_TRIES: usize = 20;
+
+/// `/tmp/nvidia-mps` for the length of a run.
+///
+/// Several runs at once (the test suite starts a dozen) share the one
+/// mount point, so one run's removal must never hit another's daemons: a
+/// daemon binds its pipe directory there, and an `rmdir` of a mount point
+/// in another mount namespace detaches that mount. So a run that may need
+/// it (as root, when the plugin's daemons mount it) makes it with
+/// [`DEMO_MADE_MODE`] if it is missing and holds a shared `flock` on it
+/// until it settles. A settling run removes it only when it carries the
+/// demo's mark, is empty, no process mounts it and an exclusive lock is
+/// free (no other run holds it); the last run out removes it. A run whose
+/// lock lands on a directory removed meanwhile makes it anew.
+///
+/// Not root: the daemons share the plugin's `/dev/shm` and pipe path
+/// (`ShmMode::Inherit`), nothing is made there and nothing is touched.
 pub struct OutsidePaths {
     path: PathBuf,
-    existed: bool,
+    /// The locked directory, while the run holds it.
+    held: Option<std::fs::File>,
+    /// Why it could not be held (reported at the end).
+    unheld: Option<String>,
 }
 
 impl OutsidePaths {
-    /// Notes whether the mount point exists now.
+    /// Makes and holds the mount point when this run is root.
     pub fn observe() -> Self {
-        Self::observe_at(Path::new(MPS_MOUNT_POINT))
+        Self::observe_at(
+            Path::new(MPS_MOUNT_POINT),
+            rustix::process::geteuid().is_root(),
+        )
     }
 
-    fn observe_at(path: &Path) -> Self {
+    fn observe_at(path: &Path, hold: bool) -> Self {
+        let (held, unheld) = if hold {
+            match hold_dir(path) {
+                Ok(dir) => (Some(dir), None),
+                Err(e) => (None, Some(format!("{}: {e}", path.display()))),
+            }
+        } else {
+            (None, None)
+        };
         Self {
             path: path.to_path_buf(),
-            existed: path.exists(),
+            held,
+            unheld,
         }
     }
 
-    /// After the run: removes the mount point if it did not exist before,
-    /// is empty and is a mount point in no process's mount namespace (so
-    /// it was this run's daemons' and no other MPS daemon uses it). Returns
-    /// what this run left outside its temporary directory, and what was
-    /// done.
-    pub fn settle(&self) -> (Vec<String>, Option<String>) {
-        if self.existed || !self.path.exists() {
+    /// After the run: removes the mount point when this run is the last
+    /// one holding it and it is a demo's, empty and mounted nowhere.
+    /// Returns what this run left outside its temporary directory, and
+    /// what was done.
+    /// Settling again does nothing.
+    pub fn settle(&mut self) -> (Vec<String>, Option<String>) {
+        let Some(dir) = self.held.take() else {
+            let note = self.unheld.take().map(|e| {
+                format!("could not hold the MPS mount point ({e}): another demo run could have removed it under this run's daemons")
+            });
+            return (Vec::new(), note);
+        };
+        let shown = self.path.display();
+        let demo_made = dir
+            .metadata()
+            .is_ok_and(|m| m.permissions().mode() & 0o7777 == DEMO_MADE_MODE);
+        if !demo_made {
             return (Vec::new(), None);
         }
-        let shown = self.path.display();
+        // Non-blocking: a shared lock held elsewhere is another run's.
+        if flock(&dir, FlockOperation::NonBlockingLockExclusive).is_err() {
+            return (
+                Vec::new(),
+                Some(format!(
+                    "{shown}: the MPS mount point, held by another demo run: kept for it"
+                )),
+            );
+        }
         if mounted_anywhere(&self.path) {
             return (
                 Vec::new(),
                 Some(format!(
-                    "{shown} appeared during the run but another process's MPS daemon mounts it: kept"
+                    "{shown}: the MPS mount point, mounted by another process's MPS daemon: kept"
                 )),
             );
         }
+        // Removed while the exclusive lock is held: a run locking it
+        // meanwhile finds the directory it opened gone and makes it anew.
         match std::fs::remove_dir(&self.path) {
             Ok(()) => (
                 Vec::new(),
                 Some(format!(
-                    "{shown}: the mount point the MPS daemons needed, created by this run: removed"
+                    "{shown}: the mount point the MPS daemons needed, made by a demo run: removed"
                 )),
             ),
             Err(e) => (vec![format!("{shown} (cannot remove it: {e})")], None),
         }
     }
+}
+
+/// A run that ends early (an error) settles too, silently.
+impl Drop for OutsidePaths {
+    fn drop(&mut self) {
+        let _ = self.settle();
+    }
+}
+
+/// Makes `path` (with the demo's mark) unless it exists, and takes a
+/// shared lock on it; again when the directory locked is no longer the
+/// one at `path` (a settling run removed it in between).
+fn hold_dir(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    for _ in 0..HOLD_TRIES {
+        match std::fs::DirBuilder::new().mode(DEMO_MADE_MODE).create(path) {
+            Ok(()) => {
+                // mkdir's mode passes through the umask: set it exactly.
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(DEMO_MADE_MODE))?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let dir = match std::fs::File::open(path) {
+            Ok(dir) => dir,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        flock(&dir, FlockOperation::LockShared)?;
+        let locked = dir.metadata()?;
+        let now = std::fs::symlink_metadata(path);
+        if now.is_ok_and(|m| m.dev() == locked.dev() && m.ino() == locked.ino()) {
+            return Ok(dir);
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "removed by other runs each of {HOLD_TRIES} times it was made"
+    )))
 }
 
 /// Whether any process has a mount on `path` (its mount namespace's
@@ -323,39 +422,149 @@ fn mounted_anywhere(path: &Path) -> bool {
 mod tests {
     use super::*;
 
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
     #[test]
-    fn a_mount_point_that_existed_before_is_left_alone() {
+    fn a_mount_point_the_host_made_is_left_alone() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nvidia-mps");
         std::fs::create_dir(&path).unwrap();
-        let outside = OutsidePaths::observe_at(&path);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut outside = OutsidePaths::observe_at(&path, true);
+        assert_eq!(outside.settle(), (Vec::new(), None));
+        assert!(path.exists());
+        assert_eq!(mode(&path), 0o755);
+    }
+
+    #[test]
+    fn a_mount_point_made_by_the_run_is_marked_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nvidia-mps");
+        let mut outside = OutsidePaths::observe_at(&path, true);
+        assert_eq!(mode(&path), DEMO_MADE_MODE);
+        let (left, note) = outside.settle();
+        assert!(left.is_empty(), "{left:?}");
+        assert!(note.unwrap().contains("removed"));
+        assert!(!path.exists());
+        // Settling again (the drop does) finds nothing to do.
+        assert_eq!(outside.settle(), (Vec::new(), None));
+    }
+
+    #[test]
+    fn a_run_that_is_not_root_makes_and_removes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nvidia-mps");
+        let mut outside = OutsidePaths::observe_at(&path, false);
+        assert!(!path.exists());
+        // Even a demo's leftover is not touched.
+        std::fs::DirBuilder::new().create(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(DEMO_MADE_MODE)).unwrap();
         assert_eq!(outside.settle(), (Vec::new(), None));
         assert!(path.exists());
     }
 
     #[test]
-    fn a_mount_point_created_during_the_run_is_removed() {
+    fn the_last_of_two_runs_removes_it_and_the_first_keeps_it_for_the_other() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nvidia-mps");
-        let outside = OutsidePaths::observe_at(&path);
-        std::fs::create_dir(&path).unwrap();
-        let (left, note) = outside.settle();
+        let mut first = OutsidePaths::observe_at(&path, true);
+        let mut second = OutsidePaths::observe_at(&path, true);
+        let (left, note) = first.settle();
+        assert!(left.is_empty(), "{left:?}");
+        assert!(note.unwrap().contains("held by another demo run"));
+        assert!(path.exists());
+        let (left, note) = second.settle();
         assert!(left.is_empty(), "{left:?}");
         assert!(note.unwrap().contains("removed"));
         assert!(!path.exists());
     }
 
     #[test]
+    fn a_leftover_of_a_run_that_died_is_removed_by_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nvidia-mps");
+        // A run that died keeps nothing locked (the kernel drops its lock).
+        let mut died = OutsidePaths::observe_at(&path, true);
+        drop(died.held.take());
+        drop(died);
+        assert!(path.exists());
+        let (left, note) = OutsidePaths::observe_at(&path, true).settle();
+        assert!(left.is_empty(), "{left:?}");
+        assert!(note.unwrap().contains("removed"));
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_lock_that_lands_on_a_removed_mount_point_makes_it_anew() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nvidia-mps");
+        // A settling run: the exclusive lock, held until after its rmdir.
+        let mut settling = OutsidePaths::observe_at(&path, true);
+        let locked = settling.held.take().unwrap();
+        flock(&locked, FlockOperation::NonBlockingLockExclusive).unwrap();
+        let old_ino = locked.metadata().unwrap().ino();
+        let joiner = {
+            let path = path.clone();
+            std::thread::spawn(move || OutsidePaths::observe_at(&path, true))
+        };
+        // The joiner waits for its shared lock (kernel's lock table).
+        let waiting = format!(":{old_ino} ");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string("/proc/locks")
+            .unwrap()
+            .lines()
+            .any(|l| l.contains("->") && l.contains(&waiting))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the joiner never waited for its lock"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::fs::remove_dir(&path).unwrap();
+        drop(locked);
+        let mut joiner = joiner.join().unwrap();
+        // It holds the directory now at the path, made anew with the mark
+        // (the inode number may be the old one's again: it was freed).
+        let held = joiner.held.as_ref().expect("held");
+        assert!(
+            held.metadata().unwrap().nlink() > 0,
+            "holds the removed one"
+        );
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().ino(),
+            held.metadata().unwrap().ino()
+        );
+        assert_eq!(mode(&path), DEMO_MADE_MODE);
+        assert!(joiner.settle().1.unwrap().contains("removed"));
+    }
+
+    #[test]
     fn a_non_empty_mount_point_is_reported_not_removed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nvidia-mps");
-        let outside = OutsidePaths::observe_at(&path);
-        std::fs::create_dir(&path).unwrap();
+        let mut outside = OutsidePaths::observe_at(&path, true);
         std::fs::write(path.join("control"), b"").unwrap();
         let (left, _) = outside.settle();
         assert_eq!(left.len(), 1, "{left:?}");
         assert!(left[0].contains("cannot remove"), "{left:?}");
         assert!(path.join("control").exists());
+    }
+
+    #[test]
+    fn a_mount_point_that_cannot_be_made_is_a_note() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing-parent").join("nvidia-mps");
+        let (left, note) = OutsidePaths::observe_at(&path, true).settle();
+        assert!(left.is_empty(), "{left:?}");
+        let note = note.unwrap();
+        assert!(
+            note.contains("could not hold") && note.contains("missing-parent"),
+            "{note}"
+        );
     }
 
     #[test]

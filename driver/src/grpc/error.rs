@@ -97,6 +97,17 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// Renaming a bound socket from its hidden staging name into place
+    /// failed.
+    #[error("cannot move the socket {staging} to {path}: {source}")]
+    Place {
+        /// The hidden name it was bound under.
+        staging: PathBuf,
+        /// The socket path.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
     /// Setting a socket's mode failed.
     #[error("cannot set the mode of {path}: {source}")]
     Chmod {

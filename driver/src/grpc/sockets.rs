@@ -1,6 +1,7 @@
 //! Socket hygiene for the kubelet-facing Unix sockets: path length checks,
 //! directory creation (0750), a per-socket instance lock, stale-socket
-//! removal that never hijacks a live server, and binding with mode 0600.
+//! removal that never hijacks a live server, and binding with mode 0600
+//! under a hidden name, renamed into place once the socket listens.
 
 use std::fs::{DirBuilder, File, OpenOptions, TryLockError};
 use std::io::ErrorKind;
@@ -174,24 +175,58 @@ pub async fn clear_stale(path: &Path) -> Result<(), Error> {
     }
 }
 
-/// Binds a listener on `path` (which [`clear_stale`] has cleared) and gives
-/// the socket mode 0600. On a chmod failure the socket is removed again.
+/// Binds a listener on `path` (which [`clear_stale`] has cleared), with mode
+/// 0600, so that the socket appears at `path` only once it listens and has
+/// its mode: it is bound under the hidden name [`staging_path`] (kubelet's
+/// plugin watcher ignores names starting with `.`), chmodded, then renamed
+/// into place. Bound straight at `path`, a watcher that lists the
+/// directory between the kernel's `bind` and `listen` would connect to a
+/// socket that refuses it (kubelet then waits for its next retry; the
+/// demo's registrar saw exactly that under load), and for a moment the
+/// socket would have the umask's mode. A staging name too long for a
+/// socket (only when `path`'s own name is shorter than the suffix) falls
+/// back to binding at `path`. On any failure nothing is left behind.
 pub fn bind(path: &Path) -> Result<UnixListener, Error> {
-    let listener = UnixListener::bind(path).map_err(|source| Error::Bind {
-        path: path.to_owned(),
+    let staging = staging_path(path).filter(|s| check_path_len(s).is_ok());
+    let at = staging.as_deref().unwrap_or(path);
+    if let Some(staging) = &staging {
+        // A crashed run's leftover: never a live socket, since a live
+        // server's socket has been renamed to `path` already.
+        remove_socket(staging);
+    }
+    let listener = UnixListener::bind(at).map_err(|source| Error::Bind {
+        path: at.to_owned(),
         source,
     })?;
-    if let Err(source) =
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
-    {
-        drop(listener);
-        remove_socket(path);
-        return Err(Error::Chmod {
-            path: path.to_owned(),
+    let placed = std::fs::set_permissions(at, std::fs::Permissions::from_mode(SOCKET_MODE))
+        .map_err(|source| Error::Chmod {
+            path: at.to_owned(),
             source,
+        })
+        .and_then(|()| match &staging {
+            Some(staging) => std::fs::rename(staging, path).map_err(|source| Error::Place {
+                staging: staging.clone(),
+                path: path.to_owned(),
+                source,
+            }),
+            None => Ok(()),
         });
+    if let Err(e) = placed {
+        drop(listener);
+        remove_socket(at);
+        return Err(e);
     }
     Ok(listener)
+}
+
+/// The hidden name [`bind`] binds `path` under first: `.<name>.new` next
+/// to it. `None` for a path without a file name.
+pub fn staging_path(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?;
+    let mut staged = std::ffi::OsString::from(".");
+    staged.push(name);
+    staged.push(".new");
+    Some(path.with_file_name(staged))
 }
 
 /// Removes a socket file this process bound; a missing file is fine, any

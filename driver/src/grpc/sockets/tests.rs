@@ -113,6 +113,57 @@ async fn bind_sets_mode_0600() {
     assert_eq!(mode(&path), 0o600);
 }
 
+#[tokio::test]
+async fn bind_renames_the_listening_socket_into_place_and_leaves_no_staging_name() {
+    let t = short_tempdir();
+    let path = t.path().join("x-reg.sock");
+    let staging = staging_path(&path).unwrap();
+    assert_eq!(staging, t.path().join(".x-reg.sock.new"));
+    // A crashed run's staging socket is in the way first.
+    drop(std::os::unix::net::UnixListener::bind(&staging).unwrap());
+    let listener = bind(&path).unwrap();
+    assert!(!staging.exists());
+    assert_eq!(mode(&path), 0o600);
+    // The socket at `path` is the listening one.
+    let _client = UnixStream::connect(&path).await.unwrap();
+    let (_conn, _) = listener.accept().await.unwrap();
+    let names: Vec<_> = std::fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["x-reg.sock"]);
+}
+
+#[tokio::test]
+async fn a_socket_that_cannot_be_moved_into_place_leaves_nothing() {
+    let t = short_tempdir();
+    // A non-empty directory at the socket's path: the rename fails.
+    let path = t.path().join("x.sock");
+    std::fs::create_dir(&path).unwrap();
+    std::fs::write(path.join("f"), b"").unwrap();
+    let err = bind(&path).unwrap_err();
+    assert!(matches!(err, Error::Place { .. }), "{err}");
+    assert!(err.to_string().contains(".x.sock.new"), "{err}");
+    assert!(!staging_path(&path).unwrap().exists());
+    assert!(path.join("f").exists());
+}
+
+#[tokio::test]
+async fn a_staging_name_too_long_for_a_socket_binds_at_the_path_itself() {
+    let t = short_tempdir();
+    // A directory whose child `a` makes a 107-byte path: `.a.new` would
+    // make 112.
+    let base = t.path().as_os_str().len();
+    let dir = t.path().join("d".repeat(MAX_SOCKET_PATH - base - 3));
+    std::fs::create_dir(&dir).unwrap();
+    let path = dir.join("a");
+    assert_eq!(path.as_os_str().len(), MAX_SOCKET_PATH);
+    let listener = bind(&path).unwrap();
+    assert_eq!(mode(&path), 0o600);
+    let _client = UnixStream::connect(&path).await.unwrap();
+    let (_conn, _) = listener.accept().await.unwrap();
+}
+
 #[test]
 fn absolute_joins_relative_paths_with_the_cwd() {
     let p = absolute(Path::new("rel/dir")).unwrap();
