@@ -311,8 +311,7 @@ impl OutsidePaths {
     /// After the run: removes the mount point when this run is the last
     /// one holding it and it is a demo's, empty and mounted nowhere.
     /// Returns what this run left outside its temporary directory, and
-    /// what was done.
-    /// Settling again does nothing.
+    /// what was done. Settling again does nothing.
     pub fn settle(&mut self) -> (Vec<String>, Option<String>) {
         let Some(dir) = self.held.take() else {
             let note = self.unheld.take().map(|e| {
@@ -374,7 +373,16 @@ fn hold_dir(path: &Path) -> std::io::Result<std::fs::File> {
         match std::fs::DirBuilder::new().mode(DEMO_MADE_MODE).create(path) {
             Ok(()) => {
                 // mkdir's mode passes through the umask: set it exactly.
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(DEMO_MADE_MODE))?;
+                // Not there any more: a settling run removed it before
+                // this one could lock it; make it again.
+                match std::fs::set_permissions(
+                    path,
+                    std::fs::Permissions::from_mode(DEMO_MADE_MODE),
+                ) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
