@@ -434,6 +434,14 @@ mod tests {
         std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
     }
 
+    /// Settles `outside`: nothing left, and a note that says `expected`.
+    fn settles_with_note(outside: &mut OutsidePaths, expected: &str) {
+        let (left, note) = outside.settle();
+        assert!(left.is_empty(), "{left:?}");
+        let note = note.expect("a note");
+        assert!(note.contains(expected), "{note}");
+    }
+
     #[test]
     fn a_mount_point_the_host_made_is_left_alone() {
         let dir = tempfile::tempdir().unwrap();
@@ -452,9 +460,7 @@ mod tests {
         let path = dir.path().join("nvidia-mps");
         let mut outside = OutsidePaths::observe_at(&path, true);
         assert_eq!(mode(&path), DEMO_MADE_MODE);
-        let (left, note) = outside.settle();
-        assert!(left.is_empty(), "{left:?}");
-        assert!(note.unwrap().contains("removed"));
+        settles_with_note(&mut outside, "removed");
         assert!(!path.exists());
         // Settling again (the drop does) finds nothing to do.
         assert_eq!(outside.settle(), (Vec::new(), None));
@@ -479,13 +485,9 @@ mod tests {
         let path = dir.path().join("nvidia-mps");
         let mut first = OutsidePaths::observe_at(&path, true);
         let mut second = OutsidePaths::observe_at(&path, true);
-        let (left, note) = first.settle();
-        assert!(left.is_empty(), "{left:?}");
-        assert!(note.unwrap().contains("held by another demo run"));
+        settles_with_note(&mut first, "held by another demo run");
         assert!(path.exists());
-        let (left, note) = second.settle();
-        assert!(left.is_empty(), "{left:?}");
-        assert!(note.unwrap().contains("removed"));
+        settles_with_note(&mut second, "removed");
         assert!(!path.exists());
     }
 
@@ -498,9 +500,7 @@ mod tests {
         drop(died.held.take());
         drop(died);
         assert!(path.exists());
-        let (left, note) = OutsidePaths::observe_at(&path, true).settle();
-        assert!(left.is_empty(), "{left:?}");
-        assert!(note.unwrap().contains("removed"));
+        settles_with_note(&mut OutsidePaths::observe_at(&path, true), "removed");
         assert!(!path.exists());
     }
 
@@ -547,7 +547,7 @@ mod tests {
             held.metadata().unwrap().ino()
         );
         assert_eq!(mode(&path), DEMO_MADE_MODE);
-        assert!(joiner.settle().1.unwrap().contains("removed"));
+        settles_with_note(&mut joiner, "removed");
     }
 
     #[test]
@@ -566,13 +566,11 @@ mod tests {
     fn a_mount_point_that_cannot_be_made_is_a_note() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("missing-parent").join("nvidia-mps");
-        let (left, note) = OutsidePaths::observe_at(&path, true).settle();
-        assert!(left.is_empty(), "{left:?}");
-        let note = note.unwrap();
-        assert!(
-            note.contains("could not hold") && note.contains("missing-parent"),
-            "{note}"
-        );
+        let mut outside = OutsidePaths::observe_at(&path, true);
+        settles_with_note(&mut outside, "missing-parent/nvidia-mps: No such file");
+        // The note names the path; it is given once.
+        assert!(outside.unheld.is_none());
+        assert!(!path.exists());
     }
 
     #[test]
