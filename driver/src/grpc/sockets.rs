@@ -221,7 +221,7 @@ pub fn bind(path: &Path) -> Result<UnixListener, Error> {
 
 /// The hidden name [`bind`] binds `path` under first: `.<name>.new` next
 /// to it. `None` for a path without a file name.
-pub fn staging_path(path: &Path) -> Option<PathBuf> {
+fn staging_path(path: &Path) -> Option<PathBuf> {
     let name = path.file_name()?;
     let mut staged = std::ffi::OsString::from(".");
     staged.push(name);
