@@ -26,7 +26,7 @@ mod tests;
 
 use std::fmt;
 
-pub use resolve::{AllocationConfig, ConfigSource, OpaqueConfig, resolve, resolve_entry};
+pub use resolve::{AllocationConfig, ConfigSource, OpaqueConfig, resolve_entry};
 pub use v1beta1::{
     GpuConfig, GpuSharing, MigDeviceConfig, MigDeviceSharing, MpsConfig, SharingStrategy,
     TimeSliceInterval, TimeSlicingConfig, mps_memory_limit,

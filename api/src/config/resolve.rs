@@ -71,22 +71,12 @@ pub struct AllocationConfig {
 }
 
 /// The config of `driver` that applies to `request` (`main` or `main/sub`),
-/// whose device is a `device_kind`; `None` if none applies (then
-/// [`DeviceConfig::default_for`] does). The returned config is normalized
-/// and validated.
-pub fn resolve(
-    configs: &[AllocationConfig],
-    request: &str,
-    driver: &str,
-    device_kind: DeviceKind,
-) -> Result<Option<DeviceConfig>, ConfigError> {
-    Ok(resolve_entry(configs, request, driver, device_kind)?.map(|(_, config)| config))
-}
-
-/// As [`resolve`], with the winning config's index in `configs`. Devices
-/// whose configs came from one entry are one group in NVIDIA's driver (one
-/// MPS daemon, index-keyed limits counted within the group), even where
-/// two entries have the same content.
+/// whose device is a `device_kind`, with its index in `configs`; `None` if
+/// none applies (then [`DeviceConfig::default_for`] does). The returned
+/// config is normalized and validated. The index matters: devices whose
+/// configs came from one entry are one group in NVIDIA's driver (one MPS
+/// daemon, index-keyed limits counted within the group), even where two
+/// entries have the same content.
 pub fn resolve_entry(
     configs: &[AllocationConfig],
     request: &str,

@@ -2,6 +2,16 @@ use serde_json::{Value, json};
 
 use super::*;
 
+/// The config [`resolve_entry`] picks, without its index.
+fn resolve(
+    configs: &[AllocationConfig],
+    request: &str,
+    driver: &str,
+    device_kind: DeviceKind,
+) -> Result<Option<DeviceConfig>, ConfigError> {
+    Ok(resolve_entry(configs, request, driver, device_kind)?.map(|(_, config)| config))
+}
+
 const DRIVER: &str = "gpu.nvidia.com";
 
 fn gpu(sharing: &Value) -> Value {
