@@ -24,3 +24,29 @@ pub mod supervise;
 pub(crate) fn micros(t: std::time::Instant) -> u64 {
     u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
+
+/// Helpers the unit tests of several modules share.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::time::{Duration, Instant};
+
+    /// Retries `take` while `held` says its error is a lock still held, for
+    /// up to 5 s. A file lock dropped by a test can outlive the drop for a
+    /// moment: `flock` belongs to the open file description, and a child
+    /// that another test thread has just forked keeps a copy of it until
+    /// its `exec` closes it.
+    pub(crate) fn once_released<T, E>(
+        mut take: impl FnMut() -> Result<T, E>,
+        held: impl Fn(&E) -> bool,
+    ) -> Result<T, E> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match take() {
+                Err(e) if held(&e) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                other => return other,
+            }
+        }
+    }
+}

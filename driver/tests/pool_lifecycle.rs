@@ -245,8 +245,10 @@ async fn an_unreachable_api_server_blocks_neither_serving_nor_shutdown() {
     plugin.signal("TERM");
     let status = tokio::task::block_in_place(|| plugin.wait_exit(WAIT));
     assert!(status.success(), "{status}: {}", plugin.stderr());
+    // Well under the 20 s drain and the 30 s backoff this guards against,
+    // with room for a loaded machine.
     assert!(
-        start.elapsed() < Duration::from_secs(5),
+        start.elapsed() < Duration::from_secs(12),
         "{:?}",
         start.elapsed()
     );

@@ -380,8 +380,9 @@ async fn prepares_on_different_gpus_overlap() {
     assert_eq!(rb[&other.uid].error, None, "{}", n.logs());
 
     // C, on A's GPU, is answered only after A: when C's answer is there,
-    // A's is too (within a second; a C that did not wait would be seconds
-    // ahead of A's readiness timeout).
+    // A's is too (within 2.5 s, room for A's rollback on a loaded machine;
+    // a C that did not wait would be ahead by most of A's 5 s readiness
+    // timeout).
     let call_c = n.kubelet.prepare(std::slice::from_ref(&same));
     tokio::pin!(call_c);
     let rc = if ra.is_some() {
@@ -390,7 +391,7 @@ async fn prepares_on_different_gpus_overlap() {
         let (a_done, rc) = tokio::select! {
             biased;
             r = &mut call_a => (r, call_c.await),
-            r = &mut call_c => match tokio::time::timeout(Duration::from_secs(1), &mut call_a).await {
+            r = &mut call_c => match tokio::time::timeout(Duration::from_millis(2500), &mut call_a).await {
                 Ok(a_done) => (a_done, r),
                 Err(elapsed) => panic!("C finished before A ({elapsed}) on the same GPU: {r:?}\n{}", n.logs()),
             },
@@ -553,10 +554,11 @@ async fn a_second_unprepare_waiting_for_the_gpu_does_not_undo_the_claim_prepared
     let first_ref = std::slice::from_ref(&first);
     n.prepare_ok(&first).await;
     let next = n.mps_claim("next").await;
-    // Every answer of an MPS daemon now takes a while, so the first
-    // unprepare holds GPU 0 (stopping the daemon) while the others queue.
+    // Every answer of an MPS daemon now takes a while (under the plugin's
+    // 5 s command timeout), so the first unprepare holds GPU 0 (stopping
+    // the daemon) while the others queue.
     n.fake_behaves(fake_driver_root::Behaviour {
-        mps_reply_delay_ms: 1500,
+        mps_reply_delay_ms: 3500,
         ..Default::default()
     });
     let mark = n.log_mark();
@@ -572,6 +574,9 @@ async fn a_second_unprepare_waiting_for_the_gpu_does_not_undo_the_claim_prepared
     let unprepare_2 = async {
         n.wait_line(mark, &["waiting for a GPU's lock", &next.uid])
             .await;
+        // The daemon's `quit` took its delay already; the new claim's
+        // daemon, started after it, answers at once.
+        n.fake_behaves(fake_driver_root::Behaviour::default());
         n.kubelet.unprepare(first_ref).await
     };
     let (u1, p, u2) = tokio::time::timeout(
@@ -594,7 +599,6 @@ async fn a_second_unprepare_waiting_for_the_gpu_does_not_undo_the_claim_prepared
     }
     let p = p.unwrap_or_else(|e| panic!("prepare call failed: {e}\n{}", n.logs()));
     assert_eq!(p[&next.uid].error, None, "{}", n.logs());
-    n.fake_behaves(fake_driver_root::Behaviour::default());
 
     // The new claim keeps what it set up: its daemon, its compute mode,
     // its spec and its entry.

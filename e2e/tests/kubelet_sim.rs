@@ -1,10 +1,13 @@
 //! The kubelet simulator against a small in-test plugin (registration and
 //! DRAPlugin v1 on one Unix socket): the `kubelet-sim` binary's
 //! registration, version choice, JSON output and one-line errors, and the
-//! registrar's handling of a second plugin claiming a taken endpoint.
+//! registrar's handling of a second plugin claiming a taken endpoint, and
+//! the retries of a GetInfo that a plugin too busy did not answer in time.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use dra_proto::dra::v1;
 use dra_proto::registration::{
@@ -18,18 +21,27 @@ use tonic::{Request, Response, Status};
 const BIN: &str = env!("CARGO_BIN_EXE_kubelet-sim");
 
 /// A plugin that prepares one device per claim; with `drop_claims` it
-/// answers a UID nobody asked for instead.
+/// answers a UID nobody asked for instead. Its first `slow_get_infos`
+/// GetInfo calls answer after 1.5 s, past kubelet's 1 s deadline.
 #[derive(Clone, Default)]
 struct TestPlugin {
     versions: Vec<String>,
     endpoint: String,
     drop_claims: bool,
     notified: Arc<Mutex<Vec<(bool, String)>>>,
+    slow_get_infos: Arc<AtomicUsize>,
 }
 
 #[tonic::async_trait]
 impl registration_server::Registration for TestPlugin {
     async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        let slow = self
+            .slow_get_infos
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if slow {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
         Ok(Response::new(PluginInfo {
             r#type: "DRAPlugin".into(),
             name: "test.example.com".into(),
@@ -265,6 +277,112 @@ async fn bad_input_is_a_clear_error() {
 }
 
 #[tokio::test]
+async fn a_plugin_too_busy_for_get_info_is_registered_on_a_retry() {
+    let dir = tempfile::Builder::new()
+        .prefix("k")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let socket = dir.path().join("busy-reg.sock");
+    let plugin = TestPlugin {
+        endpoint: socket.to_str().unwrap().to_owned(),
+        slow_get_infos: Arc::new(AtomicUsize::new(2)),
+        ..both_versions()
+    };
+    serve_on(&socket, &plugin);
+    let begun = Instant::now();
+    let mut registrar = KubeletSim::new().watch_registrar(dir.path());
+    let p = registrar
+        .wait_registered("test.example.com", Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(p.registration_socket, socket);
+    // Two missed deadlines, each followed by the one-second retry delay.
+    assert!(
+        begun.elapsed() >= Duration::from_secs(4),
+        "{:?}",
+        begun.elapsed()
+    );
+    assert_eq!(plugin.slow_get_infos.load(Ordering::SeqCst), 0);
+    // Only the attempt that got an answer told the plugin anything.
+    assert_eq!(*plugin.notified.lock().unwrap(), [(true, String::new())]);
+
+    // Still too busy when the wait ends: the error names the last failure.
+    let other = tempfile::Builder::new()
+        .prefix("k")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let socket = other.path().join("busier-reg.sock");
+    let plugin = TestPlugin {
+        endpoint: socket.to_str().unwrap().to_owned(),
+        slow_get_infos: Arc::new(AtomicUsize::new(usize::MAX)),
+        ..both_versions()
+    };
+    serve_on(&socket, &plugin);
+    let mut registrar = KubeletSim::new().watch_registrar(other.path());
+    let err = registrar
+        .wait_registered("test.example.com", Duration::from_millis(2500))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("plugin test.example.com to register")
+            && err.contains("busier-reg.sock")
+            && err.contains("GetInfo"),
+        "{err}"
+    );
+    assert!(plugin.notified.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn register_tries_a_get_info_past_its_deadline_again_a_few_times() {
+    let dir = tempfile::Builder::new()
+        .prefix("k")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let socket = dir.path().join("busy-reg.sock");
+    let plugin = TestPlugin {
+        endpoint: socket.to_str().unwrap().to_owned(),
+        slow_get_infos: Arc::new(AtomicUsize::new(1)),
+        ..both_versions()
+    };
+    serve_on(&socket, &plugin);
+    let p = KubeletSim::new().register(&socket).await.unwrap();
+    assert_eq!(p.registration_socket, socket);
+    assert_eq!(plugin.slow_get_infos.load(Ordering::SeqCst), 0);
+    assert_eq!(*plugin.notified.lock().unwrap(), [(true, String::new())]);
+
+    // A plugin that never answers in time: the last try's timeout.
+    let socket = dir.path().join("stuck-reg.sock");
+    let plugin = TestPlugin {
+        endpoint: socket.to_str().unwrap().to_owned(),
+        slow_get_infos: Arc::new(AtomicUsize::new(usize::MAX)),
+        ..both_versions()
+    };
+    serve_on(&socket, &plugin);
+    let begun = Instant::now();
+    let err = KubeletSim::new().register(&socket).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            gpu_dra_e2e::kubelet::Error::Timeout {
+                method: "GetInfo",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let tries = gpu_dra_e2e::kubelet::REGISTER_TRIES;
+    // Each try waits out the 1 s deadline, with a 1 s pause between tries.
+    let least = Duration::from_secs(u64::from(2 * tries - 1));
+    assert!(begun.elapsed() >= least, "{:?}", begun.elapsed());
+    assert_eq!(
+        plugin.slow_get_infos.load(Ordering::SeqCst),
+        usize::MAX - tries as usize
+    );
+    assert!(plugin.notified.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
 async fn the_registrar_refuses_a_taken_endpoint_and_notices_deletions() {
     let dir = tempfile::Builder::new()
         .prefix("k")
@@ -289,8 +407,13 @@ async fn the_registrar_refuses_a_taken_endpoint_and_notices_deletions() {
     // A second registration socket advertising the same endpoint.
     serve_on(&b, &plugin);
     match registrar.next_event(wait).await.unwrap() {
-        RegistrarEvent::Rejected { socket, reason } => {
+        RegistrarEvent::Rejected {
+            socket,
+            reason,
+            told,
+        } => {
             assert_eq!(socket, b);
+            assert!(told, "the plugin is told of this rejection");
             assert!(reason.contains("already registered"), "{reason}");
         }
         other => panic!("{other:?}"),

@@ -202,9 +202,10 @@ fn mig_capabilities(node: &NodePaths, failed: &mut Vec<String>) -> Vec<String> {
     out
 }
 
-/// Live processes started from the driver root, `pid: command line`.
+/// Live processes started from the driver root, `pid: command line`; with
+/// `settle`, waits up to 15 s (room for a loaded machine) for them to go.
 fn processes(root: &fake_driver_root::FakeDriverRoot, settle: bool) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let pids = root.processes();
         if pids.is_empty() || !settle || Instant::now() >= deadline {

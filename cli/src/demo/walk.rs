@@ -248,13 +248,13 @@ pub async fn walk(cluster: &Cluster<'_>, claim: &DemoClaim) -> anyhow::Result<Wa
 
 /// How many `status.devices` entries claim `name` has, once it has
 /// `expected`: the plugin writes them in the background after its answer.
-/// Gives up after 5 s with what is there.
+/// Gives up after 15 s (room for a loaded machine) with what is there.
 async fn status_devices(
     claims: &Api<ResourceClaim>,
     name: &str,
     expected: usize,
 ) -> anyhow::Result<usize> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     loop {
         let stored = claims.get(name).await?;
         let n = stored.status.and_then(|s| s.devices).map_or(0, |d| d.len());

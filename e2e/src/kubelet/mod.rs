@@ -4,7 +4,8 @@
 //! - [`Registrar`] watches a registrar directory like kubelet's plugin
 //!   watcher: a new socket is registered, a deleted one deregistered;
 //! - [`KubeletSim::register`] does what kubelet does with one socket:
-//!   `GetInfo` with a 1 s deadline, checks of type, name and endpoint, the
+//!   `GetInfo` with a 1 s deadline (tried again a second later when it
+//!   times out, a few times), checks of type, name and endpoint, the
 //!   first entry of the plugin's `supported_versions` that the simulated
 //!   kubelet knows, and `NotifyRegistrationStatus` true or false with the
 //!   reason;
@@ -33,7 +34,7 @@ pub use plugin::{
     Device, DeviceHealth, HealthStream, Plugin, PrepareResult, UnprepareResult, check_uids,
 };
 pub use registrar::{Registrar, RegistrarEvent};
-pub use sim::KubeletSim;
+pub use sim::{KubeletSim, REGISTER_TRIES};
 
 /// Errors of the simulator. Each message is one line.
 #[derive(Debug, thiserror::Error)]

@@ -14,12 +14,10 @@ use tokio::task::JoinHandle;
 
 use super::Error;
 use super::plugin::Plugin;
-use super::sim::KubeletSim;
+use super::sim::{KubeletSim, REGISTER_RETRY};
 
 /// How often the directory is listed.
 const POLL: Duration = Duration::from_millis(50);
-/// How long a failed registration waits before the next try.
-const RETRY: Duration = Duration::from_secs(1);
 
 /// What the watcher did.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -27,12 +25,16 @@ const RETRY: Duration = Duration::from_secs(1);
 pub enum RegistrarEvent {
     /// A plugin was registered.
     Registered(Plugin),
-    /// A registration attempt failed (the plugin was told when it got that far).
+    /// A registration attempt failed; retried after a second either way.
     Rejected {
         /// The registration socket.
         socket: PathBuf,
         /// Why.
         reason: String,
+        /// Whether the plugin was told (`NotifyRegistrationStatus`): the
+        /// simulator refused it. `false`: `GetInfo` itself failed (no
+        /// answer in time, connection refused), which a retry may cure.
+        told: bool,
     },
     /// A registration socket disappeared: its plugin is deregistered.
     Deregistered {
@@ -80,24 +82,42 @@ impl Registrar {
         }
     }
 
-    /// Waits until a plugin named `name` is registered; rejections on the
-    /// way are returned as errors.
+    /// Waits until a plugin named `name` is registered. A rejection the
+    /// plugin was told of is returned as an error at once; a `GetInfo` that
+    /// failed (a busy plugin missing the 1 s deadline) is retried, as kubelet
+    /// does, until `timeout`, whose error then names the last failure.
     pub async fn wait_registered(
         &mut self,
         name: &str,
         timeout: Duration,
     ) -> Result<Plugin, Error> {
         let deadline = Instant::now() + timeout;
+        let mut last_failure = String::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.next_event(left).await {
                 Ok(RegistrarEvent::Registered(p)) if p.name == name => return Ok(p),
-                Ok(RegistrarEvent::Rejected { socket, reason }) => {
+                Ok(RegistrarEvent::Rejected {
+                    socket,
+                    reason,
+                    told: true,
+                }) => {
                     return Err(Error::Rejected { socket, reason });
+                }
+                Ok(RegistrarEvent::Rejected {
+                    socket,
+                    reason,
+                    told: false,
+                }) => {
+                    tracing::debug!(socket = %socket.display(), %reason, "GetInfo failed; retried");
+                    last_failure = format!(" (last try at {}: {reason})", socket.display());
                 }
                 Ok(_) => {}
                 Err(Error::Wait(..)) => {
-                    return Err(Error::Wait(timeout, format!("plugin {name} to register")));
+                    return Err(Error::Wait(
+                        timeout,
+                        format!("plugin {name} to register{last_failure}"),
+                    ));
                 }
                 Err(e) => return Err(e),
             }
@@ -223,20 +243,21 @@ async fn watch(
                     RegistrarEvent::Registered(p)
                 }
                 Err(e) => {
-                    let reason = match e {
-                        Error::Rejected { reason, .. } => reason,
-                        other => other.to_string(),
+                    let (reason, told) = match e {
+                        Error::Rejected { reason, .. } => (reason, true),
+                        other => (other.to_string(), false),
                     };
                     seen.insert(
                         path.clone(),
                         Seen {
                             ino,
-                            retry_at: Some(Instant::now() + RETRY),
+                            retry_at: Some(Instant::now() + REGISTER_RETRY),
                         },
                     );
                     RegistrarEvent::Rejected {
                         socket: path,
                         reason,
+                        told,
                     }
                 }
             };

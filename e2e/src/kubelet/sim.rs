@@ -14,6 +14,11 @@ use super::{DraVersion, Error, HealthVersion};
 
 /// Kubelet's deadline for `GetInfo`.
 pub const GET_INFO_TIMEOUT: Duration = Duration::from_secs(1);
+/// How many times [`KubeletSim::register`] sends a `GetInfo` that times out.
+pub const REGISTER_TRIES: u32 = 3;
+/// The pause before another try (also the registrar's): kubelet's
+/// reconciler runs once a second.
+pub(crate) const REGISTER_RETRY: Duration = Duration::from_secs(1);
 /// Kubelet's deadline for NodePrepareResources / NodeUnprepareResources.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(45);
 
@@ -83,9 +88,24 @@ impl KubeletSim {
     /// Registers the plugin behind `socket` as kubelet does: `GetInfo`
     /// (1 s deadline), validation, version choice, then
     /// `NotifyRegistrationStatus` with the verdict. A rejection is returned
-    /// as [`Error::Rejected`] after the plugin has been told.
+    /// as [`Error::Rejected`] after the plugin has been told. A `GetInfo`
+    /// past its deadline (a plugin busy starting up) is tried again after a
+    /// second, as kubelet's reconciler does, up to [`REGISTER_TRIES`] tries
+    /// in all; any other failure is returned at once.
     pub async fn register(&self, socket: &Path) -> Result<Plugin, Error> {
-        self.register_checked(socket, |_| Ok(())).await
+        let mut tries = 1;
+        loop {
+            match self.register_checked(socket, |_| Ok(())).await {
+                Err(Error::Timeout { method, after })
+                    if method == "GetInfo" && tries < REGISTER_TRIES =>
+                {
+                    tracing::debug!(socket = %socket.display(), ?after, tries, "GetInfo timed out; retrying");
+                    tries += 1;
+                    tokio::time::sleep(REGISTER_RETRY).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// [`register`](Self::register) with one more check of the endpoint
@@ -102,6 +122,19 @@ impl KubeletSim {
         let info = match tokio::time::timeout(self.get_info_timeout, client.get_info(request)).await
         {
             Err(_) => {
+                return Err(Error::Timeout {
+                    method: "GetInfo",
+                    after: self.get_info_timeout,
+                });
+            }
+            // The plugin's server enforces the deadline it was sent too
+            // (tonic answers `Cancelled`, "Timeout expired"): the same miss.
+            Ok(Err(status))
+                if matches!(
+                    status.code(),
+                    tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+                ) =>
+            {
                 return Err(Error::Timeout {
                     method: "GetInfo",
                     after: self.get_info_timeout,

@@ -157,13 +157,18 @@ async fn a_second_instance_is_refused_and_dropping_cleans_up() {
     assert!(reg.exists());
     drop(first);
     assert!(!reg.exists());
-    // The lock is free again.
-    Server::start(config(t.path()), Services::default())
-        .await
-        .unwrap()
-        .shutdown()
-        .await
-        .unwrap();
+    // The lock is free again (once a child another test thread forked
+    // meanwhile has exec'd and closed its copy of the lock's file).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let again = loop {
+        match Server::start(config(t.path()), Services::default()).await {
+            Err(Error::Locked { .. }) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => break other,
+        }
+    };
+    again.unwrap().shutdown().await.unwrap();
 }
 
 #[tokio::test]
@@ -199,11 +204,12 @@ async fn prepare_through_the_socket_answers_every_claim() {
     handle.shutdown().await.unwrap();
 }
 
-/// Unprepares slowly, to have a call in flight during shutdown; says when
-/// a call has arrived.
+/// Unprepares only once released, to have a call in flight during
+/// shutdown; says when a call has arrived.
 #[derive(Default)]
 struct Slow {
     arrived: tokio::sync::Notify,
+    release: tokio::sync::Notify,
 }
 
 impl ClaimPreparer for Slow {
@@ -220,7 +226,7 @@ impl ClaimPreparer for Slow {
     ) -> futures::future::BoxFuture<'a, ClaimResults<()>> {
         Box::pin(async move {
             self.arrived.notify_one();
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            self.release.notified().await;
             claims.iter().map(|c| (c.uid.clone(), Ok(()))).collect()
         })
     }
@@ -263,6 +269,7 @@ async fn shutdown_drains_in_flight_calls_after_deregistering() {
         !shutdown.is_finished(),
         "shutdown did not wait for the call"
     );
+    slow.release.notify_one();
     let resp = call.await.unwrap().unwrap().into_inner();
     assert_eq!(resp.claims["slow"].error, "");
     shutdown.await.unwrap().unwrap();

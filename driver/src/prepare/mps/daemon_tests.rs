@@ -290,7 +290,8 @@ fn a_daemon_that_never_gets_ready_times_out_cleanly() {
         mps_never_ready: true,
         ..Behaviour::default()
     });
-    let mps = env.control_ready_within(Duration::from_millis(300));
+    // Long enough for the daemon's first log line on a loaded machine.
+    let mps = env.control_ready_within(Duration::from_secs(2));
     let begun = Instant::now();
     let err = mps.start(&cfg("claim-1")).unwrap_err();
     let text = err.to_string();
@@ -303,7 +304,7 @@ fn a_daemon_that_never_gets_ready_times_out_cleanly() {
         text.contains("Starting control daemon"),
         "the log tail is in the error: {text}"
     );
-    assert!(begun.elapsed() < Duration::from_secs(4));
+    assert!(begun.elapsed() < Duration::from_secs(10));
     assert_eq!(mps.list().unwrap(), Vec::<String>::new());
     env.assert_nothing_left(&mps, "claim-1");
 }

@@ -495,12 +495,20 @@ mod tests {
             uid: "u".into(),
         };
         let body = body("gpu.nvidia.com", &claim, None, &now());
-        let write = apply(&client, "m", &claim, body, Duration::from_millis(50));
+        // Each attempt's limit leaves a loaded machine time to connect.
+        let write = apply(&client, "m", &claim, body, Duration::from_millis(500));
         tokio::time::timeout(Duration::from_secs(20), write)
             .await
             .expect("the write gave up on its own");
         // One connection per attempt: a timed-out request's connection is
-        // not reused.
+        // not reused. (The last one may still wait in the listen backlog
+        // for this runtime's accept task.)
+        for _ in 0..200 {
+            if accepted.load(Ordering::SeqCst) >= ATTEMPTS as usize {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert_eq!(accepted.load(Ordering::SeqCst), ATTEMPTS as usize);
         server.abort();
     }
