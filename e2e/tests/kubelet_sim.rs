@@ -125,11 +125,29 @@ struct Served {
     plugin: TestPlugin,
 }
 
-fn serve(plugin: TestPlugin) -> Served {
-    let dir = tempfile::Builder::new()
+/// A directory whose socket paths fit a UNIX socket address.
+fn short_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
         .prefix("k")
         .tempdir_in("/tmp")
-        .unwrap();
+        .unwrap()
+}
+
+/// A plugin serving on `<dir>/<file>` whose first `slow` GetInfo calls miss
+/// kubelet's deadline.
+fn busy(dir: &Path, file: &str, slow: usize) -> (PathBuf, TestPlugin) {
+    let socket = dir.join(file);
+    let plugin = TestPlugin {
+        endpoint: socket.to_str().unwrap().to_owned(),
+        slow_get_infos: Arc::new(AtomicUsize::new(slow)),
+        ..both_versions()
+    };
+    serve_on(&socket, &plugin);
+    (socket, plugin)
+}
+
+fn serve(plugin: TestPlugin) -> Served {
+    let dir = short_dir();
     let socket = dir.path().join("test.example.com-reg.sock");
     serve_on(&socket, &plugin);
     Served {
@@ -278,17 +296,8 @@ async fn bad_input_is_a_clear_error() {
 
 #[tokio::test]
 async fn a_plugin_too_busy_for_get_info_is_registered_on_a_retry() {
-    let dir = tempfile::Builder::new()
-        .prefix("k")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let socket = dir.path().join("busy-reg.sock");
-    let plugin = TestPlugin {
-        endpoint: socket.to_str().unwrap().to_owned(),
-        slow_get_infos: Arc::new(AtomicUsize::new(2)),
-        ..both_versions()
-    };
-    serve_on(&socket, &plugin);
+    let dir = short_dir();
+    let (socket, plugin) = busy(dir.path(), "busy-reg.sock", 2);
     let begun = Instant::now();
     let mut registrar = KubeletSim::new().watch_registrar(dir.path());
     let p = registrar
@@ -307,17 +316,8 @@ async fn a_plugin_too_busy_for_get_info_is_registered_on_a_retry() {
     assert_eq!(*plugin.notified.lock().unwrap(), [(true, String::new())]);
 
     // Still too busy when the wait ends: the error names the last failure.
-    let other = tempfile::Builder::new()
-        .prefix("k")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let socket = other.path().join("busier-reg.sock");
-    let plugin = TestPlugin {
-        endpoint: socket.to_str().unwrap().to_owned(),
-        slow_get_infos: Arc::new(AtomicUsize::new(usize::MAX)),
-        ..both_versions()
-    };
-    serve_on(&socket, &plugin);
+    let other = short_dir();
+    let (socket, plugin) = busy(other.path(), "busier-reg.sock", usize::MAX);
     let mut registrar = KubeletSim::new().watch_registrar(other.path());
     let err = registrar
         .wait_registered("test.example.com", Duration::from_millis(2500))
@@ -335,30 +335,15 @@ async fn a_plugin_too_busy_for_get_info_is_registered_on_a_retry() {
 
 #[tokio::test]
 async fn register_tries_a_get_info_past_its_deadline_again_a_few_times() {
-    let dir = tempfile::Builder::new()
-        .prefix("k")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let socket = dir.path().join("busy-reg.sock");
-    let plugin = TestPlugin {
-        endpoint: socket.to_str().unwrap().to_owned(),
-        slow_get_infos: Arc::new(AtomicUsize::new(1)),
-        ..both_versions()
-    };
-    serve_on(&socket, &plugin);
+    let dir = short_dir();
+    let (socket, plugin) = busy(dir.path(), "busy-reg.sock", 1);
     let p = KubeletSim::new().register(&socket).await.unwrap();
     assert_eq!(p.registration_socket, socket);
     assert_eq!(plugin.slow_get_infos.load(Ordering::SeqCst), 0);
     assert_eq!(*plugin.notified.lock().unwrap(), [(true, String::new())]);
 
     // A plugin that never answers in time: the last try's timeout.
-    let socket = dir.path().join("stuck-reg.sock");
-    let plugin = TestPlugin {
-        endpoint: socket.to_str().unwrap().to_owned(),
-        slow_get_infos: Arc::new(AtomicUsize::new(usize::MAX)),
-        ..both_versions()
-    };
-    serve_on(&socket, &plugin);
+    let (socket, plugin) = busy(dir.path(), "stuck-reg.sock", usize::MAX);
     let begun = Instant::now();
     let err = KubeletSim::new().register(&socket).await.unwrap_err();
     assert!(
@@ -384,10 +369,7 @@ async fn register_tries_a_get_info_past_its_deadline_again_a_few_times() {
 
 #[tokio::test]
 async fn the_registrar_refuses_a_taken_endpoint_and_notices_deletions() {
-    let dir = tempfile::Builder::new()
-        .prefix("k")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let dir = short_dir();
     let a = dir.path().join("a-reg.sock");
     let b = dir.path().join("b-reg.sock");
     let plugin = TestPlugin {
