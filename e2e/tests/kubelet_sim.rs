@@ -317,7 +317,7 @@ async fn a_plugin_too_busy_for_get_info_is_registered_on_a_retry() {
 
     // Still too busy when the wait ends: the error names the last failure.
     let other = short_dir();
-    let (socket, plugin) = busy(other.path(), "busier-reg.sock", usize::MAX);
+    let (_socket, plugin) = busy(other.path(), "busier-reg.sock", usize::MAX);
     let mut registrar = KubeletSim::new().watch_registrar(other.path());
     let err = registrar
         .wait_registered("test.example.com", Duration::from_millis(2500))
