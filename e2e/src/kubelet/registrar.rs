@@ -31,9 +31,10 @@ pub enum RegistrarEvent {
         socket: PathBuf,
         /// Why.
         reason: String,
-        /// Whether the plugin was told (`NotifyRegistrationStatus`): the
-        /// simulator refused it. `false`: `GetInfo` itself failed (no
-        /// answer in time, connection refused), which a retry may cure.
+        /// Whether the simulator refused the plugin and told it so
+        /// (`NotifyRegistrationStatus` false). `false`: the attempt failed
+        /// on the way, most often a `GetInfo` with no answer in time or a
+        /// refused connection, which a retry may cure.
         told: bool,
     },
     /// A registration socket disappeared: its plugin is deregistered.
@@ -83,9 +84,10 @@ impl Registrar {
     }
 
     /// Waits until a plugin named `name` is registered. A rejection the
-    /// plugin was told of is returned as an error at once; a `GetInfo` that
-    /// failed (a busy plugin missing the 1 s deadline) is retried, as kubelet
-    /// does, until `timeout`, whose error then names the last failure.
+    /// plugin was told of is returned as an error at once; after any other
+    /// failed attempt (most often a busy plugin missing GetInfo's 1 s
+    /// deadline) it waits on for the watcher's retry, as kubelet retries,
+    /// until `timeout`, whose error then names the last failure.
     pub async fn wait_registered(
         &mut self,
         name: &str,
