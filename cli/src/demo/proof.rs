@@ -374,13 +374,13 @@ fn hold_dir(path: &Path) -> std::io::Result<std::fs::File> {
         match std::fs::DirBuilder::new().mode(DEMO_MADE_MODE).create(path) {
             Ok(()) => {
                 // mkdir's mode passes through the umask: set it exactly.
-                // Not there any more: a settling run removed it before
-                // this one could lock it; make it again.
                 match std::fs::set_permissions(
                     path,
                     std::fs::Permissions::from_mode(DEMO_MADE_MODE),
                 ) {
                     Ok(()) => {}
+                    // Not there any more: a settling run removed it before
+                    // this one could lock it; make it again.
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(e),
                 }
@@ -431,6 +431,13 @@ fn mounted_anywhere(path: &Path) -> bool {
 mod tests {
     use super::*;
 
+    /// A scratch directory and the mount point's path in it (not made).
+    fn scratch() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nvidia-mps");
+        (dir, path)
+    }
+
     fn mode(path: &Path) -> u32 {
         std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
     }
@@ -445,8 +452,7 @@ mod tests {
 
     #[test]
     fn a_mount_point_the_host_made_is_left_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("nvidia-mps");
+        let (_dir, path) = scratch();
         std::fs::create_dir(&path).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
         let mut outside = OutsidePaths::observe_at(&path, true);
@@ -457,8 +463,7 @@ mod tests {
 
     #[test]
     fn a_mount_point_made_by_the_run_is_marked_and_removed() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("nvidia-mps");
+        let (_dir, path) = scratch();
         let mut outside = OutsidePaths::observe_at(&path, true);
         assert_eq!(mode(&path), DEMO_MADE_MODE);
         settles_with_note(&mut outside, "removed");
@@ -469,8 +474,7 @@ mod tests {
 
     #[test]
     fn a_run_that_is_not_root_makes_and_removes_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("nvidia-mps");
+        let (_dir, path) = scratch();
         let mut outside = OutsidePaths::observe_at(&path, false);
         assert!(!path.exists());
         // Even a demo's leftover is not touched.
@@ -482,8 +486,7 @@ mod tests {
 
     #[test]
     fn the_last_of_two_runs_removes_it_and_the_first_keeps_it_for_the_other() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("nvidia-mps");
+        let (_dir, path) = scratch();
         let mut first = OutsidePaths::observe_at(&path, true);
         let mut second = OutsidePaths::observe_at(&path, true);
         settles_with_note(&mut first, "held by another demo run");
@@ -494,8 +497,7 @@ mod tests {
 
     #[test]
     fn a_leftover_of_a_run_that_died_is_removed_by_the_next() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("nvidia-mps");
+        let (_dir, path) = scratch();
         // A run that died keeps nothing locked (the kernel drops its lock).
         let mut died = OutsidePaths::observe_at(&path, true);
         drop(died.held.take());
@@ -508,8 +510,7 @@ mod tests {
     #[test]
     fn a_lock_that_lands_on_a_removed_mount_point_makes_it_anew() {
         use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("nvidia-mps");
+        let (_dir, path) = scratch();
         // A settling run: the exclusive lock, held until after its rmdir.
         let mut settling = OutsidePaths::observe_at(&path, true);
         let locked = settling.held.take().unwrap();
@@ -553,8 +554,7 @@ mod tests {
 
     #[test]
     fn a_non_empty_mount_point_is_reported_not_removed() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("nvidia-mps");
+        let (_dir, path) = scratch();
         let mut outside = OutsidePaths::observe_at(&path, true);
         std::fs::write(path.join("control"), b"").unwrap();
         let (left, _) = outside.settle();
