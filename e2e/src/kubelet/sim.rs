@@ -119,17 +119,14 @@ impl KubeletSim {
         let mut client = RegistrationClient::new(channel(socket, &self.authority)?);
         let mut request = tonic::Request::new(InfoRequest {});
         request.set_timeout(self.get_info_timeout);
-        let info = match tokio::time::timeout(self.get_info_timeout, client.get_info(request)).await
-        {
-            Err(_) => {
-                return Err(Error::Timeout {
-                    method: "GetInfo",
-                    after: self.get_info_timeout,
-                });
-            }
-            // The plugin's server enforces the deadline it was sent too
-            // (tonic answers `Cancelled`, "Timeout expired"): the same miss.
-            Ok(Err(status))
+        // Past the deadline here, or at the plugin's server, which
+        // enforces the deadline it was sent too (tonic answers `Cancelled`,
+        // "Timeout expired"): the same miss.
+        let answer = tokio::time::timeout(self.get_info_timeout, client.get_info(request))
+            .await
+            .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("no answer in time")));
+        let info = match answer {
+            Err(status)
                 if matches!(
                     status.code(),
                     tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
@@ -140,14 +137,14 @@ impl KubeletSim {
                     after: self.get_info_timeout,
                 });
             }
-            Ok(Err(status)) => {
+            Err(status) => {
                 return Err(Error::Rpc {
                     method: "GetInfo",
                     code: status.code(),
                     message: status.message().to_owned(),
                 });
             }
-            Ok(Ok(r)) => r.into_inner(),
+            Ok(r) => r.into_inner(),
         };
         let verdict = self
             .validate(socket, &info)
