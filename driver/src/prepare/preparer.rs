@@ -273,6 +273,7 @@ impl Preparer {
 
     /// Prepares one claim; see the module docs for the steps.
     pub async fn prepare_one(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, ClaimError> {
+        let started = std::time::Instant::now();
         let inner = &self.inner;
         let uid = ClaimUid(claim.uid.clone());
         if let Some(entry) = self.completed(&uid).await {
@@ -281,7 +282,9 @@ impl Preparer {
             inner.status_writes.publish(inner, claim, &entry);
             return Ok(answer(&entry));
         }
+        let reading = std::time::Instant::now();
         let object = self.fetch(claim).await?;
+        let read_us = crate::micros(reading);
         let plan = Arc::new(
             plan::plan(
                 &object,
@@ -319,6 +322,8 @@ impl Preparer {
             namespace = %claim.namespace,
             name = %claim.name,
             devices = entry.devices.len(),
+            read_us,
+            elapsed_us = crate::micros(started),
             "claim prepared"
         );
         Ok(answer(&entry))

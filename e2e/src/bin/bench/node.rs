@@ -324,6 +324,14 @@ impl Node {
         Ok(())
     }
 
+    /// NodePrepareResources with no claims: the plugin answers at once, so
+    /// this is the gRPC round trip alone (the floor of any prepare here).
+    pub async fn prepare_nothing(&self) -> anyhow::Result<()> {
+        let answers = self.kubelet.prepare(&[]).await?;
+        anyhow::ensure!(answers.is_empty(), "answers for no claims: {answers:?}");
+        Ok(())
+    }
+
     /// NodeUnprepareResources for `claims` (one call); no claim may fail.
     pub async fn unprepare(&self, claims: &[Claim]) -> anyhow::Result<()> {
         let answers = self.kubelet.unprepare(claims).await?;

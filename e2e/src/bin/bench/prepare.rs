@@ -102,11 +102,14 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
         let (_, _, first, _) = cycle(0).await.context("the first cycle")?;
         let mut sent = Vec::new();
         let (mut prepare, mut unprepare, mut write) = (Vec::new(), Vec::new(), Vec::new());
-        let mut swapped = Vec::new();
+        let (mut swapped, mut nothing) = (Vec::new(), Vec::new());
         for i in 1..=settings.iterations {
             let (claim, at, p, u) = cycle(i).await.with_context(|| format!("cycle {i}"))?;
             write.push(ms(durable_write(&node.state_dir, i)?));
             swapped.push(ms(swapped_write(&node.state_dir, i)?));
+            let t = Instant::now();
+            node.prepare_nothing().await.context("a call with no claims")?;
+            nothing.push(ms(t.elapsed()));
             sent.push((claim.uid, at, p));
             prepare.push(ms(p));
             unprepare.push(ms(u));
@@ -131,14 +134,25 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
         node.stop()?;
         let ratio = p50(&prepare) / p50(&write);
         let ratio_swapped = p50(&prepare) / p50(&swapped);
+        // The claim read is the plugin's own GET (its log's `read_us`).
+        let read = log_micros_as_ms(&log, "claim prepared", "read_us");
+        let mut above =
+            less_outside(&prepare, &read).with_context(|| format!("{name}: claim reads"))?;
         let outside = outside
             .map(|(what, less_name, samples)| {
                 let less = less_outside(&prepare, &samples)
                     .with_context(|| format!("{name}: {what:?}"))?;
-                let own = p50(&less) / p50(&write);
-                anyhow::Ok((what, less_name, samples, less, own))
+                above = less_outside(&above, &samples)
+                    .with_context(|| format!("{name}: {what:?}"))?;
+                let less_ratio = p50(&less) / p50(&write);
+                anyhow::Ok((what, less_name, samples, less, less_ratio))
             })
             .transpose()?;
+        // What any driver pays here whatever it does: kubelet's call and
+        // its answer (an empty call's p50) and the claim's read.
+        let floor = p50(&nothing);
+        let above: Vec<f64> = above.iter().map(|v| v - floor).collect();
+        let above_ratio = p50(&above) / p50(&write);
         let mut rows = vec![
             Row::new(name, "prepare, as kubelet sees it", "ms", prepare),
             Row::new(
@@ -186,18 +200,58 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
                 Values::One(ratio_swapped),
             ),
         ];
-        if let Some((what, less_name, samples, less, own)) = outside {
-            rows.insert(2, Row::new(name, what, "ms", samples));
+        rows.insert(
+            2,
+            Row::new(
+                name,
+                "    of which reading the claim (the plugin's GET from the API server, parsed)",
+                "ms",
+                read[1..].to_vec(),
+            ),
+        );
+        if let Some((what, less_name, samples, less, less_ratio)) = outside {
+            rows.insert(3, Row::new(name, what, "ms", samples));
             rows.push(Row::new(name, less_name, "ms", less));
             rows.push(Row::with(
                 name,
                 "  that p50 / durable write p50",
                 "x",
-                Values::One(own),
+                Values::One(less_ratio),
             ));
         }
+        rows.extend([
+            Row::new(
+                name,
+                "  a call with no claims (the gRPC round trip through the kubelet simulator; the plugin answers at once)",
+                "ms",
+                nothing,
+            ),
+            Row::new(
+                name,
+                above_floor_label(kind),
+                "ms",
+                above,
+            ),
+            Row::with(name, "  that p50 / durable write p50", "x", Values::One(above_ratio)),
+        ]);
         Ok(rows)
     })
+}
+
+/// The row of a prepare of `kind` above the floor: less the round trip
+/// and the claim read that any driver pays here, and the step outside it.
+fn above_floor_label(kind: Kind) -> &'static str {
+    match kind {
+        Kind::WholeGpu => {
+            "  above the floor: prepare less its claim read, claim by claim, and an empty call's p50"
+        }
+        Kind::Mps => {
+            "  above the floor: prepare less its claim read and daemon start, claim by claim, and an empty call's p50"
+        }
+        Kind::DynamicMig => {
+            "  above the floor: prepare less its claim read and NVML create, claim by claim, and an empty call's p50"
+        }
+    }
 }
 
 /// Each timed prepare less the time of its step outside the driver, in ms.
