@@ -1,5 +1,6 @@
 //! Claim preparation as kubelet sees it (issue 4): prepare latency per kind
-//! of claim next to the one unavoidable durable write, 64 concurrent claims
+//! of claim next to the one unavoidable durable write (and above the floor
+//! any driver pays here: an empty call, the claim read), 64 concurrent claims
 //! on 8 GPUs against one alone, and the plugin's resident memory over
 //! 10,000 prepare/unprepare cycles. Every call goes from the kubelet
 //! simulator over the plugin's real Unix socket; every claim is a fresh
@@ -136,22 +137,21 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
         let ratio_swapped = p50(&prepare) / p50(&swapped);
         // The claim read is the plugin's own GET (its log's `read_us`).
         let read = log_micros_as_ms(&log, "claim prepared", "read_us");
-        let mut above =
-            less_outside(&prepare, &read).with_context(|| format!("{name}: claim reads"))?;
         let outside = outside
             .map(|(what, less_name, samples)| {
                 let less = less_outside(&prepare, &samples)
-                    .with_context(|| format!("{name}: {what:?}"))?;
-                above = less_outside(&above, &samples)
                     .with_context(|| format!("{name}: {what:?}"))?;
                 let less_ratio = p50(&less) / p50(&write);
                 anyhow::Ok((what, less_name, samples, less, less_ratio))
             })
             .transpose()?;
-        // What any driver pays here whatever it does: kubelet's call and
-        // its answer (an empty call's p50) and the claim's read.
-        let floor = p50(&nothing);
-        let above: Vec<f64> = above.iter().map(|v| v - floor).collect();
+        let above = above_floor(
+            &prepare,
+            &read,
+            outside.as_ref().map(|o| o.2.as_slice()),
+            p50(&nothing),
+        )
+        .with_context(|| format!("{name}: above the floor"))?;
         let above_ratio = p50(&above) / p50(&write);
         let mut rows = vec![
             Row::new(name, "prepare, as kubelet sees it", "ms", prepare),
@@ -254,10 +254,28 @@ fn above_floor_label(kind: Kind) -> &'static str {
     }
 }
 
-/// Each timed prepare less the time of its step outside the driver, in ms.
-/// The cycles run one after the other and each has exactly one such step,
-/// so the log's timings are the first, unsampled cycle's, then one per
-/// timed prepare in order.
+/// Each timed prepare above the floor, in ms: less its own claim read
+/// (`read`, from the log) and step outside the driver (`outside`, if the
+/// kind has one), claim by claim, and less `round_trip`, an empty call's
+/// p50. The floor is what any driver pays here whatever it does: kubelet's
+/// call and its answer, and the claim's read.
+fn above_floor(
+    prepare: &[f64],
+    read: &[f64],
+    outside: Option<&[f64]>,
+    round_trip: f64,
+) -> anyhow::Result<Vec<f64>> {
+    let mut above = less_outside(prepare, read).context("claim reads")?;
+    if let Some(outside) = outside {
+        above = less_outside(&above, outside)?;
+    }
+    Ok(above.iter().map(|v| v - round_trip).collect())
+}
+
+/// Each timed prepare less the time of one of its steps, in ms: a step
+/// the plugin logs once per prepare (the claim read, or a step outside the
+/// driver). The cycles run one after the other, so the log's timings are
+/// the first, unsampled cycle's, then one per timed prepare in order.
 fn less_outside(prepare: &[f64], outside: &[f64]) -> anyhow::Result<Vec<f64>> {
     anyhow::ensure!(
         outside.len() == prepare.len() + 1,
@@ -705,6 +723,19 @@ mod tests {
         let short = less_outside(&[12.0, 11.0], &[10.0, 9.5]).unwrap_err();
         assert!(short.to_string().contains("has 2 timings"), "{short}");
         assert!(less_outside(&[12.0], &[1.0, 2.0, 3.0]).is_err());
+    }
+
+    #[test]
+    fn above_the_floor_takes_off_each_claims_steps_and_the_round_trip() {
+        // Prepares of 5 and 4 ms; their reads 0.5 and 0.25 ms (after the
+        // unsampled first cycle's), an empty call's p50 of 1 ms.
+        let above = above_floor(&[5.0, 4.0], &[9.0, 0.5, 0.25], None, 1.0).unwrap();
+        assert_eq!(above, [3.5, 2.75]);
+        let above = above_floor(&[5.0, 4.0], &[9.0, 0.5, 0.25], Some(&[7.0, 2.0, 1.0]), 1.0);
+        assert_eq!(above.unwrap(), [1.5, 1.75]);
+        // A log short of one read per cycle is an error, not a guess.
+        let err = above_floor(&[5.0, 4.0], &[0.5, 0.25], None, 1.0).unwrap_err();
+        assert!(format!("{err:#}").contains("claim reads"), "{err:#}");
     }
 
     #[test]
