@@ -660,23 +660,22 @@ fn a_client_waits_for_a_slow_answer_and_gives_up_on_a_dead_or_silent_daemon() {
     // The kill waits until the daemon has logged the client's command, so
     // the client is connected and waiting however slowly it started.
     mps.root.set_behaviour(&slow(5000, None)).unwrap();
-    let asked = |log: &str| log.matches("Cmd:get_server_list").count();
-    let before = asked(&mps.control_log());
-    let log = mps.log.join("control.log");
-    let killer = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while asked(&fs::read_to_string(&log).unwrap_or_default()) == before {
-            assert!(
-                Instant::now() < deadline,
-                "the client never reached the daemon"
-            );
-            sleep(Duration::from_millis(10));
-        }
-        assert!(fake_driver_root::kill(pid));
+    let asked = || mps.control_log().matches("Cmd:get_server_list").count();
+    let before = asked();
+    let (begun, out) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while asked() == before {
+                assert!(
+                    Instant::now() < deadline,
+                    "the client never reached the daemon"
+                );
+                sleep(Duration::from_millis(10));
+            }
+            assert!(fake_driver_root::kill(pid));
+        });
+        (Instant::now(), mps.control(&[], "get_server_list\n"))
     });
-    let begun = Instant::now();
-    let out = mps.control(&[], "get_server_list\n");
-    killer.join().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         text(&out.stderr),
