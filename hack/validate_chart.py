@@ -91,7 +91,11 @@ VARIANTS: dict[str, dict] = {
     "no-webhook-no-policy": {
         "webhook": {"enabled": False},
         "resourceSlicePolicy": {"enabled": False},
-        "kubeletPlugin": {"metrics": {"port": 0}, "livenessProbe": {"enabled": False}},
+        "kubeletPlugin": {
+            "metrics": {"port": 0},
+            "livenessProbe": {"enabled": False},
+            "readinessProbe": {"enabled": False},
+        },
     },
     # The MPS daemons' directories under the plugin's state dir (no --mps-dir).
     "mps-dir-empty": {"kubeletPlugin": {"mpsDir": ""}},
@@ -123,6 +127,7 @@ REFUSED: list[tuple[dict, str]] = [
     ({"controller": {"enabled": False}}, "webhook.enabled needs controller.enabled"),
     ({"deviceClasses": {"only": ["no-such-class"]}}, "no-such-class"),
     ({"kubeletPlugin": {"metrics": {"port": 0}}}, "livenessProbe"),
+    ({"kubeletPlugin": {"metrics": {"port": 0}, "livenessProbe": {"enabled": False}}}, "readinessProbe"),
     ({"kubeletPlugin": {"sliceRules": "1.33"}}, "sliceRules"),
     ({"kubeletPlugin": {"mpsDir": "run/x"}}, "mpsDir"),
     ({"kubeletPlugin": {"mpsDir": "/dev/shm/mps"}}, "mpsDir"),

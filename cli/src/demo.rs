@@ -323,7 +323,8 @@ async fn demo(out: &Printer, settings: &Settings<'_>) -> Result<(Value, Vec<Stri
     let sim = KubeletSim::new();
     let mut registrar = sim.watch_registrar(&flags.kubelet_registrar_dir);
     let started = Instant::now();
-    let handle = Plugin::start(&flags, grpc::Services::default())
+    let (phase, _) = gpu_kubelet_plugin::phase::channel();
+    let handle = Plugin::start(&flags, grpc::Services::default(), phase)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("start the plugin")?;

@@ -9,12 +9,14 @@
 //! - [`devices`]: the device model (GPUs, MIG devices, dynamic MIG placements);
 //! - [`slices`]: building and publishing ResourceSlices;
 //! - [`plugin`]: the whole plugin wired together (start, orderly shutdown);
+//! - [`phase`]: how far the start has got, for the probes (rolling updates);
 //! - [`supervise`]: `--supervise`, the plugin as a restarted child process.
 
 pub mod devices;
 pub mod discovery;
 pub mod flags;
 pub mod grpc;
+pub mod phase;
 pub mod plugin;
 pub mod prepare;
 pub mod slices;

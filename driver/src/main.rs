@@ -12,7 +12,8 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use gpu_kubelet_plugin::flags::Flags;
 use gpu_kubelet_plugin::grpc::{self, metrics::GrpcMetrics};
-use gpu_kubelet_plugin::plugin::Plugin;
+use gpu_kubelet_plugin::phase::{self, Phase};
+use gpu_kubelet_plugin::plugin::{self, Plugin};
 use gpu_kubelet_plugin::prepare::mps::launch;
 use gpu_kubelet_plugin::supervise;
 use prometheus_client::registry::Registry;
@@ -76,12 +77,14 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let mut registry = Registry::with_prefix("gpu_kubelet_plugin");
     let metrics = GrpcMetrics::register(&mut registry);
     let (stop_metrics, metrics_stopped) = watch::channel(false);
+    let (phase_tx, mut phase) = phase::channel();
     let metrics_task = match flags.metrics_addr {
         Some(addr) => {
-            let registration = flags
-                .kubelet_registrar_dir
-                .join(format!("{}-reg.sock", flags.driver_name));
-            Some(start_metrics(addr, registry, registration, metrics_stopped).await?)
+            let probes = Probes {
+                registration: plugin::grpc_config(&flags).registration_socket(),
+                phase: phase.clone(),
+            };
+            Some(start_metrics(addr, registry, probes, metrics_stopped).await?)
         }
         None => None,
     };
@@ -97,11 +100,34 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     };
     // NVML and discovery, the kube client, the kubelet sockets, then the
     // ResourceSlice publisher in the background.
-    let mut plugin = Plugin::start(&flags, services).await?;
-    let result = tokio::select! {
-        _ = sigterm.recv() => { tracing::info!("SIGTERM received; shutting down"); Ok(()) }
-        _ = sigint.recv() => { tracing::info!("SIGINT received; shutting down"); Ok(()) }
-        e = plugin.stopped() => Err(e),
+    let start = Plugin::start(&flags, services, phase_tx);
+    tokio::pin!(start);
+    let mut signalled = None;
+    let mut plugin = loop {
+        tokio::select! {
+            plugin = &mut start => break plugin?,
+            name = next_signal(&mut sigterm, &mut sigint), if signalled.is_none() => {
+                signalled = Some(name);
+            }
+            // A rolling update's new instance waits for the old one to
+            // exit; a signal then (the rollout undone, the pod deleted)
+            // ends it at once: it holds nothing yet. Exiting the process
+            // is the only way out, since the wait blocks a thread the
+            // runtime would wait for.
+            _ = phase.wait_for(|p| matches!(p, Phase::WaitingFor(_))), if signalled.is_some() => {
+                tracing::info!(signal = signalled.unwrap_or_default(), "signal received while waiting for the other plugin instance; exiting");
+                std::process::exit(0);
+            }
+        }
+    };
+    let result = if let Some(name) = signalled {
+        tracing::info!("{name} received during startup; shutting down");
+        Ok(())
+    } else {
+        tokio::select! {
+            name = next_signal(&mut sigterm, &mut sigint) => { tracing::info!("{name} received; shutting down"); Ok(()) }
+            e = plugin.stopped() => Err(e),
+        }
     };
     // Registration socket first, then the drain, then the publisher.
     let shutdown = plugin.shutdown().await;
@@ -114,15 +140,93 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The name of the next SIGTERM or SIGINT.
+async fn next_signal(
+    sigterm: &mut tokio::signal::unix::Signal,
+    sigint: &mut tokio::signal::unix::Signal,
+) -> &'static str {
+    tokio::select! {
+        _ = sigterm.recv() => "SIGTERM",
+        _ = sigint.recv() => "SIGINT",
+    }
+}
+
+/// What the probes look at: the registration socket kubelet dials, and how
+/// far the start has got.
+#[derive(Clone)]
+struct Probes {
+    registration: std::path::PathBuf,
+    phase: watch::Receiver<Phase>,
+}
+
+impl Probes {
+    /// `/healthz` (liveness): 200 while a connection to the registration
+    /// socket is accepted (the gRPC server kubelet talks to is alive), and
+    /// while waiting for another instance to exit (alive, and not to be
+    /// restarted for it); 503 otherwise.
+    async fn live(&self) -> (axum::http::StatusCode, String) {
+        match self.waiting() {
+            Some(text) => (axum::http::StatusCode::OK, text),
+            None => self.socket().await,
+        }
+    }
+
+    /// `/readyz` (readiness): 503 while starting; 200 while waiting for
+    /// another instance to exit (ready to take over: NVML, discovery and
+    /// the kube client all worked, so the DaemonSet may delete the old
+    /// pod); once serving, as `/healthz`.
+    async fn ready(&self) -> (axum::http::StatusCode, String) {
+        let starting = matches!(*self.phase.borrow(), Phase::Starting);
+        match self.waiting() {
+            Some(text) => (axum::http::StatusCode::OK, text),
+            None if starting => (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "starting".to_owned(),
+            ),
+            None => self.socket().await,
+        }
+    }
+
+    fn waiting(&self) -> Option<String> {
+        match &*self.phase.borrow() {
+            Phase::WaitingFor(lock) => Some(format!(
+                "waiting for the plugin instance that holds {} to exit",
+                lock.display()
+            )),
+            _ => None,
+        }
+    }
+
+    async fn socket(&self) -> (axum::http::StatusCode, String) {
+        use axum::http::StatusCode;
+        let socket = &self.registration;
+        let probe = tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            tokio::net::UnixStream::connect(socket),
+        )
+        .await;
+        match probe {
+            Ok(Ok(_)) => (StatusCode::OK, "ok".to_owned()),
+            Ok(Err(e)) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("registration socket {}: {e}", socket.display()),
+            ),
+            Err(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("registration socket {}: no answer in 1 s", socket.display()),
+            ),
+        }
+    }
+}
+
 /// Binds the metrics endpoint (failing startup if the address is taken)
-/// and serves `/metrics` (OpenMetrics text) and `/healthz` until stopped.
-/// `/healthz` is the liveness probe through the registration socket: 200
-/// when a connection to it is accepted (the gRPC server kubelet talks to
-/// is alive), 503 otherwise (Kubernetes' gRPC probes reach TCP only).
+/// and serves `/metrics` (OpenMetrics text), `/healthz` and `/readyz` (see
+/// [`Probes`]) until stopped. The probes dial the registration socket
+/// themselves because Kubernetes' gRPC probes reach TCP only.
 async fn start_metrics(
     addr: SocketAddr,
     registry: Registry,
-    registration: std::path::PathBuf,
+    probes: Probes,
     mut stopped: watch::Receiver<bool>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     use axum::http::StatusCode;
@@ -165,28 +269,12 @@ async fn start_metrics(
         )
         .route(
             "/healthz",
-            get(move || {
-                let socket = registration.clone();
-                async move {
-                    let probe = tokio::time::timeout(
-                        std::time::Duration::from_secs(1),
-                        tokio::net::UnixStream::connect(&socket),
-                    )
-                    .await;
-                    match probe {
-                        Ok(Ok(_)) => (StatusCode::OK, "ok".to_owned()),
-                        Ok(Err(e)) => (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            format!("registration socket {}: {e}", socket.display()),
-                        ),
-                        Err(_) => (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            format!("registration socket {}: no answer in 1 s", socket.display()),
-                        ),
-                    }
-                }
+            get({
+                let probes = probes.clone();
+                move || async move { probes.live().await }
             }),
-        );
+        )
+        .route("/readyz", get(move || async move { probes.ready().await }));
     Ok(tokio::spawn(async move {
         let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
             let _ = stopped.wait_for(|s| *s).await;

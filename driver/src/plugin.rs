@@ -5,9 +5,11 @@
 //! discovers the GPUs, builds the kube client (`--kubeconfig`, else the
 //! default kubeconfig or the in-cluster configuration), starts the gRPC
 //! servers, and then the ResourceSlice publisher with the inventory. The
-//! publisher starts only once the sockets are bound: binding takes the
-//! instance lock, so a second instance on the same node fails before it
-//! touches the pool. The publisher runs in the background and retries API
+//! publisher starts only once the sockets are bound: the preparer's start
+//! takes the instance lock first, so a second instance on the same node
+//! fails before it touches the pool, or, in a rolling update
+//! (`--pod-uid`), waits there for the first to exit (see [`crate::phase`]).
+//! The publisher runs in the background and retries API
 //! errors with backoff, so an unreachable API server never holds up
 //! serving kubelet or shutting down.
 //!
@@ -34,6 +36,7 @@ use crate::discovery::{self, Inventory};
 use crate::flags::Flags;
 use crate::grpc::{self, ServerHandle};
 use crate::micros;
+use crate::phase::Phase;
 use crate::prepare::cdi::{HostRoot, SpecDir};
 use crate::prepare::preparer::{self, Preparer};
 use crate::slices::{PublishError, PublishStatus, Publisher, PublisherOptions};
@@ -91,6 +94,8 @@ pub struct Parts {
     pub services: grpc::Services,
     /// Timing of the slice publisher.
     pub publisher: PublisherOptions,
+    /// Where the start reports its phase (for the probes).
+    pub phase: watch::Sender<Phase>,
 }
 
 impl std::fmt::Debug for Parts {
@@ -109,7 +114,11 @@ impl Plugin {
     /// Starts the plugin from its flags: NVML from `--nvml-lib`, the kube
     /// client from `--kubeconfig` (else the default kubeconfig or in-cluster
     /// configuration). Needs a Tokio runtime.
-    pub async fn start(flags: &Flags, services: grpc::Services) -> Result<PluginHandle, Error> {
+    pub async fn start(
+        flags: &Flags,
+        services: grpc::Services,
+        phase: watch::Sender<Phase>,
+    ) -> Result<PluginHandle, Error> {
         let started = Instant::now();
         // Loading and initialising NVML can take seconds: off the runtime
         // thread (the binary runs a current-thread runtime).
@@ -131,6 +140,7 @@ impl Plugin {
                 client,
                 services,
                 publisher: PublisherOptions::default(),
+                phase,
             },
         )
         .await
@@ -154,18 +164,21 @@ impl Plugin {
             "GPU inventory ready"
         );
 
-        let config = grpc::Config::new(
-            flags.driver_name.clone(),
-            flags.kubelet_registrar_dir.clone(),
-            flags.kubelet_plugins_dir.clone(),
-        );
+        let config = grpc_config(flags);
         // Refuse unusable socket paths before anything is created.
         grpc::sockets::check_path_len(&config.dra_socket())?;
         grpc::sockets::check_path_len(&config.registration_socket())?;
         // The preparer recovers from a crash (checkpoint, MIG, MPS, CDI)
-        // before kubelet can send anything.
+        // before kubelet can send anything. In a rolling update it first
+        // waits for the old instance to exit: everything above has
+        // succeeded by then, so a new version that cannot start fails
+        // while the old one still serves.
+        let mut options = preparer_options(flags)?;
+        if flags.pod_uid.is_some() {
+            options.wait_for_lock = Some(parts.phase.clone());
+        }
         let (preparer, _recovered) = Preparer::start(
-            preparer_options(flags)?,
+            options,
             parts.client.clone(),
             parts.backend.clone(),
             &inventory,
@@ -176,6 +189,7 @@ impl Plugin {
         services.preparer = Arc::new(preparer.clone());
 
         let server = grpc::Server::start(config, services).await?;
+        parts.phase.send_replace(Phase::Serving);
 
         let publisher = Publisher::new(
             parts.client,
@@ -206,6 +220,16 @@ impl Plugin {
     }
 }
 
+/// Where and as whom the gRPC servers serve, from the flags.
+pub fn grpc_config(flags: &Flags) -> grpc::Config {
+    grpc::Config::new(
+        flags.driver_name.clone(),
+        flags.kubelet_registrar_dir.clone(),
+        flags.kubelet_plugins_dir.clone(),
+    )
+    .with_instance(flags.pod_uid.clone())
+}
+
 /// The preparer's settings from the flags. The CDI vendor is `k8s.` + the
 /// driver name (NVIDIA's `k8s.gpu.nvidia.com`), the class `claim`.
 pub fn preparer_options(flags: &Flags) -> Result<preparer::Options, Error> {
@@ -229,6 +253,7 @@ pub fn preparer_options(flags: &Flags) -> Result<preparer::Options, Error> {
         },
         mps_launcher: flags.mps_launcher.clone(),
         cdi_hook: flags.nvidia_cdi_hook_path.clone(),
+        wait_for_lock: None,
     })
 }
 

@@ -7,9 +7,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{DRIVER, Plugin, assert_one_line_error, run_to_exit, short_dir, wait_exit};
+use common::{
+    DRIVER, Plugin, assert_one_line_error, http_get, prepare, run_to_exit, short_dir, wait_exit,
+};
 use futures::StreamExt;
-use gpu_dra_e2e::kubelet::KubeletSim;
+use gpu_dra_e2e::kubelet::{DraVersion, KubeletSim};
+use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -321,4 +324,127 @@ fn node_name_comes_from_the_environment_too() {
             .unwrap()
             .contains("node-from-env")
     );
+}
+
+const OLD_UID: &str = "1c0ffee0-0000-4000-8000-000000000001";
+const NEW_UID: &str = "2c0ffee0-0000-4000-8000-000000000002";
+
+/// A DaemonSet rollout with a surge pod: the new instance starts beside
+/// the old one, waits (alive and ready to take over) without touching the
+/// node's state, and takes the node over the moment the old one exits,
+/// claims included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_update_hands_the_node_to_the_new_pod() {
+    let mut node = prepare::node("dgx-h100", &["--pod-uid", OLD_UID], DraVersion::V1).await;
+    assert!(node.plugin.reg_socket().exists());
+    let claim = node
+        .claim(
+            "rolled",
+            json!([prepare::result("gpu", "gpu-0")]),
+            json!([]),
+        )
+        .await;
+    let first = node.prepare_ok(&claim).await;
+
+    let new = Plugin::spawn(
+        &node.env,
+        node.dir.path(),
+        "new",
+        &["--pod-uid", NEW_UID, "--metrics-addr", "127.0.0.1:0"],
+    );
+    new.wait_log("waiting for it to exit").await;
+    let addr = new.metrics_addr().await;
+    let probe = |path: &'static str| {
+        let addr = addr.clone();
+        tokio::task::spawn_blocking(move || http_get(&addr, path))
+    };
+    for path in ["/readyz", "/healthz"] {
+        let answer = probe(path).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+        assert!(
+            answer.contains("waiting for the plugin instance that holds"),
+            "{path}: {answer}"
+        );
+    }
+    // It has bound nothing, and the old one serves alone meanwhile.
+    assert!(!new.reg_socket().exists() && !new.dra_socket().exists());
+    assert_eq!(node.prepare_ok(&claim).await, first);
+
+    let mut registrar = KubeletSim::new().watch_registrar(&new.reg_dir);
+    let old = registrar.wait_registered(DRIVER, WAIT).await.unwrap();
+    assert_eq!(old.endpoint, node.plugin.dra_socket());
+    node.plugin.signal("TERM");
+    registrar.wait_deregistered(DRIVER, WAIT).await.unwrap();
+    let taken = registrar.wait_registered(DRIVER, WAIT).await.unwrap();
+    assert_eq!(taken.endpoint, new.dra_socket());
+    let status = tokio::task::block_in_place(|| wait_exit(&mut node.plugin.child, WAIT))
+        .expect("the old instance exits");
+    assert!(status.success(), "{}", node.plugin.stderr());
+    let log = new.stderr();
+    assert!(log.contains("taking over"), "{log}");
+
+    // The claim the old one prepared is the new one's: answered from the
+    // checkpoint, then unprepared.
+    let again = taken.prepare(std::slice::from_ref(&claim)).await.unwrap();
+    assert_eq!(again[&claim.uid], first);
+    assert!(node.spec_path(&claim).exists());
+    let undone = taken.unprepare(std::slice::from_ref(&claim)).await.unwrap();
+    assert_eq!(undone[&claim.uid].error, None, "{}", new.stderr());
+    assert!(!node.spec_path(&claim).exists());
+    assert!(node.checkpoint_claims().is_empty());
+
+    // Serving now: ready through its own socket; nothing of the old pod
+    // is left in the socket directories, its lock file included.
+    let answer = probe("/readyz").await.unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"),
+        "{answer}"
+    );
+    assert!(!node.plugin.reg_socket().exists() && !node.plugin.dra_socket().exists());
+    let mut old_lock = node.plugin.dra_socket().into_os_string();
+    old_lock.push(".lock");
+    assert!(!Path::new(&old_lock).exists(), "{}", new.stderr());
+}
+
+/// A new pod that cannot start (here: NVML fails) never reports ready, so
+/// the DaemonSet keeps the old pod, which serves on untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_pod_that_cannot_start_leaves_the_old_one_serving() {
+    let node = prepare::node("dgx-h100", &["--pod-uid", OLD_UID], DraVersion::V1).await;
+    let mut new = Plugin::spawn(
+        &node.env,
+        node.dir.path(),
+        "broken",
+        &[
+            "--pod-uid",
+            NEW_UID,
+            "--nvml-lib",
+            "/nonexistent/libnvidia-ml.so.1",
+        ],
+    );
+    let status = tokio::task::block_in_place(|| new.wait_exit(WAIT));
+    assert!(!status.success());
+    let log = new.stderr();
+    assert!(!log.contains("waiting for it to exit"), "{log}");
+    node.kubelet.unprepare(&[]).await.unwrap();
+    assert!(node.plugin.reg_socket().exists());
+}
+
+/// A signal while waiting for the other instance ends the wait at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_pod_deleted_during_the_rollout_exits_at_once() {
+    let node = prepare::node("dgx-h100", &["--pod-uid", OLD_UID], DraVersion::V1).await;
+    let mut new = Plugin::spawn(
+        &node.env,
+        node.dir.path(),
+        "undone",
+        &["--pod-uid", NEW_UID],
+    );
+    new.wait_log("waiting for it to exit").await;
+    new.signal("TERM");
+    let status = tokio::task::block_in_place(|| new.wait_exit(WAIT));
+    assert!(status.success(), "{}", new.stderr());
+    assert!(new.stderr().contains("signal received while waiting"));
+    // The old one never noticed.
+    node.kubelet.unprepare(&[]).await.unwrap();
 }

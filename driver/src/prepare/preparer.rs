@@ -42,10 +42,12 @@ use futures::future::BoxFuture;
 use gpu_nvml::GpuBackend;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
+use tokio::sync::watch;
 
 use crate::devices::{BuildOptions, DeviceModel, DeviceRef};
 use crate::discovery::Inventory;
 use crate::grpc::dra::{ClaimError, ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
+use crate::phase::Phase;
 use crate::prepare::cdi::{ContainerEdits, HostRoot, NodeLocator, SpecDir};
 use crate::prepare::checkpoint::{
     self, Batch, ClaimEntry, ClaimState, ClaimUid, PreparedDeviceRecord, Store,
@@ -89,6 +91,10 @@ pub struct Options {
     /// Host path of `nvidia-cdi-hook` (`--nvidia-cdi-hook-path`); `None`:
     /// the one in the driver root, if any.
     pub cdi_hook: Option<String>,
+    /// A rolling update (`--pod-uid`): when another instance holds the
+    /// state or MPS directory, wait for it to exit (reported here) instead
+    /// of failing. `None`: a held directory is [`Error::Locked`].
+    pub wait_for_lock: Option<watch::Sender<Phase>>,
 }
 
 /// Errors that stop the preparer from starting.
@@ -132,8 +138,14 @@ pub const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 pub const LOCK_FILE: &str = "preparer.lock";
 
 /// Takes the exclusive lock of `dir` (the `what`), held for the
-/// preparer's life; creates the directory if needed.
-fn lock_dir(dir: &std::path::Path, what: &'static str) -> Result<std::fs::File, Error> {
+/// preparer's life; creates the directory if needed. When another process
+/// holds it: with `wait`, blocks until that process lets it go (exits),
+/// reporting the wait there; without, fails at once.
+fn lock_dir(
+    dir: &std::path::Path,
+    what: &'static str,
+    wait: Option<&watch::Sender<Phase>>,
+) -> Result<std::fs::File, Error> {
     let io = |path: &std::path::Path| {
         let path = path.to_path_buf();
         move |source| Error::Dir { what, path, source }
@@ -152,10 +164,27 @@ fn lock_dir(dir: &std::path::Path, what: &'static str) -> Result<std::fs::File, 
         .write(true)
         .open(&path)
         .map_err(io(&path))?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Locked { what, path }),
-        Err(std::fs::TryLockError::Error(source)) => Err(Error::Dir { what, path, source }),
+    match (file.try_lock(), wait) {
+        (Ok(()), _) => Ok(file),
+        (Err(std::fs::TryLockError::WouldBlock), None) => Err(Error::Locked { what, path }),
+        (Err(std::fs::TryLockError::WouldBlock), Some(phase)) => {
+            tracing::info!(
+                lock = %path.display(),
+                what,
+                "another plugin instance holds the {what} (a rolling update?); waiting for it to exit"
+            );
+            phase.send_replace(Phase::WaitingFor(path.clone()));
+            let waited = std::time::Instant::now();
+            file.lock().map_err(io(&path))?;
+            tracing::info!(
+                lock = %path.display(),
+                waited_ms = waited.elapsed().as_millis() as u64,
+                "the other instance let the {what} go; taking over"
+            );
+            phase.send_replace(Phase::Starting);
+            Ok(file)
+        }
+        (Err(std::fs::TryLockError::Error(source)), _) => Err(Error::Dir { what, path, source }),
     }
 }
 
@@ -216,11 +245,12 @@ impl Preparer {
             .map(|g| (g.info.index, g.info.clone()))
             .collect();
         let inner = tokio::task::spawn_blocking(move || -> Result<_, Error> {
-            let mut locks = vec![lock_dir(&opts.state_dir.path, "state directory")?];
+            let wait = opts.wait_for_lock.as_ref();
+            let mut locks = vec![lock_dir(&opts.state_dir.path, "state directory", wait)?];
             // Each instance stops the daemons in its MPS directory that
             // none of its claims use: one directory per instance.
             if !opts.mps_dir.path.starts_with(&opts.state_dir.path) {
-                locks.push(lock_dir(&opts.mps_dir.path, "MPS directory")?);
+                locks.push(lock_dir(&opts.mps_dir.path, "MPS directory", wait)?);
             }
             let cdi_root = opts.cdi.root();
             std::fs::create_dir_all(cdi_root).map_err(|source| Error::Dir {
@@ -620,8 +650,8 @@ mod tests {
     fn a_directory_another_instance_holds_is_refused_by_name_until_released() {
         let dir = tempfile::tempdir().unwrap();
         let mps = dir.path().join("run").join("mps");
-        let held = lock_dir(&mps, "MPS directory").unwrap();
-        let err = lock_dir(&mps, "MPS directory").unwrap_err();
+        let held = lock_dir(&mps, "MPS directory", None).unwrap();
+        let err = lock_dir(&mps, "MPS directory", None).unwrap_err();
         assert!(matches!(err, Error::Locked { .. }), "{err:?}");
         let expected = format!(
             "MPS directory {} is locked by another plugin instance on this node",
@@ -630,10 +660,45 @@ mod tests {
         assert!(err.to_string().starts_with(&expected), "{err}");
         drop(held);
         crate::test_support::once_released(
-            || lock_dir(&mps, "MPS directory"),
+            || lock_dir(&mps, "MPS directory", None),
             |e| matches!(e, Error::Locked { .. }),
         )
         .unwrap();
+    }
+
+    #[test]
+    fn in_a_rolling_update_a_held_directory_is_waited_for_and_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let held = lock_dir(&state, "state directory", None).unwrap();
+        let (phase, mut seen) = crate::phase::channel();
+        let waiter = {
+            let state = state.clone();
+            std::thread::spawn(move || lock_dir(&state, "state directory", Some(&phase)))
+        };
+        let lock = state.join(LOCK_FILE);
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(10),
+                    seen.wait_for(|p| *p == crate::phase::Phase::WaitingFor(lock.clone())),
+                )
+                .await
+                .expect("the wait is reported")
+                .unwrap();
+            });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!waiter.is_finished(), "took a lock another process holds");
+        drop(held);
+        let taken = waiter.join().unwrap().unwrap();
+        assert_eq!(*seen.borrow(), crate::phase::Phase::Starting);
+        // And it is held now: a third taker is refused.
+        let err = lock_dir(&state, "state directory", None).unwrap_err();
+        assert!(matches!(err, Error::Locked { .. }), "{err:?}");
+        drop(taken);
     }
 
     #[test]
@@ -642,7 +707,7 @@ mod tests {
         let file = dir.path().join("a-file");
         std::fs::write(&file, "").unwrap();
         let mps = file.join("mps");
-        let err = lock_dir(&mps, "MPS directory").unwrap_err();
+        let err = lock_dir(&mps, "MPS directory", None).unwrap_err();
         assert!(matches!(err, Error::Dir { .. }), "{err:?}");
         let expected = format!("cannot use MPS directory {}: ", mps.display());
         assert!(err.to_string().starts_with(&expected), "{err}");

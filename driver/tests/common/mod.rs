@@ -493,6 +493,8 @@ pub struct Plugin {
     pub log: PathBuf,
     /// What it runs on (shared with restarts of the same machine).
     pub env: Arc<TestEnv>,
+    /// `--pod-uid`, which names its sockets.
+    pub pod_uid: Option<String>,
 }
 
 impl Plugin {
@@ -558,21 +560,52 @@ impl Plugin {
             .envs(envs.iter().copied())
             .spawn()
             .unwrap();
+        let pod_uid = extra
+            .iter()
+            .position(|a| *a == "--pod-uid")
+            .and_then(|i| extra.get(i + 1))
+            .map(|uid| (*uid).to_owned());
         Self {
             child,
             reg_dir,
             plugins_dir,
             log,
             env: env.clone(),
+            pod_uid,
         }
     }
 
     pub fn reg_socket(&self) -> PathBuf {
-        self.reg_dir.join(format!("{DRIVER}-reg.sock"))
+        match &self.pod_uid {
+            Some(uid) => self.reg_dir.join(format!("{DRIVER}-{uid}-reg.sock")),
+            None => self.reg_dir.join(format!("{DRIVER}-reg.sock")),
+        }
     }
 
     pub fn dra_socket(&self) -> PathBuf {
-        self.plugins_dir.join(DRIVER).join("dra.sock")
+        match &self.pod_uid {
+            Some(uid) => self
+                .plugins_dir
+                .join(DRIVER)
+                .join(format!("dra-{uid}.sock")),
+            None => self.plugins_dir.join(DRIVER).join("dra.sock"),
+        }
+    }
+
+    /// The address of its metrics endpoint (`--metrics-addr`), from its
+    /// text log, once it listens.
+    pub async fn metrics_addr(&self) -> String {
+        self.wait_log("metrics endpoint listening").await;
+        let log = self.stderr();
+        let line = log
+            .lines()
+            .find(|l| l.contains("metrics endpoint listening"))
+            .unwrap();
+        let addr = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("addr="))
+            .unwrap_or_else(|| panic!("no addr= in {line:?}"));
+        addr.to_owned()
     }
 
     pub fn stderr(&self) -> String {
@@ -622,6 +655,18 @@ impl Drop for TestEnv {
     fn drop(&mut self) {
         self.driver_root.kill_processes();
     }
+}
+
+/// `GET path` from the HTTP server at `addr`: the whole response, status
+/// line first (blocking).
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
 }
 
 /// Claim-preparation helpers (node with restart, claims, leftovers).

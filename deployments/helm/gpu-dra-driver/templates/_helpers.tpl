@@ -86,4 +86,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and .Values.kubeletPlugin.livenessProbe.enabled (eq (int .Values.kubeletPlugin.metrics.port) 0) }}
 {{- fail "kubeletPlugin.livenessProbe.enabled needs kubeletPlugin.metrics.port > 0 (the probe uses /healthz there)" }}
 {{- end }}
+{{- if and .Values.kubeletPlugin.readinessProbe.enabled (eq (int .Values.kubeletPlugin.metrics.port) 0) }}
+{{- fail "kubeletPlugin.readinessProbe.enabled needs kubeletPlugin.metrics.port > 0 (the probe uses /readyz there)" }}
+{{- end }}
 {{- end }}

@@ -62,6 +62,135 @@ fn socket_paths_follow_the_kubelet_conventions() {
     assert_eq!(c.dra_socket(), Path::new("/p/gpu.nvidia.com/dra.sock"));
 }
 
+const UID_A: &str = "3f2b9c4e-0d1a-4e5f-9a7b-6c8d2e1f0a3b";
+const UID_B: &str = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
+
+#[test]
+fn a_pod_uid_names_both_sockets() {
+    let c = Config::new("gpu.nvidia.com", "/r", "/p").with_instance(Some(UID_A.to_owned()));
+    assert_eq!(
+        c.registration_socket(),
+        Path::new(&format!("/r/gpu.nvidia.com-{UID_A}-reg.sock"))
+    );
+    assert_eq!(
+        c.dra_socket(),
+        Path::new(&format!("/p/gpu.nvidia.com/dra-{UID_A}.sock"))
+    );
+}
+
+#[test]
+fn pod_uids_must_be_kubernetes_uids() {
+    validate_instance(UID_A).unwrap();
+    for bad in [
+        "",
+        "x",
+        "../../etc",
+        "3f2b9c4e/0d1a-4e5f-9a7b-6c8d2e1f0a3b",
+        "3F2B9C4E-0D1A-4E5F-9A7B-6C8D2E1F0A3B",
+        "3f2b9c4e0d1a4e5f9a7b6c8d2e1f0a3b",
+        "3f2b9c4e-0d1a-4e5f-9a7b-6c8d2e1f0a3b-",
+        "3f2b9c4e-0d1a-4e5f-9a7b-6c8d2e1f0a3",
+        "3f2b9c4e-0d1a-4e5f-9a7b-6c8d2e1f0a3g",
+        "3f2b9c4e-0d1a-4e5f-9a7b-6c8d2e1f0a3\u{e9}",
+        "3f2b9c4e-0d1a-4e5f-9a7b-6c8d2e1f0a3b\n",
+        &"a".repeat(10_000),
+    ] {
+        let e = validate_instance(bad).unwrap_err();
+        assert!(matches!(e, Error::InvalidInstance { .. }), "{bad:?}: {e}");
+        let text = e.to_string();
+        assert!(text.starts_with("invalid pod UID "), "{text}");
+        assert!(text.contains("metadata.uid"), "{text}");
+        assert!(
+            text.len() < 300,
+            "the message quotes at most 80 characters: {text}"
+        );
+    }
+}
+
+#[test]
+fn only_this_drivers_socket_names_count_as_instances() {
+    let reg = |n: &str| is_instance_socket(n, "gpu.nvidia.com", SocketDir::Registrar);
+    let dra = |n: &str| is_instance_socket(n, "gpu.nvidia.com", SocketDir::Plugin);
+    assert!(reg("gpu.nvidia.com-reg.sock"));
+    assert!(reg(&format!("gpu.nvidia.com-{UID_A}-reg.sock")));
+    assert!(dra("dra.sock"));
+    assert!(dra(&format!("dra-{UID_A}.sock")));
+    for other in [
+        "other.example.com-reg.sock".to_owned(),
+        "gpu.nvidia.com-x-reg.sock".to_owned(),
+        format!("gpu.nvidia.com-{UID_A}.sock"),
+        format!(".gpu.nvidia.com-{UID_A}-reg.sock.new"),
+        format!("compute-domain.nvidia.com-{UID_A}-reg.sock"),
+        "gpu.nvidia.com-reg.sock.lock".to_owned(),
+    ] {
+        assert!(!reg(&other), "{other}");
+    }
+    for other in [
+        "dra-x.sock",
+        "checkpoint.json",
+        "preparer.lock",
+        "dra.sock.lock",
+        "mps",
+        ".dra.sock.new",
+    ] {
+        assert!(!dra(other), "{other}");
+    }
+}
+
+#[tokio::test]
+async fn leftovers_of_killed_instances_go_and_live_ones_stay() {
+    let t = short_tempdir();
+    let base = config(t.path());
+    let dead = base.clone().with_instance(Some(UID_B.to_owned()));
+    std::fs::create_dir_all(dead.dra_socket().parent().unwrap()).unwrap();
+    std::fs::create_dir_all(&dead.registrar_dir).unwrap();
+    // A killed pod's sockets (bound, never accepting again) and lock file.
+    for path in [dead.dra_socket(), dead.registration_socket()] {
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(path.exists());
+    }
+    let mut lock_name = dead.dra_socket().into_os_string();
+    lock_name.push(".lock");
+    let dead_lock = PathBuf::from(lock_name);
+    std::fs::write(&dead_lock, "").unwrap();
+    // Not ours: another driver's socket with a pod UID.
+    let foreign = dead
+        .registrar_dir
+        .join(format!("other.example.com-{UID_B}-reg.sock"));
+    drop(std::os::unix::net::UnixListener::bind(&foreign).unwrap());
+    // A live instance with the fixed names.
+    let live = Server::start(base.clone(), Services::default())
+        .await
+        .unwrap();
+
+    let ours = Server::start(
+        base.clone().with_instance(Some(UID_A.to_owned())),
+        Services::default(),
+    )
+    .await
+    .unwrap();
+    assert!(!dead.dra_socket().exists(), "the killed pod's DRA socket");
+    assert!(
+        !dead.registration_socket().exists(),
+        "its registration socket"
+    );
+    assert!(!dead_lock.exists(), "its lock file");
+    assert!(foreign.exists(), "another driver's socket");
+    assert!(
+        live.registration_socket().exists(),
+        "a live instance's sockets"
+    );
+    assert!(live.dra_socket().exists());
+    let mut client = RegistrationClient::new(channel(live.registration_socket()).await);
+    client.get_info(InfoRequest {}).await.unwrap();
+    // The live one's lock file stays too.
+    let mut live_lock = live.dra_socket().as_os_str().to_owned();
+    live_lock.push(".lock");
+    assert!(Path::new(&live_lock).exists());
+    ours.shutdown().await.unwrap();
+    live.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn registration_info_and_status_round_trip() {
     let t = short_tempdir();
