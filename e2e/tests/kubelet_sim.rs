@@ -412,3 +412,45 @@ async fn the_registrar_refuses_a_taken_endpoint_and_notices_deletions() {
         .unwrap();
     assert!(registrar.plugin("test.example.com").is_none());
 }
+
+#[tokio::test]
+async fn of_two_plugins_of_one_driver_the_last_registered_is_called() {
+    let dir = short_dir();
+    let old = dir.path().join("a-reg.sock");
+    let new = dir.path().join("b-reg.sock");
+    let wait = std::time::Duration::from_secs(10);
+    serve_on(
+        &old,
+        &TestPlugin {
+            endpoint: old.to_str().unwrap().to_owned(),
+            ..both_versions()
+        },
+    );
+    let mut registrar = KubeletSim::new().watch_registrar(dir.path());
+    registrar
+        .wait_registered("test.example.com", wait)
+        .await
+        .unwrap();
+    assert_eq!(registrar.plugin("test.example.com").unwrap().endpoint, old);
+
+    // A rolling update's new plugin, registered later: it is the one
+    // called, though the old one's socket comes first in the directory.
+    serve_on(
+        &new,
+        &TestPlugin {
+            endpoint: new.to_str().unwrap().to_owned(),
+            ..both_versions()
+        },
+    );
+    registrar
+        .wait_registered("test.example.com", wait)
+        .await
+        .unwrap();
+    assert_eq!(registrar.plugin("test.example.com").unwrap().endpoint, new);
+    std::fs::remove_file(&new).unwrap();
+    registrar
+        .wait_deregistered("test.example.com", wait)
+        .await
+        .unwrap();
+    assert_eq!(registrar.plugin("test.example.com").unwrap().endpoint, old);
+}

@@ -1,7 +1,9 @@
 //! [`Registrar`]: kubelet's plugin watcher. Polls a registrar directory;
 //! a new socket is registered (and retried every second while registration
 //! fails, as kubelet's reconciler does), a deleted socket deregisters its
-//! plugin. Plain files and names starting with `.` are ignored.
+//! plugin. Plain files and names starting with `.` are ignored. Several
+//! plugins of one driver may be registered at once (a rolling update); the
+//! driver's plugin is then the one registered last, as kubelet picks it.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -50,9 +52,13 @@ pub enum RegistrarEvent {
 #[derive(Debug)]
 pub struct Registrar {
     events: mpsc::UnboundedReceiver<RegistrarEvent>,
-    plugins: Arc<Mutex<BTreeMap<PathBuf, Plugin>>>,
+    plugins: Arc<Mutex<Registered>>,
     task: JoinHandle<()>,
 }
+
+/// The registered plugins by registration socket, each with the number of
+/// its registration (later registrations have higher numbers).
+type Registered = BTreeMap<PathBuf, (u64, Plugin)>;
 
 /// One socket the watcher has seen.
 struct Seen {
@@ -142,10 +148,15 @@ impl Registrar {
         }
     }
 
-    /// The registered plugin named `name`, if any.
+    /// The plugin of driver `name` kubelet would call: of those registered,
+    /// the one registered last.
     pub fn plugin(&self, name: &str) -> Option<Plugin> {
         let plugins = self.plugins.lock().expect("registrar state poisoned");
-        plugins.values().find(|p| p.name == name).cloned()
+        plugins
+            .values()
+            .filter(|(_, p)| p.name == name)
+            .max_by_key(|(n, _)| *n)
+            .map(|(_, p)| p.clone())
     }
 }
 
@@ -187,9 +198,10 @@ async fn watch(
     sim: KubeletSim,
     dir: PathBuf,
     tx: mpsc::UnboundedSender<RegistrarEvent>,
-    plugins: Arc<Mutex<BTreeMap<PathBuf, Plugin>>>,
+    plugins: Arc<Mutex<Registered>>,
 ) {
     let mut seen: BTreeMap<PathBuf, Seen> = BTreeMap::new();
+    let mut registrations: u64 = 0;
     let mut ticker = tokio::time::interval(POLL);
     loop {
         ticker.tick().await;
@@ -212,7 +224,7 @@ async fn watch(
                 .lock()
                 .expect("registrar state poisoned")
                 .remove(&path);
-            if let Some(p) = removed {
+            if let Some((_, p)) = removed {
                 let _ = tx.send(RegistrarEvent::Deregistered {
                     name: p.name,
                     socket: path,
@@ -231,10 +243,11 @@ async fn watch(
             }
             let event = match register(&sim, &path, &plugins).await {
                 Ok(p) => {
+                    registrations += 1;
                     plugins
                         .lock()
                         .expect("registrar state poisoned")
-                        .insert(path.clone(), p.clone());
+                        .insert(path.clone(), (registrations, p.clone()));
                     seen.insert(
                         path,
                         Seen {
@@ -275,12 +288,13 @@ async fn watch(
 async fn register(
     sim: &KubeletSim,
     path: &Path,
-    plugins: &Mutex<BTreeMap<PathBuf, Plugin>>,
+    plugins: &Mutex<Registered>,
 ) -> Result<Plugin, Error> {
     sim.register_checked(path, |endpoint| {
         let plugins = plugins.lock().expect("registrar state poisoned");
         match plugins
             .values()
+            .map(|(_, p)| p)
             .find(|p| p.endpoint == endpoint && p.registration_socket != path)
         {
             Some(p) => Err(format!(
