@@ -335,7 +335,19 @@ const NEW_UID: &str = "2c0ffee0-0000-4000-8000-000000000002";
 /// claims included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_update_hands_the_node_to_the_new_pod() {
-    let mut node = prepare::node("dgx-h100", &["--pod-uid", OLD_UID], DraVersion::V1).await;
+    rolling_update(&[]).await;
+}
+
+/// The same as the chart runs it: each plugin under its supervisor, which
+/// passes the signal on and ends with its plugin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_update_of_supervised_plugins_hands_the_node_over() {
+    rolling_update(&["--supervise"]).await;
+}
+
+async fn rolling_update(extra: &[&str]) {
+    let old_flags = [&["--pod-uid", OLD_UID][..], extra].concat();
+    let mut node = prepare::node("dgx-h100", &old_flags, DraVersion::V1).await;
     assert!(node.plugin.reg_socket().exists());
     let claim = node
         .claim(
@@ -346,12 +358,12 @@ async fn a_rolling_update_hands_the_node_to_the_new_pod() {
         .await;
     let first = node.prepare_ok(&claim).await;
 
-    let new = Plugin::spawn(
-        &node.env,
-        node.dir.path(),
-        "new",
-        &["--pod-uid", NEW_UID, "--metrics-addr", "127.0.0.1:0"],
-    );
+    let new_flags = [
+        &["--pod-uid", NEW_UID, "--metrics-addr", "127.0.0.1:0"][..],
+        extra,
+    ]
+    .concat();
+    let new = Plugin::spawn(&node.env, node.dir.path(), "new", &new_flags);
     new.wait_log("waiting for it to exit").await;
     let addr = new.metrics_addr().await;
     let probe = |path: &'static str| {
