@@ -88,15 +88,22 @@ pub struct Flags {
     #[arg(long, env = "MPS_DIR", value_parser = parse_mps_dir)]
     pub mps_dir: Option<PathBuf>,
 
-    /// UID of the plugin's pod (`metadata.uid`, from the downward API), for
-    /// rolling updates with a surge pod (Kubernetes 1.33 and later): the
-    /// sockets are named after it (`<driver>-<uid>-reg.sock`,
-    /// `dra-<uid>.sock`), so a new pod's can sit beside the old pod's, and a
-    /// new instance that finds the state directory locked waits for the old
-    /// one to exit instead of failing. Unset: `<driver>-reg.sock` and
-    /// `dra.sock`, and a locked state directory is an error.
-    #[arg(long, env = "POD_UID", value_parser = parse_pod_uid)]
-    pub pod_uid: Option<String>,
+    /// A DaemonSet rolling update with a surge pod (`maxSurge: 1`): when
+    /// another plugin instance holds the state directory, wait for it to
+    /// exit, then take the node over, instead of failing at once. The
+    /// waiting instance has loaded NVML, found the GPUs and built its API
+    /// client, and `/readyz` says it is ready; it touches nothing of the
+    /// node's until the other one is gone. Off: a held state directory is a
+    /// startup error.
+    #[arg(
+        long,
+        env = "ROLLING_UPDATE",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new(),
+    )]
+    pub rolling_update: bool,
 
     /// Path of a kubeconfig; in-cluster configuration when unset.
     #[arg(long, env = "KUBECONFIG")]
@@ -164,12 +171,6 @@ impl Flags {
             .clone()
             .unwrap_or_else(|| self.driver_root.clone())
     }
-}
-
-fn parse_pod_uid(s: &str) -> Result<String, String> {
-    crate::grpc::validate_instance(s)
-        .map(|()| s.to_owned())
-        .map_err(|e| e.to_string())
 }
 
 fn parse_driver_name(s: &str) -> Result<String, String> {
@@ -267,10 +268,17 @@ mod tests {
         assert_eq!(f.mps_dir(), PathBuf::from("/run/gpu-dra-driver/mps"));
         assert_eq!(f.nvidia_cdi_hook_path, None);
         assert_eq!(f.runtime_threads, 1);
-        assert_eq!(f.pod_uid, None);
-        let uid = "3f2b9c4e-0d1a-4e5f-9a7b-6c8d2e1f0a3b";
-        let f = parse(&["--node-name=n", "--pod-uid", uid]).unwrap();
-        assert_eq!(f.pod_uid.as_deref(), Some(uid));
+        assert!(!f.rolling_update);
+        assert!(
+            parse(&["--node-name=n", "--rolling-update"])
+                .unwrap()
+                .rolling_update
+        );
+        assert!(
+            !parse(&["--node-name=n", "--rolling-update=false"])
+                .unwrap()
+                .rolling_update
+        );
         let f = parse(&["--node-name=n", "--runtime-threads=4"]).unwrap();
         assert_eq!(f.runtime_threads, 4);
         let f = parse(&[
@@ -295,12 +303,8 @@ mod tests {
             ),
             (&["--node-name", "n", "--log-format", "xml"][..], "xml"),
             (
-                &["--node-name", "n", "--pod-uid", "../../../etc/x"][..],
-                "invalid pod UID \"../../../etc/x\": it must be the pod's metadata.uid",
-            ),
-            (
-                &["--node-name", "n", "--pod-uid", ""][..],
-                "invalid pod UID",
+                &["--node-name", "n", "--rolling-update", "maybe"][..],
+                "--rolling-update",
             ),
             (
                 &["--node-name", "n", "--runtime-threads", "0"][..],

@@ -1,5 +1,5 @@
 //! How far the plugin's start has got, shared with the liveness and
-//! readiness probes. During a rolling update (`--pod-uid`) a new instance
+//! readiness probes. During a rolling update (`--rolling-update`) a new instance
 //! waits for the old one to exit before it touches the node's state; it
 //! is alive and ready to take over while it waits, and the probes must say
 //! so, or kubelet would restart it and the DaemonSet would never delete

@@ -8,7 +8,8 @@
 //! publisher starts only once the sockets are bound: the preparer's start
 //! takes the instance lock first, so a second instance on the same node
 //! fails before it touches the pool, or, in a rolling update
-//! (`--pod-uid`), waits there for the first to exit (see [`crate::phase`]).
+//! (`--rolling-update`), waits there for the first to exit and binds the
+//! same socket paths after it (see [`crate::phase`]).
 //! The publisher runs in the background and retries API
 //! errors with backoff, so an unreachable API server never holds up
 //! serving kubelet or shutting down.
@@ -174,7 +175,7 @@ impl Plugin {
         // succeeded by then, so a new version that cannot start fails
         // while the old one still serves.
         let mut options = preparer_options(flags)?;
-        if flags.pod_uid.is_some() {
+        if flags.rolling_update {
             options.wait_for_lock = Some(parts.phase.clone());
         }
         let (preparer, _recovered) = Preparer::start(
@@ -227,7 +228,6 @@ pub fn grpc_config(flags: &Flags) -> grpc::Config {
         flags.kubelet_registrar_dir.clone(),
         flags.kubelet_plugins_dir.clone(),
     )
-    .with_instance(flags.pod_uid.clone())
 }
 
 /// The preparer's settings from the flags. The CDI vendor is `k8s.` + the

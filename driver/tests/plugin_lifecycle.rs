@@ -326,13 +326,10 @@ fn node_name_comes_from_the_environment_too() {
     );
 }
 
-const OLD_UID: &str = "1c0ffee0-0000-4000-8000-000000000001";
-const NEW_UID: &str = "2c0ffee0-0000-4000-8000-000000000002";
-
 /// A DaemonSet rollout with a surge pod: the new instance starts beside
 /// the old one, waits (alive and ready to take over) without touching the
-/// node's state, and takes the node over the moment the old one exits,
-/// claims included.
+/// node's state or the sockets, and takes the node over the moment the
+/// old one exits, claims included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_update_hands_the_node_to_the_new_pod() {
     rolling_update(&[]).await;
@@ -346,9 +343,8 @@ async fn a_rolling_update_of_supervised_plugins_hands_the_node_over() {
 }
 
 async fn rolling_update(extra: &[&str]) {
-    let old_flags = [&["--pod-uid", OLD_UID][..], extra].concat();
-    let mut node = prepare::node("dgx-h100", &old_flags, DraVersion::V1).await;
-    assert!(node.plugin.reg_socket().exists());
+    let flags = [&["--rolling-update"][..], extra].concat();
+    let mut node = prepare::node("dgx-h100", &flags, DraVersion::V1).await;
     let claim = node
         .claim(
             "rolled",
@@ -357,12 +353,11 @@ async fn rolling_update(extra: &[&str]) {
         )
         .await;
     let first = node.prepare_ok(&claim).await;
+    let mut registrar = KubeletSim::new().watch_registrar(&node.plugin.reg_dir);
+    let old = registrar.wait_registered(DRIVER, WAIT).await.unwrap();
+    assert_eq!(old.endpoint, node.plugin.dra_socket());
 
-    let new_flags = [
-        &["--pod-uid", NEW_UID, "--metrics-addr", "127.0.0.1:0"][..],
-        extra,
-    ]
-    .concat();
+    let new_flags = [&["--metrics-addr", "127.0.0.1:0"][..], &flags].concat();
     let new = Plugin::spawn(&node.env, node.dir.path(), "new", &new_flags);
     new.wait_log("waiting for it to exit").await;
     let addr = new.metrics_addr().await;
@@ -378,22 +373,22 @@ async fn rolling_update(extra: &[&str]) {
             "{path}: {answer}"
         );
     }
-    // It has bound nothing, and the old one serves alone meanwhile.
-    assert!(!new.reg_socket().exists() && !new.dra_socket().exists());
+    // The old one serves alone meanwhile, on sockets the new one left be.
     assert_eq!(node.prepare_ok(&claim).await, first);
+    let settled = registrar.next_event(Duration::from_millis(300)).await;
+    assert!(settled.is_err(), "the sockets changed: {settled:?}");
+    assert!(!new.stderr().contains("serving kubelet plugin sockets"));
 
-    let mut registrar = KubeletSim::new().watch_registrar(&new.reg_dir);
-    let old = registrar.wait_registered(DRIVER, WAIT).await.unwrap();
-    assert_eq!(old.endpoint, node.plugin.dra_socket());
     node.plugin.signal("TERM");
     registrar.wait_deregistered(DRIVER, WAIT).await.unwrap();
     let taken = registrar.wait_registered(DRIVER, WAIT).await.unwrap();
-    assert_eq!(taken.endpoint, new.dra_socket());
+    assert_eq!(taken.endpoint, node.plugin.dra_socket());
     let status = tokio::task::block_in_place(|| wait_exit(&mut node.plugin.child, WAIT))
         .expect("the old instance exits");
     assert!(status.success(), "{}", node.plugin.stderr());
     let log = new.stderr();
     assert!(log.contains("taking over"), "{log}");
+    assert!(log.contains("serving kubelet plugin sockets"), "{log}");
 
     // The claim the old one prepared is the new one's: answered from the
     // checkpoint, then unprepared.
@@ -405,31 +400,25 @@ async fn rolling_update(extra: &[&str]) {
     assert!(!node.spec_path(&claim).exists());
     assert!(node.checkpoint_claims().is_empty());
 
-    // Serving now: ready through its own socket; nothing of the old pod
-    // is left in the socket directories, its lock file included.
+    // Serving now: ready through its own socket.
     let answer = probe("/readyz").await.unwrap();
     assert!(
         answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"),
         "{answer}"
     );
-    assert!(!node.plugin.reg_socket().exists() && !node.plugin.dra_socket().exists());
-    let mut old_lock = node.plugin.dra_socket().into_os_string();
-    old_lock.push(".lock");
-    assert!(!Path::new(&old_lock).exists(), "{}", new.stderr());
 }
 
 /// A new pod that cannot start (here: NVML fails) never reports ready, so
 /// the DaemonSet keeps the old pod, which serves on untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_pod_that_cannot_start_leaves_the_old_one_serving() {
-    let node = prepare::node("dgx-h100", &["--pod-uid", OLD_UID], DraVersion::V1).await;
+    let node = prepare::node("dgx-h100", &["--rolling-update"], DraVersion::V1).await;
     let mut new = Plugin::spawn(
         &node.env,
         node.dir.path(),
         "broken",
         &[
-            "--pod-uid",
-            NEW_UID,
+            "--rolling-update",
             "--nvml-lib",
             "/nonexistent/libnvidia-ml.so.1",
         ],
@@ -445,13 +434,8 @@ async fn a_new_pod_that_cannot_start_leaves_the_old_one_serving() {
 /// A signal while waiting for the other instance ends the wait at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_pod_deleted_during_the_rollout_exits_at_once() {
-    let node = prepare::node("dgx-h100", &["--pod-uid", OLD_UID], DraVersion::V1).await;
-    let mut new = Plugin::spawn(
-        &node.env,
-        node.dir.path(),
-        "undone",
-        &["--pod-uid", NEW_UID],
-    );
+    let node = prepare::node("dgx-h100", &["--rolling-update"], DraVersion::V1).await;
+    let mut new = Plugin::spawn(&node.env, node.dir.path(), "undone", &["--rolling-update"]);
     new.wait_log("waiting for it to exit").await;
     new.signal("TERM");
     let status = tokio::task::block_in_place(|| new.wait_exit(WAIT));
@@ -459,4 +443,5 @@ async fn a_waiting_pod_deleted_during_the_rollout_exits_at_once() {
     assert!(new.stderr().contains("signal received while waiting"));
     // The old one never noticed.
     node.kubelet.unprepare(&[]).await.unwrap();
+    assert!(node.plugin.reg_socket().exists());
 }

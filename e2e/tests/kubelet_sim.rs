@@ -157,12 +157,16 @@ fn serve(plugin: TestPlugin) -> Served {
     }
 }
 
-fn serve_on(socket: &Path, plugin: &TestPlugin) {
+fn serve_on(socket: &Path, plugin: &TestPlugin) -> tokio::task::JoinHandle<()> {
     let listener = UnixListener::bind(socket).unwrap();
     let router = tonic::transport::Server::builder()
         .add_service(registration_server::RegistrationServer::new(plugin.clone()))
         .add_service(v1::dra_plugin_server::DraPluginServer::new(plugin.clone()));
-    tokio::spawn(router.serve_with_incoming(UnixListenerStream::new(listener)));
+    tokio::spawn(async move {
+        let _ = router
+            .serve_with_incoming(UnixListenerStream::new(listener))
+            .await;
+    })
 }
 
 fn both_versions() -> TestPlugin {
@@ -453,4 +457,39 @@ async fn of_two_plugins_of_one_driver_the_last_registered_is_called() {
         .await
         .unwrap();
     assert_eq!(registrar.plugin("test.example.com").unwrap().endpoint, old);
+}
+
+#[tokio::test]
+async fn a_socket_bound_again_at_the_same_path_is_a_new_registration() {
+    let dir = short_dir();
+    let socket = dir.path().join("test.example.com-reg.sock");
+    let plugin = TestPlugin {
+        endpoint: socket.to_str().unwrap().to_owned(),
+        ..both_versions()
+    };
+    let mut server = serve_on(&socket, &plugin);
+    let wait = std::time::Duration::from_secs(10);
+    let mut registrar = KubeletSim::new().watch_registrar(dir.path());
+    registrar
+        .wait_registered("test.example.com", wait)
+        .await
+        .unwrap();
+    // The server gone and another bound at the same path between two
+    // looks at the directory (a plugin restarted, or its successor taking
+    // over): the file system often hands the freed inode number out again.
+    for round in 0..5 {
+        server.abort();
+        let _ = (&mut server).await;
+        std::fs::remove_file(&socket).unwrap();
+        server = serve_on(&socket, &plugin);
+        registrar
+            .wait_deregistered("test.example.com", wait)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        registrar
+            .wait_registered("test.example.com", wait)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+    }
+    assert_eq!(plugin.notified.lock().unwrap().len(), 6);
 }

@@ -15,14 +15,6 @@ pub enum Error {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// The pod UID (`--pod-uid`) is not a Kubernetes UID.
-    #[error(
-        "invalid pod UID {uid:?}: it must be the pod's metadata.uid, a lowercase UUID such as 3f2b9c4e-0d1a-4e5f-9a7b-6c8d2e1f0a3b"
-    )]
-    InvalidInstance {
-        /// The rejected value (its first 80 characters).
-        uid: String,
-    },
     /// A socket path does not fit into `sockaddr_un.sun_path`.
     #[error("socket path {path} is {len} bytes long; Unix socket paths are limited to {max} bytes")]
     SocketPathTooLong {

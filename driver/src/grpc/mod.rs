@@ -3,9 +3,7 @@
 //! - the plugin registration service on `<registrar-dir>/<driver>-reg.sock`
 //!   (`registration`), which kubelet's plugin watcher calls first;
 //! - `DRAPlugin` v1 and v1beta1 ([`dra`]) and `DRAResourceHealth` v1alpha1
-//!   and v1 ([`health`]) on `<plugins-dir>/<driver>/dra.sock`;
-//! - with a pod UID ([`Config::instance`], for rolling updates), the same
-//!   as `<driver>-<uid>-reg.sock` and `dra-<uid>.sock`.
+//!   and v1 ([`health`]) on `<plugins-dir>/<driver>/dra.sock`.
 //!
 //! [`Server::start`] binds both sockets (with the hygiene kubelet expects:
 //! stale sockets replaced, live ones never hijacked, 0750 directories and
@@ -25,7 +23,7 @@ pub mod sockets;
 
 pub use error::Error;
 pub use registration::RegistrationStatus;
-pub use server::{Config, Server, ServerHandle, Services, validate_driver_name, validate_instance};
+pub use server::{Config, Server, ServerHandle, Services, validate_driver_name};
 
 /// The `supported_versions` the plugin advertises, in order of preference:
 /// kubelet picks the first entry it knows, so `v1.DRAPlugin` comes first.

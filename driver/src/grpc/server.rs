@@ -43,10 +43,6 @@ pub struct Config {
     pub plugins_dir: PathBuf,
     /// How long shutdown waits for in-flight DRA calls.
     pub drain_timeout: Duration,
-    /// The pod UID the sockets are named after (`--pod-uid`), so that two
-    /// instances of a rolling update have sockets of their own; `None`:
-    /// the fixed names.
-    pub instance: Option<String>,
 }
 
 impl Config {
@@ -61,155 +57,18 @@ impl Config {
             registrar_dir: registrar_dir.into(),
             plugins_dir: plugins_dir.into(),
             drain_timeout: Duration::from_secs(20),
-            instance: None,
         }
     }
 
-    /// The same, with sockets named after the pod UID `instance`.
-    pub fn with_instance(mut self, instance: Option<String>) -> Self {
-        self.instance = instance;
-        self
-    }
-
-    /// `<registrar-dir>/<driver>-reg.sock`, or `<driver>-<uid>-reg.sock`
-    /// with an instance (the names kubelet's plugin watcher documents for
-    /// rolling updates).
+    /// `<registrar-dir>/<driver>-reg.sock`.
     pub fn registration_socket(&self) -> PathBuf {
-        self.registrar_dir.join(registration_name(
-            &self.driver_name,
-            self.instance.as_deref(),
-        ))
+        self.registrar_dir
+            .join(format!("{}-reg.sock", self.driver_name))
     }
 
-    /// `<plugins-dir>/<driver>/dra.sock`, or `dra-<uid>.sock` with an
-    /// instance.
+    /// `<plugins-dir>/<driver>/dra.sock`.
     pub fn dra_socket(&self) -> PathBuf {
-        self.plugins_dir
-            .join(&self.driver_name)
-            .join(dra_name(self.instance.as_deref()))
-    }
-}
-
-/// The registration socket's file name.
-fn registration_name(driver: &str, instance: Option<&str>) -> String {
-    match instance {
-        Some(uid) => format!("{driver}-{uid}-reg.sock"),
-        None => format!("{driver}-reg.sock"),
-    }
-}
-
-/// The DRA socket's file name.
-fn dra_name(instance: Option<&str>) -> String {
-    match instance {
-        Some(uid) => format!("dra-{uid}.sock"),
-        None => "dra.sock".to_owned(),
-    }
-}
-
-/// Whether `name` is a socket name of this driver, of any instance: the
-/// fixed names or those with a pod UID. [`Server::start`] clears the stale
-/// ones of other instances (a pod killed before it could remove them).
-fn is_instance_socket(name: &str, driver: &str, dir: SocketDir) -> bool {
-    let uid = match dir {
-        SocketDir::Registrar => match name
-            .strip_prefix(driver)
-            .and_then(|rest| rest.strip_suffix("-reg.sock"))
-        {
-            Some("") => return true,
-            Some(rest) => rest.strip_prefix('-'),
-            None => None,
-        },
-        SocketDir::Plugin => match name.strip_suffix(".sock") {
-            Some("dra") => return true,
-            Some(rest) => rest.strip_prefix("dra-"),
-            None => None,
-        },
-    };
-    uid.is_some_and(|uid| validate_instance(uid).is_ok())
-}
-
-/// Removes what other instances of this driver left in the socket
-/// directories: their sockets, when a connection is refused (a pod killed
-/// before its shutdown could remove them), and the lock files of their
-/// pod-UID DRA sockets, when nobody holds them (every instance leaves its
-/// lock file on exit). A socket that accepts a connection, or whose lock another process
-/// holds, belongs to a live instance and stays; so do names of other
-/// drivers and anything not shaped like one of ours. Failures are logged:
-/// a leftover costs kubelet a failed dial, not this instance its start.
-async fn clear_other_instances(config: &Config, own_dra: &Path, own_reg: &Path) {
-    let dirs = [
-        (own_dra, SocketDir::Plugin),
-        (own_reg, SocketDir::Registrar),
-    ];
-    for (own, kind) in dirs {
-        let Some(dir) = own.parent() else { continue };
-        let entries = match std::fs::read_dir(dir) {
-            Ok(entries) => entries,
-            Err(e) => {
-                tracing::warn!(dir = %dir.display(), error = %e, "cannot list the socket directory for other instances' leftovers");
-                continue;
-            }
-        };
-        // Socket names, whether the socket or only its lock file is left.
-        let mut names = std::collections::BTreeSet::new();
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            let socket = name.strip_suffix(".lock").unwrap_or(name);
-            if is_instance_socket(socket, &config.driver_name, kind) {
-                names.insert(socket.to_owned());
-            }
-        }
-        for name in names {
-            let path = dir.join(&name);
-            if path == own {
-                continue;
-            }
-            let lock = match sockets::SocketLock::try_existing(&path) {
-                Ok(lock) => lock,
-                Err(e) => {
-                    tracing::debug!(socket = %path.display(), error = %e, "another instance's socket lock is held or unusable; left alone");
-                    continue;
-                }
-            };
-            if let Err(e) = sockets::clear_stale(&path).await {
-                tracing::debug!(socket = %path.display(), error = %e, "another instance's socket is not stale; left alone");
-                continue;
-            }
-            // The fixed name's lock file stays, as an instance's own does
-            // (see `SocketLock`); a pod UID's is never used again.
-            if let Some(lock) = lock
-                && name != dra_name(None)
-            {
-                lock.remove();
-            }
-        }
-    }
-}
-
-/// Which of the two socket directories a name is in.
-#[derive(Clone, Copy, Debug)]
-enum SocketDir {
-    Registrar,
-    Plugin,
-}
-
-/// Checks that `uid` is a pod UID as Kubernetes makes them (a UUID in
-/// lowercase, `8-4-4-4-12` hex digits), so the socket names built from it
-/// are plain file names of a known length, and stale ones of other
-/// instances can be told from other drivers' sockets.
-pub fn validate_instance(uid: &str) -> Result<(), Error> {
-    let groups: Vec<&str> = uid.split('-').collect();
-    let shaped = groups.len() == 5
-        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, len)| {
-            g.len() == len && g.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-        });
-    if shaped {
-        Ok(())
-    } else {
-        Err(Error::InvalidInstance {
-            uid: uid.chars().take(80).collect(),
-        })
+        self.plugins_dir.join(&self.driver_name).join("dra.sock")
     }
 }
 
@@ -280,7 +139,6 @@ impl Server {
         let lock = SocketLock::acquire(&dra_path)?;
         sockets::clear_stale(&dra_path).await?;
         sockets::clear_stale(&reg_path).await?;
-        clear_other_instances(&config, &dra_path, &reg_path).await;
 
         let (exited_tx, exited) = mpsc::unbounded_channel();
         let (stopping_tx, stopping_rx) = watch::channel(false);

@@ -108,7 +108,9 @@ impl SocketLock {
     /// Takes the lock next to `socket`, or fails at once if another process
     /// holds it.
     pub fn acquire(socket: &Path) -> Result<Self, Error> {
-        let path = Self::file_for(socket);
+        let mut name = socket.as_os_str().to_owned();
+        name.push(".lock");
+        let path = PathBuf::from(name);
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -122,45 +124,6 @@ impl SocketLock {
             Ok(()) => Ok(Self { _file: file, path }),
             Err(TryLockError::WouldBlock) => Err(Error::Locked { path }),
             Err(TryLockError::Error(source)) => Err(Error::Lock { path, source }),
-        }
-    }
-
-    /// The lock next to another instance's `socket`, if its lock file
-    /// exists (`None` if not), taken at once; fails if another process
-    /// holds it. Creates nothing.
-    pub fn try_existing(socket: &Path) -> Result<Option<Self>, Error> {
-        let path = Self::file_for(socket);
-        let file = match OpenOptions::new().write(true).open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(Error::Lock { path, source }),
-        };
-        match file.try_lock() {
-            Ok(()) => Ok(Some(Self { _file: file, path })),
-            Err(TryLockError::WouldBlock) => Err(Error::Locked { path }),
-            Err(TryLockError::Error(source)) => Err(Error::Lock { path, source }),
-        }
-    }
-
-    /// `<socket>.lock`.
-    fn file_for(socket: &Path) -> PathBuf {
-        let mut name = socket.as_os_str().to_owned();
-        name.push(".lock");
-        PathBuf::from(name)
-    }
-
-    /// Deletes the lock file of a socket that is gone for good (another
-    /// instance's, whose pod UID no process will use again), while holding
-    /// the lock, and lets the lock go.
-    pub fn remove(self) {
-        match std::fs::remove_file(&self.path) {
-            Ok(()) => {
-                tracing::info!(lock = %self.path.display(), "removed another instance's lock file");
-            }
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => {
-                tracing::warn!(lock = %self.path.display(), error = %e, "cannot remove another instance's lock file");
-            }
         }
     }
 

@@ -91,7 +91,7 @@ pub struct Options {
     /// Host path of `nvidia-cdi-hook` (`--nvidia-cdi-hook-path`); `None`:
     /// the one in the driver root, if any.
     pub cdi_hook: Option<String>,
-    /// A rolling update (`--pod-uid`): when another instance holds the
+    /// A rolling update (`--rolling-update`): when another instance holds the
     /// state or MPS directory, wait for it to exit (reported here) instead
     /// of failing. `None`: a held directory is [`Error::Locked`].
     pub wait_for_lock: Option<watch::Sender<Phase>>,

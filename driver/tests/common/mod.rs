@@ -493,8 +493,6 @@ pub struct Plugin {
     pub log: PathBuf,
     /// What it runs on (shared with restarts of the same machine).
     pub env: Arc<TestEnv>,
-    /// `--pod-uid`, which names its sockets.
-    pub pod_uid: Option<String>,
 }
 
 impl Plugin {
@@ -560,36 +558,21 @@ impl Plugin {
             .envs(envs.iter().copied())
             .spawn()
             .unwrap();
-        let pod_uid = extra
-            .iter()
-            .position(|a| *a == "--pod-uid")
-            .and_then(|i| extra.get(i + 1))
-            .map(|uid| (*uid).to_owned());
         Self {
             child,
             reg_dir,
             plugins_dir,
             log,
             env: env.clone(),
-            pod_uid,
         }
     }
 
     pub fn reg_socket(&self) -> PathBuf {
-        match &self.pod_uid {
-            Some(uid) => self.reg_dir.join(format!("{DRIVER}-{uid}-reg.sock")),
-            None => self.reg_dir.join(format!("{DRIVER}-reg.sock")),
-        }
+        self.reg_dir.join(format!("{DRIVER}-reg.sock"))
     }
 
     pub fn dra_socket(&self) -> PathBuf {
-        match &self.pod_uid {
-            Some(uid) => self
-                .plugins_dir
-                .join(DRIVER)
-                .join(format!("dra-{uid}.sock")),
-            None => self.plugins_dir.join(DRIVER).join("dra.sock"),
-        }
+        self.plugins_dir.join(DRIVER).join("dra.sock")
     }
 
     /// The address of its metrics endpoint (`--metrics-addr`), from its

@@ -62,8 +62,8 @@ type Registered = BTreeMap<PathBuf, (u64, Plugin)>;
 
 /// One socket the watcher has seen.
 struct Seen {
-    /// Inode, to notice a socket replaced under the same name.
-    ino: u64,
+    /// Its identity, to notice a socket replaced under the same name.
+    id: Identity,
     /// When to try again after a failed registration (`None`: registered).
     retry_at: Option<Instant>,
 }
@@ -166,8 +166,19 @@ impl Drop for Registrar {
     }
 }
 
-/// The sockets in `dir` with their inodes.
-fn list_sockets(dir: &Path) -> Result<BTreeMap<PathBuf, u64>, Error> {
+/// What tells one socket file from another at the same path: its inode
+/// and its change time. The inode alone does not: a socket removed and
+/// bound again at once (a plugin restarted, or handing over to its
+/// successor) often gets the freed inode number back, and kubelet, which
+/// watches the directory with inotify, sees the removal and the new socket
+/// as two events all the same. The change time tells them apart where it
+/// is finer than the time between the two binds: with Linux 6.13's
+/// multigrain timestamps (ext4, tmpfs, xfs, btrfs) once this watcher has
+/// looked at the file; on older kernels, when a clock tick lies between.
+type Identity = (u64, i64, i64);
+
+/// The sockets in `dir` with their identities.
+fn list_sockets(dir: &Path) -> Result<BTreeMap<PathBuf, Identity>, Error> {
     let io = |source| Error::Io {
         path: dir.to_owned(),
         source,
@@ -188,7 +199,7 @@ fn list_sockets(dir: &Path) -> Result<BTreeMap<PathBuf, u64>, Error> {
             continue;
         };
         if meta.file_type().is_socket() {
-            found.insert(entry.path(), meta.ino());
+            found.insert(entry.path(), (meta.ino(), meta.ctime(), meta.ctime_nsec()));
         }
     }
     Ok(found)
@@ -215,7 +226,7 @@ async fn watch(
         // Deregister what disappeared (or was replaced).
         let gone: Vec<PathBuf> = seen
             .iter()
-            .filter(|(p, s)| sockets.get(*p) != Some(&s.ino))
+            .filter(|(p, s)| sockets.get(*p) != Some(&s.id))
             .map(|(p, _)| p.clone())
             .collect();
         for path in gone {
@@ -233,7 +244,7 @@ async fn watch(
         }
         // Register what is new or due for a retry.
         let now = Instant::now();
-        for (path, ino) in sockets {
+        for (path, id) in sockets {
             let due = match seen.get(&path) {
                 None => true,
                 Some(s) => s.retry_at.is_some_and(|t| t <= now),
@@ -248,13 +259,7 @@ async fn watch(
                         .lock()
                         .expect("registrar state poisoned")
                         .insert(path.clone(), (registrations, p.clone()));
-                    seen.insert(
-                        path,
-                        Seen {
-                            ino,
-                            retry_at: None,
-                        },
-                    );
+                    seen.insert(path, Seen { id, retry_at: None });
                     RegistrarEvent::Registered(p)
                 }
                 Err(e) => {
@@ -265,7 +270,7 @@ async fn watch(
                     seen.insert(
                         path.clone(),
                         Seen {
-                            ino,
+                            id,
                             retry_at: Some(Instant::now() + REGISTER_RETRY),
                         },
                     );
