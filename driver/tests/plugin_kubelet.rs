@@ -4,10 +4,9 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::time::Duration;
 
-use common::{DRIVER, Plugin, short_dir};
+use common::{DRIVER, Plugin, http_get, short_dir};
 use dra_proto::dra::v1;
 use dra_proto::registration::PluginInfo;
 use futures::StreamExt;
@@ -308,17 +307,11 @@ async fn json_logs_and_metrics_endpoint() {
         .unwrap();
     p.prepare(&claims()).await.unwrap();
 
-    let metrics_addr = addr.clone();
-    let text = tokio::task::spawn_blocking(move || {
-        let mut s = std::net::TcpStream::connect(&metrics_addr).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
-    })
-    .await
-    .unwrap();
+    let get = |path: &'static str| {
+        let addr = addr.clone();
+        move || http_get(&addr, path)
+    };
+    let text = tokio::task::spawn_blocking(get("/metrics")).await.unwrap();
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(
         text.contains(r#"gpu_kubelet_plugin_kubelet_requests_total{service="dra_v1",method="node_prepare_resources",result="ok"} 1"#),
@@ -337,19 +330,6 @@ async fn json_logs_and_metrics_endpoint() {
 
     // Liveness through the registration socket: alive while it serves,
     // 503 once the socket is gone.
-    let get = |path: &'static str| {
-        let addr = addr.clone();
-        move || {
-            let mut s = std::net::TcpStream::connect(&addr).unwrap();
-            s.write_all(
-                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-            )
-            .unwrap();
-            let mut out = String::new();
-            s.read_to_string(&mut out).unwrap();
-            out
-        }
-    };
     let alive = tokio::task::spawn_blocking(get("/healthz")).await.unwrap();
     assert!(alive.starts_with("HTTP/1.1 200"), "{alive}");
     std::fs::remove_file(plugin.reg_socket()).unwrap();
