@@ -165,9 +165,9 @@ impl Probes {
     /// while waiting for another instance to exit (alive, and not to be
     /// restarted for it); 503 otherwise.
     async fn live(&self) -> (axum::http::StatusCode, String) {
-        match self.waiting() {
-            Some(text) => (axum::http::StatusCode::OK, text),
-            None => self.socket().await,
+        match self.phase() {
+            Phase::WaitingFor(lock) => waiting(&lock),
+            Phase::Starting | Phase::Serving => self.socket().await,
         }
     }
 
@@ -176,25 +176,18 @@ impl Probes {
     /// the kube client all worked, so the DaemonSet may delete the old
     /// pod); once serving, as `/healthz`.
     async fn ready(&self) -> (axum::http::StatusCode, String) {
-        let starting = matches!(*self.phase.borrow(), Phase::Starting);
-        match self.waiting() {
-            Some(text) => (axum::http::StatusCode::OK, text),
-            None if starting => (
+        match self.phase() {
+            Phase::WaitingFor(lock) => waiting(&lock),
+            Phase::Starting => (
                 axum::http::StatusCode::SERVICE_UNAVAILABLE,
                 "starting".to_owned(),
             ),
-            None => self.socket().await,
+            Phase::Serving => self.socket().await,
         }
     }
 
-    fn waiting(&self) -> Option<String> {
-        match &*self.phase.borrow() {
-            Phase::WaitingFor(lock) => Some(format!(
-                "waiting for the plugin instance that holds {} to exit",
-                lock.display()
-            )),
-            _ => None,
-        }
+    fn phase(&self) -> Phase {
+        self.phase.borrow().clone()
     }
 
     async fn socket(&self) -> (axum::http::StatusCode, String) {
@@ -217,6 +210,17 @@ impl Probes {
             ),
         }
     }
+}
+
+/// A probe's answer while waiting for the instance that holds `lock`.
+fn waiting(lock: &std::path::Path) -> (axum::http::StatusCode, String) {
+    (
+        axum::http::StatusCode::OK,
+        format!(
+            "waiting for the plugin instance that holds {} to exit",
+            lock.display()
+        ),
+    )
 }
 
 /// Binds the metrics endpoint (failing startup if the address is taken)

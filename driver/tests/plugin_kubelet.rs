@@ -307,11 +307,7 @@ async fn json_logs_and_metrics_endpoint() {
         .unwrap();
     p.prepare(&claims()).await.unwrap();
 
-    let get = |path: &'static str| {
-        let addr = addr.clone();
-        move || http_get(&addr, path)
-    };
-    let text = tokio::task::spawn_blocking(get("/metrics")).await.unwrap();
+    let text = http_get(&addr, "/metrics").await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(
         text.contains(r#"gpu_kubelet_plugin_kubelet_requests_total{service="dra_v1",method="node_prepare_resources",result="ok"} 1"#),
@@ -330,10 +326,10 @@ async fn json_logs_and_metrics_endpoint() {
 
     // Liveness through the registration socket: alive while it serves,
     // 503 once the socket is gone.
-    let alive = tokio::task::spawn_blocking(get("/healthz")).await.unwrap();
+    let alive = http_get(&addr, "/healthz").await;
     assert!(alive.starts_with("HTTP/1.1 200"), "{alive}");
     std::fs::remove_file(plugin.reg_socket()).unwrap();
-    let dead = tokio::task::spawn_blocking(get("/healthz")).await.unwrap();
+    let dead = http_get(&addr, "/healthz").await;
     assert!(dead.starts_with("HTTP/1.1 503"), "{dead}");
     assert!(dead.contains("registration socket"), "{dead}");
 }

@@ -178,7 +178,7 @@ fn lock_dir(
             file.lock().map_err(io(&path))?;
             tracing::info!(
                 lock = %path.display(),
-                waited_ms = waited.elapsed().as_millis() as u64,
+                waited_us = crate::micros(waited),
                 "the other instance let the {what} go; taking over"
             );
             phase.send_replace(Phase::Starting);

@@ -641,15 +641,20 @@ impl Drop for TestEnv {
 }
 
 /// `GET path` from the HTTP server at `addr`: the whole response, status
-/// line first (blocking).
-pub fn http_get(addr: &str, path: &str) -> String {
+/// line first (on a blocking thread).
+pub async fn http_get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let addr = addr.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    })
+    .await
+    .unwrap()
 }
 
 /// Claim-preparation helpers (node with restart, claims, leftovers).

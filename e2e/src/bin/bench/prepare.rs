@@ -145,13 +145,10 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
                 anyhow::Ok((what, less_name, samples, less, less_ratio))
             })
             .transpose()?;
-        let above = above_floor(
-            &prepare,
-            &read,
-            outside.as_ref().map(|o| o.2.as_slice()),
-            p50(&nothing),
-        )
-        .with_context(|| format!("{name}: above the floor"))?;
+        // From the prepare less its outside step, where the kind has one.
+        let own = outside.as_ref().map_or(&prepare, |o| &o.3);
+        let above = above_floor(own, &read, p50(&nothing))
+            .with_context(|| format!("{name}: above the floor"))?;
         let above_ratio = p50(&above) / p50(&write);
         let mut rows = vec![
             Row::new(name, "prepare, as kubelet sees it", "ms", prepare),
@@ -254,21 +251,13 @@ fn above_floor_label(kind: Kind) -> &'static str {
     }
 }
 
-/// Each timed prepare above the floor, in ms: less its own claim read
-/// (`read`, from the log) and step outside the driver (`outside`, if the
-/// kind has one), claim by claim, and less `round_trip`, an empty call's
-/// p50. The floor is what any driver pays here whatever it does: kubelet's
-/// call and its answer, and the claim's read.
-fn above_floor(
-    prepare: &[f64],
-    read: &[f64],
-    outside: Option<&[f64]>,
-    round_trip: f64,
-) -> anyhow::Result<Vec<f64>> {
-    let mut above = less_outside(prepare, read).context("claim reads")?;
-    if let Some(outside) = outside {
-        above = less_outside(&above, outside)?;
-    }
+/// Each timed prepare above the floor, in ms: `prepare` (already less
+/// its step outside the driver, if the kind has one) less its own claim
+/// read (`read`, from the log), claim by claim, and less `round_trip`, an
+/// empty call's p50. The floor is what any driver pays here whatever it
+/// does: kubelet's call and its answer, and the claim's read.
+fn above_floor(prepare: &[f64], read: &[f64], round_trip: f64) -> anyhow::Result<Vec<f64>> {
+    let above = less_outside(prepare, read).context("claim reads")?;
     Ok(above.iter().map(|v| v - round_trip).collect())
 }
 
@@ -729,12 +718,14 @@ mod tests {
     fn above_the_floor_takes_off_each_claims_steps_and_the_round_trip() {
         // Prepares of 5 and 4 ms; their reads 0.5 and 0.25 ms (after the
         // unsampled first cycle's), an empty call's p50 of 1 ms.
-        let above = above_floor(&[5.0, 4.0], &[9.0, 0.5, 0.25], None, 1.0).unwrap();
+        let above = above_floor(&[5.0, 4.0], &[9.0, 0.5, 0.25], 1.0).unwrap();
         assert_eq!(above, [3.5, 2.75]);
-        let above = above_floor(&[5.0, 4.0], &[9.0, 0.5, 0.25], Some(&[7.0, 2.0, 1.0]), 1.0);
+        // With a step outside the driver (2 and 1 ms), taken off first.
+        let less = less_outside(&[5.0, 4.0], &[7.0, 2.0, 1.0]).unwrap();
+        let above = above_floor(&less, &[9.0, 0.5, 0.25], 1.0);
         assert_eq!(above.unwrap(), [1.5, 1.75]);
         // A log short of one read per cycle is an error, not a guess.
-        let err = above_floor(&[5.0, 4.0], &[0.5, 0.25], None, 1.0).unwrap_err();
+        let err = above_floor(&[5.0, 4.0], &[0.5, 0.25], 1.0).unwrap_err();
         assert!(format!("{err:#}").contains("claim reads"), "{err:#}");
     }
 
