@@ -30,6 +30,8 @@ mod children;
 mod cpu;
 #[path = "bench/external.rs"]
 mod external;
+#[path = "bench/handover.rs"]
+mod handover;
 #[path = "bench/node.rs"]
 mod node;
 #[path = "bench/prepare.rs"]
@@ -139,6 +141,10 @@ const BENCHMARKS: &[Benchmark] = &[
     Benchmark {
         name: "plugin start, dgx-h100, dynamic MIG",
         run: |ctx, name, s| start::plugin_start(ctx, name, s.runs, &["--dynamic-mig"]),
+    },
+    Benchmark {
+        name: "rolling update hand-over, whole GPU",
+        run: handover::rolling_update,
     },
     Benchmark {
         name: "admission webhook",

@@ -119,6 +119,9 @@ pub struct Node {
     pub log: PathBuf,
     /// The plugin's state directory (checkpoint, MPS daemons).
     pub state_dir: PathBuf,
+    kubeconfig: PathBuf,
+    /// The plugin's registration socket.
+    reg_socket: PathBuf,
     kubelet: gpu_dra_e2e::kubelet::Plugin,
     /// Device names of the published pool.
     pub devices: Vec<String>,
@@ -157,6 +160,54 @@ pub fn plugin_command(
     Ok(cmd)
 }
 
+/// What the plugin logs once its kubelet sockets serve.
+pub const SERVING: &str = "serving kubelet plugin sockets";
+
+/// Waits (up to 30 s) until the JSON log `log` of `child` has a line
+/// containing `message`, and returns the log then. The child exiting
+/// first, or the time running out (the child is then killed), is an error
+/// with the log.
+pub async fn wait_for_log(log: &Path, message: &str, child: &mut Plugin) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(message) {
+            return Ok(text);
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("the plugin exited with {status} before logging {message:?}:\n{text}");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("the plugin did not log {message:?} within 30 s:\n{text}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Registers the kubelet simulator with the plugin behind `reg_socket`.
+async fn register(reg_socket: &Path) -> anyhow::Result<gpu_dra_e2e::kubelet::Plugin> {
+    KubeletSim::new()
+        .with_dra_versions([DraVersion::V1])
+        .register(reg_socket)
+        .await
+        .context("registering the plugin with the kubelet simulator")
+}
+
+/// Waits (up to 20 s) for `child`, sent SIGTERM, to exit.
+fn wait_exit(child: &mut Plugin) -> anyhow::Result<std::process::ExitStatus> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(s) = child.try_wait()? {
+            return Ok(s);
+        }
+        if Instant::now() > deadline {
+            bail!("the plugin did not exit within 20 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// A test API server (1.35 rules) holding the Node object, and a
 /// kubeconfig for it written to `<dir>/kubeconfig`.
 pub async fn api_server_with_node(dir: &Path) -> anyhow::Result<(TestApiServer, PathBuf)> {
@@ -189,21 +240,7 @@ impl Node {
         let mut cmd = plugin_command(ctx, dir, &machine, &kubeconfig, flags, &log)?;
         let mut child = crate::children::spawn_plugin(&mut cmd).context("spawning the plugin")?;
 
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if text.contains("serving kubelet plugin sockets") {
-                break;
-            }
-            if let Some(status) = child.try_wait()? {
-                bail!("the plugin exited with {status}:\n{text}");
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                bail!("the plugin did not serve within 30 s:\n{text}");
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_for_log(&log, SERVING, &mut child).await?;
         let items = server
             .store()
             .wait_for(Resource::ResourceSlices, Duration::from_secs(30), |items| {
@@ -217,17 +254,16 @@ impl Node {
             .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
             .filter_map(|d| d["name"].as_str().map(str::to_owned))
             .collect();
-        let kubelet = KubeletSim::new()
-            .with_dra_versions([DraVersion::V1])
-            .register(&reg.join(format!("{DRIVER}-reg.sock")))
-            .await
-            .context("registering the plugin with the kubelet simulator")?;
+        let reg_socket = reg.join(format!("{DRIVER}-reg.sock"));
+        let kubelet = register(&reg_socket).await?;
         Ok(Self {
             server,
             machine,
             child,
             log,
             state_dir: plugins.join(DRIVER),
+            kubeconfig,
+            reg_socket,
             kubelet,
             devices,
             next: AtomicU64::new(0),
@@ -360,20 +396,53 @@ impl Node {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Starts another instance of the plugin with `flags` on this node's
+    /// machine, API server, state directory and sockets (`dir`, where the
+    /// node was started), logging to `log`: a rolling update's new pod
+    /// beside the serving one.
+    pub fn spawn_successor(
+        &self,
+        ctx: &Ctx,
+        dir: &Path,
+        flags: &[&str],
+        log: &Path,
+    ) -> anyhow::Result<Plugin> {
+        let mut cmd = plugin_command(ctx, dir, &self.machine, &self.kubeconfig, flags, log)?;
+        crate::children::spawn_plugin(&mut cmd).context("spawning the successor")
+    }
+
+    /// Hands the node over to `successor` (spawned by
+    /// [`Self::spawn_successor`], logging to `log`): SIGTERM to the serving
+    /// plugin, which must exit 0; then, once the successor serves, the
+    /// kubelet simulator registers it, as kubelet's plugin watcher does with
+    /// a new registration socket. Returns the old plugin's log.
+    pub async fn hand_over(&mut self, successor: Plugin, log: PathBuf) -> anyhow::Result<String> {
+        // The successor is the node's plugin from here on, so that it is
+        // killed with the node should anything below fail.
+        let mut old = std::mem::replace(&mut self.child, successor);
+        let old_log_path = std::mem::replace(&mut self.log, log);
+        fake_driver_root::terminate(old.id());
+        let exited = tokio::task::block_in_place(|| wait_exit(&mut old));
+        let old_log = std::fs::read_to_string(&old_log_path).unwrap_or_default();
+        match exited {
+            Ok(status) if status.success() => {}
+            Ok(status) => bail!("the old plugin exited with {status}:\n{old_log}"),
+            Err(e) => {
+                let _ = old.kill();
+                let _ = old.wait();
+                return Err(e.context(old_log));
+            }
+        }
+        wait_for_log(&self.log, SERVING, &mut self.child).await?;
+        self.kubelet = register(&self.reg_socket).await?;
+        Ok(old_log)
+    }
+
     /// Stops the plugin (SIGTERM; it must exit 0) and whatever it started
     /// from the driver root.
     pub fn stop(mut self) -> anyhow::Result<()> {
         fake_driver_root::terminate(self.child.id());
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let status = loop {
-            if let Some(s) = self.child.try_wait()? {
-                break s;
-            }
-            if Instant::now() > deadline {
-                bail!("the plugin did not exit within 20 s of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = wait_exit(&mut self.child)?;
         self.machine.kill_processes();
         if !status.success() {
             bail!("the plugin exited with {status}:\n{}", self.log_text());

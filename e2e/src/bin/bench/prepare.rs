@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
 use gpu_dra_e2e::kubelet::Claim;
@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::cpu::{Reading, Spent};
 use crate::node::{DRIVER, Node, durable_write, result, swapped_write};
-use crate::start::time_of_day;
+use crate::start::{span_ms, time_of_day, wall_of_day};
 use crate::table::{Goal, Row, Stat, Values, ms};
 use crate::{Ctx, Settings};
 
@@ -319,13 +319,7 @@ fn split_at_log(
         let logged = prepared
             .get(uid.as_str())
             .with_context(|| format!("no \"claim prepared\" line for {uid}"))?;
-        let since = at.duration_since(UNIX_EPOCH)?;
-        let start = (since.as_secs() % 86_400) as f64 + f64::from(since.subsec_nanos()) / 1e9;
-        let mut to_log = logged - start;
-        if to_log < -43_200.0 {
-            to_log += 86_400.0; // across midnight
-        }
-        let to_log = (to_log * 1000.0).clamp(0.0, ms(*took));
+        let to_log = span_ms(wall_of_day(*at)?, *logged).clamp(0.0, ms(*took));
         work.push(to_log);
         answer.push(ms(*took) - to_log);
     }
@@ -689,6 +683,8 @@ fn checkpoints_of(cycles: usize) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::UNIX_EPOCH;
+
     use super::*;
 
     #[test]

@@ -279,8 +279,7 @@ pub fn complete_pool(items: &[Value]) -> Option<(usize, usize)> {
 
 /// Milliseconds from `wall0` to each of [`MILESTONES`] in a JSON log.
 fn milestones(log: &str, wall0: SystemTime) -> anyhow::Result<Vec<f64>> {
-    let since = wall0.duration_since(UNIX_EPOCH)?;
-    let start = (since.as_secs() % 86_400) as f64 + f64::from(since.subsec_nanos()) / 1e9;
+    let start = wall_of_day(wall0)?;
     let lines: Vec<Value> = log
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -293,11 +292,8 @@ fn milestones(log: &str, wall0: SystemTime) -> anyhow::Result<Vec<f64>> {
                 .find(|l| l["message"] == *m)
                 .with_context(|| format!("{m:?} not logged:\n{log}"))?;
             let ts = line["timestamp"].as_str().context("no timestamp")?;
-            let mut at = time_of_day(ts).with_context(|| format!("bad timestamp {ts}"))? - start;
-            if at < -43_200.0 {
-                at += 86_400.0; // across midnight
-            }
-            Ok(at * 1000.0)
+            let at = time_of_day(ts).with_context(|| format!("bad timestamp {ts}"))?;
+            Ok(span_ms(start, at))
         })
         .collect()
 }
@@ -311,6 +307,23 @@ pub fn time_of_day(ts: &str) -> Option<f64> {
     let m: f64 = parts.next()?.parse().ok()?;
     let s: f64 = parts.next()?.parse().ok()?;
     Some(h * 3600.0 + m * 60.0 + s)
+}
+
+/// Seconds since midnight (UTC) of `t`, as [`time_of_day`] reads a log
+/// line's.
+pub fn wall_of_day(t: SystemTime) -> anyhow::Result<f64> {
+    let since = t.duration_since(UNIX_EPOCH)?;
+    Ok((since.as_secs() % 86_400) as f64 + f64::from(since.subsec_nanos()) / 1e9)
+}
+
+/// Milliseconds from `from` to `to`, both seconds since midnight; a span
+/// that crosses midnight counts from one day into the next.
+pub fn span_ms(from: f64, to: f64) -> f64 {
+    let mut span = to - from;
+    if span < -43_200.0 {
+        span += 86_400.0;
+    }
+    span * 1000.0
 }
 
 /// A `kB` field of `/proc/<pid>/status`.
@@ -336,6 +349,11 @@ mod tests {
     fn timestamps_and_proc_fields_parse() {
         assert_eq!(time_of_day("2026-11-21T01:02:03.5Z"), Some(3723.5));
         assert_eq!(time_of_day("garbage"), None);
+        assert_eq!(span_ms(10.0, 10.5), 500.0);
+        assert_eq!(span_ms(86_399.5, 0.25), 750.0);
+        assert_eq!(span_ms(10.5, 10.0), -500.0);
+        let noon = UNIX_EPOCH + Duration::from_secs(19_000 * 86_400 + 43_200);
+        assert_eq!(wall_of_day(noon).unwrap(), 43_200.0);
         let status = "Name:\tx\nVmHWM:\t   12345 kB\nVmRSS:\t    2048 kB\n";
         assert_eq!(proc_kib(status, "VmRSS").unwrap(), 2048.0);
         assert_eq!(proc_kib(status, "VmHWM").unwrap(), 12345.0);
