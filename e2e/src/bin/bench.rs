@@ -54,8 +54,8 @@ use table::{Row, Values};
 #[derive(Debug, clap::Parser)]
 #[command(name = "bench", about = "Benchmarks of the GPU DRA driver")]
 struct Args {
-    /// Runs of the plugin start benchmarks and of the 64-concurrent-claims
-    /// benchmark.
+    /// Runs of the plugin start benchmarks, of the concurrent-claims
+    /// benchmarks and of the rolling update's hand-over.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
     runs: u32,
     /// Timed prepare/unprepare cycles per kind of claim.
@@ -94,7 +94,7 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
 
 /// How much each benchmark does.
 pub struct Settings {
-    /// Plugin starts; runs of 64 concurrent claims.
+    /// Plugin starts; runs of the concurrent claims; hand-overs.
     pub runs: u32,
     /// Timed prepares per kind of claim.
     pub iterations: usize,
