@@ -8,10 +8,11 @@
 //! and the successor takes over and serves the claim from the checkpoint.
 //! The spans come from the two plugins' JSON log timestamps (the same
 //! clock as the bench's), so the bench's own polling does not enter them.
-//! Not here: kubelet's plugin watcher noticing the new registration socket
-//! (the simulator polls; kubelet is told by inotify), and, outside a test
-//! node, the old pod's termination and the new pod's scheduling and start,
-//! which a surge pod takes out of the gap.
+//! Not here: kubelet's re-registration of the driver, which its plugin
+//! manager does in a once-a-second reconcile loop (the simulator polls every
+//! 50 ms and registers at once), and, outside a test node, the old pod's
+//! termination and the new pod's scheduling and start, which a surge pod
+//! takes out of the gap.
 
 use std::time::{Instant, SystemTime};
 
