@@ -133,10 +133,11 @@ fn hand_over(
     old_log: &str,
     new_log: &str,
 ) -> anyhow::Result<HandOver> {
-    let deregistered = logged_at(old_log, DEREGISTERED)?;
-    let waiting = logged_at(new_log, WAITING)?;
-    let taking_over = logged_at(new_log, TAKING_OVER)?;
-    let serving = logged_at(new_log, SERVING)?;
+    let deregistered = JsonLog::parse(old_log).at(DEREGISTERED)?;
+    let new_log = JsonLog::parse(new_log);
+    let waiting = new_log.at(WAITING)?;
+    let taking_over = new_log.at(TAKING_OVER)?;
+    let serving = new_log.at(SERVING)?;
     let (spawned, sent) = (wall_of_day(spawned)?, wall_of_day(sent)?);
     Ok(HandOver {
         to_waiting: span_ms(spawned, waiting),
@@ -147,14 +148,31 @@ fn hand_over(
     })
 }
 
-/// Seconds since midnight of the first line of a JSON log whose message
-/// contains `what`.
-fn logged_at(log: &str, what: &str) -> anyhow::Result<f64> {
-    log.lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["message"].as_str().is_some_and(|m| m.contains(what)))
-        .and_then(|v| time_of_day(v["timestamp"].as_str()?))
-        .with_context(|| format!("no timestamped {what:?} line in the log:\n{log}"))
+/// A plugin's JSON log, its lines parsed once (lines that are not JSON,
+/// such as the supervisor's, left out).
+struct JsonLog<'a> {
+    text: &'a str,
+    lines: Vec<Value>,
+}
+
+impl<'a> JsonLog<'a> {
+    fn parse(text: &'a str) -> Self {
+        let lines = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        Self { text, lines }
+    }
+
+    /// Seconds since midnight of the first line whose message contains
+    /// `what`.
+    fn at(&self, what: &str) -> anyhow::Result<f64> {
+        self.lines
+            .iter()
+            .find(|v| v["message"].as_str().is_some_and(|m| m.contains(what)))
+            .and_then(|v| time_of_day(v["timestamp"].as_str()?))
+            .with_context(|| format!("no timestamped {what:?} line in the log:\n{}", self.text))
+    }
 }
 
 #[cfg(test)]
@@ -215,9 +233,9 @@ mod tests {
 
     #[test]
     fn a_missing_or_untimed_line_is_an_error() {
-        let err = logged_at("not json\n", TAKING_OVER).unwrap_err();
+        let err = JsonLog::parse("not json\n").at(TAKING_OVER).unwrap_err();
         assert!(err.to_string().contains("\"taking over\""), "{err}");
         let untimed = json!({"message": "taking over"}).to_string();
-        assert!(logged_at(&untimed, TAKING_OVER).is_err());
+        assert!(JsonLog::parse(&untimed).at(TAKING_OVER).is_err());
     }
 }
