@@ -87,7 +87,7 @@ pub fn rolling_update(ctx: &Ctx, name: &str, settings: &Settings) -> anyhow::Res
         Ok(vec![
             Row::new(
                 name,
-                "old plugin's deregistration to the new one serving (kubelet has no plugin)",
+                "old plugin's deregistration to the new one serving (no plugin listening)",
                 "ms",
                 col(|r| r.gap),
             ),
