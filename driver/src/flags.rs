@@ -105,6 +105,23 @@ pub struct Flags {
     )]
     pub rolling_update: bool,
 
+    /// With `--rolling-update`: give each instance socket names of its own
+    /// (`<driver>-<tag>-reg.sock`, `dra-<tag>.sock`), so that a new
+    /// instance registers with kubelet while the old one still serves and
+    /// relays kubelet's calls to it until it takes over: kubelet never goes
+    /// without a plugin. Needs kubelet 1.33 or newer; an older kubelet
+    /// loses the driver when the old instance deregisters. `auto`: when the
+    /// Node's `status.nodeInfo.kubeletVersion` says 1.33 or newer (else,
+    /// or when the Node cannot be read, the shared names).
+    #[arg(long, env = "PER_INSTANCE_SOCKETS", value_enum, default_value_t = PerInstanceSockets::Auto)]
+    pub per_instance_sockets: PerInstanceSockets,
+
+    /// Not a flag: this instance's socket tag when it uses names of its own
+    /// ([`crate::grpc::instance`]), chosen by `main` from
+    /// `--per-instance-sockets` before the plugin starts.
+    #[arg(skip)]
+    pub instance: Option<String>,
+
     /// Path of a kubeconfig; in-cluster configuration when unset.
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
@@ -148,6 +165,17 @@ pub struct Flags {
 
     #[command(flatten)]
     pub slices: crate::slices::Flags,
+}
+
+/// `--per-instance-sockets`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PerInstanceSockets {
+    /// When the node's kubelet is 1.33 or newer.
+    Auto,
+    /// Always (with `--rolling-update`).
+    Always,
+    /// Never: the shared names.
+    Never,
 }
 
 impl Flags {
@@ -279,6 +307,16 @@ mod tests {
                 .unwrap()
                 .rolling_update
         );
+        assert_eq!(f.per_instance_sockets, PerInstanceSockets::Auto);
+        assert_eq!(f.instance, None);
+        for (value, want) in [
+            ("auto", PerInstanceSockets::Auto),
+            ("always", PerInstanceSockets::Always),
+            ("never", PerInstanceSockets::Never),
+        ] {
+            let f = parse(&["--node-name=n", &format!("--per-instance-sockets={value}")]).unwrap();
+            assert_eq!(f.per_instance_sockets, want);
+        }
         let f = parse(&["--node-name=n", "--runtime-threads=4"]).unwrap();
         assert_eq!(f.runtime_threads, 4);
         let f = parse(&[
@@ -305,6 +343,10 @@ mod tests {
             (
                 &["--node-name", "n", "--rolling-update", "maybe"][..],
                 "--rolling-update",
+            ),
+            (
+                &["--node-name", "n", "--per-instance-sockets", "yes"][..],
+                "--per-instance-sockets",
             ),
             (
                 &["--node-name", "n", "--runtime-threads", "0"][..],

@@ -73,15 +73,25 @@ fn supervise() -> ExitCode {
     }
 }
 
-async fn run(flags: Flags) -> anyhow::Result<()> {
+async fn run(mut flags: Flags) -> anyhow::Result<()> {
+    flags.instance = plugin::choose_instance(&flags).await;
+    let config = plugin::grpc_config(&flags);
     let mut registry = Registry::with_prefix("gpu_kubelet_plugin");
     let metrics = GrpcMetrics::register(&mut registry);
+    let services = grpc::Services {
+        metrics,
+        ..grpc::Services::default()
+    };
     let (stop_metrics, metrics_stopped) = watch::channel(false);
     let (phase_tx, mut phase) = phase::channel();
     let metrics_task = match flags.metrics_addr {
         Some(addr) => {
             let probes = Probes {
-                registration: plugin::grpc_config(&flags).registration_socket(),
+                registration: config.registration_socket(),
+                registered: flags
+                    .instance
+                    .is_some()
+                    .then(|| services.registration.subscribe()),
                 phase: phase.clone(),
             };
             Some(start_metrics(addr, registry, probes, metrics_stopped).await?)
@@ -94,10 +104,6 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
 
-    let services = grpc::Services {
-        metrics,
-        ..grpc::Services::default()
-    };
     // NVML and discovery, the kube client, the kubelet sockets, then the
     // ResourceSlice publisher in the background.
     let start = Plugin::start(&flags, services, phase_tx);
@@ -111,11 +117,14 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             }
             // A rolling update's new instance waits for the old one to
             // exit; a signal then (the rollout undone, the pod deleted)
-            // ends it at once: it holds nothing yet. Exiting the process
-            // is the only way out, since the wait blocks a thread the
-            // runtime would wait for.
+            // ends it at once: it holds nothing of the node's yet, only
+            // its own sockets when it has names of its own (kubelet
+            // deregisters it, and calls the old one again). Exiting the
+            // process is the only way out, since the wait blocks a thread
+            // the runtime would wait for.
             _ = phase.wait_for(|p| matches!(p, Phase::WaitingFor(_))), if signalled.is_some() => {
                 tracing::info!(signal = signalled.unwrap_or_default(), "signal received while waiting for the other plugin instance; exiting");
+                config.remove_instance_files();
                 std::process::exit(0);
             }
         }
@@ -151,11 +160,14 @@ async fn next_signal(
     }
 }
 
-/// What the probes look at: the registration socket kubelet dials, and how
-/// far the start has got.
+/// What the probes look at: the registration socket kubelet dials, how
+/// far the start has got, and with per-instance sockets kubelet's
+/// registration verdict.
 #[derive(Clone)]
 struct Probes {
     registration: std::path::PathBuf,
+    /// With per-instance sockets: what kubelet said of this instance.
+    registered: Option<watch::Receiver<grpc::RegistrationStatus>>,
     phase: watch::Receiver<Phase>,
 }
 
@@ -174,10 +186,25 @@ impl Probes {
     /// `/readyz` (readiness): 503 while starting; 200 while waiting for
     /// another instance to exit (ready to take over: NVML, discovery and
     /// the kube client all worked, so the DaemonSet may delete the old
-    /// pod); once serving, as `/healthz`.
+    /// pod), with per-instance sockets only once kubelet has registered
+    /// this instance (else the old pod could go before kubelet knows the
+    /// new one); once serving, as `/healthz`.
     async fn ready(&self) -> (axum::http::StatusCode, String) {
         match self.phase() {
-            Phase::WaitingFor(lock) => waiting(&lock),
+            Phase::WaitingFor(lock) => match &self.registered {
+                None => waiting(&lock),
+                Some(status) => match &*status.borrow() {
+                    grpc::RegistrationStatus::Registered => waiting(&lock),
+                    grpc::RegistrationStatus::Pending => (
+                        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                        "waiting for kubelet to register this instance".to_owned(),
+                    ),
+                    grpc::RegistrationStatus::Rejected(reason) => (
+                        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                        format!("kubelet rejected this instance: {reason}"),
+                    ),
+                },
+            },
             Phase::Starting => (
                 axum::http::StatusCode::SERVICE_UNAVAILABLE,
                 "starting".to_owned(),

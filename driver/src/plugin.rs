@@ -34,7 +34,7 @@ use tokio::task::JoinHandle;
 
 use crate::devices::BuildOptions;
 use crate::discovery::{self, Inventory};
-use crate::flags::Flags;
+use crate::flags::{Flags, PerInstanceSockets};
 use crate::grpc::{self, ServerHandle};
 use crate::micros;
 use crate::phase::Phase;
@@ -66,6 +66,14 @@ pub enum Error {
     /// The kube client could not be built from a configuration.
     #[error("cannot create the Kubernetes client: {0}")]
     Client(String),
+    /// The plugin's Node could not be read.
+    #[error("cannot read Node {name}: {reason}")]
+    Node {
+        /// The node name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
     /// The kubelet-facing gRPC servers failed to start or to stop.
     #[error(transparent)]
     Grpc(#[from] grpc::Error),
@@ -169,8 +177,23 @@ impl Plugin {
         // Refuse unusable socket paths before anything is created.
         grpc::sockets::check_path_len(&config.dra_socket())?;
         grpc::sockets::check_path_len(&config.registration_socket())?;
+        // With sockets of its own, a rolling update's new instance
+        // registers now and relays kubelet's calls to the old one while it
+        // waits below.
+        let bound = match config.instance {
+            Some(_) => Some(
+                grpc::Server::bind(
+                    config.clone(),
+                    parts.services.registration.clone(),
+                    parts.services.metrics.clone(),
+                    true,
+                )
+                .await?,
+            ),
+            None => None,
+        };
         // The preparer recovers from a crash (checkpoint, MIG, MPS, CDI)
-        // before kubelet can send anything. In a rolling update it first
+        // before kubelet's calls reach it. In a rolling update it first
         // waits for the old instance to exit: everything above has
         // succeeded by then, so a new version that cannot start fails
         // while the old one still serves.
@@ -189,7 +212,10 @@ impl Plugin {
         let mut services = parts.services;
         services.preparer = Arc::new(preparer.clone());
 
-        let server = grpc::Server::start(config, services).await?;
+        let server = match bound {
+            Some(bound) => bound.serve(services),
+            None => grpc::Server::start(config, services).await?,
+        };
         parts.phase.send_replace(Phase::Serving);
 
         let publisher = Publisher::new(
@@ -228,6 +254,100 @@ pub fn grpc_config(flags: &Flags) -> grpc::Config {
         flags.kubelet_registrar_dir.clone(),
         flags.kubelet_plugins_dir.clone(),
     )
+    .with_instance(flags.instance.clone())
+}
+
+/// The oldest kubelet that keeps several plugins of one driver registered
+/// and calls the newest (Kubernetes 1.33).
+pub const PER_INSTANCE_KUBELET: (u32, u32) = (1, 33);
+
+/// The socket tag this instance is to use ([`Flags::instance`]): a new
+/// one with `--rolling-update` and `--per-instance-sockets=always`, or
+/// `auto` on a node whose kubelet is 1.33 or newer; `None` (the shared
+/// names) otherwise, when the Node cannot be read, and when the tagged
+/// socket paths would be too long (a driver name over 55 bytes under the
+/// default directories). One GET of the Node with `auto`, nothing else.
+pub async fn choose_instance(flags: &Flags) -> Option<String> {
+    if !flags.rolling_update {
+        return None;
+    }
+    let wanted = match flags.per_instance_sockets {
+        PerInstanceSockets::Never => false,
+        PerInstanceSockets::Always => true,
+        PerInstanceSockets::Auto => match kubelet_version(flags).await {
+            Ok(Some((text, version))) => {
+                let new_enough = version >= PER_INSTANCE_KUBELET;
+                tracing::info!(
+                    kubelet = %text,
+                    per_instance_sockets = new_enough,
+                    "the node's kubelet version decides the socket names"
+                );
+                new_enough
+            }
+            Ok(None) => {
+                tracing::warn!(
+                    node = %flags.node_name,
+                    "the Node reports no kubelet version this plugin can read; using the shared socket names"
+                );
+                false
+            }
+            Err(e) => {
+                tracing::warn!(node = %flags.node_name, error = %e, "cannot read the Node's kubelet version; using the shared socket names");
+                false
+            }
+        },
+    };
+    if !wanted {
+        return None;
+    }
+    let tag = grpc::instance::new_tag();
+    let config = grpc_config(flags).with_instance(Some(tag.clone()));
+    if !config.fits() {
+        tracing::warn!(
+            registration = %config.registration_socket().display(),
+            "per-instance socket paths do not fit into a Unix socket address; using the shared names"
+        );
+        return None;
+    }
+    Some(tag)
+}
+
+/// The Node's `status.nodeInfo.kubeletVersion`, as given and as
+/// (major, minor); `None` when it is missing or unreadable.
+async fn kubelet_version(flags: &Flags) -> Result<Option<(String, (u32, u32))>, Error> {
+    const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+    let client = kube_client(flags.kubeconfig.as_deref()).await?;
+    let nodes = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client);
+    let get = nodes.get(&flags.node_name);
+    let node_error = |reason| Error::Node {
+        name: flags.node_name.clone(),
+        reason,
+    };
+    let node = tokio::time::timeout(TIMEOUT, get)
+        .await
+        .map_err(|_| node_error(format!("no answer in {TIMEOUT:?}")))?
+        .map_err(|e| node_error(error_chain(&e)))?;
+    let text = node
+        .status
+        .and_then(|s| s.node_info)
+        .map(|i| i.kubelet_version)
+        .unwrap_or_default();
+    Ok(parse_kubelet_version(&text).map(|v| (text, v)))
+}
+
+/// `v1.33.2`, `v1.34.0-eks-1a2b3c`, `1.35.1+k3s1`: (1, 33), (1, 34),
+/// (1, 35); `None` for anything without a numeric major and minor.
+pub fn parse_kubelet_version(text: &str) -> Option<(u32, u32)> {
+    let text = text.trim();
+    let text = text.strip_prefix('v').unwrap_or(text);
+    let mut parts = text.splitn(3, '.');
+    let major = parts.next()?.parse().ok()?;
+    let minor: String = parts
+        .next()?
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    Some((major, minor.parse().ok()?))
 }
 
 /// The preparer's settings from the flags. The CDI vendor is `k8s.` + the
@@ -465,6 +585,92 @@ mod tests {
             nvml_in_driver_root(dir.path()),
             Some(lib.join("libnvidia-ml.so.1"))
         );
+    }
+
+    #[test]
+    fn kubelet_versions_are_read_leniently_and_refused_when_not_numeric() {
+        for (text, want) in [
+            ("v1.33.2", Some((1, 33))),
+            ("v1.34.0-eks-1a2b3c", Some((1, 34))),
+            ("1.35.1+k3s1", Some((1, 35))),
+            (" v1.36.0 ", Some((1, 36))),
+            ("v2.0", Some((2, 0))),
+            ("v1.33-rc.1", Some((1, 33))),
+            ("", None),
+            ("v", None),
+            ("v1", None),
+            ("vx.33.1", None),
+            ("v1.x", None),
+            ("v99999999999.1", None),
+        ] {
+            assert_eq!(parse_kubelet_version(text), want, "{text:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn per_instance_sockets_follow_the_flag_and_the_kubelet_version() {
+        use clap::Parser as _;
+        use gpu_dra_e2e::apiserver::{Resource, WriteOptions};
+        use gpu_dra_e2e::apiserver::{ServerOptions, TestApiServer};
+
+        let server = TestApiServer::start(ServerOptions::default())
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).unwrap();
+        let flags = |node: &str, extra: &[&str]| {
+            let mut args = vec![
+                "gpu-kubelet-plugin".to_owned(),
+                format!("--node-name={node}"),
+                format!("--kubeconfig={}", kubeconfig.display()),
+            ];
+            args.extend(extra.iter().map(|s| (*s).to_owned()));
+            Flags::try_parse_from(args).unwrap()
+        };
+        let node = |name: &str, version: &str| {
+            server
+                .store()
+                .create(
+                    Resource::Nodes,
+                    None,
+                    serde_json::json!({
+                        "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+                        "status": {"nodeInfo": {"kubeletVersion": version}},
+                    }),
+                    &WriteOptions::default(),
+                )
+                .unwrap();
+        };
+        for (name, version, want) in [
+            ("k133", "v1.33.0", true),
+            ("k134", "v1.34.2-eks-1", true),
+            ("k132", "v1.32.9", false),
+            ("kbad", "unknown", false),
+        ] {
+            node(name, version);
+            let tag = choose_instance(&flags(name, &["--rolling-update"])).await;
+            assert_eq!(tag.is_some(), want, "{version}");
+            if let Some(tag) = tag {
+                assert!(grpc::instance::is_tag(&tag), "{tag}");
+            }
+            // Never without a rolling update, never when told so.
+            assert_eq!(choose_instance(&flags(name, &[])).await, None);
+            let never = ["--rolling-update", "--per-instance-sockets=never"];
+            assert_eq!(choose_instance(&flags(name, &never)).await, None);
+        }
+        // A Node that cannot be read: the shared names, unless told.
+        assert_eq!(
+            choose_instance(&flags("missing", &["--rolling-update"])).await,
+            None
+        );
+        let always = ["--rolling-update", "--per-instance-sockets=always"];
+        assert!(choose_instance(&flags("missing", &always)).await.is_some());
+        // Told, but the paths would not fit.
+        let long = format!("--driver-name={}.example.com", "a".repeat(50));
+        let long = [always[0], always[1], &long];
+        assert_eq!(choose_instance(&flags("k133", &long)).await, None);
+        server.shutdown().await.unwrap();
     }
 
     #[test]

@@ -10,20 +10,25 @@
 //! 0600 sockets) and returns a [`ServerHandle`] whose
 //! [`shutdown`](ServerHandle::shutdown) deregisters first, then drains.
 //! Real claim preparation plugs in through [`dra::ClaimPreparer`], device
-//! health through the [`health::HealthSender`] watch channel.
+//! health through the [`health::HealthSender`] watch channel. In a rolling
+//! update with per-instance socket names ([`instance`]), [`Server::bind`]
+//! registers a new instance while the old one still serves, and relays
+//! kubelet's connections to it until the new one takes over.
 
 mod authority;
 pub mod dra;
 mod error;
 pub mod health;
+pub mod instance;
 pub mod metrics;
 mod registration;
+mod relay;
 mod server;
 pub mod sockets;
 
 pub use error::Error;
 pub use registration::RegistrationStatus;
-pub use server::{Config, Server, ServerHandle, Services, validate_driver_name};
+pub use server::{Bound, Config, Server, ServerHandle, Services, validate_driver_name};
 
 /// The `supported_versions` the plugin advertises, in order of preference:
 /// kubelet picks the first entry it knows, so `v1.DRAPlugin` comes first.

@@ -3,11 +3,17 @@
 //!
 //! Start order: check both paths, create directories, take the instance
 //! lock, clear stale sockets, bind the DRA socket, then the registration
-//! socket last, so kubelet only learns of the plugin once it can serve. A
-//! failure part-way removes what was bound. Stop order: remove the
+//! socket last, so kubelet only learns of the plugin once it can take
+//! calls. A failure part-way removes what was bound. Stop order: remove the
 //! registration socket (kubelet deregisters the plugin), stop the
 //! registration server, end the health streams and drain in-flight DRA calls
 //! (up to the drain timeout), remove the DRA socket.
+//!
+//! [`Server::start`] binds and serves at once. A rolling update with
+//! per-instance sockets ([`super::instance`]) binds first
+//! ([`Server::bind`]), relaying DRA connections to the instance that
+//! serves ([`super::relay`]) while this one waits for the node's state,
+//! and serves with [`Bound::serve`] once it has it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,15 +26,17 @@ use dra_proto::health::v1alpha1::dra_resource_health_server::DraResourceHealthSe
 use dra_proto::registration::PluginInfo;
 use dra_proto::registration::registration_server::RegistrationServer;
 use futures::Stream;
-use tokio::net::UnixListener;
+use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::authority;
 use super::dra::{ClaimPreparer, DraCore, DraV1, DraV1beta1, NotImplementedPreparer};
 use super::health::{self, HealthReceiver, HealthService};
+use super::instance;
 use super::metrics::GrpcMetrics;
 use super::registration::{RegistrationService, RegistrationStatus};
+use super::relay::{self, Router};
 use super::sockets::{self, SocketLock};
 use super::{Error, SUPPORTED_VERSIONS};
 
@@ -43,6 +51,8 @@ pub struct Config {
     pub plugins_dir: PathBuf,
     /// How long shutdown waits for in-flight DRA calls.
     pub drain_timeout: Duration,
+    /// This instance's socket tag ([`instance`]); `None`: the shared names.
+    pub instance: Option<String>,
 }
 
 impl Config {
@@ -57,18 +67,51 @@ impl Config {
             registrar_dir: registrar_dir.into(),
             plugins_dir: plugins_dir.into(),
             drain_timeout: Duration::from_secs(20),
+            instance: None,
         }
     }
 
-    /// `<registrar-dir>/<driver>-reg.sock`.
-    pub fn registration_socket(&self) -> PathBuf {
-        self.registrar_dir
-            .join(format!("{}-reg.sock", self.driver_name))
+    /// The same with socket tag `instance` (`None`: the shared names).
+    pub fn with_instance(mut self, instance: Option<String>) -> Self {
+        self.instance = instance;
+        self
     }
 
-    /// `<plugins-dir>/<driver>/dra.sock`.
+    /// `<registrar-dir>/<driver>-reg.sock`, or `<driver>-<tag>-reg.sock`.
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registrar_dir.join(instance::registration_socket_name(
+            &self.driver_name,
+            self.instance.as_deref(),
+        ))
+    }
+
+    /// `<plugins-dir>/<driver>`: the DRA sockets and the serving link.
+    pub fn dra_dir(&self) -> PathBuf {
+        self.plugins_dir.join(&self.driver_name)
+    }
+
+    /// `<plugins-dir>/<driver>/dra.sock`, or `dra-<tag>.sock`.
     pub fn dra_socket(&self) -> PathBuf {
-        self.plugins_dir.join(&self.driver_name).join("dra.sock")
+        self.dra_dir()
+            .join(instance::dra_socket_name(self.instance.as_deref()))
+    }
+
+    /// Whether both socket paths fit into `sun_path`.
+    pub fn fits(&self) -> bool {
+        sockets::check_path_len(&self.dra_socket()).is_ok()
+            && sockets::check_path_len(&self.registration_socket()).is_ok()
+    }
+
+    /// Removes this instance's tagged sockets and socket lock; for a
+    /// process that exits without dropping its server (nothing for the
+    /// shared names, which the next instance replaces).
+    pub fn remove_instance_files(&self) {
+        if self.instance.is_some() {
+            let dra = self.dra_socket();
+            sockets::remove_socket(&self.registration_socket());
+            sockets::remove_socket(&dra);
+            sockets::remove_socket(&sockets::lock_path(&dra));
+        }
     }
 }
 
@@ -81,16 +124,21 @@ pub struct Services {
     pub health: HealthReceiver,
     /// Where calls are counted.
     pub metrics: GrpcMetrics,
+    /// Where kubelet's registration verdict goes (the readiness probe
+    /// subscribes to it before the server exists).
+    pub registration: watch::Sender<RegistrationStatus>,
 }
 
 impl Default for Services {
-    /// [`NotImplementedPreparer`], an empty health list, unregistered metrics.
+    /// [`NotImplementedPreparer`], an empty health list, unregistered
+    /// metrics, a registration status of its own.
     fn default() -> Self {
         let (_, health) = health::channel();
         Self {
             preparer: Arc::new(NotImplementedPreparer),
             health,
             metrics: GrpcMetrics::default(),
+            registration: watch::channel(RegistrationStatus::Pending).0,
         }
     }
 }
@@ -123,6 +171,26 @@ pub struct Server;
 impl Server {
     /// Binds both sockets and starts serving. Needs a Tokio runtime.
     pub async fn start(config: Config, services: Services) -> Result<ServerHandle, Error> {
+        let bound = Self::bind(
+            config,
+            services.registration.clone(),
+            services.metrics.clone(),
+            false,
+        )
+        .await?;
+        Ok(bound.serve(services))
+    }
+
+    /// Binds both sockets and serves the registration socket. DRA
+    /// connections are relayed to the instance that serves when `relay`
+    /// is set, held for [`Bound::serve`] otherwise. With a socket tag,
+    /// first removes the sockets of tagged instances that are gone.
+    pub async fn bind(
+        config: Config,
+        registration: watch::Sender<RegistrationStatus>,
+        metrics: GrpcMetrics,
+        relay: bool,
+    ) -> Result<Bound, Error> {
         validate_driver_name(&config.driver_name)?;
         let config = Config {
             registrar_dir: sockets::absolute(&config.registrar_dir)?,
@@ -133,46 +201,41 @@ impl Server {
         let dra_path = config.dra_socket();
         sockets::check_path_len(&dra_path)?;
         sockets::check_path_len(&reg_path)?;
-        let dra_dir = dra_path.parent().expect("dra.sock has a parent");
-        sockets::ensure_dir(dra_dir)?;
+        let dra_dir = config.dra_dir();
+        sockets::ensure_dir(&dra_dir)?;
         sockets::ensure_dir(&config.registrar_dir)?;
-        let lock = SocketLock::acquire(&dra_path)?;
+        let mut lock = SocketLock::acquire(&dra_path)?;
+        if let Some(own) = &config.instance {
+            lock = lock.removed_on_drop();
+            instance::clear_dead(&dra_dir, &config.registrar_dir, &config.driver_name, own).await;
+        }
         sockets::clear_stale(&dra_path).await?;
         sockets::clear_stale(&reg_path).await?;
 
         let (exited_tx, exited) = mpsc::unbounded_channel();
-        let (stopping_tx, stopping_rx) = watch::channel(false);
+        let (stopping_tx, _) = watch::channel(false);
 
-        // DRA socket first.
+        // DRA socket first: connections wait in `local` until `serve`, or
+        // are relayed.
         let dra_listener = sockets::bind(&dra_path)?;
-        let core = DraCore::new(services.preparer, services.metrics.clone());
-        let health = HealthService::new(services.health, stopping_rx, services.metrics.clone());
-        let dra_router = tonic::transport::Server::builder()
-            .add_service(DraV1Server::new(DraV1(core.clone())))
-            .add_service(DraV1beta1Server::new(DraV1beta1(core)))
-            .add_service(HealthV1alpha1Server::new(health.clone()))
-            .add_service(HealthV1Server::new(health));
-        let (dra_stop, dra_stop_rx) = oneshot::channel::<()>();
-        let dra_task = spawn_server(
-            "dra",
-            dra_path.clone(),
-            exited_tx.clone(),
-            dra_router.serve_with_incoming_shutdown(incoming(dra_listener), async {
-                let _ = dra_stop_rx.await;
-            }),
+        let (local_tx, local_rx) = mpsc::unbounded_channel();
+        let (router, acceptor) = relay::spawn(
+            dra_listener,
+            instance::relay_targets(&dra_dir, &dra_path),
+            !relay,
+            local_tx,
         );
 
         // Registration socket last.
         let reg_listener = match sockets::bind(&reg_path) {
             Ok(l) => l,
             Err(e) => {
-                let _ = dra_stop.send(());
-                dra_task.abort();
+                acceptor.abort();
                 sockets::remove_socket(&dra_path);
                 return Err(e);
             }
         };
-        let (status_tx, status_rx) = watch::channel(RegistrationStatus::Pending);
+        let status = registration.subscribe();
         let info = PluginInfo {
             r#type: dra_proto::DRA_PLUGIN_TYPE.to_owned(),
             name: config.driver_name.clone(),
@@ -180,13 +243,13 @@ impl Server {
             supported_versions: SUPPORTED_VERSIONS.iter().map(|v| (*v).to_owned()).collect(),
         };
         let reg_router = tonic::transport::Server::builder().add_service(RegistrationServer::new(
-            RegistrationService::new(info, status_tx, services.metrics),
+            RegistrationService::new(info, registration, metrics),
         ));
         let (reg_stop, reg_stop_rx) = oneshot::channel::<()>();
         let reg_task = spawn_server(
             "registration",
             reg_path.clone(),
-            exited_tx,
+            exited_tx.clone(),
             reg_router.serve_with_incoming_shutdown(incoming(reg_listener), async {
                 let _ = reg_stop_rx.await;
             }),
@@ -195,26 +258,91 @@ impl Server {
             driver = %config.driver_name,
             registration = %reg_path.display(),
             dra = %dra_path.display(),
-            "serving kubelet plugin sockets"
+            relaying = relay,
+            "kubelet plugin sockets bound"
         );
-        Ok(ServerHandle {
-            reg_path,
-            dra_path,
-            drain_timeout: config.drain_timeout,
-            status: status_rx,
-            exited,
-            stopping: stopping_tx,
-            reg: Some((reg_stop, reg_task)),
-            dra: Some((dra_stop, dra_task)),
-            _lock: lock,
+        Ok(Bound {
+            handle: ServerHandle {
+                reg_path,
+                dra_path,
+                dra_dir,
+                drain_timeout: config.drain_timeout,
+                status,
+                exited,
+                exited_tx,
+                stopping: stopping_tx,
+                reg: Some((reg_stop, reg_task)),
+                dra: None,
+                acceptor: Some(acceptor),
+                router,
+                _lock: lock,
+            },
+            local: local_rx,
         })
+    }
+}
+
+/// Bound sockets, the registration served, DRA connections relayed or
+/// held until [`serve`](Self::serve). Dropping it removes the sockets.
+#[derive(Debug)]
+pub struct Bound {
+    handle: ServerHandle,
+    local: mpsc::UnboundedReceiver<UnixStream>,
+}
+
+impl Bound {
+    /// The server as far as it runs (sockets, registration status).
+    pub fn handle(&self) -> &ServerHandle {
+        &self.handle
+    }
+
+    /// Serves the DRA services on the bound socket: connections held so
+    /// far and every new one reach this instance from now on, and the
+    /// serving link names its socket.
+    pub fn serve(self, services: Services) -> ServerHandle {
+        let Self { mut handle, local } = self;
+        let core = DraCore::new(services.preparer, services.metrics.clone());
+        let health = HealthService::new(
+            services.health,
+            handle.stopping.subscribe(),
+            services.metrics,
+        );
+        let dra_router = tonic::transport::Server::builder()
+            .add_service(DraV1Server::new(DraV1(core.clone())))
+            .add_service(DraV1beta1Server::new(DraV1beta1(core)))
+            .add_service(HealthV1alpha1Server::new(health.clone()))
+            .add_service(HealthV1Server::new(health));
+        let (dra_stop, dra_stop_rx) = oneshot::channel::<()>();
+        let dra_task = spawn_server(
+            "dra",
+            handle.dra_path.clone(),
+            handle.exited_tx.clone(),
+            dra_router.serve_with_incoming_shutdown(local_incoming(local), async {
+                let _ = dra_stop_rx.await;
+            }),
+        );
+        handle.dra = Some((dra_stop, dra_task));
+        let was_relaying = !handle.router.serving.send_replace(true);
+        if let Err(e) = instance::point_serving_link(&handle.dra_dir, &handle.dra_path) {
+            tracing::warn!(dir = %handle.dra_dir.display(), error = %e, "cannot point the serving link at this instance; a successor relays to dra.sock");
+        }
+        if was_relaying {
+            tracing::info!(
+                relayed = handle
+                    .router
+                    .relayed
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                "serving DRA calls; kubelet connections were relayed to the previous instance until now"
+            );
+        }
+        handle
     }
 }
 
 /// Accepted connections, each behind the `:authority` fix.
 fn incoming(
-    listener: UnixListener,
-) -> impl Stream<Item = Result<authority::AuthorityFix<tokio::net::UnixStream>, std::io::Error>> {
+    listener: tokio::net::UnixListener,
+) -> impl Stream<Item = Result<authority::AuthorityFix<UnixStream>, std::io::Error>> {
     futures::stream::unfold(listener, |listener| async move {
         let conn = listener
             .accept()
@@ -224,12 +352,23 @@ fn incoming(
     })
 }
 
+/// The connections the accept loop hands to this instance's server, each
+/// behind the `:authority` fix.
+fn local_incoming(
+    local: mpsc::UnboundedReceiver<UnixStream>,
+) -> impl Stream<Item = Result<authority::AuthorityFix<UnixStream>, std::io::Error>> {
+    futures::stream::unfold(local, |mut local| async move {
+        let conn = local.recv().await?;
+        Some((Ok(authority::AuthorityFix::new(conn)), local))
+    })
+}
+
 type ServeResult = Result<(), tonic::transport::Error>;
 
 fn spawn_server(
     name: &'static str,
     path: PathBuf,
-    exited: mpsc::UnboundedSender<(&'static str, PathBuf, Option<String>)>,
+    exited: mpsc::UnboundedSender<Exited>,
     serve: impl Future<Output = ServeResult> + Send + 'static,
 ) -> JoinHandle<ServeResult> {
     tokio::spawn(async move {
@@ -260,14 +399,21 @@ type Running = (oneshot::Sender<()>, JoinHandle<ServeResult>);
 pub struct ServerHandle {
     reg_path: PathBuf,
     dra_path: PathBuf,
+    dra_dir: PathBuf,
     drain_timeout: Duration,
     status: watch::Receiver<RegistrationStatus>,
-    exited: mpsc::UnboundedReceiver<(&'static str, PathBuf, Option<String>)>,
+    exited: mpsc::UnboundedReceiver<Exited>,
+    exited_tx: mpsc::UnboundedSender<Exited>,
     stopping: watch::Sender<bool>,
     reg: Option<Running>,
     dra: Option<Running>,
+    acceptor: Option<JoinHandle<()>>,
+    router: Router,
     _lock: SocketLock,
 }
+
+/// A server that stopped: its name, socket, and error message if any.
+type Exited = (&'static str, PathBuf, Option<String>);
 
 impl ServerHandle {
     /// The registration socket (absolute).
@@ -309,6 +455,12 @@ impl ServerHandle {
             first_error.get_or_insert(e);
         }
         self.stopping.send_replace(true);
+        // No new DRA connections; a successor relaying here finds the
+        // socket refusing and waits for the node's state.
+        if let Some(acceptor) = self.acceptor.take() {
+            acceptor.abort();
+        }
+        instance::remove_serving_link(&self.dra_dir, &self.dra_path);
         if let Some(running) = self.dra.take() {
             tracing::info!(socket = %self.dra_path.display(), "draining in-flight DRA calls");
             if let Err(e) = stop(running, &self.dra_path, self.drain_timeout).await {
@@ -346,10 +498,14 @@ async fn stop((stop, mut task): Running, path: &Path, timeout: Duration) -> Resu
 
 impl Drop for ServerHandle {
     fn drop(&mut self) {
-        if self.reg.is_none() && self.dra.is_none() {
+        if self.reg.is_none() && self.dra.is_none() && self.acceptor.is_none() {
             return;
         }
         self.stopping.send_replace(true);
+        if let Some(acceptor) = self.acceptor.take() {
+            acceptor.abort();
+        }
+        instance::remove_serving_link(&self.dra_dir, &self.dra_path);
         for (stop, task) in [self.reg.take(), self.dra.take()].into_iter().flatten() {
             let _ = stop.send(());
             task.abort();

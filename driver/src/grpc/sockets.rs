@@ -95,22 +95,31 @@ pub fn ensure_dir(dir: &Path) -> Result<(), Error> {
     Ok(())
 }
 
+/// `<socket>.lock`: where [`SocketLock`] locks `socket`.
+pub fn lock_path(socket: &Path) -> PathBuf {
+    let mut name = socket.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
 /// An exclusive lock on `<socket>.lock`, held for the life of a server so
 /// that two instances can never race between probing and binding. The lock
-/// file is left in place on exit: deleting a lock file is itself racy.
+/// of a shared socket name is left in place on exit: deleting a lock file
+/// another instance may be opening is itself racy. That of a per-instance
+/// name ([`super::instance`]) is removed, since nobody else ever locks it
+/// to serve.
 #[derive(Debug)]
 pub struct SocketLock {
     _file: File,
     path: PathBuf,
+    remove_on_drop: bool,
 }
 
 impl SocketLock {
     /// Takes the lock next to `socket`, or fails at once if another process
     /// holds it.
     pub fn acquire(socket: &Path) -> Result<Self, Error> {
-        let mut name = socket.as_os_str().to_owned();
-        name.push(".lock");
-        let path = PathBuf::from(name);
+        let path = lock_path(socket);
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -121,7 +130,11 @@ impl SocketLock {
                 source,
             })?;
         match file.try_lock() {
-            Ok(()) => Ok(Self { _file: file, path }),
+            Ok(()) => Ok(Self {
+                _file: file,
+                path,
+                remove_on_drop: false,
+            }),
             Err(TryLockError::WouldBlock) => Err(Error::Locked { path }),
             Err(TryLockError::Error(source)) => Err(Error::Lock { path, source }),
         }
@@ -130,6 +143,20 @@ impl SocketLock {
     /// The lock file's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Removes the lock file when the lock is dropped (while still held).
+    pub fn removed_on_drop(mut self) -> Self {
+        self.remove_on_drop = true;
+        self
+    }
+}
+
+impl Drop for SocketLock {
+    fn drop(&mut self) {
+        if self.remove_on_drop {
+            remove_socket(&self.path);
+        }
     }
 }
 

@@ -293,3 +293,198 @@ async fn the_drain_gives_up_at_its_timeout() {
     assert!(matches!(e, Error::DrainTimeout { .. }), "{e}");
     assert!(!dra_path.exists());
 }
+
+/// Prepares every claim with one device named after the instance.
+struct Named(&'static str);
+
+impl ClaimPreparer for Named {
+    fn prepare<'a>(
+        &'a self,
+        claims: &'a [ClaimRef],
+    ) -> futures::future::BoxFuture<'a, ClaimResults<Vec<PreparedDevice>>> {
+        let device = PreparedDevice {
+            request_names: vec![],
+            pool_name: "node".into(),
+            device_name: self.0.into(),
+            cdi_device_ids: vec![format!("k8s.gpu.nvidia.com/claim={}", self.0)],
+            share_id: None,
+        };
+        Box::pin(async move {
+            claims
+                .iter()
+                .map(|c| (c.uid.clone(), Ok(vec![device.clone()])))
+                .collect()
+        })
+    }
+
+    fn unprepare<'a>(
+        &'a self,
+        claims: &'a [ClaimRef],
+    ) -> futures::future::BoxFuture<'a, ClaimResults<()>> {
+        NotImplementedPreparer.unprepare(claims)
+    }
+}
+
+fn named(name: &'static str) -> Services {
+    Services {
+        preparer: Arc::new(Named(name)),
+        ..Services::default()
+    }
+}
+
+/// Which instance prepared claim `uid` over `channel`.
+async fn who_prepares(channel: Channel, uid: &str) -> Result<String, tonic::Status> {
+    let resp = DraPluginClient::new(channel)
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1::Claim {
+                namespace: "default".into(),
+                uid: uid.into(),
+                name: "c".into(),
+            }],
+        })
+        .await?
+        .into_inner();
+    Ok(resp.claims[uid].devices[0].device_name.clone())
+}
+
+#[tokio::test]
+async fn a_waiting_instance_relays_to_the_serving_one_then_serves_itself() {
+    let t = short_tempdir();
+    // The old instance, with the shared names, as a version before
+    // per-instance sockets runs.
+    let old = Server::start(config(t.path()), named("old")).await.unwrap();
+    let new_config = config(t.path()).with_instance(Some("0a1b2c3d".into()));
+    let services = named("new");
+    let bound = Server::bind(
+        new_config.clone(),
+        services.registration.clone(),
+        services.metrics.clone(),
+        true,
+    )
+    .await
+    .unwrap();
+    let new_dra = bound.handle().dra_socket().to_owned();
+    assert_eq!(new_dra, new_config.dra_socket());
+    assert!(new_dra.ends_with("gpu.nvidia.com/dra-0a1b2c3d.sock"));
+    assert!(
+        new_config
+            .registration_socket()
+            .ends_with("gpu.nvidia.com-0a1b2c3d-reg.sock")
+    );
+    // Both registration sockets live: kubelet can know both instances.
+    assert!(old.registration_socket().exists());
+    let info = RegistrationClient::new(channel(bound.handle().registration_socket()).await)
+        .get_info(InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.endpoint, new_dra.to_string_lossy());
+
+    // While waiting, the new instance's socket answers as the old one.
+    let kubelet = channel(&new_dra).await;
+    assert_eq!(who_prepares(kubelet.clone(), "u1").await.unwrap(), "old");
+
+    // The old instance goes; a call on a new connection waits for the
+    // new instance to serve, and is then answered by it.
+    old.shutdown().await.unwrap();
+    let waiting = tokio::spawn(async move { who_prepares(channel(&new_dra).await, "u2").await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "answered before anybody serves");
+    let new = bound.serve(services);
+    assert_eq!(waiting.await.unwrap().unwrap(), "new");
+    let link = new_config.dra_dir().join(instance::SERVING_LINK);
+    assert_eq!(std::fs::read_link(&link).unwrap(), new.dra_socket());
+    assert_eq!(
+        who_prepares(channel(new.dra_socket()).await, "u3")
+            .await
+            .unwrap(),
+        "new"
+    );
+
+    // Its own files go with it: sockets, lock, the link that names it.
+    let lock = sockets::lock_path(new.dra_socket());
+    assert!(lock.exists());
+    new.shutdown().await.unwrap();
+    for gone in [
+        new_config.dra_socket(),
+        new_config.registration_socket(),
+        lock,
+        link,
+    ] {
+        assert!(
+            std::fs::symlink_metadata(&gone).is_err(),
+            "{} is left",
+            gone.display()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_successor_relays_through_the_serving_link_of_a_tagged_instance() {
+    let t = short_tempdir();
+    let first = Server::start(
+        config(t.path()).with_instance(Some("11111111".into())),
+        named("first"),
+    )
+    .await
+    .unwrap();
+    let services = named("second");
+    let second = Server::bind(
+        config(t.path()).with_instance(Some("22222222".into())),
+        services.registration.clone(),
+        services.metrics.clone(),
+        true,
+    )
+    .await
+    .unwrap();
+    // No dra.sock anywhere: only the link leads to the first instance.
+    assert!(!config(t.path()).dra_socket().exists());
+    let ch = channel(second.handle().dra_socket()).await;
+    assert_eq!(who_prepares(ch, "u").await.unwrap(), "first");
+    // A bound instance that never served removes its files when dropped,
+    // and leaves the serving link, which names the first, alone.
+    let own = second.handle().dra_socket().to_owned();
+    drop(second);
+    assert!(!own.exists());
+    assert!(!sockets::lock_path(&own).exists());
+    let link = config(t.path()).dra_dir().join(instance::SERVING_LINK);
+    assert_eq!(std::fs::read_link(&link).unwrap(), first.dra_socket());
+    first.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn binding_removes_the_sockets_of_dead_instances_only() {
+    let t = short_tempdir();
+    let live = Server::start(
+        config(t.path()).with_instance(Some("aaaaaaaa".into())),
+        Services::default(),
+    )
+    .await
+    .unwrap();
+    // A dead instance: sockets and a lock file nobody holds.
+    let dead = config(t.path()).with_instance(Some("dddddddd".into()));
+    drop(std::os::unix::net::UnixListener::bind(dead.dra_socket()).unwrap());
+    drop(std::os::unix::net::UnixListener::bind(dead.registration_socket()).unwrap());
+    std::fs::write(sockets::lock_path(&dead.dra_socket()), b"").unwrap();
+
+    let services = Services::default();
+    let bound = Server::bind(
+        config(t.path()).with_instance(Some("bbbbbbbb".into())),
+        services.registration.clone(),
+        services.metrics.clone(),
+        true,
+    )
+    .await
+    .unwrap();
+    for gone in [
+        dead.dra_socket(),
+        dead.registration_socket(),
+        sockets::lock_path(&dead.dra_socket()),
+    ] {
+        assert!(!gone.exists(), "{} is left", gone.display());
+    }
+    assert!(live.dra_socket().exists());
+    assert!(live.registration_socket().exists());
+    drop(bound);
+    live.shutdown().await.unwrap();
+}
