@@ -178,18 +178,10 @@ impl Plugin {
         grpc::sockets::check_path_len(&config.dra_socket())?;
         grpc::sockets::check_path_len(&config.registration_socket())?;
         // With sockets of its own, a rolling update's new instance
-        // registers now and relays kubelet's calls to the old one while it
-        // waits below.
+        // registers now and passes kubelet's calls on to the old one while
+        // it waits below.
         let bound = match config.instance {
-            Some(_) => Some(
-                grpc::Server::bind(
-                    config.clone(),
-                    parts.services.registration.clone(),
-                    parts.services.metrics.clone(),
-                    true,
-                )
-                .await?,
-            ),
+            Some(_) => Some(grpc::Server::bind(config.clone(), parts.services.clone()).await?),
             None => None,
         };
         // The preparer recovers from a crash (checkpoint, MIG, MPS, CDI)
@@ -213,7 +205,7 @@ impl Plugin {
         services.preparer = Arc::new(preparer.clone());
 
         let server = match bound {
-            Some(bound) => bound.serve(services),
+            Some(bound) => bound.serve(services.preparer),
             None => grpc::Server::start(config, services).await?,
         };
         parts.phase.send_replace(Phase::Serving);

@@ -404,6 +404,145 @@ async fn rolling_update(extra: &[&str]) {
     );
 }
 
+/// With per-instance sockets (kubelet 1.33 and later), kubelet always has
+/// a plugin that answers during a rollout: the new instance registers
+/// while the old one serves, passes kubelet's calls on to it, and serves
+/// them itself once the old one has gone. A kubelet that calls the newest
+/// plugin, with kubelet's own one-second reconciler, sees every call of a
+/// steady stream answered, through the hand-over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_update_with_per_instance_sockets_never_leaves_kubelet_without_a_plugin() {
+    let flags = ["--rolling-update", "--per-instance-sockets=always"];
+    let mut node = prepare::node("dgx-h100", &flags, DraVersion::V1).await;
+    let claim = node
+        .claim(
+            "seamless",
+            json!([prepare::result("gpu", "gpu-0")]),
+            json!([]),
+        )
+        .await;
+    let first = node.prepare_ok(&claim).await;
+    let old_reg = node.plugin.reg_socket();
+    let old_dra = node.plugin.dra_socket();
+    assert_ne!(
+        old_reg,
+        node.plugin.reg_dir.join(format!("{DRIVER}-reg.sock"))
+    );
+    let mut registrar = KubeletSim::new()
+        .with_reconcile_period(gpu_dra_e2e::kubelet::KUBELET_RECONCILE_PERIOD)
+        .watch_registrar(&node.plugin.reg_dir);
+    let old = registrar.wait_registered(DRIVER, WAIT).await.unwrap();
+    assert_eq!(old.endpoint, old_dra);
+
+    let new_flags = [&["--metrics-addr", "127.0.0.1:0"][..], &flags].concat();
+    let new = Plugin::spawn(&node.env, node.dir.path(), "new", &new_flags);
+    new.wait_log("waiting for it to exit").await;
+    // Registered beside the old one, on sockets of its own; ready once
+    // kubelet knows it.
+    let newest = registrar.wait_registered(DRIVER, WAIT).await.unwrap();
+    assert_eq!(newest.endpoint, new.dra_socket());
+    assert_ne!(newest.endpoint, old_dra);
+    assert_eq!(registrar.plugin(DRIVER).unwrap().endpoint, newest.endpoint);
+    let addr = new.metrics_addr().await;
+    let ready = loop {
+        let answer = http_get(&addr, "/readyz").await;
+        if !answer.contains("waiting for kubelet to register") {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        ready.starts_with("HTTP/1.1 200") && ready.contains("waiting for the plugin instance"),
+        "{ready}"
+    );
+    // Calls to the new plugin are answered by the old one, which owns the
+    // node meanwhile.
+    assert_eq!(
+        newest.prepare(std::slice::from_ref(&claim)).await.unwrap()[&claim.uid],
+        first
+    );
+
+    // A steady stream of calls to the newest plugin through the hand-over.
+    let stream = {
+        let kubelet = newest.clone();
+        let claim = claim.clone();
+        let log = new.log.clone();
+        tokio::spawn(async move {
+            let (mut answered, mut failed, mut after) = (0, Vec::new(), 0);
+            while after < 20 {
+                match kubelet.prepare(std::slice::from_ref(&claim)).await {
+                    Ok(r) if r[&claim.uid].error.is_none() => answered += 1,
+                    Ok(r) => failed.push(format!("{:?}", r[&claim.uid].error)),
+                    Err(e) => failed.push(e.to_string()),
+                }
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                if log.contains("serving kubelet plugin sockets") {
+                    after += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (answered, failed)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    node.plugin.signal("TERM");
+    let status = tokio::task::block_in_place(|| wait_exit(&mut node.plugin.child, WAIT))
+        .expect("the old instance exits");
+    assert!(status.success(), "{}", node.plugin.stderr());
+    let (answered, failed) = tokio::time::timeout(WAIT, stream)
+        .await
+        .expect("the calls go on")
+        .unwrap();
+    assert!(
+        failed.is_empty(),
+        "{answered} answered, failed: {failed:?}
+{}",
+        new.stderr()
+    );
+    assert!(answered >= 20, "{answered}");
+    // Kubelet dropped the old plugin and kept calling the new one.
+    registrar.wait_deregistered(DRIVER, WAIT).await.unwrap();
+    assert_eq!(registrar.plugin(DRIVER).unwrap().endpoint, newest.endpoint);
+    let log = new.stderr();
+    assert!(log.contains("taking over"), "{log}");
+    assert!(log.contains("forwarded="), "{log}");
+    // The old instance took its files along; the link names the new one.
+    for gone in [&old_reg, &old_dra] {
+        assert!(!gone.exists(), "{} is left", gone.display());
+    }
+    let link = node.plugin.plugins_dir.join(DRIVER).join("serving.sock");
+    assert_eq!(std::fs::read_link(&link).unwrap(), new.dra_socket());
+
+    // The claim is the new instance's now: unprepared by it.
+    let undone = newest
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(undone[&claim.uid].error, None, "{}", new.stderr());
+    assert!(!node.spec_path(&claim).exists());
+    assert!(node.checkpoint_claims().is_empty());
+}
+
+/// A waiting instance with sockets of its own that is deleted during the
+/// rollout takes its sockets along; the old one serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_pod_with_sockets_of_its_own_removes_them_when_deleted() {
+    let flags = ["--rolling-update", "--per-instance-sockets=always"];
+    let node = prepare::node("dgx-h100", &flags, DraVersion::V1).await;
+    let mut new = Plugin::spawn(&node.env, node.dir.path(), "undone", &flags);
+    new.wait_log("waiting for it to exit").await;
+    let (reg, dra) = (new.reg_socket(), new.dra_socket());
+    assert!(reg.exists() && dra.exists());
+    new.signal("TERM");
+    let status = tokio::task::block_in_place(|| new.wait_exit(WAIT));
+    assert!(status.success(), "{}", new.stderr());
+    for gone in [&reg, &dra] {
+        assert!(!gone.exists(), "{} is left", gone.display());
+    }
+    node.kubelet.unprepare(&[]).await.unwrap();
+    assert!(node.plugin.reg_socket().exists());
+}
+
 /// A new pod that cannot start (here: NVML fails) never reports ready, so
 /// the DaemonSet keeps the old pod, which serves on untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -493,3 +493,75 @@ async fn a_socket_bound_again_at_the_same_path_is_a_new_registration() {
     }
     assert_eq!(plugin.notified.lock().unwrap().len(), 6);
 }
+
+/// Kubelet's reconciler runs one operation per socket path at a time: a
+/// socket replaced under the same name is deregistered on one pass and
+/// registered on the next, a period later; a successor on a name of its
+/// own is registered while its predecessor still is.
+#[tokio::test]
+async fn a_replaced_socket_waits_a_pass_and_a_new_name_does_not() {
+    let period = std::time::Duration::from_millis(300);
+    let wait = std::time::Duration::from_secs(10);
+    let dir = short_dir();
+    let socket = dir.path().join("test.example.com-reg.sock");
+    let plugin = TestPlugin {
+        endpoint: socket.to_str().unwrap().to_owned(),
+        ..both_versions()
+    };
+    let mut server = serve_on(&socket, &plugin);
+    let mut registrar = KubeletSim::new()
+        .with_reconcile_period(period)
+        .watch_registrar(dir.path());
+    registrar
+        .wait_registered("test.example.com", wait)
+        .await
+        .unwrap();
+
+    // The same name: a pass without the driver.
+    server.abort();
+    let _ = (&mut server).await;
+    std::fs::remove_file(&socket).unwrap();
+    let _server = serve_on(&socket, &plugin);
+    registrar
+        .wait_deregistered("test.example.com", wait)
+        .await
+        .unwrap();
+    let gone = std::time::Instant::now();
+    assert!(registrar.plugin("test.example.com").is_none());
+    registrar
+        .wait_registered("test.example.com", wait)
+        .await
+        .unwrap();
+    let gap = gone.elapsed();
+    assert!(
+        gap >= period.mul_f64(0.8),
+        "registered again after {gap:?}, within one pass of {period:?}"
+    );
+
+    // A name of its own: registered beside the old one, called from then.
+    let successor = dir.path().join("test.example.com-0a1b2c3d-reg.sock");
+    let next = TestPlugin {
+        endpoint: successor.to_str().unwrap().to_owned(),
+        ..both_versions()
+    };
+    let _next = serve_on(&successor, &next);
+    let newest = registrar
+        .wait_registered("test.example.com", wait)
+        .await
+        .unwrap();
+    assert_eq!(newest.registration_socket, successor);
+    assert_eq!(
+        registrar.plugin("test.example.com").unwrap().endpoint,
+        successor
+    );
+    // The old one's socket goes: the driver keeps its plugin throughout.
+    std::fs::remove_file(&socket).unwrap();
+    registrar
+        .wait_deregistered("test.example.com", wait)
+        .await
+        .unwrap();
+    assert_eq!(
+        registrar.plugin("test.example.com").unwrap().endpoint,
+        successor
+    );
+}

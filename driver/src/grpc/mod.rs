@@ -18,11 +18,11 @@
 mod authority;
 pub mod dra;
 mod error;
+mod handover;
 pub mod health;
 pub mod instance;
 pub mod metrics;
 mod registration;
-mod relay;
 mod server;
 pub mod sockets;
 

@@ -9,11 +9,11 @@
 //! registration server, end the health streams and drain in-flight DRA calls
 //! (up to the drain timeout), remove the DRA socket.
 //!
-//! [`Server::start`] binds and serves at once. A rolling update with
-//! per-instance sockets ([`super::instance`]) binds first
-//! ([`Server::bind`]), relaying DRA connections to the instance that
-//! serves ([`super::relay`]) while this one waits for the node's state,
-//! and serves with [`Bound::serve`] once it has it.
+//! [`Server::start`] serves with the given preparer. A rolling update with
+//! per-instance sockets ([`super::instance`]) binds and registers first
+//! ([`Server::bind`]), passing calls on to the instance that serves
+//! ([`super::handover`]) while this one waits for the node's state, and
+//! answers them itself from [`Bound::serve`] on.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,17 +26,17 @@ use dra_proto::health::v1alpha1::dra_resource_health_server::DraResourceHealthSe
 use dra_proto::registration::PluginInfo;
 use dra_proto::registration::registration_server::RegistrationServer;
 use futures::Stream;
-use tokio::net::UnixStream;
+use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::authority;
 use super::dra::{ClaimPreparer, DraCore, DraV1, DraV1beta1, NotImplementedPreparer};
+use super::handover::{self, Handover};
 use super::health::{self, HealthReceiver, HealthService};
 use super::instance;
 use super::metrics::GrpcMetrics;
 use super::registration::{RegistrationService, RegistrationStatus};
-use super::relay::{self, Router};
 use super::sockets::{self, SocketLock};
 use super::{Error, SUPPORTED_VERSIONS};
 
@@ -171,25 +171,27 @@ pub struct Server;
 impl Server {
     /// Binds both sockets and starts serving. Needs a Tokio runtime.
     pub async fn start(config: Config, services: Services) -> Result<ServerHandle, Error> {
-        let bound = Self::bind(
-            config,
-            services.registration.clone(),
-            services.metrics.clone(),
-            false,
-        )
-        .await?;
-        Ok(bound.serve(services))
+        Ok(Self::bind_with(config, services, None)
+            .await?
+            .serve_here(None))
     }
 
-    /// Binds both sockets and serves the registration socket. DRA
-    /// connections are relayed to the instance that serves when `relay`
-    /// is set, held for [`Bound::serve`] otherwise. With a socket tag,
-    /// first removes the sockets of tagged instances that are gone.
-    pub async fn bind(
+    /// Binds both sockets and serves them, passing prepare and unprepare
+    /// on to the instance that serves the node ([`super::handover`]) until
+    /// [`Bound::serve`] gives this instance's own preparer
+    /// (`services.preparer` is not used). First removes the sockets of
+    /// tagged instances that are gone.
+    pub async fn bind(config: Config, services: Services) -> Result<Bound, Error> {
+        let (local_tx, local) = watch::channel(None);
+        let mut bound = Self::bind_with(config, services, Some(local)).await?;
+        bound.local = Some(local_tx);
+        Ok(bound)
+    }
+
+    async fn bind_with(
         config: Config,
-        registration: watch::Sender<RegistrationStatus>,
-        metrics: GrpcMetrics,
-        relay: bool,
+        mut services: Services,
+        handover: Option<handover::Local>,
     ) -> Result<Bound, Error> {
         validate_driver_name(&config.driver_name)?;
         let config = Config {
@@ -212,101 +214,22 @@ impl Server {
         sockets::clear_stale(&dra_path).await?;
         sockets::clear_stale(&reg_path).await?;
 
+        let handover = handover.map(|local| {
+            Arc::new(Handover::new(
+                instance::relay_targets(&dra_dir, &dra_path),
+                local,
+            ))
+        });
+        if let Some(h) = &handover {
+            services.preparer = h.clone();
+        }
         let (exited_tx, exited) = mpsc::unbounded_channel();
-        let (stopping_tx, _) = watch::channel(false);
+        let (stopping_tx, stopping_rx) = watch::channel(false);
 
-        // DRA socket first: connections wait in `local` until `serve`, or
-        // are relayed.
+        // DRA socket first.
         let dra_listener = sockets::bind(&dra_path)?;
-        let (local_tx, local_rx) = mpsc::unbounded_channel();
-        let (router, acceptor) = relay::spawn(
-            dra_listener,
-            instance::relay_targets(&dra_dir, &dra_path),
-            !relay,
-            local_tx,
-        );
-
-        // Registration socket last.
-        let reg_listener = match sockets::bind(&reg_path) {
-            Ok(l) => l,
-            Err(e) => {
-                acceptor.abort();
-                sockets::remove_socket(&dra_path);
-                return Err(e);
-            }
-        };
-        let status = registration.subscribe();
-        let info = PluginInfo {
-            r#type: dra_proto::DRA_PLUGIN_TYPE.to_owned(),
-            name: config.driver_name.clone(),
-            endpoint: dra_path.to_string_lossy().into_owned(),
-            supported_versions: SUPPORTED_VERSIONS.iter().map(|v| (*v).to_owned()).collect(),
-        };
-        let reg_router = tonic::transport::Server::builder().add_service(RegistrationServer::new(
-            RegistrationService::new(info, registration, metrics),
-        ));
-        let (reg_stop, reg_stop_rx) = oneshot::channel::<()>();
-        let reg_task = spawn_server(
-            "registration",
-            reg_path.clone(),
-            exited_tx.clone(),
-            reg_router.serve_with_incoming_shutdown(incoming(reg_listener), async {
-                let _ = reg_stop_rx.await;
-            }),
-        );
-        tracing::info!(
-            driver = %config.driver_name,
-            registration = %reg_path.display(),
-            dra = %dra_path.display(),
-            relaying = relay,
-            "kubelet plugin sockets bound"
-        );
-        Ok(Bound {
-            handle: ServerHandle {
-                reg_path,
-                dra_path,
-                dra_dir,
-                drain_timeout: config.drain_timeout,
-                status,
-                exited,
-                exited_tx,
-                stopping: stopping_tx,
-                reg: Some((reg_stop, reg_task)),
-                dra: None,
-                acceptor: Some(acceptor),
-                router,
-                _lock: lock,
-            },
-            local: local_rx,
-        })
-    }
-}
-
-/// Bound sockets, the registration served, DRA connections relayed or
-/// held until [`serve`](Self::serve). Dropping it removes the sockets.
-#[derive(Debug)]
-pub struct Bound {
-    handle: ServerHandle,
-    local: mpsc::UnboundedReceiver<UnixStream>,
-}
-
-impl Bound {
-    /// The server as far as it runs (sockets, registration status).
-    pub fn handle(&self) -> &ServerHandle {
-        &self.handle
-    }
-
-    /// Serves the DRA services on the bound socket: connections held so
-    /// far and every new one reach this instance from now on, and the
-    /// serving link names its socket.
-    pub fn serve(self, services: Services) -> ServerHandle {
-        let Self { mut handle, local } = self;
         let core = DraCore::new(services.preparer, services.metrics.clone());
-        let health = HealthService::new(
-            services.health,
-            handle.stopping.subscribe(),
-            services.metrics,
-        );
+        let health = HealthService::new(services.health, stopping_rx, services.metrics.clone());
         let dra_router = tonic::transport::Server::builder()
             .add_service(DraV1Server::new(DraV1(core.clone())))
             .add_service(DraV1beta1Server::new(DraV1beta1(core)))
@@ -315,51 +238,132 @@ impl Bound {
         let (dra_stop, dra_stop_rx) = oneshot::channel::<()>();
         let dra_task = spawn_server(
             "dra",
-            handle.dra_path.clone(),
-            handle.exited_tx.clone(),
-            dra_router.serve_with_incoming_shutdown(local_incoming(local), async {
+            dra_path.clone(),
+            exited_tx.clone(),
+            dra_router.serve_with_incoming_shutdown(incoming(dra_listener), async {
                 let _ = dra_stop_rx.await;
             }),
         );
-        handle.dra = Some((dra_stop, dra_task));
-        let was_relaying = !handle.router.serving.send_replace(true);
-        if let Err(e) = instance::point_serving_link(&handle.dra_dir, &handle.dra_path) {
-            tracing::warn!(dir = %handle.dra_dir.display(), error = %e, "cannot point the serving link at this instance; a successor relays to dra.sock");
-        }
-        if was_relaying {
+
+        // Registration socket last.
+        let reg_listener = match sockets::bind(&reg_path) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = dra_stop.send(());
+                dra_task.abort();
+                sockets::remove_socket(&dra_path);
+                return Err(e);
+            }
+        };
+        let status = services.registration.subscribe();
+        let info = PluginInfo {
+            r#type: dra_proto::DRA_PLUGIN_TYPE.to_owned(),
+            name: config.driver_name.clone(),
+            endpoint: dra_path.to_string_lossy().into_owned(),
+            supported_versions: SUPPORTED_VERSIONS.iter().map(|v| (*v).to_owned()).collect(),
+        };
+        let reg_router = tonic::transport::Server::builder().add_service(RegistrationServer::new(
+            RegistrationService::new(info, services.registration, services.metrics),
+        ));
+        let (reg_stop, reg_stop_rx) = oneshot::channel::<()>();
+        let reg_task = spawn_server(
+            "registration",
+            reg_path.clone(),
+            exited_tx,
+            reg_router.serve_with_incoming_shutdown(incoming(reg_listener), async {
+                let _ = reg_stop_rx.await;
+            }),
+        );
+        if handover.is_some() {
             tracing::info!(
-                relayed = handle
-                    .router
-                    .relayed
-                    .load(std::sync::atomic::Ordering::Relaxed),
-                "serving DRA calls; kubelet connections were relayed to the previous instance until now"
+                driver = %config.driver_name,
+                registration = %reg_path.display(),
+                dra = %dra_path.display(),
+                "kubelet plugin sockets bound; passing calls on to the serving instance until this one takes over"
             );
         }
+        Ok(Bound {
+            handle: ServerHandle {
+                reg_path,
+                dra_path,
+                dra_dir,
+                drain_timeout: config.drain_timeout,
+                status,
+                exited,
+                stopping: stopping_tx,
+                reg: Some((reg_stop, reg_task)),
+                dra: Some((dra_stop, dra_task)),
+                _lock: lock,
+            },
+            handover,
+            local: None,
+        })
+    }
+}
+
+/// Bound and served sockets of an instance that passes calls on to the
+/// instance serving the node until [`serve`](Self::serve). Dropping it
+/// stops the servers and removes the sockets.
+pub struct Bound {
+    handle: ServerHandle,
+    handover: Option<Arc<Handover>>,
+    local: Option<watch::Sender<Option<Arc<dyn ClaimPreparer>>>>,
+}
+
+impl std::fmt::Debug for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bound")
+            .field("handle", &self.handle)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Bound {
+    /// The server as far as it runs (sockets, registration status).
+    pub fn handle(&self) -> &ServerHandle {
+        &self.handle
+    }
+
+    /// Calls of kubelet's that the serving instance answered so far.
+    pub fn forwarded(&self) -> u64 {
+        self.handover.as_ref().map_or(0, |h| h.forwarded())
+    }
+
+    /// From now on `preparer` answers every call, those waiting for the
+    /// take-over included, and the serving link names this instance.
+    pub fn serve(self, preparer: Arc<dyn ClaimPreparer>) -> ServerHandle {
+        self.serve_here(Some(preparer))
+    }
+
+    fn serve_here(self, preparer: Option<Arc<dyn ClaimPreparer>>) -> ServerHandle {
+        let forwarded = self.handover.as_ref().map(|h| h.forwarded());
+        if let (Some(local), Some(preparer)) = (&self.local, preparer) {
+            local.send_replace(Some(preparer));
+        }
+        let handle = self.handle;
+        if let Err(e) = instance::point_serving_link(&handle.dra_dir, &handle.dra_path) {
+            tracing::warn!(dir = %handle.dra_dir.display(), error = %e, "cannot point the serving link at this instance; a successor passes its calls to dra.sock");
+        }
+        tracing::info!(
+            registration = %handle.reg_path.display(),
+            dra = %handle.dra_path.display(),
+            forwarded,
+            "serving kubelet plugin sockets"
+        );
         handle
     }
 }
 
 /// Accepted connections, each behind the `:authority` fix.
 fn incoming(
-    listener: tokio::net::UnixListener,
-) -> impl Stream<Item = Result<authority::AuthorityFix<UnixStream>, std::io::Error>> {
+    listener: UnixListener,
+) -> impl Stream<Item = Result<authority::AuthorityFix<tokio::net::UnixStream>, std::io::Error>> {
     futures::stream::unfold(listener, |listener| async move {
         let conn = listener
             .accept()
             .await
             .map(|(stream, _)| authority::AuthorityFix::new(stream));
         Some((conn, listener))
-    })
-}
-
-/// The connections the accept loop hands to this instance's server, each
-/// behind the `:authority` fix.
-fn local_incoming(
-    local: mpsc::UnboundedReceiver<UnixStream>,
-) -> impl Stream<Item = Result<authority::AuthorityFix<UnixStream>, std::io::Error>> {
-    futures::stream::unfold(local, |mut local| async move {
-        let conn = local.recv().await?;
-        Some((Ok(authority::AuthorityFix::new(conn)), local))
     })
 }
 
@@ -403,12 +407,9 @@ pub struct ServerHandle {
     drain_timeout: Duration,
     status: watch::Receiver<RegistrationStatus>,
     exited: mpsc::UnboundedReceiver<Exited>,
-    exited_tx: mpsc::UnboundedSender<Exited>,
     stopping: watch::Sender<bool>,
     reg: Option<Running>,
     dra: Option<Running>,
-    acceptor: Option<JoinHandle<()>>,
-    router: Router,
     _lock: SocketLock,
 }
 
@@ -455,11 +456,6 @@ impl ServerHandle {
             first_error.get_or_insert(e);
         }
         self.stopping.send_replace(true);
-        // No new DRA connections; a successor relaying here finds the
-        // socket refusing and waits for the node's state.
-        if let Some(acceptor) = self.acceptor.take() {
-            acceptor.abort();
-        }
         instance::remove_serving_link(&self.dra_dir, &self.dra_path);
         if let Some(running) = self.dra.take() {
             tracing::info!(socket = %self.dra_path.display(), "draining in-flight DRA calls");
@@ -498,13 +494,10 @@ async fn stop((stop, mut task): Running, path: &Path, timeout: Duration) -> Resu
 
 impl Drop for ServerHandle {
     fn drop(&mut self) {
-        if self.reg.is_none() && self.dra.is_none() && self.acceptor.is_none() {
+        if self.reg.is_none() && self.dra.is_none() {
             return;
         }
         self.stopping.send_replace(true);
-        if let Some(acceptor) = self.acceptor.take() {
-            acceptor.abort();
-        }
         instance::remove_serving_link(&self.dra_dir, &self.dra_path);
         for (stop, task) in [self.reg.take(), self.dra.take()].into_iter().flatten() {
             let _ = stop.send(());

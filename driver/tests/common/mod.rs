@@ -567,12 +567,31 @@ impl Plugin {
         }
     }
 
+    /// Its registration socket: the one its log names once bound (with
+    /// per-instance names, a tag of its own), else the shared name.
     pub fn reg_socket(&self) -> PathBuf {
-        self.reg_dir.join(format!("{DRIVER}-reg.sock"))
+        self.logged_socket("registration")
+            .unwrap_or_else(|| self.reg_dir.join(format!("{DRIVER}-reg.sock")))
     }
 
+    /// Its DRA socket, as [`Self::reg_socket`].
     pub fn dra_socket(&self) -> PathBuf {
-        self.plugins_dir.join(DRIVER).join("dra.sock")
+        self.logged_socket("dra")
+            .unwrap_or_else(|| self.plugins_dir.join(DRIVER).join("dra.sock"))
+    }
+
+    /// The `field=path` of the text log's line saying the sockets are
+    /// bound or served.
+    fn logged_socket(&self, field: &str) -> Option<PathBuf> {
+        let log = self.stderr();
+        let line = log.lines().find(|l| {
+            l.contains("serving kubelet plugin sockets")
+                || l.contains("kubelet plugin sockets bound")
+        })?;
+        let prefix = format!("{field}=");
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&prefix))
+            .map(PathBuf::from)
     }
 
     /// The address of its metrics endpoint (`--metrics-addr`), from its

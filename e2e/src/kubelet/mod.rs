@@ -34,7 +34,7 @@ pub use plugin::{
     Device, DeviceHealth, HealthStream, Plugin, PrepareResult, UnprepareResult, check_uids,
 };
 pub use registrar::{Registrar, RegistrarEvent};
-pub use sim::{KubeletSim, REGISTER_TRIES};
+pub use sim::{KUBELET_RECONCILE_PERIOD, KubeletSim, RECONCILE_PERIOD, REGISTER_TRIES};
 
 /// Errors of the simulator. Each message is one line.
 #[derive(Debug, thiserror::Error)]

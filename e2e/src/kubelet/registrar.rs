@@ -1,7 +1,11 @@
-//! [`Registrar`]: kubelet's plugin watcher. Polls a registrar directory;
-//! a new socket is registered (and retried every second while registration
-//! fails, as kubelet's reconciler does), a deleted socket deregisters its
-//! plugin. Plain files and names starting with `.` are ignored. Several
+//! [`Registrar`]: kubelet's plugin watcher and its reconciler. Looks at a
+//! registrar directory once per pass ([`KubeletSim::with_reconcile_period`];
+//! kubelet's reconciler runs once a second); a new socket is registered
+//! (and retried every second while registration fails, as kubelet's
+//! reconciler does), a deleted socket deregisters its plugin. Kubelet runs
+//! one operation per socket path at a time, so a socket replaced under the
+//! same name is deregistered on one pass and registered on the next, as
+//! here. Plain files and names starting with `.` are ignored. Several
 //! plugins of one driver may be registered at once (a rolling update); the
 //! driver's plugin is then the one registered last, as kubelet picks it.
 
@@ -17,9 +21,6 @@ use tokio::task::JoinHandle;
 use super::Error;
 use super::plugin::Plugin;
 use super::sim::{KubeletSim, REGISTER_RETRY};
-
-/// How often the directory is listed.
-const POLL: Duration = Duration::from_millis(50);
 
 /// What the watcher did.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -213,7 +214,7 @@ async fn watch(
 ) {
     let mut seen: BTreeMap<PathBuf, Seen> = BTreeMap::new();
     let mut registrations: u64 = 0;
-    let mut ticker = tokio::time::interval(POLL);
+    let mut ticker = tokio::time::interval(sim.reconcile_period);
     loop {
         ticker.tick().await;
         let sockets = match list_sockets(&dir) {
@@ -229,24 +230,25 @@ async fn watch(
             .filter(|(p, s)| sockets.get(*p) != Some(&s.id))
             .map(|(p, _)| p.clone())
             .collect();
-        for path in gone {
-            seen.remove(&path);
+        for path in &gone {
+            seen.remove(path);
             let removed = plugins
                 .lock()
                 .expect("registrar state poisoned")
-                .remove(&path);
+                .remove(path);
             if let Some((_, p)) = removed {
                 let _ = tx.send(RegistrarEvent::Deregistered {
                     name: p.name,
-                    socket: path,
+                    socket: path.clone(),
                 });
             }
         }
         // Register what is new or due for a retry.
         let now = Instant::now();
         for (path, id) in sockets {
+            // A path deregistered on this pass waits for the next one.
             let due = match seen.get(&path) {
-                None => true,
+                None => !gone.contains(&path),
                 Some(s) => s.retry_at.is_some_and(|t| t <= now),
             };
             if !due {

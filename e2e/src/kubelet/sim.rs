@@ -31,7 +31,16 @@ pub struct KubeletSim {
     pub(crate) authority: String,
     pub(crate) get_info_timeout: Duration,
     pub(crate) call_timeout: Duration,
+    pub(crate) reconcile_period: Duration,
 }
+
+/// The registrar's default pass period: shorter than kubelet's second,
+/// to keep tests quick; [`KubeletSim::with_reconcile_period`] sets
+/// kubelet's own.
+pub const RECONCILE_PERIOD: Duration = Duration::from_millis(50);
+
+/// Kubelet's reconciler period (`loopSleepDuration`).
+pub const KUBELET_RECONCILE_PERIOD: Duration = Duration::from_secs(1);
 
 impl Default for KubeletSim {
     fn default() -> Self {
@@ -49,7 +58,16 @@ impl KubeletSim {
             authority: "localhost".to_owned(),
             get_info_timeout: GET_INFO_TIMEOUT,
             call_timeout: CALL_TIMEOUT,
+            reconcile_period: RECONCILE_PERIOD,
         }
+    }
+
+    /// How often the registrar ([`watch_registrar`](Self::watch_registrar))
+    /// makes a pass over the directory; [`KUBELET_RECONCILE_PERIOD`] is
+    /// kubelet's.
+    pub fn with_reconcile_period(mut self, period: Duration) -> Self {
+        self.reconcile_period = period;
+        self
     }
 
     /// The DRAPlugin versions this kubelet knows (1.32/1.33: only v1beta1).

@@ -354,15 +354,9 @@ async fn a_waiting_instance_relays_to_the_serving_one_then_serves_itself() {
     // per-instance sockets runs.
     let old = Server::start(config(t.path()), named("old")).await.unwrap();
     let new_config = config(t.path()).with_instance(Some("0a1b2c3d".into()));
-    let services = named("new");
-    let bound = Server::bind(
-        new_config.clone(),
-        services.registration.clone(),
-        services.metrics.clone(),
-        true,
-    )
-    .await
-    .unwrap();
+    let bound = Server::bind(new_config.clone(), Services::default())
+        .await
+        .unwrap();
     let new_dra = bound.handle().dra_socket().to_owned();
     assert_eq!(new_dra, new_config.dra_socket());
     assert!(new_dra.ends_with("gpu.nvidia.com/dra-0a1b2c3d.sock"));
@@ -383,14 +377,15 @@ async fn a_waiting_instance_relays_to_the_serving_one_then_serves_itself() {
     // While waiting, the new instance's socket answers as the old one.
     let kubelet = channel(&new_dra).await;
     assert_eq!(who_prepares(kubelet.clone(), "u1").await.unwrap(), "old");
+    assert_eq!(bound.forwarded(), 1);
 
-    // The old instance goes; a call on a new connection waits for the
+    // The old instance goes; a call on the same connection waits for the
     // new instance to serve, and is then answered by it.
     old.shutdown().await.unwrap();
-    let waiting = tokio::spawn(async move { who_prepares(channel(&new_dra).await, "u2").await });
+    let waiting = tokio::spawn(who_prepares(kubelet.clone(), "u2"));
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!waiting.is_finished(), "answered before anybody serves");
-    let new = bound.serve(services);
+    let new = bound.serve(Arc::new(Named("new")));
     assert_eq!(waiting.await.unwrap().unwrap(), "new");
     let link = new_config.dra_dir().join(instance::SERVING_LINK);
     assert_eq!(std::fs::read_link(&link).unwrap(), new.dra_socket());
@@ -428,12 +423,9 @@ async fn a_successor_relays_through_the_serving_link_of_a_tagged_instance() {
     )
     .await
     .unwrap();
-    let services = named("second");
     let second = Server::bind(
         config(t.path()).with_instance(Some("22222222".into())),
-        services.registration.clone(),
-        services.metrics.clone(),
-        true,
+        Services::default(),
     )
     .await
     .unwrap();
@@ -467,12 +459,9 @@ async fn binding_removes_the_sockets_of_dead_instances_only() {
     drop(std::os::unix::net::UnixListener::bind(dead.registration_socket()).unwrap());
     std::fs::write(sockets::lock_path(&dead.dra_socket()), b"").unwrap();
 
-    let services = Services::default();
     let bound = Server::bind(
         config(t.path()).with_instance(Some("bbbbbbbb".into())),
-        services.registration.clone(),
-        services.metrics.clone(),
-        true,
+        Services::default(),
     )
     .await
     .unwrap();
@@ -487,4 +476,37 @@ async fn binding_removes_the_sockets_of_dead_instances_only() {
     assert!(live.registration_socket().exists());
     drop(bound);
     live.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_serving_instances_claim_errors_reach_kubelet_as_they_are() {
+    let t = short_tempdir();
+    let old = Server::start(config(t.path()), Services::default())
+        .await
+        .unwrap();
+    let bound = Server::bind(
+        config(t.path()).with_instance(Some("0a1b2c3d".into())),
+        Services::default(),
+    )
+    .await
+    .unwrap();
+    let resp = DraPluginClient::new(channel(bound.handle().dra_socket()).await)
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1::Claim {
+                namespace: "default".into(),
+                uid: "u".into(),
+                name: "c".into(),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        resp.claims["u"].error.contains("not implemented yet"),
+        "{:?}",
+        resp.claims
+    );
+    assert_eq!(bound.forwarded(), 1);
+    drop(bound);
+    old.shutdown().await.unwrap();
 }

@@ -1,0 +1,233 @@
+//! The claim preparer of a rolling update's new instance while it waits to
+//! take over.
+//!
+//! With per-instance sockets ([`super::instance`]) the new instance
+//! registers with kubelet before the old one has let the node go, and
+//! kubelet calls the newest plugin. Until the new instance holds the node's
+//! state, [`Handover`] passes each prepare and unprepare on to the serving
+//! instance over its DRA socket: the old instance answers, as the only
+//! owner of the checkpoint, the MIG devices and the MPS daemons. Once this
+//! instance has taken over, calls go to its own preparer.
+//!
+//! A call the old instance cannot answer (it is draining, has gone, or
+//! broke the connection) waits until this instance has taken over and is
+//! then made here. Kubelet never sees the old instance's shutdown: its
+//! connection is to this instance throughout. Running such a call again is
+//! safe: prepare and unprepare are idempotent and crash-safe, so a call the
+//! old instance had finished, or begun, is completed or answered from the
+//! checkpoint.
+//!
+//! Calls are passed on as DRAPlugin v1, which every version of this plugin
+//! serves, whichever version kubelet used.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dra_proto::dra::v1;
+use dra_proto::dra::v1::dra_plugin_client::DraPluginClient;
+use futures::future::BoxFuture;
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tokio::sync::watch;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use super::dra::{ClaimError, ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
+
+/// This instance's own preparer, once it has taken over.
+pub(super) type Local = watch::Receiver<Option<Arc<dyn ClaimPreparer>>>;
+
+/// Passes calls on to the serving instance until this one has taken over.
+pub(super) struct Handover {
+    targets: Vec<PathBuf>,
+    local: Local,
+    forwarded: AtomicU64,
+}
+
+impl Handover {
+    /// Calls go to the first of `targets` that takes a connection, until
+    /// `local` holds this instance's preparer.
+    pub(super) fn new(targets: Vec<PathBuf>, local: Local) -> Self {
+        Self {
+            targets,
+            local,
+            forwarded: AtomicU64::new(0),
+        }
+    }
+
+    /// Calls answered by another instance so far.
+    pub(super) fn forwarded(&self) -> u64 {
+        self.forwarded.load(Ordering::Relaxed)
+    }
+
+    fn taken_over(&self) -> Option<Arc<dyn ClaimPreparer>> {
+        self.local.borrow().clone()
+    }
+
+    /// This instance's preparer, once it has one; `None` if it stopped
+    /// before taking over.
+    async fn wait_for_takeover(&self) -> Option<Arc<dyn ClaimPreparer>> {
+        let mut local = self.local.clone();
+        let preparer = local.wait_for(Option::is_some).await.ok()?;
+        preparer.clone()
+    }
+
+    /// A client on the first target that takes a connection.
+    async fn serving_instance(&self) -> Option<(&Path, DraPluginClient<Channel>)> {
+        for target in &self.targets {
+            match connect(target).await {
+                Ok(channel) => return Some((target, DraPluginClient::new(channel))),
+                Err(e) => {
+                    tracing::debug!(target = %target.display(), error = %e, "no plugin instance there");
+                }
+            }
+        }
+        None
+    }
+
+    /// The serving instance's answer to a prepare; `None` when there is
+    /// none.
+    async fn forward_prepare(
+        &self,
+        claims: &[ClaimRef],
+    ) -> Option<ClaimResults<Vec<PreparedDevice>>> {
+        let (target, mut client) = self.serving_instance().await?;
+        let request = v1::NodePrepareResourcesRequest {
+            claims: claims.iter().map(to_v1).collect(),
+        };
+        match client.node_prepare_resources(request).await {
+            Ok(answer) => {
+                self.forwarded.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(target = %target.display(), claims = claims.len(), "prepare answered by the serving instance");
+                Some(
+                    answer
+                        .into_inner()
+                        .claims
+                        .into_iter()
+                        .map(|(uid, r)| {
+                            let result = if r.error.is_empty() {
+                                Ok(r.devices.into_iter().map(from_v1).collect())
+                            } else {
+                                Err(ClaimError::Failed(r.error))
+                            };
+                            (uid, result)
+                        })
+                        .collect(),
+                )
+            }
+            Err(status) => {
+                tracing::info!(target = %target.display(), error = %status, "the serving instance did not answer a prepare; it waits for this instance to take over");
+                None
+            }
+        }
+    }
+
+    /// The serving instance's answer to an unprepare; `None` when there is
+    /// none.
+    async fn forward_unprepare(&self, claims: &[ClaimRef]) -> Option<ClaimResults<()>> {
+        let (target, mut client) = self.serving_instance().await?;
+        let request = v1::NodeUnprepareResourcesRequest {
+            claims: claims.iter().map(to_v1).collect(),
+        };
+        match client.node_unprepare_resources(request).await {
+            Ok(answer) => {
+                self.forwarded.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(target = %target.display(), claims = claims.len(), "unprepare answered by the serving instance");
+                Some(
+                    answer
+                        .into_inner()
+                        .claims
+                        .into_iter()
+                        .map(|(uid, r)| {
+                            let result = if r.error.is_empty() {
+                                Ok(())
+                            } else {
+                                Err(ClaimError::Failed(r.error))
+                            };
+                            (uid, result)
+                        })
+                        .collect(),
+                )
+            }
+            Err(status) => {
+                tracing::info!(target = %target.display(), error = %status, "the serving instance did not answer an unprepare; it waits for this instance to take over");
+                None
+            }
+        }
+    }
+}
+
+impl ClaimPreparer for Handover {
+    fn prepare<'a>(
+        &'a self,
+        claims: &'a [ClaimRef],
+    ) -> BoxFuture<'a, ClaimResults<Vec<PreparedDevice>>> {
+        Box::pin(async move {
+            if self.taken_over().is_none()
+                && let Some(answer) = self.forward_prepare(claims).await
+            {
+                return answer;
+            }
+            match self.wait_for_takeover().await {
+                Some(local) => local.prepare(claims).await,
+                None => stopped(claims),
+            }
+        })
+    }
+
+    fn unprepare<'a>(&'a self, claims: &'a [ClaimRef]) -> BoxFuture<'a, ClaimResults<()>> {
+        Box::pin(async move {
+            if self.taken_over().is_none()
+                && let Some(answer) = self.forward_unprepare(claims).await
+            {
+                return answer;
+            }
+            match self.wait_for_takeover().await {
+                Some(local) => local.unprepare(claims).await,
+                None => stopped(claims),
+            }
+        })
+    }
+}
+
+/// Every claim's error when this instance stops before it took over.
+fn stopped<T>(claims: &[ClaimRef]) -> ClaimResults<T> {
+    claims
+        .iter()
+        .map(|c| {
+            let e = ClaimError::Failed(
+                "this plugin instance stopped before it took the node over; kubelet retries the call".into(),
+            );
+            (c.uid.clone(), Err(e))
+        })
+        .collect()
+}
+
+fn to_v1(c: &ClaimRef) -> v1::Claim {
+    v1::Claim {
+        namespace: c.namespace.clone(),
+        name: c.name.clone(),
+        uid: c.uid.clone(),
+    }
+}
+
+fn from_v1(d: v1::Device) -> PreparedDevice {
+    PreparedDevice {
+        request_names: d.request_names,
+        pool_name: d.pool_name,
+        device_name: d.device_name,
+        cdi_device_ids: d.cdi_device_ids,
+        share_id: d.share_id,
+    }
+}
+
+/// A gRPC channel over the Unix socket `path`, connected now.
+async fn connect(path: &Path) -> Result<Channel, tonic::transport::Error> {
+    let path = path.to_owned();
+    Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }))
+        .await
+}
