@@ -144,7 +144,11 @@ const BENCHMARKS: &[Benchmark] = &[
     },
     Benchmark {
         name: "rolling update hand-over, whole GPU",
-        run: handover::rolling_update,
+        run: |ctx, name, s| handover::rolling_update(ctx, name, s, false),
+    },
+    Benchmark {
+        name: "rolling update hand-over, whole GPU, per-instance sockets",
+        run: |ctx, name, s| handover::rolling_update(ctx, name, s, true),
     },
     Benchmark {
         name: "admission webhook",

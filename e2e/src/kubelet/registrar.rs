@@ -152,12 +152,19 @@ impl Registrar {
     /// The plugin of driver `name` kubelet would call: of those registered,
     /// the one registered last.
     pub fn plugin(&self, name: &str) -> Option<Plugin> {
+        self.newest(name).map(|(_, p)| p)
+    }
+
+    /// [`plugin`](Self::plugin) with the number of its registration: the
+    /// registrar counts registrations from 1, so a higher number is a
+    /// later registration (of the same socket too).
+    pub fn newest(&self, name: &str) -> Option<(u64, Plugin)> {
         let plugins = self.plugins.lock().expect("registrar state poisoned");
         plugins
             .values()
             .filter(|(_, p)| p.name == name)
             .max_by_key(|(n, _)| *n)
-            .map(|(_, p)| p.clone())
+            .cloned()
     }
 }
 

@@ -1,6 +1,8 @@
 //! A rolling update's hand-over (`--rolling-update`, as the chart runs the
 //! plugin: with `--supervise`): how long kubelet is without a plugin while a
-//! new instance takes a node over from the old one.
+//! new instance takes a node over from the old one, with the shared socket
+//! names and with per-instance names (`--per-instance-sockets`, kubelet
+//! 1.33 and later).
 //!
 //! One node, a chain of instances: the first prepares a whole-GPU claim;
 //! then, run after run, a successor starts beside the serving instance and
@@ -8,24 +10,47 @@
 //! and the successor takes over and serves the claim from the checkpoint.
 //! The spans come from the two plugins' JSON log timestamps (the same
 //! clock as the bench's), so the bench's own polling does not enter them.
-//! Not here: kubelet's re-registration of the driver, which its plugin
-//! manager does in a once-a-second reconcile loop (the simulator polls every
-//! 50 ms and registers at once), and, outside a test node, the old pod's
-//! termination and the new pod's scheduling and start, which a surge pod
-//! takes out of the gap.
+//!
+//! What kubelet sees: throughout, a task calls NodePrepareResources on the
+//! claim, one call after another, through the plugin the kubelet
+//! simulator's registrar names, which like kubelet makes a pass once a
+//! second, runs one operation per socket path, and calls the plugin of the
+//! driver registered last. The longest time between two answered calls is
+//! how long pods on the node could not have their claims prepared. Not
+//! here: outside a test node, the old pod's termination and the new pod's
+//! scheduling and start, which a surge pod takes out of the gap.
 
-use std::time::{Instant, SystemTime};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
+use gpu_dra_e2e::kubelet::{Claim, KUBELET_RECONCILE_PERIOD, KubeletSim, Registrar};
 use serde_json::{Value, json};
+use tokio::sync::watch;
 
-use crate::node::{Node, SERVING, result, wait_for_log};
+use crate::node::{DRIVER, Node, SERVING, result, wait_for_log};
 use crate::start::{span_ms, time_of_day, wall_of_day};
 use crate::table::{Row, ms};
 use crate::{Ctx, Settings};
 
-/// The plugin's flags, as the chart's DaemonSet passes them.
-const FLAGS: &[&str] = &["--rolling-update", "--supervise"];
+/// The plugin's flags, as the chart's DaemonSet passes them, with the
+/// shared socket names.
+const SHARED: &[&str] = &[
+    "--rolling-update",
+    "--supervise",
+    "--per-instance-sockets=never",
+];
+
+/// The same with per-instance socket names.
+const PER_INSTANCE: &[&str] = &[
+    "--rolling-update",
+    "--supervise",
+    "--per-instance-sockets=always",
+];
+
+/// Answered calls after the hand-over before the call stream stops.
+const CALLS_AFTER: u32 = 20;
 
 /// What the old instance logs when it removes its registration socket
 /// (kubelet deregisters it).
@@ -34,6 +59,8 @@ const DEREGISTERED: &str = "removing the registration socket";
 const WAITING: &str = "waiting for it to exit";
 /// What the successor logs when the old instance has let the lock go.
 const TAKING_OVER: &str = "taking over";
+/// What a successor with sockets of its own logs once they are bound.
+const BOUND: &str = "kubelet plugin sockets bound";
 
 /// One hand-over, in ms.
 #[derive(Debug)]
@@ -50,27 +77,132 @@ struct HandOver {
     to_serving: f64,
 }
 
-pub fn rolling_update(ctx: &Ctx, name: &str, settings: &Settings) -> anyhow::Result<Vec<Row>> {
+/// What kubelet saw of one hand-over: the call stream's outcome.
+#[derive(Debug, Default)]
+struct Calls {
+    /// Calls answered without error.
+    answered: u32,
+    /// Calls that failed (an error, or a claim error).
+    failed: u32,
+    /// The longest time between two answered calls, in ms.
+    longest_gap: f64,
+}
+
+/// Calls NodePrepareResources on `claim` through the plugin `registrar`
+/// names, one call after another, until `stop` and then
+/// [`CALLS_AFTER`] answered calls more. With no plugin registered, it
+/// looks again after a millisecond, as kubelet fails the call at once.
+async fn call_stream(
+    registrar: Arc<Registrar>,
+    claim: Claim,
+    mut stop: watch::Receiver<bool>,
+) -> Calls {
+    let mut calls = Calls::default();
+    let mut last_answer = Instant::now();
+    let mut after = 0;
+    while after < CALLS_AFTER {
+        let answered = match registrar.plugin(DRIVER) {
+            None => false,
+            Some(plugin) => match plugin.prepare(std::slice::from_ref(&claim)).await {
+                Ok(r) => r.get(&claim.uid).is_some_and(|r| r.error.is_none()),
+                Err(_) => false,
+            },
+        };
+        if answered {
+            calls.answered += 1;
+            calls.longest_gap = calls.longest_gap.max(ms(last_answer.elapsed()));
+            last_answer = Instant::now();
+            if *stop.borrow_and_update() {
+                after += 1;
+            }
+        } else {
+            if registrar.plugin(DRIVER).is_some() {
+                calls.failed += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    calls
+}
+
+/// Waits until the plugin the registrar names is the one registered
+/// through `reg_socket` by a registration numbered above `after` (up to
+/// 10 s: kubelet's reconciler passes once a second); returns its number.
+async fn wait_newest(
+    registrar: &Registrar,
+    reg_socket: &std::path::Path,
+    after: u64,
+) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some((n, p)) = registrar.newest(DRIVER)
+            && n > after
+            && p.registration_socket == reg_socket
+        {
+            return Ok(n);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the registrar did not register {} in 10 s",
+            reg_socket.display()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+pub fn rolling_update(
+    ctx: &Ctx,
+    name: &str,
+    settings: &Settings,
+    per_instance: bool,
+) -> anyhow::Result<Vec<Row>> {
     let dir = ctx.dir_for(name);
+    let flags = if per_instance { PER_INSTANCE } else { SHARED };
     ctx.runtime.block_on(async {
-        let mut node = Node::start(ctx, &dir, FLAGS).await?;
+        let mut node = Node::start(ctx, &dir, flags).await?;
         let claim = node.claim(&json!([result("gpu", "gpu-0")]), &json!([]))?;
         let claims = std::slice::from_ref(&claim);
         node.prepare(claims).await.context("the first instance")?;
+        let reg_dir = dir.join("reg");
+        let registrar = Arc::new(
+            KubeletSim::new()
+                .with_reconcile_period(KUBELET_RECONCILE_PERIOD)
+                .watch_registrar(&reg_dir),
+        );
+        let mut registered = wait_newest(&registrar, node.reg_socket(), 0).await?;
         let mut runs = Vec::new();
+        let mut seen = Vec::new();
         let mut first_prepare = Vec::new();
         for i in 1..=settings.runs {
             let log = dir.join(format!("plugin-{i}.log"));
             let spawned = SystemTime::now();
-            let mut next = node.spawn_successor(ctx, &dir, FLAGS, &log)?;
+            let mut next = node.spawn_successor(ctx, &dir, flags, &log)?;
             wait_for_log(&log, WAITING, &mut next)
                 .await
                 .with_context(|| format!("successor {i}"))?;
+            if per_instance {
+                // Kubelet registers the waiting successor, on its own
+                // sockets, before the old one is told to go.
+                let text = std::fs::read_to_string(&log)?;
+                wait_newest(&registrar, &bound_registration(&text)?, registered).await?;
+            }
+            let (stop, stopped) = watch::channel(false);
+            let stream = tokio::spawn(call_stream(registrar.clone(), claim.clone(), stopped));
+            tokio::time::sleep(Duration::from_millis(20)).await;
             let sent = SystemTime::now();
             let old_log = node
                 .hand_over(next, log)
                 .await
                 .with_context(|| format!("hand-over {i}"))?;
+            // Kubelet calls the new plugin: registered before the
+            // hand-over (per-instance sockets) or anew after it.
+            registered = wait_newest(&registrar, node.reg_socket(), registered).await?;
+            stop.send_replace(true);
+            seen.push(
+                tokio::time::timeout(Duration::from_secs(30), stream)
+                    .await
+                    .context("the call stream did not end")??,
+            );
             let t = Instant::now();
             node.prepare(claims)
                 .await
@@ -84,13 +216,26 @@ pub fn rolling_update(ctx: &Ctx, name: &str, settings: &Settings) -> anyhow::Res
         node.unprepare(claims).await?;
         node.stop()?;
         let col = |f: fn(&HandOver) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
+        let calls = |f: fn(&Calls) -> f64| seen.iter().map(f).collect::<Vec<f64>>();
+        let no_listener = if per_instance {
+            "old plugin's deregistration to the new one serving itself"
+        } else {
+            "old plugin's deregistration to the new one serving (no plugin listening)"
+        };
         Ok(vec![
             Row::new(
                 name,
-                "old plugin's deregistration to the new one serving (no plugin listening)",
+                "kubelet (simulated, 1 s reconcile): longest time between answered calls",
                 "ms",
-                col(|r| r.gap),
+                calls(|c| c.longest_gap),
             ),
+            Row::new(
+                name,
+                "kubelet (simulated): calls to a registered plugin that failed, per hand-over",
+                "calls",
+                calls(|c| f64::from(c.failed)),
+            ),
+            Row::new(name, no_listener, "ms", col(|r| r.gap)),
             Row::new(
                 name,
                 "  of which the new plugin: lock let go to serving (checkpoint, recovery, sockets)",
@@ -123,6 +268,13 @@ pub fn rolling_update(ctx: &Ctx, name: &str, settings: &Settings) -> anyhow::Res
             ),
         ])
     })
+}
+
+/// The registration socket on a waiting successor's "sockets bound" line.
+fn bound_registration(log: &str) -> anyhow::Result<PathBuf> {
+    JsonLog::parse(log)
+        .field(BOUND, "registration")
+        .map(PathBuf::from)
 }
 
 /// The spans of one hand-over from the old and the new plugin's logs, the
@@ -164,14 +316,27 @@ impl<'a> JsonLog<'a> {
         Self { text, lines }
     }
 
-    /// Seconds since midnight of the first line whose message contains
-    /// `what`.
-    fn at(&self, what: &str) -> anyhow::Result<f64> {
+    /// The first line whose message contains `what`.
+    fn line(&self, what: &str) -> Option<&Value> {
         self.lines
             .iter()
             .find(|v| v["message"].as_str().is_some_and(|m| m.contains(what)))
+    }
+
+    /// Seconds since midnight of the first line whose message contains
+    /// `what`.
+    fn at(&self, what: &str) -> anyhow::Result<f64> {
+        self.line(what)
             .and_then(|v| time_of_day(v["timestamp"].as_str()?))
             .with_context(|| format!("no timestamped {what:?} line in the log:\n{}", self.text))
+    }
+
+    /// String field `field` of the first line whose message contains
+    /// `what`.
+    fn field(&self, what: &str, field: &str) -> anyhow::Result<&str> {
+        self.line(what)
+            .and_then(|v| v[field].as_str())
+            .with_context(|| format!("no {what:?} line with {field:?} in the log:\n{}", self.text))
     }
 }
 
@@ -229,6 +394,26 @@ mod tests {
         }
         // The old log's SERVING line is not the new plugin's.
         assert!(hand_over(at(36_000.25), at(36_001.0), &old, &old).is_err());
+    }
+
+    #[test]
+    fn a_waiting_successors_registration_socket_is_on_its_bound_line() {
+        let log = [
+            line("NVML loaded", "2024-10-04T10:00:00.000000Z"),
+            json!({
+                "timestamp": "2024-10-04T10:00:00.100000Z",
+                "message": "kubelet plugin sockets bound; passing calls on to the serving instance until this one takes over",
+                "registration": "/r/gpu.nvidia.com-0a1b2c3d-reg.sock",
+            })
+            .to_string(),
+        ]
+        .join("\n");
+        assert_eq!(
+            bound_registration(&log).unwrap(),
+            PathBuf::from("/r/gpu.nvidia.com-0a1b2c3d-reg.sock")
+        );
+        let err = bound_registration(&line(BOUND, "2024-10-04T10:00:00.1Z")).unwrap_err();
+        assert!(err.to_string().contains("\"registration\""), "{err}");
     }
 
     #[test]

@@ -185,6 +185,25 @@ pub async fn wait_for_log(log: &Path, message: &str, child: &mut Plugin) -> anyh
     }
 }
 
+/// The registration socket a plugin's JSON log names on its `SERVING`
+/// line (with per-instance sockets, a name of its own), which must lie in
+/// `reg_dir`.
+pub fn registration_socket(log: &str, reg_dir: &Path) -> anyhow::Result<PathBuf> {
+    let path = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["message"].as_str().is_some_and(|m| m.contains(SERVING)))
+        .and_then(|v| v["registration"].as_str().map(PathBuf::from))
+        .with_context(|| format!("no registration socket on a {SERVING:?} line:\n{log}"))?;
+    anyhow::ensure!(
+        path.parent() == Some(reg_dir),
+        "the plugin registered {} outside {}",
+        path.display(),
+        reg_dir.display()
+    );
+    Ok(path)
+}
+
 /// Registers the kubelet simulator with the plugin behind `reg_socket`.
 async fn register(reg_socket: &Path) -> anyhow::Result<gpu_dra_e2e::kubelet::Plugin> {
     KubeletSim::new()
@@ -240,7 +259,7 @@ impl Node {
         let mut cmd = plugin_command(ctx, dir, &machine, &kubeconfig, flags, &log)?;
         let mut child = crate::children::spawn_plugin(&mut cmd).context("spawning the plugin")?;
 
-        wait_for_log(&log, SERVING, &mut child).await?;
+        let text = wait_for_log(&log, SERVING, &mut child).await?;
         let items = server
             .store()
             .wait_for(Resource::ResourceSlices, Duration::from_secs(30), |items| {
@@ -254,7 +273,7 @@ impl Node {
             .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
             .filter_map(|d| d["name"].as_str().map(str::to_owned))
             .collect();
-        let reg_socket = reg.join(format!("{DRIVER}-reg.sock"));
+        let reg_socket = registration_socket(&text, &reg)?;
         let kubelet = register(&reg_socket).await?;
         Ok(Self {
             server,
@@ -268,6 +287,11 @@ impl Node {
             devices,
             next: AtomicU64::new(0),
         })
+    }
+
+    /// The serving plugin's registration socket.
+    pub fn reg_socket(&self) -> &Path {
+        &self.reg_socket
     }
 
     /// The first published device whose name starts with `prefix`.
@@ -433,7 +457,12 @@ impl Node {
                 return Err(e.context(old_log));
             }
         }
-        wait_for_log(&self.log, SERVING, &mut self.child).await?;
+        let text = wait_for_log(&self.log, SERVING, &mut self.child).await?;
+        let reg_dir = self
+            .reg_socket
+            .parent()
+            .context("a registration directory")?;
+        self.reg_socket = registration_socket(&text, reg_dir)?;
         self.kubelet = register(&self.reg_socket).await?;
         Ok(old_log)
     }
@@ -529,4 +558,31 @@ fn durable_body(round: usize) -> String {
 /// One allocation result of `device` on this node for request `request`.
 pub fn result(request: &str, device: &str) -> Value {
     json!({"request": request, "driver": DRIVER, "pool": NODE, "device": device})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_registration_socket_comes_from_the_serving_line() {
+        let serving = |path: &str| {
+            serde_json::json!({"message": SERVING, "registration": path, "dra": "/p/dra.sock"})
+                .to_string()
+        };
+        let reg = Path::new("/n/reg");
+        let log = format!(
+            "supervisor: starting\n{}\n",
+            serving("/n/reg/gpu.nvidia.com-0a1b2c3d-reg.sock")
+        );
+        assert_eq!(
+            registration_socket(&log, reg).unwrap(),
+            reg.join("gpu.nvidia.com-0a1b2c3d-reg.sock")
+        );
+        // Elsewhere than the node's directory, or missing: errors.
+        let err = registration_socket(&serving("/elsewhere/x-reg.sock"), reg).unwrap_err();
+        assert!(err.to_string().contains("outside /n/reg"), "{err}");
+        let err = registration_socket("not json\n", reg).unwrap_err();
+        assert!(err.to_string().contains("no registration socket"), "{err}");
+    }
 }
