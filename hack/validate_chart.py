@@ -83,6 +83,7 @@ VARIANTS: dict[str, dict] = {
             "nvmlLib": "",
             "nvidiaCdiHookPath": "/usr/local/nvidia/toolkit/nvidia-cdi-hook",
             "mpsDir": "/var/run/gpu-example/mps",
+            "perInstanceSockets": "never",
             "extraArgs": ["--sysfs-root=/sys"],
             "extraEnv": [{"name": "EXTRA", "value": "1"}],
         },
@@ -136,6 +137,7 @@ REFUSED: list[tuple[dict, str]] = [
     ({"kubeletPlugin": {"nvidiaCdiHookPath": "nvidia-cdi-hook"}}, "nvidiaCdiHookPath"),
     ({"kubeletPlugin": {"nvidiaCdiHookPath": "/usr/bin/"}}, "nvidiaCdiHookPath"),
     ({"controller": {"pendingGracePeriod": "30"}}, "pendingGracePeriod"),
+    ({"kubeletPlugin": {"perInstanceSockets": "yes"}}, "perInstanceSockets"),
 ]
 
 # The part of cert-manager.io/v1 the chart writes; unknown fields are errors.
@@ -333,6 +335,8 @@ def check_cross_references(name: str, values: dict, objects) -> None:
         for path in (v["kubeletPlugin"]["kubeletRegistrarDir"], plugin_dir, v["kubeletPlugin"]["cdiRoot"], "/dev"):
             expect(path in mounts, f"the plugin does not mount {path} at the same path: {sorted(mounts)}")
         check_mps_dir(name, v["kubeletPlugin"]["mpsDir"], driver, pod)
+        sockets = f"--per-instance-sockets={v['kubeletPlugin']['perInstanceSockets']}"
+        expect(sockets in container_args(ds), f"the plugin is not passed {sockets}")
         rules = one(objects, "ClusterRole", ds["metadata"]["name"])["rules"]
         driver_rules = [r for r in rules if "resourceclaims/driver" in r["resources"]]
         expect(len(driver_rules) == 1 and driver_rules[0].get("resourceNames") == [driver],
