@@ -261,6 +261,11 @@ pub const PER_INSTANCE_KUBELET: (u32, u32) = (1, 33);
 /// default directories). One GET of the Node with `auto`, nothing else.
 pub async fn choose_instance(flags: &Flags) -> Option<String> {
     if !flags.rolling_update {
+        if flags.per_instance_sockets == PerInstanceSockets::Always {
+            tracing::warn!(
+                "--per-instance-sockets=always has no effect without --rolling-update; using the shared socket names"
+            );
+        }
         return None;
     }
     let wanted = match flags.per_instance_sockets {

@@ -80,8 +80,8 @@ fn tag_of(file_name: &str) -> Option<&str> {
 }
 
 /// Removes the tagged sockets (and their locks) in `dra_dir` and
-/// `registrar_dir` of instances that are gone, leaving `own`'s and every
-/// live instance's alone. A tag whose lock is free is gone; a tagged socket
+/// `registrar_dir` of instances that are gone, leaving `own`'s (when this
+/// instance has a tag) and every live instance's alone. A tag whose lock is free is gone; a tagged socket
 /// without a lock file is gone when a connection to it is refused. Best
 /// effort: what cannot be removed is logged, and the start goes on
 /// (kubelet only retries a dead registration socket once a second).
@@ -90,7 +90,7 @@ pub async fn clear_dead(
     dra_dir: &Path,
     registrar_dir: &Path,
     driver: &str,
-    own: &str,
+    own: Option<&str>,
 ) -> Vec<String> {
     let entries = match std::fs::read_dir(dra_dir) {
         Ok(e) => e,
@@ -102,7 +102,7 @@ pub async fn clear_dead(
     let tags: BTreeSet<String> = entries
         .filter_map(Result::ok)
         .filter_map(|e| tag_of(&e.file_name().to_string_lossy()).map(str::to_owned))
-        .filter(|t| t != own)
+        .filter(|t| Some(t.as_str()) != own)
         .collect();
     let mut removed = Vec::new();
     for tag in tags {

@@ -179,8 +179,8 @@ impl Server {
     /// Binds both sockets and serves them, passing prepare and unprepare
     /// on to the instance that serves the node ([`super::handover`]) until
     /// [`Bound::serve`] gives this instance's own preparer
-    /// (`services.preparer` is not used). First removes the sockets of
-    /// tagged instances that are gone.
+    /// (`services.preparer` is not used). Like [`start`](Self::start),
+    /// first removes the sockets of tagged instances that are gone.
     pub async fn bind(config: Config, services: Services) -> Result<Bound, Error> {
         let (local_tx, local) = watch::channel(None);
         let mut bound = Self::bind_with(config, services, Some(local)).await?;
@@ -207,10 +207,19 @@ impl Server {
         sockets::ensure_dir(&dra_dir)?;
         sockets::ensure_dir(&config.registrar_dir)?;
         let mut lock = SocketLock::acquire(&dra_path)?;
-        if let Some(own) = &config.instance {
+        if config.instance.is_some() {
             lock = lock.removed_on_drop();
-            instance::clear_dead(&dra_dir, &config.registrar_dir, &config.driver_name, own).await;
         }
+        // With the shared names too: an instance before it may have had
+        // names of its own (`--per-instance-sockets` changed, or a kubelet
+        // downgrade), and kubelet retries a dead socket once a second.
+        instance::clear_dead(
+            &dra_dir,
+            &config.registrar_dir,
+            &config.driver_name,
+            config.instance.as_deref(),
+        )
+        .await;
         sockets::clear_stale(&dra_path).await?;
         sockets::clear_stale(&reg_path).await?;
 

@@ -153,7 +153,7 @@ async fn only_instances_that_are_gone_are_cleared() {
     drop(StdListener::bind(&own_dra).unwrap());
     std::fs::write(&own_lock, b"").unwrap();
 
-    let removed = clear_dead(&dra, &reg, driver, "66666666").await;
+    let removed = clear_dead(&dra, &reg, driver, Some("66666666")).await;
     assert_eq!(removed, ["22222222", "33333333"]);
     for gone in [&dead_dra, &dead_reg, &dead_lock, &bare_dra, &bare_reg] {
         assert!(!gone.exists(), "{} is left", gone.display());
@@ -170,7 +170,7 @@ async fn a_missing_directory_clears_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope");
     assert!(
-        clear_dead(&missing, &missing, "gpu.nvidia.com", "66666666")
+        clear_dead(&missing, &missing, "gpu.nvidia.com", None)
             .await
             .is_empty()
     );

@@ -510,3 +510,21 @@ async fn the_serving_instances_claim_errors_reach_kubelet_as_they_are() {
     drop(bound);
     old.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_instance_with_the_shared_names_clears_dead_tagged_ones_too() {
+    let t = short_tempdir();
+    let dead = config(t.path()).with_instance(Some("dddddddd".into()));
+    std::fs::create_dir_all(dead.dra_dir()).unwrap();
+    std::fs::create_dir_all(t.path().join("reg")).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(dead.dra_socket()).unwrap());
+    drop(std::os::unix::net::UnixListener::bind(dead.registration_socket()).unwrap());
+    std::fs::write(sockets::lock_path(&dead.dra_socket()), b"").unwrap();
+    let shared = Server::start(config(t.path()), Services::default())
+        .await
+        .unwrap();
+    assert!(!dead.dra_socket().exists());
+    assert!(!dead.registration_socket().exists());
+    assert!(shared.registration_socket().exists());
+    shared.shutdown().await.unwrap();
+}
