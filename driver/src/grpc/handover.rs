@@ -85,76 +85,78 @@ impl Handover {
         None
     }
 
-    /// The serving instance's answer to a prepare; `None` when there is
-    /// none.
-    async fn forward_prepare(
+    /// The serving instance's answer to `call` (a prepare or unprepare
+    /// of `claims`, named `what`); `None` when there is none.
+    async fn forward<T, F, Fut>(
         &self,
-        claims: &[ClaimRef],
-    ) -> Option<ClaimResults<Vec<PreparedDevice>>> {
-        let (target, mut client) = self.serving_instance().await?;
-        let request = v1::NodePrepareResourcesRequest {
-            claims: claims.iter().map(to_v1).collect(),
-        };
-        match client.node_prepare_resources(request).await {
+        what: &str,
+        claims: usize,
+        call: F,
+    ) -> Option<ClaimResults<T>>
+    where
+        F: FnOnce(DraPluginClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<ClaimResults<T>, tonic::Status>>,
+    {
+        let (target, client) = self.serving_instance().await?;
+        match call(client).await {
             Ok(answer) => {
                 self.forwarded.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(target = %target.display(), claims = claims.len(), "prepare answered by the serving instance");
-                Some(
-                    answer
-                        .into_inner()
-                        .claims
-                        .into_iter()
-                        .map(|(uid, r)| {
-                            let result = if r.error.is_empty() {
-                                Ok(r.devices.into_iter().map(from_v1).collect())
-                            } else {
-                                Err(ClaimError::Failed(r.error))
-                            };
-                            (uid, result)
-                        })
-                        .collect(),
-                )
+                tracing::debug!(target = %target.display(), claims, "{what} answered by the serving instance");
+                Some(answer)
             }
             Err(status) => {
-                tracing::info!(target = %target.display(), error = %status, "the serving instance did not answer a prepare; it waits for this instance to take over");
+                tracing::info!(target = %target.display(), error = %status, "the serving instance did not answer a {what}; it waits for this instance to take over");
                 None
             }
         }
     }
 
-    /// The serving instance's answer to an unprepare; `None` when there is
-    /// none.
+    async fn forward_prepare(
+        &self,
+        claims: &[ClaimRef],
+    ) -> Option<ClaimResults<Vec<PreparedDevice>>> {
+        let request = v1::NodePrepareResourcesRequest {
+            claims: claims.iter().map(to_v1).collect(),
+        };
+        self.forward("prepare", claims.len(), |mut client| async move {
+            let answer = client.node_prepare_resources(request).await?.into_inner();
+            Ok(results(answer.claims, |r| {
+                (r.error, r.devices.into_iter().map(from_v1).collect())
+            }))
+        })
+        .await
+    }
+
     async fn forward_unprepare(&self, claims: &[ClaimRef]) -> Option<ClaimResults<()>> {
-        let (target, mut client) = self.serving_instance().await?;
         let request = v1::NodeUnprepareResourcesRequest {
             claims: claims.iter().map(to_v1).collect(),
         };
-        match client.node_unprepare_resources(request).await {
-            Ok(answer) => {
-                self.forwarded.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(target = %target.display(), claims = claims.len(), "unprepare answered by the serving instance");
-                Some(
-                    answer
-                        .into_inner()
-                        .claims
-                        .into_iter()
-                        .map(|(uid, r)| {
-                            let result = if r.error.is_empty() {
-                                Ok(())
-                            } else {
-                                Err(ClaimError::Failed(r.error))
-                            };
-                            (uid, result)
-                        })
-                        .collect(),
-                )
-            }
-            Err(status) => {
-                tracing::info!(target = %target.display(), error = %status, "the serving instance did not answer an unprepare; it waits for this instance to take over");
-                None
-            }
-        }
+        self.forward("unprepare", claims.len(), |mut client| async move {
+            let answer = client.node_unprepare_resources(request).await?.into_inner();
+            Ok(results(answer.claims, |r| (r.error, ())))
+        })
+        .await
     }
+}
+
+/// Per-claim results from a response's per-claim `(error, value)`: an
+/// empty error is success.
+fn results<R, T>(
+    claims: std::collections::HashMap<String, R>,
+    split: impl Fn(R) -> (String, T),
+) -> ClaimResults<T> {
+    claims
+        .into_iter()
+        .map(|(uid, r)| {
+            let (error, value) = split(r);
+            let result = if error.is_empty() {
+                Ok(value)
+            } else {
+                Err(ClaimError::Failed(error))
+            };
+            (uid, result)
+        })
+        .collect()
 }
 
 impl ClaimPreparer for Handover {
@@ -222,7 +224,7 @@ fn from_v1(d: v1::Device) -> PreparedDevice {
 }
 
 /// A gRPC channel over the Unix socket `path`, connected now.
-async fn connect(path: &Path) -> Result<Channel, tonic::transport::Error> {
+pub(super) async fn connect(path: &Path) -> Result<Channel, tonic::transport::Error> {
     let path = path.to_owned();
     Endpoint::from_static("http://localhost")
         .connect_with_connector(tower::service_fn(move |_: Uri| {

@@ -4,9 +4,7 @@ use dra_proto::dra::v1;
 use dra_proto::dra::v1::dra_plugin_client::DraPluginClient;
 use dra_proto::registration::registration_client::RegistrationClient;
 use dra_proto::registration::{InfoRequest, RegistrationStatus as WireStatus};
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 use super::*;
 use crate::grpc::dra::{ClaimRef, ClaimResults, PreparedDevice};
@@ -25,14 +23,7 @@ fn config(dir: &Path) -> Config {
 }
 
 async fn channel(path: &Path) -> Channel {
-    let path = path.to_owned();
-    Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await
-        .unwrap()
+    crate::grpc::handover::connect(path).await.unwrap()
 }
 
 #[test]
