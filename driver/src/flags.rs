@@ -108,7 +108,7 @@ pub struct Flags {
     /// With `--rolling-update`: give each instance socket names of its own
     /// (`<driver>-<tag>-reg.sock`, `dra-<tag>.sock`), so that a new
     /// instance registers with kubelet while the old one still serves and
-    /// relays kubelet's calls to it until it takes over: kubelet never goes
+    /// passes kubelet's calls on to it until it takes over: kubelet never goes
     /// without a plugin. Needs kubelet 1.33 or newer; an older kubelet
     /// loses the driver when the old instance deregisters. `auto`: when the
     /// Node's `status.nodeInfo.kubeletVersion` says 1.33 or newer (else,

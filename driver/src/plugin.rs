@@ -314,21 +314,15 @@ pub async fn choose_instance(flags: &Flags) -> Option<String> {
 async fn kubelet_version(flags: &Flags) -> Result<Option<(String, (u32, u32))>, Error> {
     const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
     let client = kube_client(flags.kubeconfig.as_deref()).await?;
-    let nodes = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client);
-    let get = nodes.get(&flags.node_name);
+    let get = crate::slices::wire::node_kubelet_version(&client, &flags.node_name);
     let node_error = |reason| Error::Node {
         name: flags.node_name.clone(),
         reason,
     };
-    let node = tokio::time::timeout(TIMEOUT, get)
+    let text = tokio::time::timeout(TIMEOUT, get)
         .await
         .map_err(|_| node_error(format!("no answer in {TIMEOUT:?}")))?
         .map_err(|e| node_error(error_chain(&e)))?;
-    let text = node
-        .status
-        .and_then(|s| s.node_info)
-        .map(|i| i.kubelet_version)
-        .unwrap_or_default();
     Ok(parse_kubelet_version(&text).map(|v| (text, v)))
 }
 

@@ -22,7 +22,7 @@ mod digest;
 pub mod pool;
 pub mod publisher;
 pub mod split;
-mod wire;
+pub(crate) mod wire;
 
 use std::fmt;
 

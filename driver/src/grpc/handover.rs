@@ -34,25 +34,28 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::dra::{ClaimError, ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
 
-/// This instance's own preparer, once it has taken over.
-pub(super) type Local = watch::Receiver<Option<Arc<dyn ClaimPreparer>>>;
-
 /// Passes calls on to the serving instance until this one has taken over.
 pub(super) struct Handover {
     targets: Vec<PathBuf>,
-    local: Local,
+    /// This instance's own preparer, once it has taken over.
+    local: watch::Sender<Option<Arc<dyn ClaimPreparer>>>,
     forwarded: AtomicU64,
 }
 
 impl Handover {
     /// Calls go to the first of `targets` that takes a connection, until
-    /// `local` holds this instance's preparer.
-    pub(super) fn new(targets: Vec<PathBuf>, local: Local) -> Self {
+    /// [`take_over`](Self::take_over).
+    pub(super) fn new(targets: Vec<PathBuf>) -> Self {
         Self {
             targets,
-            local,
+            local: watch::Sender::new(None),
             forwarded: AtomicU64::new(0),
         }
+    }
+
+    /// From now on `preparer` answers every call, those waiting included.
+    pub(super) fn take_over(&self, preparer: Arc<dyn ClaimPreparer>) {
+        self.local.send_replace(Some(preparer));
     }
 
     /// Calls answered by another instance so far.
@@ -64,12 +67,18 @@ impl Handover {
         self.local.borrow().clone()
     }
 
-    /// This instance's preparer, once it has one; `None` if it stopped
-    /// before taking over.
-    async fn wait_for_takeover(&self) -> Option<Arc<dyn ClaimPreparer>> {
-        let mut local = self.local.clone();
-        let preparer = local.wait_for(Option::is_some).await.ok()?;
-        preparer.clone()
+    /// This instance's preparer, once it has one. The sender lives as
+    /// long as `self`, so the wait ends only with the take-over (or with
+    /// the call, when the server drops it).
+    async fn wait_for_takeover(&self) -> Arc<dyn ClaimPreparer> {
+        let mut local = self.local.subscribe();
+        loop {
+            if let Some(preparer) = local.borrow_and_update().clone() {
+                return preparer;
+            }
+            // Cannot fail: `self` holds the sender.
+            let _ = local.changed().await;
+        }
     }
 
     /// A client on the first target that takes a connection.
@@ -170,10 +179,7 @@ impl ClaimPreparer for Handover {
             {
                 return answer;
             }
-            match self.wait_for_takeover().await {
-                Some(local) => local.prepare(claims).await,
-                None => stopped(claims),
-            }
+            self.wait_for_takeover().await.prepare(claims).await
         })
     }
 
@@ -184,25 +190,9 @@ impl ClaimPreparer for Handover {
             {
                 return answer;
             }
-            match self.wait_for_takeover().await {
-                Some(local) => local.unprepare(claims).await,
-                None => stopped(claims),
-            }
+            self.wait_for_takeover().await.unprepare(claims).await
         })
     }
-}
-
-/// Every claim's error when this instance stops before it took over.
-fn stopped<T>(claims: &[ClaimRef]) -> ClaimResults<T> {
-    claims
-        .iter()
-        .map(|c| {
-            let e = ClaimError::Failed(
-                "this plugin instance stopped before it took the node over; kubelet retries the call".into(),
-            );
-            (c.uid.clone(), Err(e))
-        })
-        .collect()
 }
 
 fn to_v1(c: &ClaimRef) -> v1::Claim {

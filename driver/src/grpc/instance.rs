@@ -29,7 +29,8 @@ use super::sockets;
 pub const TAG_LEN: usize = 8;
 
 /// The name, in the DRA socket's directory, of the symlink to the DRA
-/// socket of the instance that serves; a waiting instance relays there.
+/// socket of the instance that serves; a waiting instance passes calls on
+/// to it.
 pub const SERVING_LINK: &str = "serving.sock";
 
 /// The DRA socket's name without a tag (every instance before per-instance
@@ -164,11 +165,11 @@ pub fn remove_serving_link(dir: &Path, socket: &Path) {
     }
 }
 
-/// Where a waiting instance relays a connection to, in order: the instance
+/// Where a waiting instance passes calls on to, in order: the instance
 /// the [`SERVING_LINK`] names, then the shared `dra.sock` (an instance of a
 /// version before the link, or one without per-instance names). `own` (the
 /// waiting instance's socket) is never a target.
-pub fn relay_targets(dir: &Path, own: &Path) -> Vec<PathBuf> {
+pub fn forward_targets(dir: &Path, own: &Path) -> Vec<PathBuf> {
     [dir.join(SERVING_LINK), dir.join(SHARED_DRA_SOCKET)]
         .into_iter()
         .filter(|p| p != own)

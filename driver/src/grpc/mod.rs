@@ -12,8 +12,8 @@
 //! Real claim preparation plugs in through [`dra::ClaimPreparer`], device
 //! health through the [`health::HealthSender`] watch channel. In a rolling
 //! update with per-instance socket names ([`instance`]), [`Server::bind`]
-//! registers a new instance while the old one still serves, and relays
-//! kubelet's connections to it until the new one takes over.
+//! registers a new instance while the old one still serves, and passes
+//! kubelet's calls on to it until the new one takes over.
 
 mod authority;
 pub mod dra;

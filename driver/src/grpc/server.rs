@@ -32,7 +32,7 @@ use tokio::task::JoinHandle;
 
 use super::authority;
 use super::dra::{ClaimPreparer, DraCore, DraV1, DraV1beta1, NotImplementedPreparer};
-use super::handover::{self, Handover};
+use super::handover::Handover;
 use super::health::{self, HealthReceiver, HealthService};
 use super::instance;
 use super::metrics::GrpcMetrics;
@@ -171,9 +171,7 @@ pub struct Server;
 impl Server {
     /// Binds both sockets and starts serving. Needs a Tokio runtime.
     pub async fn start(config: Config, services: Services) -> Result<ServerHandle, Error> {
-        Ok(Self::bind_with(config, services, None)
-            .await?
-            .serve_here(None))
+        Ok(Self::bind_with(config, services, false).await?.serving())
     }
 
     /// Binds both sockets and serves them, passing prepare and unprepare
@@ -182,16 +180,13 @@ impl Server {
     /// (`services.preparer` is not used). Like [`start`](Self::start),
     /// first removes the sockets of tagged instances that are gone.
     pub async fn bind(config: Config, services: Services) -> Result<Bound, Error> {
-        let (local_tx, local) = watch::channel(None);
-        let mut bound = Self::bind_with(config, services, Some(local)).await?;
-        bound.local = Some(local_tx);
-        Ok(bound)
+        Self::bind_with(config, services, true).await
     }
 
     async fn bind_with(
         config: Config,
         mut services: Services,
-        handover: Option<handover::Local>,
+        handing_over: bool,
     ) -> Result<Bound, Error> {
         validate_driver_name(&config.driver_name)?;
         let config = Config {
@@ -223,11 +218,10 @@ impl Server {
         sockets::clear_stale(&dra_path).await?;
         sockets::clear_stale(&reg_path).await?;
 
-        let handover = handover.map(|local| {
-            Arc::new(Handover::new(
-                instance::relay_targets(&dra_dir, &dra_path),
-                local,
-            ))
+        let handover = handing_over.then(|| {
+            Arc::new(Handover::new(instance::forward_targets(
+                &dra_dir, &dra_path,
+            )))
         });
         if let Some(h) = &handover {
             services.preparer = h.clone();
@@ -305,7 +299,6 @@ impl Server {
                 _lock: lock,
             },
             handover,
-            local: None,
         })
     }
 }
@@ -315,8 +308,9 @@ impl Server {
 /// stops the servers and removes the sockets.
 pub struct Bound {
     handle: ServerHandle,
+    /// `None` from [`Server::start`]: its own preparer serves from the
+    /// start.
     handover: Option<Arc<Handover>>,
-    local: Option<watch::Sender<Option<Arc<dyn ClaimPreparer>>>>,
 }
 
 impl std::fmt::Debug for Bound {
@@ -341,14 +335,15 @@ impl Bound {
     /// From now on `preparer` answers every call, those waiting for the
     /// take-over included, and the serving link names this instance.
     pub fn serve(self, preparer: Arc<dyn ClaimPreparer>) -> ServerHandle {
-        self.serve_here(Some(preparer))
+        if let Some(handover) = &self.handover {
+            handover.take_over(preparer);
+        }
+        self.serving()
     }
 
-    fn serve_here(self, preparer: Option<Arc<dyn ClaimPreparer>>) -> ServerHandle {
+    /// Points the serving link at this instance and says it serves.
+    fn serving(self) -> ServerHandle {
         let forwarded = self.handover.as_ref().map(|h| h.forwarded());
-        if let (Some(local), Some(preparer)) = (&self.local, preparer) {
-            local.send_replace(Some(preparer));
-        }
         let handle = self.handle;
         if let Err(e) = instance::point_serving_link(&handle.dra_dir, &handle.dra_path) {
             tracing::warn!(dir = %handle.dra_dir.display(), error = %e, "cannot point the serving link at this instance; a successor passes its calls to dra.sock");

@@ -1,4 +1,5 @@
-//! The publisher's API calls, decoding only what it reads.
+//! The publisher's API calls (and the plugin's one read of its Node's
+//! kubelet version), decoding only what they read.
 //!
 //! The API server answers with whole objects: a ResourceSlice of a
 //! dynamic-MIG GPU pool is about 100 kB of JSON, and as much again of
@@ -6,7 +7,7 @@
 //! `kube::Api` each answer becomes a full typed object (`managedFields` as
 //! `serde_json::Value` trees), only to be dropped. Here the same requests,
 //! made with the same kube client, decode just the fields the publisher uses:
-//! - a Node: its UID;
+//! - a Node: its UID, or its kubelet version;
 //! - a listed slice: name, `resourceVersion`, owners and spec;
 //! - an applied slice: its `resourceVersion`;
 //! - a deleted slice: nothing;
@@ -140,6 +141,34 @@ pub(super) async fn node_uid(client: &kube::Client, name: &str) -> kube::Result<
     let request = build(Request::new(path::<Node>()).get(name, &GetParams::default()))?;
     let node: MetaOnly = read_json(client, request).await?;
     Ok(node.metadata.uid)
+}
+
+/// `status.nodeInfo.kubeletVersion` of Node `name` (empty when unset).
+pub(crate) async fn node_kubelet_version(
+    client: &kube::Client,
+    name: &str,
+) -> kube::Result<String> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct NodeVersion {
+        #[serde(default)]
+        status: NodeStatus,
+    }
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct NodeStatus {
+        #[serde(default)]
+        node_info: NodeInfo,
+    }
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct NodeInfo {
+        #[serde(default)]
+        kubelet_version: String,
+    }
+    let request = build(Request::new(path::<Node>()).get(name, &GetParams::default()))?;
+    let node: NodeVersion = read_json(client, request).await?;
+    Ok(node.status.node_info.kubelet_version)
 }
 
 /// The slices matching `selector`, as [`Observed`] summaries.

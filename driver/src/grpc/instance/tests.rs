@@ -75,14 +75,14 @@ fn a_long_driver_name_does_not_fit_with_a_tag() {
 }
 
 #[test]
-fn relay_targets_never_include_the_own_socket() {
+fn forward_targets_never_include_the_own_socket() {
     let dir = Path::new("/p/gpu.nvidia.com");
     assert_eq!(
-        relay_targets(dir, &dir.join("dra-0a1b2c3d.sock")),
+        forward_targets(dir, &dir.join("dra-0a1b2c3d.sock")),
         [dir.join("serving.sock"), dir.join("dra.sock")]
     );
     assert_eq!(
-        relay_targets(dir, &dir.join("dra.sock")),
+        forward_targets(dir, &dir.join("dra.sock")),
         [dir.join("serving.sock")]
     );
 }

@@ -339,7 +339,7 @@ async fn who_prepares(channel: Channel, uid: &str) -> Result<String, tonic::Stat
 }
 
 #[tokio::test]
-async fn a_waiting_instance_relays_to_the_serving_one_then_serves_itself() {
+async fn a_waiting_instance_forwards_to_the_serving_one_then_serves_itself() {
     let t = short_tempdir();
     // The old instance, with the shared names, as a version before
     // per-instance sockets runs.
@@ -406,7 +406,7 @@ async fn a_waiting_instance_relays_to_the_serving_one_then_serves_itself() {
 }
 
 #[tokio::test]
-async fn a_successor_relays_through_the_serving_link_of_a_tagged_instance() {
+async fn a_successor_forwards_through_the_serving_link_of_a_tagged_instance() {
     let t = short_tempdir();
     let first = Server::start(
         config(t.path()).with_instance(Some("11111111".into())),
