@@ -26,11 +26,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
 use gpu_dra_e2e::kubelet::{Claim, KUBELET_RECONCILE_PERIOD, KubeletSim, Registrar};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::watch;
 
-use crate::node::{DRIVER, Node, SERVING, result, wait_for_log};
-use crate::start::{span_ms, time_of_day, wall_of_day};
+use crate::node::{DRIVER, JsonLog, Node, SERVING, result, wait_for_log};
+use crate::start::{span_ms, wall_of_day};
 use crate::table::{Row, ms};
 use crate::{Ctx, Settings};
 
@@ -80,9 +80,8 @@ struct HandOver {
 /// What kubelet saw of one hand-over: the call stream's outcome.
 #[derive(Debug, Default)]
 struct Calls {
-    /// Calls answered without error.
-    answered: u32,
-    /// Calls that failed (an error, or a claim error).
+    /// Calls to a registered plugin that failed (an error, or a claim
+    /// error).
     failed: u32,
     /// The longest time between two answered calls, in ms.
     longest_gap: f64,
@@ -101,22 +100,24 @@ async fn call_stream(
     let mut last_answer = Instant::now();
     let mut after = 0;
     while after < CALLS_AFTER {
+        // `None`: no plugin registered, no call made.
         let answered = match registrar.plugin(DRIVER) {
-            None => false,
-            Some(plugin) => match plugin.prepare(std::slice::from_ref(&claim)).await {
-                Ok(r) => r.get(&claim.uid).is_some_and(|r| r.error.is_none()),
-                Err(_) => false,
-            },
+            None => None,
+            Some(plugin) => Some(
+                plugin
+                    .prepare(std::slice::from_ref(&claim))
+                    .await
+                    .is_ok_and(|r| r.get(&claim.uid).is_some_and(|r| r.error.is_none())),
+            ),
         };
-        if answered {
-            calls.answered += 1;
+        if answered == Some(true) {
             calls.longest_gap = calls.longest_gap.max(ms(last_answer.elapsed()));
             last_answer = Instant::now();
             if *stop.borrow_and_update() {
                 after += 1;
             }
         } else {
-            if registrar.plugin(DRIVER).is_some() {
+            if answered == Some(false) {
                 calls.failed += 1;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -298,46 +299,6 @@ fn hand_over(
         taking_over: span_ms(taking_over, serving),
         to_serving: span_ms(sent, serving),
     })
-}
-
-/// A plugin's JSON log, its lines parsed once (lines that are not JSON,
-/// such as the supervisor's, left out).
-struct JsonLog<'a> {
-    text: &'a str,
-    lines: Vec<Value>,
-}
-
-impl<'a> JsonLog<'a> {
-    fn parse(text: &'a str) -> Self {
-        let lines = text
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
-        Self { text, lines }
-    }
-
-    /// The first line whose message contains `what`.
-    fn line(&self, what: &str) -> Option<&Value> {
-        self.lines
-            .iter()
-            .find(|v| v["message"].as_str().is_some_and(|m| m.contains(what)))
-    }
-
-    /// Seconds since midnight of the first line whose message contains
-    /// `what`.
-    fn at(&self, what: &str) -> anyhow::Result<f64> {
-        self.line(what)
-            .and_then(|v| time_of_day(v["timestamp"].as_str()?))
-            .with_context(|| format!("no timestamped {what:?} line in the log:\n{}", self.text))
-    }
-
-    /// String field `field` of the first line whose message contains
-    /// `what`.
-    fn field(&self, what: &str, field: &str) -> anyhow::Result<&str> {
-        self.line(what)
-            .and_then(|v| v[field].as_str())
-            .with_context(|| format!("no {what:?} line with {field:?} in the log:\n{}", self.text))
-    }
 }
 
 #[cfg(test)]

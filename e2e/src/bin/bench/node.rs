@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use crate::Ctx;
 use crate::children::{Plugin, Root};
-use crate::start::{NODE, proc_kib};
+use crate::start::{NODE, proc_kib, time_of_day};
 
 /// The driver's name.
 pub const DRIVER: &str = "gpu.nvidia.com";
@@ -189,12 +189,7 @@ pub async fn wait_for_log(log: &Path, message: &str, child: &mut Plugin) -> anyh
 /// line (with per-instance sockets, a name of its own), which must lie in
 /// `reg_dir`.
 pub fn registration_socket(log: &str, reg_dir: &Path) -> anyhow::Result<PathBuf> {
-    let path = log
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["message"].as_str().is_some_and(|m| m.contains(SERVING)))
-        .and_then(|v| v["registration"].as_str().map(PathBuf::from))
-        .with_context(|| format!("no registration socket on a {SERVING:?} line:\n{log}"))?;
+    let path = PathBuf::from(JsonLog::parse(log).field(SERVING, "registration")?);
     anyhow::ensure!(
         path.parent() == Some(reg_dir),
         "the plugin registered {} outside {}",
@@ -202,6 +197,46 @@ pub fn registration_socket(log: &str, reg_dir: &Path) -> anyhow::Result<PathBuf>
         reg_dir.display()
     );
     Ok(path)
+}
+
+/// A plugin's JSON log, its lines parsed once (lines that are not JSON,
+/// such as the supervisor's, left out).
+pub struct JsonLog<'a> {
+    text: &'a str,
+    lines: Vec<Value>,
+}
+
+impl<'a> JsonLog<'a> {
+    pub fn parse(text: &'a str) -> Self {
+        let lines = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        Self { text, lines }
+    }
+
+    /// The first line whose message contains `what`.
+    fn line(&self, what: &str) -> Option<&Value> {
+        self.lines
+            .iter()
+            .find(|v| v["message"].as_str().is_some_and(|m| m.contains(what)))
+    }
+
+    /// Seconds since midnight of the first line whose message contains
+    /// `what`.
+    pub fn at(&self, what: &str) -> anyhow::Result<f64> {
+        self.line(what)
+            .and_then(|v| time_of_day(v["timestamp"].as_str()?))
+            .with_context(|| format!("no timestamped {what:?} line in the log:\n{}", self.text))
+    }
+
+    /// String field `field` of the first line whose message contains
+    /// `what`.
+    pub fn field(&self, what: &str, field: &str) -> anyhow::Result<&str> {
+        self.line(what)
+            .and_then(|v| v[field].as_str())
+            .with_context(|| format!("no {what:?} line with {field:?} in the log:\n{}", self.text))
+    }
 }
 
 /// Registers the kubelet simulator with the plugin behind `reg_socket`.
@@ -583,6 +618,6 @@ mod tests {
         let err = registration_socket(&serving("/elsewhere/x-reg.sock"), reg).unwrap_err();
         assert!(err.to_string().contains("outside /n/reg"), "{err}");
         let err = registration_socket("not json\n", reg).unwrap_err();
-        assert!(err.to_string().contains("no registration socket"), "{err}");
+        assert!(err.to_string().contains("\"registration\""), "{err}");
     }
 }
