@@ -433,23 +433,12 @@ fn only_a_start_over_an_existing_directory_kills_stale_processes() {
     // A leftover of a start that crashed half-way: the directory and a
     // process carrying the daemon's marker.
     fs::create_dir_all(&dirs.pipe).unwrap();
-    let mut stale = Command::new("sleep")
-        .arg("60")
-        .env(procs::DAEMON_MARKER_ENV, &dirs.root)
-        .spawn()
-        .unwrap();
+    let mut stale = procs::spawn_with_environment(
+        Command::new("sleep")
+            .arg("60")
+            .env(procs::DAEMON_MARKER_ENV, &dirs.root),
+    );
     let stale_pid = stale.id();
-    // `spawn` returns while the kernel may still be setting up the new
-    // program's environment (`/proc/<pid>/environ` reads empty for a
-    // moment, seen under load); a real leftover is long past that.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !procs::daemon_processes(&dirs.root).contains(&stale_pid) {
-        assert!(
-            Instant::now() < deadline,
-            "the stale process never showed its marker"
-        );
-        thread::sleep(Duration::from_millis(1));
-    }
     let pid = mps.start(&cfg("claim-1")).unwrap().pid.unwrap();
     // Killed by the start (reaped here: it is this test's child).
     let status = stale.wait().unwrap();
@@ -846,16 +835,15 @@ fn orphans_of_an_earlier_mps_dir_are_stopped_by_owner_and_nothing_else_is() {
     assert_eq!(mps.stop_orphans_elsewhere(), (vec![], vec![]));
     // A process with the mark and a directory whose name is no daemon id
     // (not one of ours, or a hostile environment): reported, left alone.
-    let mut odd = std::process::Command::new("sleep")
-        .arg("30")
-        .env(procs::OWNER_ENV, &owner)
-        .env(
-            procs::DAEMON_MARKER_ENV,
-            env.state.join("old").join("not an id"),
-        )
-        .spawn()
-        .unwrap();
-    // (`spawn` returns once `sleep` runs, with this environment.)
+    let mut odd = procs::spawn_with_environment(
+        Command::new("sleep")
+            .arg("30")
+            .env(procs::OWNER_ENV, &owner)
+            .env(
+                procs::DAEMON_MARKER_ENV,
+                env.state.join("old").join("not an id"),
+            ),
+    );
     let (stopped, errors) = mps.stop_orphans_elsewhere();
     assert!(stopped.is_empty(), "{stopped:?}");
     assert!(
@@ -871,12 +859,12 @@ fn orphans_of_an_earlier_mps_dir_are_stopped_by_owner_and_nothing_else_is() {
     let forged = env.state.join("forged").join("x");
     fs::create_dir_all(forged.join("pipe")).unwrap();
     fs::write(forged.join("pipe").join(PID_FILE), kept.to_string()).unwrap();
-    let mut forger = std::process::Command::new("sleep")
-        .arg("30")
-        .env(procs::OWNER_ENV, &owner)
-        .env(procs::DAEMON_MARKER_ENV, &forged)
-        .spawn()
-        .unwrap();
+    let mut forger = procs::spawn_with_environment(
+        Command::new("sleep")
+            .arg("30")
+            .env(procs::OWNER_ENV, &owner)
+            .env(procs::DAEMON_MARKER_ENV, &forged),
+    );
     let (stopped, errors) = mps.stop_orphans_elsewhere();
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(

@@ -151,6 +151,27 @@ pub fn kill(pid: u32) -> bool {
     }
 }
 
+/// Spawns `cmd` and returns once its environment reads back through
+/// `/proc/<pid>/environ`. `spawn` returns as soon as the child has left this
+/// process's memory, but the kernel sets up the new program's environment
+/// after that, so for a moment the file reads empty (seen under load). A
+/// test that scans environments for a marker needs this; a real leftover
+/// daemon is long past that moment.
+#[cfg(test)]
+pub fn spawn_with_environment(cmd: &mut std::process::Command) -> std::process::Child {
+    let child = cmd.spawn().expect("spawn");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while fs::read(format!("/proc/{}/environ", child.id())).is_ok_and(|e| e.is_empty()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {} never showed its environment",
+            child.id()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    child
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,18 +201,12 @@ mod tests {
     #[test]
     fn marked_processes_are_found_until_they_die() {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .env(DAEMON_MARKER_ENV, dir.path())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_with_environment(
+            std::process::Command::new("sleep")
+                .arg("30")
+                .env(DAEMON_MARKER_ENV, dir.path()),
+        );
         let pid = child.id();
-        // `/proc/<pid>/environ` may read empty for a moment after `spawn`
-        // returns (seen under load in the daemon tests).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while !daemon_processes(dir.path()).contains(&pid) && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
         assert_eq!(daemon_processes(dir.path()), vec![pid]);
         // The marker must name the directory exactly: neither a directory
         // under it nor the one above it matches.
