@@ -33,7 +33,7 @@ use gpu_dra_e2e::kubelet::KubeletSim;
 use gpu_dra_e2e::pool;
 use gpu_kubelet_plugin::flags::Flags;
 use gpu_kubelet_plugin::grpc;
-use gpu_kubelet_plugin::plugin::Plugin;
+use gpu_kubelet_plugin::plugin::{Plugin, kube_client};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::Api;
 use kube::api::PostParams;
@@ -324,7 +324,12 @@ async fn demo(out: &Printer, settings: &Settings<'_>) -> Result<(Value, Vec<Stri
     let mut registrar = sim.watch_registrar(&flags.kubelet_registrar_dir);
     let started = Instant::now();
     let (phase, _) = gpu_kubelet_plugin::phase::channel();
-    let handle = Plugin::start(&flags, grpc::Services::default(), phase)
+    // The plugin's own client, from the kubeconfig as in a cluster.
+    let plugin_client = kube_client(Some(&kubeconfig))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .context("the plugin's Kubernetes client")?;
+    let handle = Plugin::start(&flags, plugin_client, grpc::Services::default(), phase)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("start the plugin")?;

@@ -74,7 +74,10 @@ fn supervise() -> ExitCode {
 }
 
 async fn run(mut flags: Flags) -> anyhow::Result<()> {
-    flags.instance = plugin::choose_instance(&flags).await;
+    // One client for the Node's kubelet version and the plugin itself.
+    let client = plugin::kube_client(flags.kubeconfig.as_deref()).await?;
+    tracing::info!("Kubernetes client ready");
+    flags.instance = plugin::choose_instance(&flags, &client).await;
     let config = plugin::grpc_config(&flags);
     let mut registry = Registry::with_prefix("gpu_kubelet_plugin");
     let metrics = GrpcMetrics::register(&mut registry);
@@ -104,9 +107,9 @@ async fn run(mut flags: Flags) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
 
-    // NVML and discovery, the kube client, the kubelet sockets, then the
+    // NVML and discovery, the kubelet sockets, then the
     // ResourceSlice publisher in the background.
-    let start = Plugin::start(&flags, services, phase_tx);
+    let start = Plugin::start(&flags, client, services, phase_tx);
     tokio::pin!(start);
     let mut signalled = None;
     let mut plugin = loop {

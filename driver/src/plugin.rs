@@ -120,11 +120,12 @@ impl std::fmt::Debug for Parts {
 pub struct Plugin;
 
 impl Plugin {
-    /// Starts the plugin from its flags: NVML from `--nvml-lib`, the kube
-    /// client from `--kubeconfig` (else the default kubeconfig or in-cluster
-    /// configuration). Needs a Tokio runtime.
+    /// Starts the plugin from its flags and a kube client made by
+    /// [`kube_client`]: NVML from `--nvml-lib` (else found in the driver
+    /// root). Needs a Tokio runtime.
     pub async fn start(
         flags: &Flags,
+        client: kube::Client,
         services: grpc::Services,
         phase: watch::Sender<Phase>,
     ) -> Result<PluginHandle, Error> {
@@ -140,8 +141,6 @@ impl Plugin {
                 .await
                 .map_err(|e| discovery::Error::Task(e.to_string()))??;
         tracing::info!(elapsed_us = micros(started), "NVML loaded");
-        let client = kube_client(flags.kubeconfig.as_deref()).await?;
-        tracing::info!(elapsed_us = micros(started), "Kubernetes client ready");
         Self::start_with(
             flags,
             Parts {
@@ -259,7 +258,7 @@ pub const PER_INSTANCE_KUBELET: (u32, u32) = (1, 33);
 /// names) otherwise, when the Node cannot be read, and when the tagged
 /// socket paths would be too long (a driver name over 55 bytes under the
 /// default directories). One GET of the Node with `auto`, nothing else.
-pub async fn choose_instance(flags: &Flags) -> Option<String> {
+pub async fn choose_instance(flags: &Flags, client: &kube::Client) -> Option<String> {
     if !flags.rolling_update {
         if flags.per_instance_sockets == PerInstanceSockets::Always {
             tracing::warn!(
@@ -271,7 +270,7 @@ pub async fn choose_instance(flags: &Flags) -> Option<String> {
     let wanted = match flags.per_instance_sockets {
         PerInstanceSockets::Never => false,
         PerInstanceSockets::Always => true,
-        PerInstanceSockets::Auto => match kubelet_version(flags).await {
+        PerInstanceSockets::Auto => match kubelet_version(flags, client).await {
             Ok(Some((text, version))) => {
                 let new_enough = version >= PER_INSTANCE_KUBELET;
                 tracing::info!(
@@ -311,10 +310,12 @@ pub async fn choose_instance(flags: &Flags) -> Option<String> {
 
 /// The Node's `status.nodeInfo.kubeletVersion`, as given and as
 /// (major, minor); `None` when it is missing or unreadable.
-async fn kubelet_version(flags: &Flags) -> Result<Option<(String, (u32, u32))>, Error> {
+async fn kubelet_version(
+    flags: &Flags,
+    client: &kube::Client,
+) -> Result<Option<(String, (u32, u32))>, Error> {
     const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-    let client = kube_client(flags.kubeconfig.as_deref()).await?;
-    let get = crate::slices::wire::node_kubelet_version(&client, &flags.node_name);
+    let get = crate::slices::wire::node_kubelet_version(client, &flags.node_name);
     let node_error = |reason| Error::Node {
         name: flags.node_name.clone(),
         reason,
@@ -610,6 +611,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).unwrap();
+        let client = kube_client(Some(&kubeconfig)).await.unwrap();
         let flags = |node: &str, extra: &[&str]| {
             let mut args = vec![
                 "gpu-kubelet-plugin".to_owned(),
@@ -640,27 +642,31 @@ mod tests {
             ("kbad", "unknown", false),
         ] {
             node(name, version);
-            let tag = choose_instance(&flags(name, &["--rolling-update"])).await;
+            let tag = choose_instance(&flags(name, &["--rolling-update"]), &client).await;
             assert_eq!(tag.is_some(), want, "{version}");
             if let Some(tag) = tag {
                 assert!(grpc::instance::is_tag(&tag), "{tag}");
             }
             // Never without a rolling update, never when told so.
-            assert_eq!(choose_instance(&flags(name, &[])).await, None);
+            assert_eq!(choose_instance(&flags(name, &[]), &client).await, None);
             let never = ["--rolling-update", "--per-instance-sockets=never"];
-            assert_eq!(choose_instance(&flags(name, &never)).await, None);
+            assert_eq!(choose_instance(&flags(name, &never), &client).await, None);
         }
         // A Node that cannot be read: the shared names, unless told.
         assert_eq!(
-            choose_instance(&flags("missing", &["--rolling-update"])).await,
+            choose_instance(&flags("missing", &["--rolling-update"]), &client).await,
             None
         );
         let always = ["--rolling-update", "--per-instance-sockets=always"];
-        assert!(choose_instance(&flags("missing", &always)).await.is_some());
+        assert!(
+            choose_instance(&flags("missing", &always), &client)
+                .await
+                .is_some()
+        );
         // Told, but the paths would not fit.
         let long = format!("--driver-name={}.example.com", "a".repeat(50));
         let long = [always[0], always[1], &long];
-        assert_eq!(choose_instance(&flags("k133", &long)).await, None);
+        assert_eq!(choose_instance(&flags("k133", &long), &client).await, None);
         server.shutdown().await.unwrap();
     }
 

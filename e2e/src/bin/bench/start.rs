@@ -41,8 +41,8 @@ struct StartRun {
 
 /// Log messages of the plugin that mark startup phases.
 const MILESTONES: [&str; 6] = [
-    "NVML loaded",
     "Kubernetes client ready",
+    "NVML loaded",
     "GPU inventory ready",
     "serving kubelet plugin sockets",
     "publishing ResourceSlices",
@@ -87,16 +87,16 @@ pub fn plugin_start(ctx: &Ctx, name: &str, runs: u32, flags: &[&str]) -> anyhow:
             col(|r| r.total_ms),
         )
         .goal(Goal::below(Stat::P95, 100.0)),
-        Row::new(name, "  spawn to NVML loaded", "ms", phase(None, 0)),
+        Row::new(name, "  spawn to kube client ready", "ms", phase(None, 0)),
         Row::new(
             name,
-            "  NVML loaded to kube client ready",
+            "  kube client ready to NVML loaded",
             "ms",
             phase(Some(0), 1),
         ),
         Row::new(
             name,
-            "  kube client to GPU inventory",
+            "  NVML loaded to GPU inventory",
             "ms",
             phase(Some(1), 2),
         ),
