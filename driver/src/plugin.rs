@@ -1,10 +1,12 @@
 //! The whole kubelet plugin as one library call, so that the binary, the
 //! demo and the tests run the very same orchestration.
 //!
-//! [`Plugin::start`] loads NVML (`--nvml-lib`, else the system library),
-//! discovers the GPUs, builds the kube client (`--kubeconfig`, else the
-//! default kubeconfig or the in-cluster configuration), starts the gRPC
-//! servers, and then the ResourceSlice publisher with the inventory. The
+//! [`Plugin::start`] takes a kube client built by [`kube_client`]
+//! (`--kubeconfig`, else the default kubeconfig or the in-cluster
+//! configuration; the binary builds it first, since [`choose_instance`]
+//! reads the Node with it), loads NVML (`--nvml-lib`, else the driver
+//! root's library, else the system one), discovers the GPUs, starts the
+//! gRPC servers, and then the ResourceSlice publisher with the inventory. The
 //! publisher starts only once the sockets are bound: the preparer's start
 //! takes the instance lock first, so a second instance on the same node
 //! fails before it touches the pool, or, in a rolling update
@@ -19,8 +21,7 @@
 //! gRPC calls, then stop the publisher, which deletes the node's slices only
 //! with `--delete-slices-on-exit` (see [`crate::slices`] for the policy).
 //!
-//! [`Plugin::start_with`] takes the NVML backend and the kube client ready
-//! made, for callers that run the plugin in-process against their own
+//! [`Plugin::start_with`] takes the NVML backend ready made too, for callers that run the plugin in-process against their own
 //! backend and API server.
 
 use std::path::{Path, PathBuf};
@@ -121,8 +122,8 @@ pub struct Plugin;
 
 impl Plugin {
     /// Starts the plugin from its flags and a kube client made by
-    /// [`kube_client`]: NVML from `--nvml-lib` (else found in the driver
-    /// root). Needs a Tokio runtime.
+    /// [`kube_client`]: NVML from `--nvml-lib` (else the driver root's
+    /// library, else the system one). Needs a Tokio runtime.
     pub async fn start(
         flags: &Flags,
         client: kube::Client,
