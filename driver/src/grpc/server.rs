@@ -175,7 +175,7 @@ impl Server {
     }
 
     /// Binds both sockets and serves them, passing prepare and unprepare
-    /// on to the instance that serves the node ([`super::handover`]) until
+    /// on to the instance that serves the node (`grpc::handover`) until
     /// [`Bound::serve`] gives this instance's own preparer
     /// (`services.preparer` is not used). Like [`start`](Self::start),
     /// first removes the sockets of tagged instances that are gone.

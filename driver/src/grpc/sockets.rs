@@ -204,7 +204,7 @@ pub async fn clear_stale(path: &Path) -> Result<(), Error> {
 
 /// Binds a listener on `path` (which [`clear_stale`] has cleared), with mode
 /// 0600, so that the socket appears at `path` only once it listens and has
-/// its mode: it is bound under the hidden name [`staging_path`] (kubelet's
+/// its mode: it is bound under the hidden name `staging_path` (kubelet's
 /// plugin watcher ignores names starting with `.`), chmodded, then renamed
 /// into place. Bound straight at `path`, a watcher that lists the
 /// directory between the kernel's `bind` and `listen` would connect to a
