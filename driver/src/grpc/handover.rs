@@ -125,12 +125,15 @@ impl Handover {
         claims: &[ClaimRef],
     ) -> Option<ClaimResults<Vec<PreparedDevice>>> {
         let request = v1::NodePrepareResourcesRequest {
-            claims: claims.iter().map(to_v1).collect(),
+            claims: claims.iter().map(v1::Claim::from).collect(),
         };
         self.forward("prepare", claims.len(), |mut client| async move {
             let answer = client.node_prepare_resources(request).await?.into_inner();
             Ok(results(answer.claims, |r| {
-                (r.error, r.devices.into_iter().map(from_v1).collect())
+                (
+                    r.error,
+                    r.devices.into_iter().map(PreparedDevice::from).collect(),
+                )
             }))
         })
         .await
@@ -138,7 +141,7 @@ impl Handover {
 
     async fn forward_unprepare(&self, claims: &[ClaimRef]) -> Option<ClaimResults<()>> {
         let request = v1::NodeUnprepareResourcesRequest {
-            claims: claims.iter().map(to_v1).collect(),
+            claims: claims.iter().map(v1::Claim::from).collect(),
         };
         self.forward("unprepare", claims.len(), |mut client| async move {
             let answer = client.node_unprepare_resources(request).await?.into_inner();
@@ -192,24 +195,6 @@ impl ClaimPreparer for Handover {
             }
             self.wait_for_takeover().await.unprepare(claims).await
         })
-    }
-}
-
-fn to_v1(c: &ClaimRef) -> v1::Claim {
-    v1::Claim {
-        namespace: c.namespace.clone(),
-        name: c.name.clone(),
-        uid: c.uid.clone(),
-    }
-}
-
-fn from_v1(d: v1::Device) -> PreparedDevice {
-    PreparedDevice {
-        request_names: d.request_names,
-        pool_name: d.pool_name,
-        device_name: d.device_name,
-        cdi_device_ids: d.cdi_device_ids,
-        share_id: d.share_id,
     }
 }
 

@@ -129,6 +129,44 @@ macro_rules! claim_refs {
     };
 }
 
+/// To the wire: a prepared device in kubelet's answer.
+impl From<PreparedDevice> for v1::Device {
+    fn from(d: PreparedDevice) -> Self {
+        Self {
+            request_names: d.request_names,
+            pool_name: d.pool_name,
+            device_name: d.device_name,
+            cdi_device_ids: d.cdi_device_ids,
+            share_id: d.share_id,
+        }
+    }
+}
+
+/// Back from the wire: a rolling update's waiting instance reads the
+/// serving instance's answers (`grpc::handover`).
+impl From<v1::Device> for PreparedDevice {
+    fn from(d: v1::Device) -> Self {
+        Self {
+            request_names: d.request_names,
+            pool_name: d.pool_name,
+            device_name: d.device_name,
+            cdi_device_ids: d.cdi_device_ids,
+            share_id: d.share_id,
+        }
+    }
+}
+
+/// To the wire: the waiting instance's calls to the serving one.
+impl From<&ClaimRef> for v1::Claim {
+    fn from(c: &ClaimRef) -> Self {
+        Self {
+            namespace: c.namespace.clone(),
+            name: c.name.clone(),
+            uid: c.uid.clone(),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl v1::dra_plugin_server::DraPlugin for DraV1 {
     async fn node_prepare_resources(
@@ -147,16 +185,7 @@ impl v1::dra_plugin_server::DraPlugin for DraV1 {
             .map(|(uid, r)| {
                 let resp = match r {
                     Ok(devices) => v1::NodePrepareResourceResponse {
-                        devices: devices
-                            .into_iter()
-                            .map(|d| v1::Device {
-                                request_names: d.request_names,
-                                pool_name: d.pool_name,
-                                device_name: d.device_name,
-                                cdi_device_ids: d.cdi_device_ids,
-                                share_id: d.share_id,
-                            })
-                            .collect(),
+                        devices: devices.into_iter().map(v1::Device::from).collect(),
                         error: String::new(),
                     },
                     Err(e) => v1::NodePrepareResourceResponse {
