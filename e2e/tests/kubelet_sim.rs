@@ -138,9 +138,8 @@ fn short_dir() -> tempfile::TempDir {
 fn busy(dir: &Path, file: &str, slow: usize) -> (PathBuf, TestPlugin) {
     let socket = dir.join(file);
     let plugin = TestPlugin {
-        endpoint: socket.to_str().unwrap().to_owned(),
         slow_get_infos: Arc::new(AtomicUsize::new(slow)),
-        ..both_versions()
+        ..plugin_at(&socket)
     };
     serve_on(&socket, &plugin);
     (socket, plugin)
@@ -173,6 +172,14 @@ fn both_versions() -> TestPlugin {
     TestPlugin {
         versions: vec!["v1.DRAPlugin".into(), "v1beta1.DRAPlugin".into()],
         ..TestPlugin::default()
+    }
+}
+
+/// A plugin of both versions whose endpoint is `socket`.
+fn plugin_at(socket: &Path) -> TestPlugin {
+    TestPlugin {
+        endpoint: socket.to_str().unwrap().to_owned(),
+        ..both_versions()
     }
 }
 
@@ -376,10 +383,7 @@ async fn the_registrar_refuses_a_taken_endpoint_and_notices_deletions() {
     let dir = short_dir();
     let a = dir.path().join("a-reg.sock");
     let b = dir.path().join("b-reg.sock");
-    let plugin = TestPlugin {
-        endpoint: a.to_str().unwrap().to_owned(),
-        ..both_versions()
-    };
+    let plugin = plugin_at(&a);
     serve_on(&a, &plugin);
     let wait = std::time::Duration::from_secs(10);
     let mut registrar = KubeletSim::new().watch_registrar(dir.path());
@@ -423,13 +427,7 @@ async fn of_two_plugins_of_one_driver_the_last_registered_is_called() {
     let old = dir.path().join("a-reg.sock");
     let new = dir.path().join("b-reg.sock");
     let wait = std::time::Duration::from_secs(10);
-    serve_on(
-        &old,
-        &TestPlugin {
-            endpoint: old.to_str().unwrap().to_owned(),
-            ..both_versions()
-        },
-    );
+    serve_on(&old, &plugin_at(&old));
     let mut registrar = KubeletSim::new().watch_registrar(dir.path());
     registrar
         .wait_registered("test.example.com", wait)
@@ -439,13 +437,7 @@ async fn of_two_plugins_of_one_driver_the_last_registered_is_called() {
 
     // A rolling update's new plugin, registered later: it is the one
     // called, though the old one's socket comes first in the directory.
-    serve_on(
-        &new,
-        &TestPlugin {
-            endpoint: new.to_str().unwrap().to_owned(),
-            ..both_versions()
-        },
-    );
+    serve_on(&new, &plugin_at(&new));
     registrar
         .wait_registered("test.example.com", wait)
         .await
@@ -463,10 +455,7 @@ async fn of_two_plugins_of_one_driver_the_last_registered_is_called() {
 async fn a_socket_bound_again_at_the_same_path_is_a_new_registration() {
     let dir = short_dir();
     let socket = dir.path().join("test.example.com-reg.sock");
-    let plugin = TestPlugin {
-        endpoint: socket.to_str().unwrap().to_owned(),
-        ..both_versions()
-    };
+    let plugin = plugin_at(&socket);
     let mut server = serve_on(&socket, &plugin);
     let wait = std::time::Duration::from_secs(10);
     let mut registrar = KubeletSim::new().watch_registrar(dir.path());
@@ -504,10 +493,7 @@ async fn a_replaced_socket_waits_a_pass_and_a_new_name_does_not() {
     let wait = std::time::Duration::from_secs(10);
     let dir = short_dir();
     let socket = dir.path().join("test.example.com-reg.sock");
-    let plugin = TestPlugin {
-        endpoint: socket.to_str().unwrap().to_owned(),
-        ..both_versions()
-    };
+    let plugin = plugin_at(&socket);
     let mut server = serve_on(&socket, &plugin);
     let mut registrar = KubeletSim::new()
         .with_reconcile_period(period)
@@ -540,10 +526,7 @@ async fn a_replaced_socket_waits_a_pass_and_a_new_name_does_not() {
 
     // A name of its own: registered beside the old one, called from then.
     let successor = dir.path().join("test.example.com-0a1b2c3d-reg.sock");
-    let next = TestPlugin {
-        endpoint: successor.to_str().unwrap().to_owned(),
-        ..both_versions()
-    };
+    let next = plugin_at(&successor);
     let _next = serve_on(&successor, &next);
     let newest = registrar
         .wait_registered("test.example.com", wait)

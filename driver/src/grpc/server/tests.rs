@@ -323,9 +323,12 @@ fn named(name: &'static str) -> Services {
     }
 }
 
-/// Which instance prepared claim `uid` over `channel`.
-async fn who_prepares(channel: Channel, uid: &str) -> Result<String, tonic::Status> {
-    let resp = DraPluginClient::new(channel)
+/// The answer over `channel` to a v1 prepare of claim `uid`.
+async fn prepare_over(
+    channel: Channel,
+    uid: &str,
+) -> Result<v1::NodePrepareResourcesResponse, tonic::Status> {
+    Ok(DraPluginClient::new(channel)
         .node_prepare_resources(v1::NodePrepareResourcesRequest {
             claims: vec![v1::Claim {
                 namespace: "default".into(),
@@ -334,8 +337,30 @@ async fn who_prepares(channel: Channel, uid: &str) -> Result<String, tonic::Stat
             }],
         })
         .await?
-        .into_inner();
+        .into_inner())
+}
+
+/// Which instance prepared claim `uid` over `channel`.
+async fn who_prepares(channel: Channel, uid: &str) -> Result<String, tonic::Status> {
+    let resp = prepare_over(channel, uid).await?;
     Ok(resp.claims[uid].devices[0].device_name.clone())
+}
+
+/// The configuration of an instance with socket tag `tag` under `dir`.
+fn tagged(dir: &Path, tag: &str) -> Config {
+    config(dir).with_instance(Some(tag.into()))
+}
+
+/// A dead instance with tag `tag` under `dir`: its sockets, nobody
+/// listening, and a lock file nobody holds.
+fn dead_instance(dir: &Path, tag: &str) -> Config {
+    let dead = tagged(dir, tag);
+    std::fs::create_dir_all(dead.dra_dir()).unwrap();
+    std::fs::create_dir_all(&dead.registrar_dir).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(dead.dra_socket()).unwrap());
+    drop(std::os::unix::net::UnixListener::bind(dead.registration_socket()).unwrap());
+    std::fs::write(sockets::lock_path(&dead.dra_socket()), b"").unwrap();
+    dead
 }
 
 #[tokio::test]
@@ -344,7 +369,7 @@ async fn a_waiting_instance_forwards_to_the_serving_one_then_serves_itself() {
     // The old instance, with the shared names, as a version before
     // per-instance sockets runs.
     let old = Server::start(config(t.path()), named("old")).await.unwrap();
-    let new_config = config(t.path()).with_instance(Some("0a1b2c3d".into()));
+    let new_config = tagged(t.path(), "0a1b2c3d");
     let bound = Server::bind(new_config.clone(), Services::default())
         .await
         .unwrap();
@@ -408,18 +433,12 @@ async fn a_waiting_instance_forwards_to_the_serving_one_then_serves_itself() {
 #[tokio::test]
 async fn a_successor_forwards_through_the_serving_link_of_a_tagged_instance() {
     let t = short_tempdir();
-    let first = Server::start(
-        config(t.path()).with_instance(Some("11111111".into())),
-        named("first"),
-    )
-    .await
-    .unwrap();
-    let second = Server::bind(
-        config(t.path()).with_instance(Some("22222222".into())),
-        Services::default(),
-    )
-    .await
-    .unwrap();
+    let first = Server::start(tagged(t.path(), "11111111"), named("first"))
+        .await
+        .unwrap();
+    let second = Server::bind(tagged(t.path(), "22222222"), Services::default())
+        .await
+        .unwrap();
     // No dra.sock anywhere: only the link leads to the first instance.
     assert!(!config(t.path()).dra_socket().exists());
     let ch = channel(second.handle().dra_socket()).await;
@@ -438,24 +457,14 @@ async fn a_successor_forwards_through_the_serving_link_of_a_tagged_instance() {
 #[tokio::test]
 async fn binding_removes_the_sockets_of_dead_instances_only() {
     let t = short_tempdir();
-    let live = Server::start(
-        config(t.path()).with_instance(Some("aaaaaaaa".into())),
-        Services::default(),
-    )
-    .await
-    .unwrap();
-    // A dead instance: sockets and a lock file nobody holds.
-    let dead = config(t.path()).with_instance(Some("dddddddd".into()));
-    drop(std::os::unix::net::UnixListener::bind(dead.dra_socket()).unwrap());
-    drop(std::os::unix::net::UnixListener::bind(dead.registration_socket()).unwrap());
-    std::fs::write(sockets::lock_path(&dead.dra_socket()), b"").unwrap();
+    let live = Server::start(tagged(t.path(), "aaaaaaaa"), Services::default())
+        .await
+        .unwrap();
+    let dead = dead_instance(t.path(), "dddddddd");
 
-    let bound = Server::bind(
-        config(t.path()).with_instance(Some("bbbbbbbb".into())),
-        Services::default(),
-    )
-    .await
-    .unwrap();
+    let bound = Server::bind(tagged(t.path(), "bbbbbbbb"), Services::default())
+        .await
+        .unwrap();
     for gone in [
         dead.dra_socket(),
         dead.registration_socket(),
@@ -475,23 +484,12 @@ async fn the_serving_instances_claim_errors_reach_kubelet_as_they_are() {
     let old = Server::start(config(t.path()), Services::default())
         .await
         .unwrap();
-    let bound = Server::bind(
-        config(t.path()).with_instance(Some("0a1b2c3d".into())),
-        Services::default(),
-    )
-    .await
-    .unwrap();
-    let resp = DraPluginClient::new(channel(bound.handle().dra_socket()).await)
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![v1::Claim {
-                namespace: "default".into(),
-                uid: "u".into(),
-                name: "c".into(),
-            }],
-        })
+    let bound = Server::bind(tagged(t.path(), "0a1b2c3d"), Services::default())
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
+    let resp = prepare_over(channel(bound.handle().dra_socket()).await, "u")
+        .await
+        .unwrap();
     assert!(
         resp.claims["u"].error.contains("not implemented yet"),
         "{:?}",
@@ -505,12 +503,7 @@ async fn the_serving_instances_claim_errors_reach_kubelet_as_they_are() {
 #[tokio::test]
 async fn an_instance_with_the_shared_names_clears_dead_tagged_ones_too() {
     let t = short_tempdir();
-    let dead = config(t.path()).with_instance(Some("dddddddd".into()));
-    std::fs::create_dir_all(dead.dra_dir()).unwrap();
-    std::fs::create_dir_all(t.path().join("reg")).unwrap();
-    drop(std::os::unix::net::UnixListener::bind(dead.dra_socket()).unwrap());
-    drop(std::os::unix::net::UnixListener::bind(dead.registration_socket()).unwrap());
-    std::fs::write(sockets::lock_path(&dead.dra_socket()), b"").unwrap();
+    let dead = dead_instance(t.path(), "dddddddd");
     let shared = Server::start(config(t.path()), Services::default())
         .await
         .unwrap();
