@@ -280,21 +280,10 @@ pub fn complete_pool(items: &[Value]) -> Option<(usize, usize)> {
 /// Milliseconds from `wall0` to each of [`MILESTONES`] in a JSON log.
 fn milestones(log: &str, wall0: SystemTime) -> anyhow::Result<Vec<f64>> {
     let start = wall_of_day(wall0)?;
-    let lines: Vec<Value> = log
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
+    let log = crate::node::JsonLog::parse(log);
     MILESTONES
         .iter()
-        .map(|m| {
-            let line = lines
-                .iter()
-                .find(|l| l["message"] == *m)
-                .with_context(|| format!("{m:?} not logged:\n{log}"))?;
-            let ts = line["timestamp"].as_str().context("no timestamp")?;
-            let at = time_of_day(ts).with_context(|| format!("bad timestamp {ts}"))?;
-            Ok(span_ms(start, at))
-        })
+        .map(|m| Ok(span_ms(start, log.at(m)?)))
         .collect()
 }
 
