@@ -11,7 +11,9 @@
 //! takes the instance lock first, so a second instance on the same node
 //! fails before it touches the pool, or, in a rolling update
 //! (`--rolling-update`), waits there for the first to exit and binds the
-//! same socket paths after it (see [`crate::phase`]).
+//! same socket paths after it, or, with per-instance sockets, binds its
+//! own before and passes kubelet's calls on meanwhile (see [`crate::phase`]
+//! and [`crate::grpc::instance`]).
 //! The publisher runs in the background and retries API
 //! errors with backoff, so an unreachable API server never holds up
 //! serving kubelet or shutting down.
@@ -21,7 +23,8 @@
 //! gRPC calls, then stop the publisher, which deletes the node's slices only
 //! with `--delete-slices-on-exit` (see [`crate::slices`] for the policy).
 //!
-//! [`Plugin::start_with`] takes the NVML backend ready made too, for callers that run the plugin in-process against their own
+//! [`Plugin::start_with`] takes the NVML backend ready made too, for
+//! callers that run the plugin in-process against their own
 //! backend and API server.
 
 use std::path::{Path, PathBuf};

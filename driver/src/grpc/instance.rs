@@ -82,8 +82,9 @@ fn tag_of(file_name: &str) -> Option<&str> {
 
 /// Removes the tagged sockets (and their locks) in `dra_dir` and
 /// `registrar_dir` of instances that are gone, leaving `own`'s (when this
-/// instance has a tag) and every live instance's alone. A tag whose lock is free is gone; a tagged socket
-/// without a lock file is gone when a connection to it is refused. Best
+/// instance has a tag) and every live instance's alone. A tag whose lock
+/// is free is gone; a tagged socket without a lock file is gone when a
+/// connection to it is refused. Best
 /// effort: what cannot be removed is logged, and the start goes on
 /// (kubelet only retries a dead registration socket once a second).
 /// Returns the tags removed.
