@@ -100,6 +100,8 @@ VARIANTS: dict[str, dict] = {
     },
     # The MPS daemons' directories under the plugin's state dir (no --mps-dir).
     "mps-dir-empty": {"kubeletPlugin": {"mpsDir": ""}},
+    # The plugin starts the MPS daemons itself: no host, no hostPID.
+    "mps-host-off": {"kubeletPlugin": {"mpsHost": {"enabled": False}}},
     "plugin-only": {
         "controller": {"enabled": False},
         "webhook": {"enabled": False},
@@ -138,6 +140,8 @@ REFUSED: list[tuple[dict, str]] = [
     ({"kubeletPlugin": {"nvidiaCdiHookPath": "/usr/bin/"}}, "nvidiaCdiHookPath"),
     ({"controller": {"pendingGracePeriod": "30"}}, "pendingGracePeriod"),
     ({"kubeletPlugin": {"perInstanceSockets": "yes"}}, "perInstanceSockets"),
+    ({"kubeletPlugin": {"mpsHost": {"enabled": "yes"}}}, "mpsHost"),
+    ({"kubeletPlugin": {"mpsHost": {"socket": "/run/h.sock"}}}, "mpsHost"),
 ]
 
 # The part of cert-manager.io/v1 the chart writes; unknown fields are errors.
@@ -299,6 +303,52 @@ def container_args(workload: dict) -> list[str]:
     return workload["spec"]["template"]["spec"]["containers"][0].get("args", [])
 
 
+def component(objects, kind: str, name: str) -> list[dict]:
+    return [o for o in find(objects, kind) if o["metadata"]["labels"].get("app.kubernetes.io/component") == name]
+
+
+def plugin_daemonset(objects) -> dict:
+    hits = component(objects, "DaemonSet", "kubelet-plugin")
+    expect(len(hits) == 1, f"expected exactly one kubelet-plugin DaemonSet, found {len(hits)}")
+    return hits[0]
+
+
+def check_mps_host(v: dict, objects, plugin: dict) -> None:
+    """With mpsHost on: a DaemonSet of its own, updated only on delete, in the host's PID
+    namespace with the plugin, serving the socket the plugin is told, and mounting what the
+    plugin names by path (socket directory, driver root, MPS directory, /dev) at the same
+    paths. Off: none of it."""
+    hosts = component(objects, "DaemonSet", "mps-host")
+    plugin_pod = plugin["spec"]["template"]["spec"]
+    flags = [a for a in container_args(plugin) if a.startswith("--mps-host-socket")]
+    if not v["kubeletPlugin"]["mpsHost"]["enabled"]:
+        expect(not hosts, "an MPS host DaemonSet although mpsHost is off")
+        expect(not flags and not plugin_pod.get("hostPID"), f"mpsHost is off but the plugin has {flags}, hostPID")
+        return
+    expect(len(hosts) == 1, f"expected one MPS host DaemonSet, found {len(hosts)}")
+    host = hosts[0]
+    pod = host["spec"]["template"]["spec"]
+    expect(host["spec"]["updateStrategy"] == {"type": "OnDelete"}, f"the MPS host's updateStrategy is {host['spec']['updateStrategy']}")
+    expect(pod.get("hostPID") is True and plugin_pod.get("hostPID") is True, "the plugin and the MPS host must both run with hostPID")
+    container = pod["containers"][0]
+    expect("livenessProbe" not in container and "readinessProbe" not in container, "a probe could restart the MPS host")
+    expect(container["image"] == plugin_pod["containers"][0]["image"], "the MPS host runs another image than the plugin")
+    args = container_args(host)
+    sockets = [a.split("=", 1)[1] for a in args if a.startswith("--socket=")]
+    expect(args[0] == "mps-host" and len(sockets) == 1, f"MPS host args {args}")
+    expect(flags == [f"--mps-host-socket={sockets[0]}"], f"the plugin's {flags} is not the host's socket {sockets[0]}")
+    def mounts(p):
+        vols = {vol["name"]: vol.get("hostPath", {}).get("path") for vol in p["volumes"]}
+        return {m["mountPath"]: vols.get(m["name"]) for m in p["containers"][0]["volumeMounts"]}
+    theirs, ours = mounts(plugin_pod), mounts(pod)
+    socket_dir = sockets[0].rsplit("/", 1)[0]
+    plugin_args = container_args(plugin)
+    mps_dirs = [a.split("=", 1)[1] for a in plugin_args if a.startswith("--mps-dir=")]
+    for path in [socket_dir, "/driver-root", "/dev", *mps_dirs]:
+        expect(path in ours and ours[path] == theirs.get(path),
+               f"the MPS host does not mount {path} as the plugin does: {ours.get(path)} vs {theirs.get(path)}")
+
+
 def check_cross_references(name: str, values: dict, objects) -> None:
     v = merge(yaml.safe_load((CHART / "values.yaml").read_text()), values)
     driver = v["driverName"]
@@ -323,7 +373,8 @@ def check_cross_references(name: str, values: dict, objects) -> None:
         return sa
 
     if v["kubeletPlugin"]["enabled"]:
-        ds = one(objects, "DaemonSet")
+        ds = plugin_daemonset(objects)
+        check_mps_host(v, objects, ds)
         sa = check_subjects(ds, "DaemonSet")
         args = container_args(ds)
         expect(f"--driver-name={driver}" in args, f"DaemonSet args lack --driver-name={driver}: {args}")
@@ -465,15 +516,20 @@ def check_static_webhook(vwc: dict) -> None:
     expect(service["spec"]["ports"][0]["port"] == 443, "the static Service no longer listens on 443")
 
 
-def help_flags(binary: str) -> set[str]:
-    out = subprocess.run([binary, "--help"], capture_output=True, text=True, check=True).stdout
+def help_flags(binary: str, *sub: str) -> set[str]:
+    out = subprocess.run([binary, *sub, "--help"], capture_output=True, text=True, check=True).stdout
     return {word.split("=")[0].rstrip(",.") for word in out.split() if word.startswith("--")}
 
 
 def check_flags(objects, kind: str, binary: str) -> None:
-    known = help_flags(binary)
-    missing = sorted({arg.split("=", 1)[0] for obj in find(objects, kind) for arg in container_args(obj)} - known)
-    expect(not missing, f"{kind}: {binary} has no flag {', '.join(missing)}")
+    """Every flag a workload passes is one the program's --help lists (the MPS host's
+    `mps-host --help` for its DaemonSet)."""
+    for obj in find(objects, kind):
+        args = container_args(obj)
+        sub = args[:1] if args[:1] == ["mps-host"] else []
+        known = help_flags(binary, *sub)
+        missing = sorted({arg.split("=", 1)[0] for arg in args[len(sub):]} - known)
+        expect(not missing, f"{kind} {obj['metadata']['name']}: {binary} {' '.join(sub)} has no flag {', '.join(missing)}")
 
 
 def main() -> int:

@@ -21,7 +21,18 @@ pub enum LogFormat {
 /// (`error: <what>`, without usage and tips) and returns exit code 2; on
 /// `--help`/`--version` prints them and returns exit code 0.
 pub fn parse_flags<F: clap::Parser>() -> Result<F, ExitCode> {
-    F::try_parse().map_err(|e| {
+    parse_flags_from(std::env::args_os())
+}
+
+/// [`parse_flags`] of `args` (the program's name first), for a subcommand
+/// that parses the rest of the command line itself.
+pub fn parse_flags_from<F, I, T>(args: I) -> Result<F, ExitCode>
+where
+    F: clap::Parser,
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    F::try_parse_from(args).map_err(|e| {
         if e.use_stderr() {
             eprintln!("{}", one_line_error(&e));
             ExitCode::from(2)

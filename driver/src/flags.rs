@@ -88,6 +88,16 @@ pub struct Flags {
     #[arg(long, env = "MPS_DIR", value_parser = parse_mps_dir)]
     pub mps_dir: Option<PathBuf>,
 
+    /// Have MPS control daemons started by the MPS daemon host listening
+    /// on this socket (`gpu-kubelet-plugin mps-host --socket <path>`, in a
+    /// pod of its own), so they live in its container and outlive the
+    /// plugin's (an upgrade of the plugin keeps MPS workloads running).
+    /// Both must share the PID namespace (hostPID) and see the MPS
+    /// directory and the driver root at the same paths. Unset: the plugin
+    /// starts daemons itself.
+    #[arg(long, env = "MPS_HOST_SOCKET", value_parser = parse_socket_path)]
+    pub mps_host_socket: Option<PathBuf>,
+
     /// A DaemonSet rolling update with a surge pod (`maxSurge: 1`): when
     /// another plugin instance holds the state directory, wait for it to
     /// exit, then take the node over, instead of failing at once. The
@@ -243,11 +253,24 @@ fn parse_mps_dir(s: &str) -> Result<PathBuf, String> {
     Ok(path.to_path_buf())
 }
 
+/// An absolute path without `..` that fits a UNIX socket's `sun_path`.
+pub(crate) fn parse_socket_path(s: &str) -> Result<PathBuf, String> {
+    let path = absolute_without_dotdot(s, "both pods reach the socket by this path")?;
+    if s.ends_with('/') || path.file_name().is_none() {
+        return Err(format!("{s:?} names a directory, not a socket"));
+    }
+    crate::grpc::sockets::check_path_len(path).map_err(|e| e.to_string())?;
+    Ok(path.to_path_buf())
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
 
     use super::*;
+
+    /// A socket path over `sun_path`'s 107 bytes.
+    const LONG_SOCKET: &str = "/dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd/h.sock";
 
     fn parse(args: &[&str]) -> Result<Flags, clap::Error> {
         Flags::try_parse_from(std::iter::once("gpu-kubelet-plugin").chain(args.iter().copied()))
@@ -328,6 +351,18 @@ mod tests {
             f.nvidia_cdi_hook_path.as_deref(),
             Some("/usr/local/nvidia/toolkit/nvidia-cdi-hook")
         );
+        assert_eq!(f.mps_host_socket, None);
+        let f = parse(&[
+            "--node-name=n",
+            "--mps-host-socket=/var/lib/kubelet/plugins/gpu.nvidia.com/mps-host.sock",
+        ])
+        .unwrap();
+        assert_eq!(
+            f.mps_host_socket,
+            Some(PathBuf::from(
+                "/var/lib/kubelet/plugins/gpu.nvidia.com/mps-host.sock"
+            ))
+        );
     }
 
     #[test]
@@ -383,6 +418,27 @@ mod tests {
             (
                 &["--node-name", "n", "--mps-dir", "/dev/./shm"][..],
                 "is under /dev/shm",
+            ),
+            (
+                &["--node-name", "n", "--mps-host-socket", "host.sock"][..],
+                "\"host.sock\" is not an absolute path",
+            ),
+            (
+                &[
+                    "--node-name",
+                    "n",
+                    "--mps-host-socket",
+                    "/run/../tmp/h.sock",
+                ][..],
+                "contains `..`",
+            ),
+            (
+                &["--node-name", "n", "--mps-host-socket", "/run/gpu/"][..],
+                "names a directory",
+            ),
+            (
+                &["--node-name", "n", "--mps-host-socket", LONG_SOCKET][..],
+                "bytes",
             ),
             (
                 &[

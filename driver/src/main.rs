@@ -4,7 +4,9 @@
 //! errors are printed as one `error: ...` line with a non-zero exit (2 for
 //! bad flags, 1 otherwise); SIGTERM/SIGINT deregister, drain and exit 0.
 //! With `--supervise` this process only starts the plugin as its child and
-//! keeps it running ([`supervise`]).
+//! keeps it running ([`supervise`]). `mps-launch ...` runs the MPS daemon
+//! launcher ([`launch`]) and `mps-host --socket <path>` the MPS daemon host
+//! ([`host`]) instead of the plugin.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -14,7 +16,7 @@ use gpu_kubelet_plugin::flags::Flags;
 use gpu_kubelet_plugin::grpc::{self, metrics::GrpcMetrics};
 use gpu_kubelet_plugin::phase::{self, Phase};
 use gpu_kubelet_plugin::plugin::{self, Plugin};
-use gpu_kubelet_plugin::prepare::mps::launch;
+use gpu_kubelet_plugin::prepare::mps::{host, launch};
 use gpu_kubelet_plugin::supervise;
 use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
@@ -24,6 +26,10 @@ fn main() -> ExitCode {
     // Started as the MPS daemon launcher: nothing else may run first.
     if let Some(code) = launch::run_if_asked() {
         return code;
+    }
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(host_args) = host::asked(&args) {
+        return mps_host(host_args);
     }
     let mut flags: Flags = match gpu_dra_cmdline::parse_flags() {
         Ok(f) => f,
@@ -51,6 +57,21 @@ fn main() -> ExitCode {
         }
     };
     gpu_dra_cmdline::run(builder, run(flags))
+}
+
+/// `mps-host`: the MPS daemon host ([`host`]) until SIGTERM or SIGINT.
+fn mps_host(args: Vec<std::ffi::OsString>) -> ExitCode {
+    let flags: host::HostFlags = match gpu_dra_cmdline::parse_flags_from(args) {
+        Ok(f) => f,
+        Err(code) => return code,
+    };
+    gpu_dra_cmdline::init_logging(flags.log_format);
+    gpu_dra_cmdline::run(tokio::runtime::Builder::new_current_thread(), async move {
+        // Its own program as the launcher: `run_if_asked` runs first above.
+        host::serve(&flags.socket, std::path::Path::new(launch::SELF_EXE))
+            .await
+            .context("MPS daemon host")
+    })
 }
 
 /// `--supervise`: the same program with the same flags, minus that one, as

@@ -368,6 +368,7 @@ pub fn preparer_options(flags: &Flags) -> Result<preparer::Options, Error> {
             ..BuildOptions::default()
         },
         mps_launcher: flags.mps_launcher.clone(),
+        mps_host: flags.mps_host_socket.clone(),
         cdi_hook: flags.nvidia_cdi_hook_path.clone(),
         wait_for_lock: None,
     })

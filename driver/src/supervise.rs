@@ -12,7 +12,9 @@
 //! lacks (a daemon that exits is re-parented to it, not left a zombie).
 //!
 //! What it cannot do: a container stop (pod deleted, DaemonSet upgrade, a
-//! failed liveness probe) still ends the daemons with it.
+//! failed liveness probe) still ends the daemons with it. The MPS daemon
+//! host ([`crate::prepare::mps::host`], `--mps-host-socket`) keeps them out
+//! of the plugin's container for that.
 //!
 //! Restarts: after a crash (a signal, or an exit status other than 0 and 2)
 //! the plugin is started again after a delay that doubles from

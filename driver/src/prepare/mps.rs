@@ -95,7 +95,12 @@
 //! survives a crash or restart of the plugin *process*; a restart of the
 //! plugin *container* kills every process in its cgroup, daemons included:
 //! the startup [`MpsControl::check`] restarts them, and clients that were
-//! connected to the old server get errors.
+//! connected to the old server get errors. Unless the daemons are not in
+//! that cgroup: with [`MpsControl::with_host`] (`--mps-host-socket`) the
+//! `-d` run, and so the daemon, is started by the MPS daemon host
+//! ([`host`]) in a pod of its own, and the plugin's container can end (an
+//! upgrade) under running MPS clients; everything but that one program start
+//! stays here.
 //!
 //! # What the limits enforce, and what a hostile client can still do
 //! - The daemon defaults (active thread percentage, pinned memory limit per
@@ -123,15 +128,16 @@
 
 pub mod config;
 pub(crate) mod exec;
+pub mod host;
 pub mod launch;
 pub mod procs;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -233,6 +239,14 @@ pub enum MpsError {
         id: String,
         /// What `-d` printed (or why it was killed), and the control log.
         output: String,
+    },
+    /// The MPS daemon host could not be asked (`--mps-host-socket`).
+    #[error("starting MPS control daemon {id}: {source}")]
+    Host {
+        /// The daemon.
+        id: String,
+        /// What failed.
+        source: host::HostError,
     },
     /// The daemon exited before it was ready.
     #[error("MPS control daemon {id} (pid {pid}) exited during startup; control.log: {log}")]
@@ -336,6 +350,12 @@ pub enum MpsError {
         /// The OS error.
         source: io::Error,
     },
+}
+
+/// A path as a string for an environment variable (paths the plugin makes
+/// are UTF-8; anything else is replaced, not dropped).
+fn lossy(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
 }
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> MpsError {
@@ -481,6 +501,9 @@ pub struct MpsControl {
     /// directory, so its daemons are found by process even where no record
     /// or directory names them ([`MpsControl::stop_orphans_elsewhere`]).
     owner: Option<PathBuf>,
+    /// `--mps-host-socket`: daemons are started by the MPS daemon host
+    /// listening there ([`host`]), in its container, not the plugin's.
+    host: Option<PathBuf>,
 }
 
 impl MpsControl {
@@ -498,6 +521,7 @@ impl MpsControl {
             locks: Mutex::new(HashMap::new()),
             elsewhere: Mutex::new(HashMap::new()),
             owner: None,
+            host: None,
         }
     }
 
@@ -505,6 +529,13 @@ impl MpsControl {
     /// plugin's state directory, which one plugin at a time holds).
     pub fn with_owner(mut self, owner: impl Into<PathBuf>) -> Self {
         self.owner = Some(owner.into());
+        self
+    }
+
+    /// Has daemons started by the MPS daemon host at `socket` ([`host`]):
+    /// they then live in the host's container and outlive the plugin's.
+    pub fn with_host(mut self, socket: impl Into<PathBuf>) -> Self {
+        self.host = Some(socket.into());
         self
     }
 
@@ -886,10 +917,8 @@ impl MpsControl {
         write_config(dirs, cfg)?;
 
         let out_path = dirs.log.join(START_OUTPUT);
-        let out = fs::File::create(&out_path).map_err(io_err("create", &out_path))?;
-        let err = out.try_clone().map_err(io_err("dup", &out_path))?;
         // The launch, and the pipe directory the daemon sees.
-        let (mut cmd, pipe_env) = match self.shm_mode() {
+        let private = match self.shm_mode() {
             ShmMode::PrivateMount => {
                 // The daemon's /dev/shm is mounted over: what it needs
                 // afterwards (its program, log and pipe directories) must
@@ -907,57 +936,75 @@ impl MpsControl {
                         });
                     }
                 }
-                (
-                    self.in_namespace(dirs, program, &["-d"])?,
-                    Path::new(CONTAINER_PIPE_DIR),
-                )
+                true
             }
-            ShmMode::Inherit => {
-                let mut cmd = Command::new(program);
-                cmd.arg("-d");
-                (cmd, dirs.pipe.as_path())
-            }
+            ShmMode::Inherit => false,
         };
-        // A process group of its own from the start, whatever the program
-        // does: signals to the plugin's group (a Ctrl-C in a terminal, a
-        // kill of the group) never reach it. `-d` itself makes the daemon
-        // the leader of a session of its own when it forks it.
-        cmd.process_group(0);
-        driver_env(&mut cmd, &self.driver_root.path);
+        let pipe_env = if private {
+            Path::new(CONTAINER_PIPE_DIR)
+        } else {
+            dirs.pipe.as_path()
+        };
+        let mut env = exec::driver_env_vars(&self.driver_root.path);
         if let Some(owner) = &self.owner {
-            cmd.env(procs::OWNER_ENV, owner);
+            env.insert(procs::OWNER_ENV.into(), lossy(owner));
         }
-        cmd.env("CUDA_MPS_PIPE_DIRECTORY", pipe_env);
-        cmd.env("CUDA_VISIBLE_DEVICES", cfg.visible_devices())
-            .env("CUDA_MPS_LOG_DIRECTORY", &dirs.log)
-            .env(procs::DAEMON_MARKER_ENV, &dirs.root)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        let mut child = exec::spawn(&mut cmd).map_err(|source| MpsError::Spawn {
-            program: program.to_path_buf(),
-            source,
-        })?;
-        let deadline = Instant::now() + self.timeouts.command;
-        let Some(status) =
-            exec::wait_until(&mut child, deadline).map_err(io_err("wait for", program))?
-        else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(MpsError::StartFailed {
-                id: cfg.id.clone(),
-                output: format!(
-                    "`-d` did not return within {} ms and was killed",
-                    self.timeouts.command.as_millis()
-                ),
-            });
+        for (key, value) in [
+            ("CUDA_MPS_PIPE_DIRECTORY", pipe_env),
+            ("CUDA_MPS_LOG_DIRECTORY", dirs.log.as_path()),
+            (procs::DAEMON_MARKER_ENV, dirs.root.as_path()),
+        ] {
+            env.insert(key.into(), lossy(value));
+        }
+        env.insert("CUDA_VISIBLE_DEVICES".into(), cfg.visible_devices());
+        let outcome = match &self.host {
+            Some(socket) => {
+                let request = host::StartRequest {
+                    program: program.to_path_buf(),
+                    private_mount: private.then(|| host::PrivateMount {
+                        shm: dirs.shm.clone(),
+                        pipe: dirs.pipe.clone(),
+                    }),
+                    env,
+                    output: out_path.clone(),
+                    timeout_ms: u64::try_from(self.timeouts.command.as_millis())
+                        .unwrap_or(u64::MAX)
+                        .clamp(1, u64::try_from(host::MAX_TIMEOUT.as_millis()).unwrap_or(1)),
+                };
+                host::request_start(socket, &request).map_err(|source| MpsError::Host {
+                    id: cfg.id.clone(),
+                    source,
+                })?
+            }
+            None => self.run_start(program, dirs, private, &env, &out_path)?,
         };
-        if !status.success() {
-            let printed = fs::read_to_string(&out_path).unwrap_or_default();
-            return Err(MpsError::StartFailed {
-                id: cfg.id.clone(),
-                output: format!("{status}: {}", exec::combine(&printed, "")),
-            });
+        match outcome {
+            host::Outcome::Exited {
+                code: Some(0),
+                signal: None,
+            } => {}
+            host::Outcome::TimedOut => {
+                return Err(MpsError::StartFailed {
+                    id: cfg.id.clone(),
+                    output: format!(
+                        "`-d` did not return within {} ms and was killed",
+                        self.timeouts.command.as_millis()
+                    ),
+                });
+            }
+            host::Outcome::Failed { error } => {
+                return Err(MpsError::StartFailed {
+                    id: cfg.id.clone(),
+                    output: format!("the MPS daemon host refused or could not run it: {error}"),
+                });
+            }
+            ended @ host::Outcome::Exited { .. } => {
+                let printed = fs::read_to_string(&out_path).unwrap_or_default();
+                return Err(MpsError::StartFailed {
+                    id: cfg.id.clone(),
+                    output: format!("{ended}: {}", exec::combine(&printed, "")),
+                });
+            }
         }
         // The first setting is the readiness probe (one client run less per
         // start); a daemon without settings is probed with `get_server_list`.
@@ -969,6 +1016,53 @@ impl MpsControl {
         let pid = self.wait_ready(program, dirs, cfg, probe)?;
         self.apply(program, dirs, &cfg.id, rest)?;
         Ok(pid)
+    }
+
+    /// Runs `-d` in the plugin's own container (no `--mps-host-socket`),
+    /// with `env` as its whole environment and its output in `out_path`.
+    fn run_start(
+        &self,
+        program: &Path,
+        dirs: &DaemonDirs,
+        private: bool,
+        env: &BTreeMap<String, String>,
+        out_path: &Path,
+    ) -> Result<host::Outcome, MpsError> {
+        let out = fs::File::create(out_path).map_err(io_err("create", out_path))?;
+        let err = out.try_clone().map_err(io_err("dup", out_path))?;
+        let mut cmd = if private {
+            self.in_namespace(dirs, program, &["-d"])?
+        } else {
+            let mut cmd = Command::new(program);
+            cmd.arg("-d");
+            cmd
+        };
+        // A process group of its own from the start, whatever the program
+        // does: signals to the plugin's group (a Ctrl-C in a terminal, a
+        // kill of the group) never reach it. `-d` itself makes the daemon
+        // the leader of a session of its own when it forks it.
+        cmd.process_group(0)
+            .env_clear()
+            .envs(env)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        let mut child = exec::spawn(&mut cmd).map_err(|source| MpsError::Spawn {
+            program: program.to_path_buf(),
+            source,
+        })?;
+        let deadline = Instant::now() + self.timeouts.command;
+        let waited = exec::wait_until(&mut child, deadline).map_err(io_err("wait for", program))?;
+        if let Some(status) = waited {
+            Ok(host::Outcome::Exited {
+                code: status.code(),
+                signal: status.signal(),
+            })
+        } else {
+            let _ = child.kill();
+            let _ = child.wait();
+            Ok(host::Outcome::TimedOut)
+        }
     }
 
     /// Waits until the pid file names a live daemon, `control` exists and

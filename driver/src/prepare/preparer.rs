@@ -88,6 +88,9 @@ pub struct Options {
     /// The program that starts MPS daemons in a private mount namespace
     /// ([`MpsControl::with_launcher`]).
     pub mps_launcher: Option<PathBuf>,
+    /// The MPS daemon host's socket (`--mps-host-socket`,
+    /// [`MpsControl::with_host`]); `None`: the plugin starts daemons itself.
+    pub mps_host: Option<PathBuf>,
     /// Host path of `nvidia-cdi-hook` (`--nvidia-cdi-hook-path`); `None`:
     /// the one in the driver root, if any.
     pub cdi_hook: Option<String>,
@@ -267,6 +270,9 @@ impl Preparer {
                 .with_owner(&opts.state_dir.path);
             if let Some(launcher) = &opts.mps_launcher {
                 mps = mps.with_launcher(launcher);
+            }
+            if let Some(socket) = &opts.mps_host {
+                mps = mps.with_host(socket);
             }
             let nodes = NodeLocator::new(opts.dev_root.clone(), opts.proc_root.clone());
             let inner = Arc::new(Inner {

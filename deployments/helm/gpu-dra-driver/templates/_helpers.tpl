@@ -39,6 +39,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpu-dra-driver.pluginName" -}}
 {{ include "gpu-dra-driver.fullname" . }}-kubelet-plugin
 {{- end }}
+{{- define "gpu-dra-driver.mpsHostName" -}}
+{{ include "gpu-dra-driver.fullname" . }}-mps-host
+{{- end }}
+{{- /* The MPS daemon host's socket: in the plugin's directory, which both pods mount. */}}
+{{- define "gpu-dra-driver.mpsHostSocket" -}}
+{{ trimSuffix "/" .Values.kubeletPlugin.kubeletPluginsDir }}/{{ .Values.driverName }}/mps-host.sock
+{{- end }}
 {{- define "gpu-dra-driver.controllerName" -}}
 {{ include "gpu-dra-driver.fullname" . }}-controller
 {{- end }}

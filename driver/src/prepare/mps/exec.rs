@@ -8,6 +8,7 @@
 //! that driver's `libcuda`/`libnvidia-ml`. Nothing else of the plugin's
 //! environment leaks in (the plugin's own `CUDA_VISIBLE_DEVICES`, for one).
 
+use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -99,9 +100,14 @@ impl std::fmt::Display for RunError {
 /// Clears `cmd`'s environment and sets `PATH` (and `LD_LIBRARY_PATH` for a
 /// driver root other than `/`) for programs of `driver_root`.
 pub(crate) fn driver_env(cmd: &mut Command, driver_root: &Path) {
-    cmd.env_clear();
+    cmd.env_clear().envs(driver_env_vars(driver_root));
+}
+
+/// The environment [`driver_env`] sets, as variables.
+pub(crate) fn driver_env_vars(driver_root: &Path) -> BTreeMap<String, String> {
+    let mut vars = BTreeMap::new();
     let bin = driver_root.join("usr/bin");
-    cmd.env("PATH", format!("{}:{STD_PATH}", bin.display()));
+    vars.insert("PATH".into(), format!("{}:{STD_PATH}", bin.display()));
     if driver_root != Path::new("/") {
         let dirs: Vec<String> = LIB_DIRS
             .iter()
@@ -110,9 +116,10 @@ pub(crate) fn driver_env(cmd: &mut Command, driver_root: &Path) {
             .map(|d| d.display().to_string())
             .collect();
         if !dirs.is_empty() {
-            cmd.env("LD_LIBRARY_PATH", dirs.join(":"));
+            vars.insert("LD_LIBRARY_PATH".into(), dirs.join(":"));
         }
     }
+    vars
 }
 
 /// Spawns `cmd`, retrying for up to half a second on `ETXTBSY`.

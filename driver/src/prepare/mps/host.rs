@@ -1,0 +1,633 @@
+//! The MPS daemon host: `gpu-kubelet-plugin mps-host --socket <path>`, a
+//! small process in a pod of its own (the chart's `mpsHost`) that starts
+//! MPS control daemons when the plugin asks it to, so the daemons live in
+//! the host's container instead of the plugin's.
+//!
+//! Why: a container's processes end with it. Daemons the plugin starts
+//! itself end when the plugin's pod is replaced (a DaemonSet upgrade, a
+//! failed liveness probe), and every CUDA process connected to them fails.
+//! The host's DaemonSet is updated only when its pod is deleted
+//! (`OnDelete`), so upgrading the plugin leaves the daemons running, and
+//! the new plugin re-adopts them from their pid files as after a crash.
+//!
+//! What the host does, and nothing more: it takes one [`StartRequest`] per
+//! connection (one JSON line), runs `nvidia-cuda-mps-control -d` as asked
+//! (through its own launcher, [`super::launch`], for a private `/dev/shm`),
+//! waits until that returns, and answers with a [`Reply`]. `-d` forks the
+//! daemon into the background; the host is the child subreaper, so the
+//! daemon becomes its child and is reaped by it when it exits. Everything
+//! else (readiness, settings, supervision, `quit`, killing) the plugin does
+//! as it does for its own daemons: through the pipe directory, the pid file
+//! and `/proc`, which is why both pods share the host's PID namespace
+//! (`hostPID`) and mount the MPS directory and the driver root at the same
+//! paths. The reply carries the host's PID namespace, and the plugin
+//! refuses a host in another one, where the daemon's pid file would name
+//! pids the plugin cannot see.
+//!
+//! Requests are checked before anything runs ([`StartRequest::check`]): the
+//! program must be an absolute path to `nvidia-cuda-mps-control`, the
+//! environment only the variables the plugin sets on a daemon, paths
+//! absolute and without NUL bytes, the timeout bounded. The socket is
+//! 0600 in a root-only directory: only root on the node reaches it, and
+//! root can start processes there anyway, so the checks guard against
+//! mistakes and malformed input rather than grant anything.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use rustix::io::Errno;
+use rustix::process::{Pid, Signal, WaitOptions, WaitStatus, kill_process, set_child_subreaper};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::{CONTAINER_PIPE_DIR, CONTROL_PROGRAM, exec, launch, procs};
+use crate::grpc::sockets;
+
+/// The first argument that selects the host in the plugin's program.
+pub const HOST_ARG: &str = "mps-host";
+/// Largest request or reply read.
+const MAX_MESSAGE: u64 = 64 * 1024;
+/// Longest `-d` run a request may ask for.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the host waits for a request once connected.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Extra time the plugin gives the host beyond the request's own timeout.
+const REPLY_SLACK: Duration = Duration::from_secs(5);
+/// The variables a request may set: those the plugin sets on a daemon.
+const ALLOWED_ENV: [&str; 7] = [
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "CUDA_MPS_PIPE_DIRECTORY",
+    "CUDA_MPS_LOG_DIRECTORY",
+    "CUDA_VISIBLE_DEVICES",
+    procs::DAEMON_MARKER_ENV,
+    procs::OWNER_ENV,
+];
+
+/// The host's flags (after [`HOST_ARG`]).
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "gpu-kubelet-plugin mps-host",
+    about = "Starts MPS control daemons for the kubelet plugin, in this process's container"
+)]
+pub struct HostFlags {
+    /// The socket to serve on: the plugin's `--mps-host-socket`.
+    #[arg(long, env = "MPS_HOST_SOCKET", value_parser = crate::flags::parse_socket_path)]
+    pub socket: PathBuf,
+    /// Log format on stderr. The level comes from RUST_LOG (default info).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = gpu_dra_cmdline::LogFormat::Text)]
+    pub log_format: gpu_dra_cmdline::LogFormat,
+}
+
+/// Whether the command line asks for the host (its first argument is
+/// [`HOST_ARG`]); if so, the arguments to parse as [`HostFlags`] (the
+/// program's name, then those after [`HOST_ARG`]).
+pub fn asked(args: &[std::ffi::OsString]) -> Option<Vec<std::ffi::OsString>> {
+    (args.get(1)? == HOST_ARG).then(|| {
+        let mut rest = vec![args[0].clone()];
+        rest.extend(args[2..].iter().cloned());
+        rest
+    })
+}
+
+/// Errors of the host and of asking it.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The socket could not be set up.
+    #[error("MPS host socket: {0}")]
+    Socket(#[from] crate::grpc::Error),
+    /// `PR_SET_CHILD_SUBREAPER` failed.
+    #[error("cannot become the reaper of the MPS daemons: {0}")]
+    Subreaper(#[source] io::Error),
+    /// Signal handlers could not be installed.
+    #[error("cannot handle signals: {0}")]
+    Signals(#[source] io::Error),
+    /// This process's PID namespace cannot be read.
+    #[error("cannot read this process's PID namespace (/proc/self/ns/pid): {0}")]
+    Namespace(#[source] io::Error),
+    /// Accepting a connection failed.
+    #[error("accept on {path}: {source}")]
+    Accept {
+        /// The socket.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The plugin cannot reach the host.
+    #[error(
+        "cannot reach the MPS daemon host at {path} ({source}): is its pod (the chart's mpsHost) running on this node?"
+    )]
+    Unreachable {
+        /// The socket.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Talking to the host failed half-way.
+    #[error("MPS daemon host at {path}: {op}: {source}")]
+    Io {
+        /// The socket.
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The host's answer is not a [`Reply`].
+    #[error("MPS daemon host at {path} answered with something else than a reply: {reason}")]
+    BadReply {
+        /// The socket.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The host runs in another PID namespace than the plugin.
+    #[error(
+        "the MPS daemon host at {path} runs in another PID namespace ({host}) than the plugin ({plugin}): run both pods with hostPID, or leave --mps-host-socket out"
+    )]
+    OtherPidNamespace {
+        /// The socket.
+        path: PathBuf,
+        /// The host's namespace.
+        host: String,
+        /// The plugin's.
+        plugin: String,
+    },
+}
+
+/// A daemon's private mounts: its `shm/` on `/dev/shm` and its `pipe/` on
+/// [`CONTAINER_PIPE_DIR`], set up by the host's own launcher.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrivateMount {
+    /// The daemon's shm directory.
+    pub shm: PathBuf,
+    /// The daemon's pipe directory.
+    pub pipe: PathBuf,
+}
+
+/// What the plugin asks the host to run: `<program> -d`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct StartRequest {
+    /// The control program (`<driver-root>/usr/bin/nvidia-cuda-mps-control`,
+    /// the same path in both pods).
+    pub program: PathBuf,
+    /// Through the launcher, in a mount namespace of the daemon's own;
+    /// absent: the host's `/dev/shm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_mount: Option<PrivateMount>,
+    /// The whole environment (nothing of the host's own is passed on).
+    pub env: BTreeMap<String, String>,
+    /// Where `-d`'s stdout and stderr go (created or truncated).
+    pub output: PathBuf,
+    /// How long `-d` may run before it is killed, in milliseconds.
+    pub timeout_ms: u64,
+}
+
+/// How a started `-d` ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub enum Outcome {
+    /// It ran and ended.
+    Exited {
+        /// Its exit code, if it exited.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<i32>,
+        /// The signal that ended it, if one did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+    },
+    /// It ran past the timeout and was killed.
+    TimedOut,
+    /// The request was refused or the program could not be started.
+    Failed {
+        /// Why.
+        error: String,
+    },
+}
+
+impl Outcome {
+    /// Whether `-d` exited with status 0.
+    pub fn success(&self) -> bool {
+        matches!(
+            self,
+            Self::Exited {
+                code: Some(0),
+                signal: None
+            }
+        )
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Exited {
+                code: Some(code), ..
+            } => write!(f, "exit status: {code}"),
+            Self::Exited {
+                signal: Some(signal),
+                ..
+            } => write!(f, "killed by signal {signal}"),
+            Self::Exited { .. } => f.write_str("ended"),
+            Self::TimedOut => f.write_str("did not return in time and was killed"),
+            Self::Failed { error } => write!(f, "refused: {error}"),
+        }
+    }
+}
+
+/// The host's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Reply {
+    /// The host's PID namespace (`/proc/self/ns/pid`'s link, `pid:[N]`).
+    pub pid_namespace: String,
+    /// How `-d` ended.
+    pub outcome: Outcome,
+}
+
+fn absolute_without_nul(what: &str, path: &Path) -> Result<(), String> {
+    if !path.is_absolute() {
+        return Err(format!("{what} {} is not an absolute path", path.display()));
+    }
+    if path.as_os_str().as_bytes().contains(&0) {
+        return Err(format!("{what} {} contains a NUL byte", path.display()));
+    }
+    Ok(())
+}
+
+impl StartRequest {
+    /// Checks the request before anything runs.
+    pub fn check(&self) -> Result<(), String> {
+        absolute_without_nul("program", &self.program)?;
+        let name = Path::new(CONTROL_PROGRAM).file_name();
+        if self.program.file_name() != name {
+            return Err(format!(
+                "program {} is not nvidia-cuda-mps-control",
+                self.program.display()
+            ));
+        }
+        if let Some(m) = &self.private_mount {
+            absolute_without_nul("shm directory", &m.shm)?;
+            absolute_without_nul("pipe directory", &m.pipe)?;
+        }
+        absolute_without_nul("output file", &self.output)?;
+        for (key, value) in &self.env {
+            if !ALLOWED_ENV.contains(&key.as_str()) {
+                return Err(format!(
+                    "environment variable {key:?} is not one a daemon gets (allowed: {})",
+                    ALLOWED_ENV.join(", ")
+                ));
+            }
+            if value.contains('\0') {
+                return Err(format!("environment variable {key} contains a NUL byte"));
+            }
+        }
+        let max = u64::try_from(MAX_TIMEOUT.as_millis()).unwrap_or(u64::MAX);
+        if self.timeout_ms == 0 || self.timeout_ms > max {
+            return Err(format!(
+                "timeoutMs {} is outside 1..={max}",
+                self.timeout_ms
+            ));
+        }
+        Ok(())
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+}
+
+/// This process's PID namespace, as `/proc/self/ns/pid` names it.
+pub fn pid_namespace() -> io::Result<String> {
+    Ok(fs::read_link("/proc/self/ns/pid")?
+        .to_string_lossy()
+        .into_owned())
+}
+
+/// Asks the host at `socket` to run `request`; returns how `-d` ended.
+/// Blocking (the plugin calls it on its blocking pool, as it runs `-d`
+/// itself otherwise).
+pub fn request_start(socket: &Path, request: &StartRequest) -> Result<Outcome, HostError> {
+    let io_err = |op: &'static str| {
+        move |source: io::Error| HostError::Io {
+            path: socket.to_owned(),
+            op,
+            source,
+        }
+    };
+    let mut stream = StdUnixStream::connect(socket).map_err(|source| HostError::Unreachable {
+        path: socket.to_owned(),
+        source,
+    })?;
+    let wait = request.timeout() + REPLY_SLACK;
+    stream
+        .set_read_timeout(Some(wait))
+        .and_then(|()| stream.set_write_timeout(Some(wait)))
+        .map_err(io_err("set timeouts"))?;
+    let mut line = serde_json::to_vec(request).map_err(|e| HostError::BadReply {
+        path: socket.to_owned(),
+        reason: format!("cannot encode the request: {e}"),
+    })?;
+    line.push(b'\n');
+    stream.write_all(&line).map_err(io_err("send request"))?;
+    stream
+        .shutdown(std::net::Shutdown::Write)
+        .map_err(io_err("send request"))?;
+    let mut answer = Vec::new();
+    (&mut stream)
+        .take(MAX_MESSAGE)
+        .read_to_end(&mut answer)
+        .map_err(io_err("read reply"))?;
+    let reply: Reply = serde_json::from_slice(&answer).map_err(|e| HostError::BadReply {
+        path: socket.to_owned(),
+        reason: if answer.is_empty() {
+            "nothing (the host closed the connection)".into()
+        } else {
+            e.to_string()
+        },
+    })?;
+    let own = pid_namespace().map_err(io_err("read this process's /proc/self/ns/pid"))?;
+    if reply.pid_namespace != own {
+        return Err(HostError::OtherPidNamespace {
+            path: socket.to_owned(),
+            host: reply.pid_namespace,
+            plugin: own,
+        });
+    }
+    Ok(reply.outcome)
+}
+
+/// The host's children whose end a request waits for, and how they ended;
+/// every other child (a daemon, re-parented to the host) is reaped and
+/// forgotten.
+#[derive(Default)]
+struct Children {
+    ended: Mutex<HashMap<i32, Option<WaitStatus>>>,
+    changed: Condvar,
+}
+
+impl Children {
+    /// Reaps every exited child.
+    fn reap(&self) {
+        let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            match rustix::process::wait(WaitOptions::NOHANG) {
+                Ok(Some((pid, status))) => {
+                    let raw = pid.as_raw_nonzero().get();
+                    if let Some(slot) = ended.get_mut(&raw) {
+                        *slot = Some(status);
+                    } else {
+                        tracing::info!(pid = raw, "reaped an exited MPS daemon process");
+                    }
+                }
+                Ok(None) | Err(Errno::CHILD) => break,
+                Err(Errno::INTR) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "waitpid failed");
+                    break;
+                }
+            }
+        }
+        self.changed.notify_all();
+    }
+
+    /// Starts `cmd` and registers it before the reaper can see it end.
+    fn spawn(&self, cmd: &mut Command) -> io::Result<i32> {
+        // Held across the start: the reaper cannot take the child's status
+        // before it is registered, nor the status std's own wait reads when
+        // the exec fails.
+        let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        let child = exec::spawn(cmd)?;
+        let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
+        // Reaped by `reap`, not through `child`.
+        drop(child);
+        ended.insert(pid, None);
+        Ok(pid)
+    }
+
+    /// Waits until child `pid` ends, killing it at `deadline`; `None` when
+    /// it had to be killed.
+    fn wait(&self, pid: i32, deadline: Instant) -> Option<WaitStatus> {
+        let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut killed = false;
+        loop {
+            let status = match ended.get(&pid) {
+                Some(Some(status)) => Some(*status),
+                // Registered and not reaped: the pid is still this child.
+                // Reaped here too, so the wait does not hang on the reaper.
+                _ => Pid::from_raw(pid)
+                    .and_then(|p| rustix::process::waitpid(Some(p), WaitOptions::NOHANG).ok())
+                    .flatten()
+                    .map(|(_, status)| status),
+            };
+            if let Some(status) = status {
+                ended.remove(&pid);
+                return (!killed).then_some(status);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() && !killed {
+                if let Some(p) = Pid::from_raw(pid) {
+                    let _ = kill_process(p, Signal::KILL);
+                }
+                killed = true;
+            }
+            // Woken by the reaper at once; the nap bounds a missed wake-up.
+            let nap = if killed {
+                Duration::from_millis(20)
+            } else {
+                left.min(Duration::from_millis(100))
+            };
+            ended = self
+                .changed
+                .wait_timeout(ended, nap)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// Runs one checked request; `launcher` is the host's own program.
+fn run_start(request: &StartRequest, launcher: &Path, children: &Children) -> Outcome {
+    let failed = |error: String| Outcome::Failed { error };
+    let out = match fs::File::create(&request.output) {
+        Ok(f) => f,
+        Err(e) => return failed(format!("create {}: {e}", request.output.display())),
+    };
+    let err = match out.try_clone() {
+        Ok(f) => f,
+        Err(e) => return failed(format!("dup {}: {e}", request.output.display())),
+    };
+    let mut cmd = if let Some(m) = &request.private_mount {
+        // The mount point, in the host's own /tmp.
+        if let Err(e) = fs::create_dir_all(CONTAINER_PIPE_DIR) {
+            return failed(format!("create mount point {CONTAINER_PIPE_DIR}: {e}"));
+        }
+        let mut cmd = Command::new(launcher);
+        cmd.args(
+            launch::Launch::Daemon {
+                shm: m.shm.clone(),
+                pipe: m.pipe.clone(),
+                program: request.program.clone(),
+                args: vec!["-d".into()],
+            }
+            .args(),
+        );
+        cmd
+    } else {
+        let mut cmd = Command::new(&request.program);
+        cmd.arg("-d");
+        cmd
+    };
+    cmd.env_clear()
+        .envs(&request.env)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    let pid = match children.spawn(&mut cmd) {
+        Ok(pid) => pid,
+        Err(e) => return failed(format!("cannot run {}: {e}", request.program.display())),
+    };
+    match children.wait(pid, Instant::now() + request.timeout()) {
+        Some(status) => Outcome::Exited {
+            code: status.exit_status(),
+            signal: status.terminating_signal(),
+        },
+        None => Outcome::TimedOut,
+    }
+}
+
+/// Reads one request line (bounded in size and time) and checks it.
+async fn read_request(stream: &mut UnixStream) -> Result<StartRequest, String> {
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(READ_TIMEOUT, async {
+        let mut limited = stream.take(MAX_MESSAGE + 1);
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = limited.read(&mut chunk).await?;
+            buf.extend_from_slice(&chunk[..n]);
+            if n == 0 || buf.contains(&b'\n') {
+                return Ok::<_, io::Error>(());
+            }
+        }
+    })
+    .await;
+    match read {
+        Err(_) => return Err(format!("no request within {} s", READ_TIMEOUT.as_secs())),
+        Ok(Err(e)) => return Err(format!("reading the request: {e}")),
+        Ok(Ok(())) if buf.len() as u64 > MAX_MESSAGE => {
+            return Err(format!("request longer than {MAX_MESSAGE} bytes"));
+        }
+        Ok(Ok(())) => {}
+    }
+    let line = buf.split(|b| *b == b'\n').next().unwrap_or_default();
+    let request: StartRequest =
+        serde_json::from_slice(line).map_err(|e| format!("malformed request: {e}"))?;
+    request.check()?;
+    Ok(request)
+}
+
+/// Answers one connection: its request run, or why not.
+async fn handle(
+    mut stream: UnixStream,
+    launcher: Arc<PathBuf>,
+    children: Arc<Children>,
+    namespace: Arc<String>,
+) {
+    let outcome = match read_request(&mut stream).await {
+        Err(error) => Outcome::Failed { error },
+        Ok(request) => {
+            let started = Instant::now();
+            let ran = tokio::task::spawn_blocking(move || {
+                let outcome = run_start(&request, &launcher, &children);
+                (request, outcome)
+            })
+            .await;
+            match ran {
+                Ok((request, outcome)) => {
+                    let daemon = request.env.get(procs::DAEMON_MARKER_ENV);
+                    tracing::info!(
+                        program = %request.program.display(),
+                        daemon = daemon.map_or("", String::as_str),
+                        %outcome,
+                        elapsed_us = crate::micros(started),
+                        "ran an MPS daemon start"
+                    );
+                    outcome
+                }
+                Err(e) => Outcome::Failed {
+                    error: format!("the start task failed: {e}"),
+                },
+            }
+        }
+    };
+    if let Outcome::Failed { error } = &outcome {
+        tracing::warn!(%error, "MPS daemon start refused or failed");
+    }
+    let reply = Reply {
+        pid_namespace: namespace.as_str().to_owned(),
+        outcome,
+    };
+    if let Ok(mut line) = serde_json::to_vec(&reply) {
+        line.push(b'\n');
+        // The plugin gone meanwhile is its own business.
+        let _ = stream.write_all(&line).await;
+        let _ = stream.shutdown().await;
+    }
+}
+
+/// Serves start requests on `socket` until SIGTERM or SIGINT, starting
+/// daemons through `launcher` (the host's own program). Daemons keep
+/// running when the host exits.
+pub async fn serve(socket: &Path, launcher: &Path) -> Result<(), HostError> {
+    let namespace = Arc::new(pid_namespace().map_err(HostError::Namespace)?);
+    set_child_subreaper(Some(rustix::process::getpid()))
+        .map_err(|e| HostError::Subreaper(e.into()))?;
+    let mut term = signal(SignalKind::terminate()).map_err(HostError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(HostError::Signals)?;
+    let mut child = signal(SignalKind::child()).map_err(HostError::Signals)?;
+    sockets::check_path_len(socket)?;
+    if let Some(dir) = socket.parent() {
+        sockets::ensure_dir(dir)?;
+    }
+    sockets::clear_stale(socket).await?;
+    let listener = sockets::bind(socket)?;
+    let children = Arc::new(Children::default());
+    let launcher = Arc::new(launcher.to_owned());
+    tracing::info!(socket = %socket.display(), pid_namespace = %namespace, "MPS daemon host serving");
+    let result = loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    tokio::spawn(handle(stream, launcher.clone(), children.clone(), namespace.clone()));
+                }
+                Err(source) => break Err(HostError::Accept { path: socket.to_owned(), source }),
+            },
+            _ = child.recv() => {
+                let children = children.clone();
+                // The lock may be held across a program start: off the runtime thread.
+                let _ = tokio::task::spawn_blocking(move || children.reap()).await;
+            }
+            _ = term.recv() => break Ok(()),
+            _ = int.recv() => break Ok(()),
+        }
+    };
+    sockets::remove_socket(socket);
+    tracing::info!("MPS daemon host stopped; the daemons it started keep running");
+    result
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,446 @@
+//! The MPS daemon host (`gpu-kubelet-plugin mps-host`) as the real program:
+//! starts through it, its answers to malformed and hostile requests, the
+//! daemons it adopts and reaps, its shutdown; and the reason it exists: with
+//! `--mps-host-socket`, an MPS daemon outlives the end of the plugin's
+//! container (a DaemonSet upgrade), which ends every process descended from
+//! the container's main process, and the next plugin re-adopts it.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use common::prepare::node;
+use gpu_dra_e2e::kubelet::DraVersion;
+use gpu_kubelet_plugin::prepare::mps::host::{
+    Outcome, Reply, StartRequest, pid_namespace, request_start,
+};
+use rustix::process::{Pid, Signal, kill_process};
+
+/// The host program serving on `<dir>/host.sock`, logging to
+/// `<dir>/host.log`; killed when dropped.
+struct Host {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Host {
+    fn start(dir: &Path) -> Self {
+        let socket = dir.join("host.sock");
+        let log = dir.join("host.log");
+        let child = common::bare_command(&["mps-host", "--socket", socket.to_str().unwrap()], &log)
+            .spawn()
+            .unwrap();
+        let mut host = Self { child, socket, log };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !host.stderr().contains("MPS daemon host serving") {
+            if let Some(status) = host.child.try_wait().unwrap() {
+                panic!("host exited with {status}: {}", host.stderr());
+            }
+            assert!(Instant::now() < deadline, "not serving: {}", host.stderr());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        host
+    }
+
+    fn stderr(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A stand-in `nvidia-cuda-mps-control` in `<dir>/bin` that runs `script`.
+fn program(dir: &Path, script: &str) -> PathBuf {
+    let bin = dir.join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let path = bin.join("nvidia-cuda-mps-control");
+    // Written to a new file and renamed: a running copy is never rewritten.
+    let tmp = bin.join(".new");
+    fs::write(&tmp, format!("#!/bin/sh\n{script}\n")).unwrap();
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::rename(&tmp, &path).unwrap();
+    path
+}
+
+fn request(dir: &Path, program: &Path) -> StartRequest {
+    StartRequest {
+        program: program.to_owned(),
+        private_mount: None,
+        env: [
+            ("PATH".to_owned(), "/usr/bin:/bin".to_owned()),
+            (
+                "CUDA_MPS_PIPE_DIRECTORY".to_owned(),
+                dir.join("pipe").display().to_string(),
+            ),
+        ]
+        .into(),
+        output: dir.join("out"),
+        timeout_ms: 5_000,
+    }
+}
+
+/// Sends raw bytes, returns the reply.
+fn raw(socket: &Path, bytes: &[u8]) -> Reply {
+    let mut stream = UnixStream::connect(socket).unwrap();
+    // A host that stops reading early may reset the rest: not an error here.
+    let _ = stream.write_all(bytes);
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer:?}"))
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) S ppid ...`: comm may hold spaces and parentheses.
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn wait_for_pid_file(path: &Path) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(pid) = fs::read_to_string(path)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+        {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "no pid in {}", path.display());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn wait_gone(pid: u32, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(Instant::now() < deadline, "{what} ({pid}) still there");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn the_host_runs_starts_reaps_its_daemons_and_refuses_bad_requests() {
+    let dir = common::short_dir();
+    let host = Host::start(dir.path());
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+
+    // A start: the environment is exactly the request's, output captured.
+    let prog = program(
+        dir,
+        "echo \"pipe=$CUDA_MPS_PIPE_DIRECTORY home=${HOME-unset} arg=$1\"\nexit 0",
+    );
+    let outcome = request_start(&host.socket, &request(dir, &prog)).unwrap();
+    assert!(outcome.success(), "{outcome}");
+    assert_eq!(
+        fs::read_to_string(dir.join("out")).unwrap(),
+        format!("pipe={} home=unset arg=-d\n", dir.join("pipe").display())
+    );
+
+    // A failing start: its status and output.
+    let prog = program(dir, "echo no GPU >&2\nexit 3");
+    let outcome = request_start(&host.socket, &request(dir, &prog)).unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Exited {
+            code: Some(3),
+            signal: None
+        }
+    );
+    assert_eq!(fs::read_to_string(dir.join("out")).unwrap(), "no GPU\n");
+
+    // A start that hangs is killed at its timeout.
+    let prog = program(dir, "exec sleep 30");
+    let begun = Instant::now();
+    let hung = StartRequest {
+        timeout_ms: 200,
+        ..request(dir, &prog)
+    };
+    assert_eq!(
+        request_start(&host.socket, &hung).unwrap(),
+        Outcome::TimedOut
+    );
+    assert!(begun.elapsed() < Duration::from_secs(10));
+
+    // A daemonizing start: `-d` returns, its background child is adopted
+    // by the host and reaped when it exits (no zombie left).
+    let pid_file = dir.join("daemon.pid");
+    let prog = program(
+        dir,
+        &format!(
+            "sh -c 'echo $$ > {}; exec sleep 0.5' &\nexit 0",
+            pid_file.display()
+        ),
+    );
+    let outcome = request_start(&host.socket, &request(dir, &prog)).unwrap();
+    assert!(outcome.success(), "{outcome}");
+    let daemon = wait_for_pid_file(&pid_file);
+    assert_eq!(
+        parent_of(daemon),
+        Some(host.child.id()),
+        "adopted by the host"
+    );
+    wait_gone(daemon, "the exited daemon, reaped by the host");
+
+    // A missing program is an answer, not a hang.
+    let missing = dir.join("none/nvidia-cuda-mps-control");
+    let outcome = request_start(&host.socket, &request(dir, &missing)).unwrap();
+    assert!(
+        matches!(&outcome, Outcome::Failed { error } if error.contains("cannot run")),
+        "{outcome:?}"
+    );
+
+    // Malformed and hostile requests: refused with a reason, nothing run.
+    let marker = dir.join("ran");
+    let evil = program(dir, &format!("touch {}", marker.display()));
+    let mut preload = request(dir, &evil);
+    preload
+        .env
+        .insert("LD_PRELOAD".into(), "/tmp/evil.so".into());
+    let shell = StartRequest {
+        program: "/bin/sh".into(),
+        ..request(dir, &evil)
+    };
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"not json\n".to_vec(), "malformed request"),
+        (b"".to_vec(), "malformed request"),
+        (b"{\"program\":\"/bin/sh\"}\n".to_vec(), "malformed request"),
+        (serde_json::to_vec(&preload).unwrap(), "LD_PRELOAD"),
+        (
+            serde_json::to_vec(&shell).unwrap(),
+            "is not nvidia-cuda-mps-control",
+        ),
+        (vec![b'x'; 70_000], "longer than 65536 bytes"),
+    ];
+    for (bytes, needle) in cases {
+        let reply = raw(&host.socket, &bytes);
+        assert!(
+            matches!(&reply.outcome, Outcome::Failed { error } if error.contains(needle)),
+            "{needle:?}: {reply:?}"
+        );
+        assert_eq!(reply.pid_namespace, pid_namespace().unwrap());
+    }
+    assert!(!marker.exists(), "a refused request ran");
+
+    // Only its owner can reach the socket.
+    let mode = fs::metadata(&host.socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
+#[test]
+fn sigterm_stops_the_host_and_leaves_its_daemons_running() {
+    let dir = common::short_dir();
+    let mut host = Host::start(dir.path());
+    let pid_file = dir.path().join("daemon.pid");
+    let prog = program(
+        dir.path(),
+        &format!(
+            "sh -c 'echo $$ > {}; exec sleep 30' &\nexit 0",
+            pid_file.display()
+        ),
+    );
+    let outcome = request_start(&host.socket, &request(dir.path(), &prog)).unwrap();
+    assert!(outcome.success(), "{outcome}");
+    let daemon = wait_for_pid_file(&pid_file);
+
+    assert!(fake_driver_root::terminate(host.child.id()));
+    let status = common::wait_exit(&mut host.child, Duration::from_secs(10)).expect("exits");
+    assert!(status.success(), "{}", host.stderr());
+    assert!(!host.socket.exists(), "socket left behind");
+    assert!(
+        fake_driver_root::is_alive(daemon),
+        "the daemon ended with the host"
+    );
+    assert!(fake_driver_root::kill(daemon));
+
+    // A second host refuses a socket a live one serves.
+    let first = Host::start(dir.path());
+    let (status, stderr) = common::run_bare(
+        &["mps-host", "--socket", first.socket.to_str().unwrap()],
+        &[],
+        dir.path(),
+    );
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    common::assert_one_line_error(status, &stderr, "error: MPS daemon host: MPS host socket:");
+    // Bad flags: one line, exit 2.
+    let (status, stderr) = common::run_bare(&["mps-host", "--socket", "rel.sock"], &[], dir.path());
+    common::assert_one_line_error(status, &stderr, "not an absolute path");
+    assert_eq!(status.code(), Some(2));
+}
+
+/// The node's MPS daemon processes: those started from the fake driver
+/// root, less the plugin's own processes (the supervisor's child).
+fn daemons_of(n: &common::prepare::Node) -> Vec<u32> {
+    n.live_processes()
+        .into_iter()
+        .filter(|p| {
+            fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|exe| exe != Path::new(common::BIN))
+        })
+        .collect()
+}
+
+/// Every process descended from `root`, `root` first.
+fn tree(root: u32) -> Vec<u32> {
+    let mut all = vec![root];
+    let mut i = 0;
+    while i < all.len() {
+        let parent = all[i];
+        for entry in fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+                continue;
+            };
+            if parent_of(pid) == Some(parent) && !all.contains(&pid) {
+                all.push(pid);
+            }
+        }
+        i += 1;
+    }
+    all
+}
+
+/// What a container runtime does when a container stops: every process in
+/// its cgroup is killed. A process's cgroup is its parent's at fork, so
+/// here that is the container's main process and everything descended
+/// from it (frozen first, so nothing escapes by forking meanwhile).
+fn end_container(main: u32) {
+    let mut frozen = Vec::new();
+    loop {
+        let now = tree(main);
+        if now.iter().all(|p| frozen.contains(p)) {
+            break;
+        }
+        for p in now {
+            if !frozen.contains(&p) {
+                if let Some(pid) = i32::try_from(p).ok().and_then(Pid::from_raw) {
+                    let _ = kill_process(pid, Signal::STOP);
+                }
+                frozen.push(p);
+            }
+        }
+    }
+    for p in frozen {
+        fake_driver_root::kill(p);
+    }
+}
+
+/// With the host, a plugin upgrade keeps the MPS daemon: the old plugin's
+/// container ends (its supervisor and everything under it killed), the
+/// daemon, the host's child, runs on, and the new plugin serves the claim
+/// with it and stops it at unprepare.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_host_an_mps_daemon_outlives_the_plugins_container() {
+    let host_dir = common::short_dir();
+    let host = Host::start(host_dir.path());
+    let socket = host.socket.to_str().unwrap().to_owned();
+    let mut n = node(
+        "t4-inference",
+        &["--supervise", "--mps-host-socket", &socket],
+        DraVersion::V1,
+    )
+    .await;
+    let c = n.mps_claim("mps").await;
+    let first = n.prepare_ok(&c).await;
+    let daemons = daemons_of(&n);
+    assert_eq!(
+        daemons.len(),
+        1,
+        "one MPS daemon: {daemons:?}\n{}",
+        n.logs()
+    );
+    let daemon = daemons[0];
+    assert_eq!(
+        parent_of(daemon),
+        Some(host.child.id()),
+        "{}",
+        host.stderr()
+    );
+    // Through the host's own launcher when the plugin chose a private
+    // /dev/shm (as root): a mount namespace of the daemon's own.
+    if n.plugin.stderr().contains("shm=PrivateMount") {
+        let ns = |pid: u32| fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+        assert_ne!(ns(daemon), ns(host.child.id()));
+    }
+
+    end_container(n.plugin.child.id());
+    let _ = n.plugin.child.wait();
+    assert!(
+        fake_driver_root::is_alive(daemon),
+        "the daemon ended with the plugin's container"
+    );
+
+    // The new plugin ("the new pod"): same flags, same node.
+    n.restart(&[]).await;
+    assert_eq!(n.prepare_ok(&c).await, first);
+    assert!(
+        fake_driver_root::is_alive(daemon),
+        "the daemon was replaced"
+    );
+    assert_eq!(daemons_of(&n), vec![daemon]);
+    n.unprepare_ok(&c).await;
+    wait_gone(
+        daemon,
+        "the daemon, stopped at unprepare and reaped by the host",
+    );
+    assert_eq!(n.mps_daemons(), 0);
+    assert!(
+        host.stderr().contains("ran an MPS daemon start"),
+        "{}",
+        host.stderr()
+    );
+}
+
+/// The same without the host: the daemon is in the plugin's container and
+/// ends with it (what the host is for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_host_an_mps_daemon_ends_with_the_plugins_container() {
+    let mut n = node("t4-inference", &["--supervise"], DraVersion::V1).await;
+    let c = n.mps_claim("mps").await;
+    n.prepare_ok(&c).await;
+    let daemons = daemons_of(&n);
+    assert_eq!(daemons.len(), 1, "one MPS daemon: {daemons:?}");
+    end_container(n.plugin.child.id());
+    let _ = n.plugin.child.wait();
+    wait_gone(daemons[0], "the daemon of the ended container");
+}
+
+/// A plugin whose host is not there: the MPS prepare fails with an error
+/// that names the socket, and nothing of the claim is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mps_prepare_without_its_host_fails_clearly_and_leaves_nothing() {
+    let dir = common::short_dir();
+    let socket = dir.path().join("absent.sock");
+    let n = node(
+        "t4-inference",
+        &["--mps-host-socket", socket.to_str().unwrap()],
+        DraVersion::V1,
+    )
+    .await;
+    let c = n.mps_claim("mps").await;
+    let results = n.prepare(std::slice::from_ref(&c)).await;
+    let error = results[&c.uid].error.clone().unwrap_or_default();
+    assert!(
+        error.contains("cannot reach the MPS daemon host at")
+            && error.contains(socket.to_str().unwrap()),
+        "{error}"
+    );
+    assert!(n.live_processes().is_empty());
+    assert_eq!(n.mps_daemons(), 0);
+    assert!(!n.spec_path(&c).exists());
+    assert!(n.checkpoint_claims().is_empty(), "{}", n.checkpoint());
+}
