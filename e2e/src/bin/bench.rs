@@ -119,6 +119,10 @@ const BENCHMARKS: &[Benchmark] = &[
         run: |ctx, name, s| prepare::latency(ctx, name, s, prepare::Kind::Mps),
     },
     Benchmark {
+        name: "prepare, MPS through the MPS daemon host",
+        run: |ctx, name, s| prepare::latency(ctx, name, s, prepare::Kind::MpsHost),
+    },
+    Benchmark {
         name: "prepare, dynamic MIG 1g.10gb",
         run: |ctx, name, s| prepare::latency(ctx, name, s, prepare::Kind::DynamicMig),
     },

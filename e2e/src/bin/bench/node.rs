@@ -160,6 +160,27 @@ pub fn plugin_command(
     Ok(cmd)
 }
 
+/// Starts the MPS daemon host (`<plugin> mps-host`) on `<dir>/mps-host.sock`,
+/// logging to `<dir>/mps-host.log`, and waits until it serves; returns it
+/// and its socket.
+pub async fn start_mps_host(ctx: &Ctx, dir: &Path) -> anyhow::Result<(Plugin, PathBuf)> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let socket = dir.join("mps-host.sock");
+    let log = dir.join("mps-host.log");
+    let mut cmd = Command::new(&ctx.plugin_bin);
+    cmd.env_clear()
+        .env("RUST_LOG", "info")
+        .envs(ctx.envs.iter().map(|(k, v)| (k, v)))
+        .args(["mps-host", "--log-format", "json", "--socket"])
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?);
+    let mut child = crate::children::spawn_plugin(&mut cmd).context("spawning the MPS host")?;
+    wait_for_log(&log, "MPS daemon host serving", &mut child).await?;
+    Ok((child, socket))
+}
+
 /// What the plugin logs once its kubelet sockets serve.
 pub const SERVING: &str = "serving kubelet plugin sockets";
 

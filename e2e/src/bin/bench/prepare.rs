@@ -30,6 +30,10 @@ pub enum Kind {
     WholeGpu,
     /// A whole GPU with an MPS configuration: a control daemon per claim.
     Mps,
+    /// [`Kind::Mps`] with the daemon started by the MPS daemon host, as
+    /// the chart deploys it (`gpu-kubelet-plugin mps-host`, the plugin's
+    /// `--mps-host-socket`).
+    MpsHost,
     /// A 1g.10gb MIG device created at prepare (`--dynamic-mig`).
     DynamicMig,
 }
@@ -37,7 +41,7 @@ pub enum Kind {
 impl Kind {
     fn flags(self) -> &'static [&'static str] {
         match self {
-            Self::WholeGpu | Self::Mps => &[],
+            Self::WholeGpu | Self::Mps | Self::MpsHost => &[],
             Self::DynamicMig => &["--dynamic-mig"],
         }
     }
@@ -46,7 +50,7 @@ impl Kind {
     fn device(self, node: &Node, i: usize) -> anyhow::Result<String> {
         let gpu = i % GPUS;
         match self {
-            Self::WholeGpu | Self::Mps => Ok(format!("gpu-{gpu}")),
+            Self::WholeGpu | Self::Mps | Self::MpsHost => Ok(format!("gpu-{gpu}")),
             Self::DynamicMig => node.device(&format!("gpu-{gpu}-mig-1g10gb")),
         }
     }
@@ -54,7 +58,7 @@ impl Kind {
     fn config(self) -> Value {
         match self {
             Self::WholeGpu | Self::DynamicMig => json!([]),
-            Self::Mps => json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
+            Self::Mps | Self::MpsHost => json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
                 "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}}))]),
         }
     }
@@ -79,7 +83,16 @@ fn p50(samples: &[f64]) -> f64 {
 pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow::Result<Vec<Row>> {
     let dir = ctx.dir_for(name);
     ctx.runtime.block_on(async {
-        let node = Node::start(ctx, &dir, kind.flags()).await?;
+        let mut flags: Vec<String> = kind.flags().iter().map(|f| (*f).to_owned()).collect();
+        let host = if kind == Kind::MpsHost {
+            let (host, socket) = crate::node::start_mps_host(ctx, &dir).await?;
+            flags.extend(["--mps-host-socket".to_owned(), socket.display().to_string()]);
+            Some(host)
+        } else {
+            None
+        };
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let node = Node::start(ctx, &dir, &flags).await?;
         let config = kind.config();
         let cycle = |i: usize| {
             let node = &node;
@@ -121,7 +134,7 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
         // MPS daemon's start, or NVML's creation of the MIG device.
         let outside = match kind {
             Kind::WholeGpu => None,
-            Kind::Mps => Some((
+            Kind::Mps | Kind::MpsHost => Some((
                 "    of which starting the MPS control daemon (launch, readiness, settings; the fake root's compiled stand-in daemon)",
                 "  prepare less the daemon start, claim by claim",
                 log_micros_as_ms(&log, "started MPS control daemon", "elapsed_us"),
@@ -133,6 +146,10 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
             )),
         };
         node.stop()?;
+        if let Some(mut host) = host {
+            let _ = host.kill();
+            let _ = host.wait();
+        }
         let ratio = p50(&prepare) / p50(&write);
         let ratio_swapped = p50(&prepare) / p50(&swapped);
         // The claim read is the plugin's own GET (its log's `read_us`).
@@ -177,13 +194,7 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
                 "ms",
                 write,
             ),
-            Row::with(
-                name,
-                "prepare p50 / durable write p50",
-                "x",
-                Values::One(ratio),
-            )
-            .goal(Goal::below(Stat::P50, 2.0)),
+            ratio_row(name, kind, ratio),
             Row::new(
                 name,
                 "  the checkpoint's own kind of durable write: in place into a spare file, fdatasync, rename exchange, dir fsync, same dir",
@@ -235,6 +246,23 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
     })
 }
 
+/// The ratio to the durable write, judged against issue 4's line (under
+/// 2x) for the kinds it names; the MPS host's variant is read against the
+/// plain MPS row instead.
+fn ratio_row(name: &str, kind: Kind, ratio: f64) -> Row {
+    let row = Row::with(
+        name,
+        "prepare p50 / durable write p50",
+        "x",
+        Values::One(ratio),
+    );
+    if kind == Kind::MpsHost {
+        row
+    } else {
+        row.goal(Goal::below(Stat::P50, 2.0))
+    }
+}
+
 /// The row of a prepare of `kind` above the floor: less the round trip
 /// and the claim read that any driver pays here, and the step outside it.
 fn above_floor_label(kind: Kind) -> &'static str {
@@ -242,7 +270,7 @@ fn above_floor_label(kind: Kind) -> &'static str {
         Kind::WholeGpu => {
             "  above the floor: prepare less its claim read, claim by claim, and an empty call's p50"
         }
-        Kind::Mps => {
+        Kind::Mps | Kind::MpsHost => {
             "  above the floor: prepare less its claim read and daemon start, claim by claim, and an empty call's p50"
         }
         Kind::DynamicMig => {
