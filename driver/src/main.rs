@@ -68,9 +68,13 @@ fn mps_host(args: Vec<std::ffi::OsString>) -> ExitCode {
     gpu_dra_cmdline::init_logging(flags.log_format);
     gpu_dra_cmdline::run(tokio::runtime::Builder::new_current_thread(), async move {
         // Its own program as the launcher: `run_if_asked` runs first above.
-        host::serve(&flags.socket, std::path::Path::new(launch::SELF_EXE))
-            .await
-            .context("MPS daemon host")
+        host::serve(
+            &flags.socket,
+            std::path::Path::new(launch::SELF_EXE),
+            &flags.driver_root,
+        )
+        .await
+        .context("MPS daemon host")
     })
 }
 

@@ -22,8 +22,8 @@ use gpu_kubelet_plugin::prepare::mps::host::{
 };
 use rustix::process::{Pid, Signal, kill_process};
 
-/// The host program serving on `<dir>/host.sock`, logging to
-/// `<dir>/host.log`; killed when dropped.
+/// The host program serving on `<dir>/host.sock` for the driver in
+/// `driver_root`, logging to `<dir>/host.log`; killed when dropped.
 struct Host {
     child: Child,
     socket: PathBuf,
@@ -31,12 +31,17 @@ struct Host {
 }
 
 impl Host {
-    fn start(dir: &Path) -> Self {
+    fn start(dir: &Path, driver_root: &Path) -> Self {
         let socket = dir.join("host.sock");
         let log = dir.join("host.log");
-        let child = common::bare_command(&["mps-host", "--socket", socket.to_str().unwrap()], &log)
-            .spawn()
-            .unwrap();
+        let args = [
+            "mps-host",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--driver-root",
+            driver_root.to_str().unwrap(),
+        ];
+        let child = common::bare_command(&args, &log).spawn().unwrap();
         let mut host = Self { child, socket, log };
         let deadline = Instant::now() + Duration::from_secs(10);
         while !host.stderr().contains("MPS daemon host serving") {
@@ -61,9 +66,10 @@ impl Drop for Host {
     }
 }
 
-/// A stand-in `nvidia-cuda-mps-control` in `<dir>/bin` that runs `script`.
+/// A stand-in `nvidia-cuda-mps-control` in the driver root `dir` that runs
+/// `script`.
 fn program(dir: &Path, script: &str) -> PathBuf {
-    let bin = dir.join("bin");
+    let bin = dir.join("usr/bin");
     fs::create_dir_all(&bin).unwrap();
     let path = bin.join("nvidia-cuda-mps-control");
     // Written to a new file and renamed: a running copy is never rewritten.
@@ -137,8 +143,8 @@ fn wait_gone(pid: u32, what: &str) {
 #[test]
 fn the_host_runs_starts_reaps_its_daemons_and_refuses_bad_requests() {
     let dir = common::short_dir();
-    let host = Host::start(dir.path());
     let scratch = tempfile::tempdir().unwrap();
+    let host = Host::start(dir.path(), scratch.path());
     let dir = scratch.path();
 
     // A start: the environment is exactly the request's, output captured.
@@ -199,8 +205,8 @@ fn the_host_runs_starts_reaps_its_daemons_and_refuses_bad_requests() {
     wait_gone(daemon, "the exited daemon, reaped by the host");
 
     // A missing program is an answer, not a hang.
-    let missing = dir.join("none/nvidia-cuda-mps-control");
-    let outcome = request_start(&host.socket, &request(dir, &missing)).unwrap();
+    fs::remove_file(&prog).unwrap();
+    let outcome = request_start(&host.socket, &request(dir, &prog)).unwrap();
     assert!(
         matches!(&outcome, Outcome::Failed { error } if error.contains("cannot run")),
         "{outcome:?}"
@@ -217,6 +223,12 @@ fn the_host_runs_starts_reaps_its_daemons_and_refuses_bad_requests() {
         program: "/bin/sh".into(),
         ..request(dir, &evil)
     };
+    // A control program, but not the host's driver root's.
+    let elsewhere = program(
+        &dir.join("elsewhere"),
+        &format!("touch {}", marker.display()),
+    );
+    let other_root = request(dir, &elsewhere);
     let cases: Vec<(Vec<u8>, &str)> = vec![
         (b"not json\n".to_vec(), "malformed request"),
         (b"".to_vec(), "malformed request"),
@@ -224,7 +236,11 @@ fn the_host_runs_starts_reaps_its_daemons_and_refuses_bad_requests() {
         (serde_json::to_vec(&preload).unwrap(), "LD_PRELOAD"),
         (
             serde_json::to_vec(&shell).unwrap(),
-            "is not nvidia-cuda-mps-control",
+            "program /bin/sh is not",
+        ),
+        (
+            serde_json::to_vec(&other_root).unwrap(),
+            "the driver root's MPS control program",
         ),
         (vec![b'x'; 70_000], "longer than 65536 bytes"),
     ];
@@ -246,7 +262,7 @@ fn the_host_runs_starts_reaps_its_daemons_and_refuses_bad_requests() {
 #[test]
 fn sigterm_stops_the_host_and_leaves_its_daemons_running() {
     let dir = common::short_dir();
-    let mut host = Host::start(dir.path());
+    let mut host = Host::start(dir.path(), dir.path());
     let pid_file = dir.path().join("daemon.pid");
     let prog = program(
         dir.path(),
@@ -270,7 +286,7 @@ fn sigterm_stops_the_host_and_leaves_its_daemons_running() {
     assert!(fake_driver_root::kill(daemon));
 
     // A second host refuses a socket a live one serves.
-    let first = Host::start(dir.path());
+    let first = Host::start(dir.path(), dir.path());
     let (status, stderr) = common::run_bare(
         &["mps-host", "--socket", first.socket.to_str().unwrap()],
         &[],
@@ -346,14 +362,15 @@ fn end_container(main: u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_host_an_mps_daemon_outlives_the_plugins_container() {
     let host_dir = common::short_dir();
-    let host = Host::start(host_dir.path());
-    let socket = host.socket.to_str().unwrap().to_owned();
+    let socket = host_dir.path().join("host.sock");
     let mut n = node(
         "t4-inference",
-        &["--supervise", "--mps-host-socket", &socket],
+        &["--supervise", "--mps-host-socket", socket.to_str().unwrap()],
         DraVersion::V1,
     )
     .await;
+    // The host of the node's driver root (needed from the first MPS prepare on).
+    let host = Host::start(host_dir.path(), n.env.driver_root.path());
     let c = n.mps_claim("mps").await;
     let first = n.prepare_ok(&c).await;
     let daemons = daemons_of(&n);

@@ -25,7 +25,7 @@
 //! pids the plugin cannot see.
 //!
 //! Requests are checked before anything runs ([`StartRequest::check`]): the
-//! program must be an absolute path to `nvidia-cuda-mps-control`, the
+//! program must be the control program of the host's `--driver-root`, the
 //! environment only the variables the plugin sets on a daemon, paths
 //! absolute and without NUL bytes, the timeout bounded. The socket is
 //! 0600 in a root-only directory: only root on the node reaches it, and
@@ -84,9 +84,23 @@ pub struct HostFlags {
     /// The socket to serve on: the plugin's `--mps-host-socket`.
     #[arg(long, env = "MPS_HOST_SOCKET", value_parser = crate::flags::parse_socket_path)]
     pub socket: PathBuf,
+    /// Where this container sees the NVIDIA driver (the plugin's
+    /// `--container-driver-root`): only its `usr/bin/nvidia-cuda-mps-control`
+    /// is run.
+    #[arg(long, env = "DRIVER_ROOT", default_value = "/", value_parser = absolute_path)]
+    pub driver_root: PathBuf,
     /// Log format on stderr. The level comes from RUST_LOG (default info).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = gpu_dra_cmdline::LogFormat::Text)]
     pub log_format: gpu_dra_cmdline::LogFormat,
+}
+
+fn absolute_path(s: &str) -> Result<PathBuf, String> {
+    let path = Path::new(s);
+    if path.is_absolute() {
+        Ok(path.to_owned())
+    } else {
+        Err(format!("{s:?} is not an absolute path"))
+    }
 }
 
 /// Whether the command line asks for the host (its first argument is
@@ -268,14 +282,16 @@ fn absolute_without_nul(what: &str, path: &Path) -> Result<(), String> {
 }
 
 impl StartRequest {
-    /// Checks the request before anything runs.
-    pub fn check(&self) -> Result<(), String> {
+    /// Checks the request before anything runs; `driver_root` is where
+    /// the host sees the driver, whose control program alone it runs.
+    pub fn check(&self, driver_root: &Path) -> Result<(), String> {
         absolute_without_nul("program", &self.program)?;
-        let name = Path::new(CONTROL_PROGRAM).file_name();
-        if self.program.file_name() != name {
+        let control = driver_root.join(CONTROL_PROGRAM);
+        if self.program != control {
             return Err(format!(
-                "program {} is not nvidia-cuda-mps-control",
-                self.program.display()
+                "program {} is not {}, the driver root's MPS control program",
+                self.program.display(),
+                control.display()
             ));
         }
         if let Some(m) = &self.private_mount {
@@ -510,7 +526,7 @@ fn run_start(request: &StartRequest, launcher: &Path, children: &Children) -> Ou
 }
 
 /// Reads one request line (bounded in size and time) and checks it.
-async fn read_request(stream: &mut UnixStream) -> Result<StartRequest, String> {
+async fn read_request(stream: &mut UnixStream, driver_root: &Path) -> Result<StartRequest, String> {
     let mut buf = Vec::new();
     let read = tokio::time::timeout(READ_TIMEOUT, async {
         let mut limited = stream.take(MAX_MESSAGE + 1);
@@ -535,23 +551,19 @@ async fn read_request(stream: &mut UnixStream) -> Result<StartRequest, String> {
     let line = buf.split(|b| *b == b'\n').next().unwrap_or_default();
     let request: StartRequest =
         serde_json::from_slice(line).map_err(|e| format!("malformed request: {e}"))?;
-    request.check()?;
+    request.check(driver_root)?;
     Ok(request)
 }
 
 /// Answers one connection: its request run, or why not.
-async fn handle(
-    mut stream: UnixStream,
-    launcher: Arc<PathBuf>,
-    children: Arc<Children>,
-    namespace: Arc<String>,
-) {
-    let outcome = match read_request(&mut stream).await {
+async fn handle(mut stream: UnixStream, host: Arc<Shared>) {
+    let outcome = match read_request(&mut stream, &host.driver_root).await {
         Err(error) => Outcome::Failed { error },
         Ok(request) => {
             let started = Instant::now();
+            let shared = host.clone();
             let ran = tokio::task::spawn_blocking(move || {
-                let outcome = run_start(&request, &launcher, &children);
+                let outcome = run_start(&request, &shared.launcher, &shared.children);
                 (request, outcome)
             })
             .await;
@@ -577,7 +589,7 @@ async fn handle(
         tracing::warn!(%error, "MPS daemon start refused or failed");
     }
     let reply = Reply {
-        pid_namespace: namespace.as_str().to_owned(),
+        pid_namespace: host.namespace.clone(),
         outcome,
     };
     if let Ok(mut line) = serde_json::to_vec(&reply) {
@@ -588,11 +600,23 @@ async fn handle(
     }
 }
 
-/// Serves start requests on `socket` until SIGTERM or SIGINT, starting
-/// daemons through `launcher` (the host's own program). Daemons keep
-/// running when the host exits.
-pub async fn serve(socket: &Path, launcher: &Path) -> Result<(), HostError> {
-    let namespace = Arc::new(pid_namespace().map_err(HostError::Namespace)?);
+/// What every connection of a serving host uses.
+struct Shared {
+    /// The host's own program, the daemons' launcher.
+    launcher: PathBuf,
+    /// Where the host sees the driver.
+    driver_root: PathBuf,
+    /// The host's PID namespace, for the replies.
+    namespace: String,
+    children: Children,
+}
+
+/// Serves start requests on `socket` until SIGTERM or SIGINT, running the
+/// control program of `driver_root` only, through `launcher` (the host's
+/// own program) for a private mount. Daemons keep running when the host
+/// exits.
+pub async fn serve(socket: &Path, launcher: &Path, driver_root: &Path) -> Result<(), HostError> {
+    let namespace = pid_namespace().map_err(HostError::Namespace)?;
     set_child_subreaper(Some(rustix::process::getpid()))
         .map_err(|e| HostError::Subreaper(e.into()))?;
     let mut term = signal(SignalKind::terminate()).map_err(HostError::Signals)?;
@@ -604,21 +628,30 @@ pub async fn serve(socket: &Path, launcher: &Path) -> Result<(), HostError> {
     }
     sockets::clear_stale(socket).await?;
     let listener = sockets::bind(socket)?;
-    let children = Arc::new(Children::default());
-    let launcher = Arc::new(launcher.to_owned());
-    tracing::info!(socket = %socket.display(), pid_namespace = %namespace, "MPS daemon host serving");
+    tracing::info!(
+        socket = %socket.display(),
+        driver_root = %driver_root.display(),
+        pid_namespace = %namespace,
+        "MPS daemon host serving"
+    );
+    let host = Arc::new(Shared {
+        launcher: launcher.to_owned(),
+        driver_root: driver_root.to_owned(),
+        namespace,
+        children: Children::default(),
+    });
     let result = loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    tokio::spawn(handle(stream, launcher.clone(), children.clone(), namespace.clone()));
+                    tokio::spawn(handle(stream, host.clone()));
                 }
                 Err(source) => break Err(HostError::Accept { path: socket.to_owned(), source }),
             },
             _ = child.recv() => {
-                let children = children.clone();
+                let host = host.clone();
                 // The lock may be held across a program start: off the runtime thread.
-                let _ = tokio::task::spawn_blocking(move || children.reap()).await;
+                let _ = tokio::task::spawn_blocking(move || host.children.reap()).await;
             }
             _ = term.recv() => break Ok(()),
             _ = int.recv() => break Ok(()),

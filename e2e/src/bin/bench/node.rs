@@ -160,12 +160,16 @@ pub fn plugin_command(
     Ok(cmd)
 }
 
-/// Starts the MPS daemon host (`<plugin> mps-host`) on `<dir>/mps-host.sock`,
-/// logging to `<dir>/mps-host.log`, and waits until it serves; returns it
-/// and its socket.
-pub async fn start_mps_host(ctx: &Ctx, dir: &Path) -> anyhow::Result<(Plugin, PathBuf)> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let socket = dir.join("mps-host.sock");
+/// Where [`start_mps_host`] serves in `dir`.
+pub fn mps_host_socket(dir: &Path) -> PathBuf {
+    dir.join("mps-host.sock")
+}
+
+/// Starts the MPS daemon host (`<plugin> mps-host`) for `node`'s driver
+/// root on [`mps_host_socket`] of `dir`, logging to `<dir>/mps-host.log`,
+/// and waits until it serves.
+pub async fn start_mps_host(ctx: &Ctx, dir: &Path, node: &Node) -> anyhow::Result<Plugin> {
+    let socket = mps_host_socket(dir);
     let log = dir.join("mps-host.log");
     let mut cmd = Command::new(&ctx.plugin_bin);
     cmd.env_clear()
@@ -173,12 +177,14 @@ pub async fn start_mps_host(ctx: &Ctx, dir: &Path) -> anyhow::Result<(Plugin, Pa
         .envs(ctx.envs.iter().map(|(k, v)| (k, v)))
         .args(["mps-host", "--log-format", "json", "--socket"])
         .arg(&socket)
+        .arg("--driver-root")
+        .arg(node.machine.driver_root.path())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?);
     let mut child = crate::children::spawn_plugin(&mut cmd).context("spawning the MPS host")?;
     wait_for_log(&log, "MPS daemon host serving", &mut child).await?;
-    Ok((child, socket))
+    Ok(child)
 }
 
 /// What the plugin logs once its kubelet sockets serve.

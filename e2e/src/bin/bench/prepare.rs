@@ -58,8 +58,10 @@ impl Kind {
     fn config(self) -> Value {
         match self {
             Self::WholeGpu | Self::DynamicMig => json!([]),
-            Self::Mps | Self::MpsHost => json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
-                "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}}))]),
+            Self::Mps | Self::MpsHost => {
+                json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
+                "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}}))])
+            }
         }
     }
 }
@@ -84,15 +86,18 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
     let dir = ctx.dir_for(name);
     ctx.runtime.block_on(async {
         let mut flags: Vec<String> = kind.flags().iter().map(|f| (*f).to_owned()).collect();
-        let host = if kind == Kind::MpsHost {
-            let (host, socket) = crate::node::start_mps_host(ctx, &dir).await?;
+        if kind == Kind::MpsHost {
+            let socket = crate::node::mps_host_socket(&dir);
             flags.extend(["--mps-host-socket".to_owned(), socket.display().to_string()]);
-            Some(host)
+        }
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let node = Node::start(ctx, &dir, &flags).await?;
+        // Needed from the first MPS prepare on, not at the plugin's start.
+        let host = if kind == Kind::MpsHost {
+            Some(crate::node::start_mps_host(ctx, &dir, &node).await?)
         } else {
             None
         };
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        let node = Node::start(ctx, &dir, &flags).await?;
         let config = kind.config();
         let cycle = |i: usize| {
             let node = &node;

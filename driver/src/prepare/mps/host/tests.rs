@@ -31,14 +31,22 @@ fn checks_refuse_what_a_daemon_start_never_needs() {
         dir,
         Path::new("/driver-root/usr/bin/nvidia-cuda-mps-control"),
     );
-    ok.check().unwrap();
+    let root = Path::new("/driver-root");
+    ok.check(root).unwrap();
     let cases: Vec<(StartRequest, &str)> = vec![
         (
             StartRequest {
                 program: "/bin/sh".into(),
                 ..ok.clone()
             },
-            "is not nvidia-cuda-mps-control",
+            "program /bin/sh is not /driver-root/usr/bin/nvidia-cuda-mps-control, the driver root's",
+        ),
+        (
+            StartRequest {
+                program: "/tmp/usr/bin/nvidia-cuda-mps-control".into(),
+                ..ok.clone()
+            },
+            "is not /driver-root/usr/bin/nvidia-cuda-mps-control",
         ),
         (
             StartRequest {
@@ -101,7 +109,7 @@ fn checks_refuse_what_a_daemon_start_never_needs() {
         ),
     ];
     for (req, needle) in cases {
-        let err = req.check().unwrap_err();
+        let err = req.check(root).unwrap_err();
         assert!(err.contains(needle), "{needle:?} not in {err:?}");
     }
 }
@@ -170,12 +178,17 @@ fn the_command_line_selects_the_host_by_its_first_argument() {
     assert_eq!(asked(&args(&["p"])), None);
     let parse =
         |a: &[&str]| <HostFlags as clap::Parser>::try_parse_from(a).map_err(|e| e.to_string());
-    assert_eq!(
-        parse(&["p", "--socket", "/run/h.sock"]).unwrap().socket,
-        PathBuf::from("/run/h.sock")
-    );
+    let flags = parse(&["p", "--socket", "/run/h.sock"]).unwrap();
+    assert_eq!(flags.socket, PathBuf::from("/run/h.sock"));
+    assert_eq!(flags.driver_root, PathBuf::from("/"));
+    let flags = parse(&["p", "--socket=/run/h.sock", "--driver-root=/driver-root"]).unwrap();
+    assert_eq!(flags.driver_root, PathBuf::from("/driver-root"));
     for (bad, needle) in [
         (&["p"][..], "--socket"),
+        (
+            &["p", "--socket=/s", "--driver-root=driver"][..],
+            "not an absolute path",
+        ),
         (&["p", "--socket", "h.sock"][..], "not an absolute path"),
         (&["p", "--socket", "/run/h.sock", "--bogus"][..], "--bogus"),
     ] {
