@@ -134,6 +134,7 @@ pub mod procs;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
 use std::fs;
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::PermissionsExt;
@@ -350,12 +351,6 @@ pub enum MpsError {
         /// The OS error.
         source: io::Error,
     },
-}
-
-/// A path as a string for an environment variable (paths the plugin makes
-/// are UTF-8; anything else is replaced, not dropped).
-fn lossy(path: &Path) -> String {
-    path.to_string_lossy().into_owned()
 }
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> MpsError {
@@ -945,20 +940,37 @@ impl MpsControl {
         } else {
             dirs.pipe.as_path()
         };
-        let mut env = exec::driver_env_vars(&self.driver_root.path);
+        // The daemon's whole environment; paths as they are (the markers
+        // are compared byte for byte).
+        let mut env: BTreeMap<String, OsString> = exec::driver_env_vars(&self.driver_root.path)
+            .into_iter()
+            .map(|(k, v)| (k, v.into()))
+            .collect();
         if let Some(owner) = &self.owner {
-            env.insert(procs::OWNER_ENV.into(), lossy(owner));
+            env.insert(procs::OWNER_ENV.into(), owner.into());
         }
         for (key, value) in [
             ("CUDA_MPS_PIPE_DIRECTORY", pipe_env),
             ("CUDA_MPS_LOG_DIRECTORY", dirs.log.as_path()),
             (procs::DAEMON_MARKER_ENV, dirs.root.as_path()),
         ] {
-            env.insert(key.into(), lossy(value));
+            env.insert(key.into(), value.into());
         }
-        env.insert("CUDA_VISIBLE_DEVICES".into(), cfg.visible_devices());
+        env.insert("CUDA_VISIBLE_DEVICES".into(), cfg.visible_devices().into());
         let outcome = match &self.host {
             Some(socket) => {
+                // JSON carries text: a path that is not UTF-8 cannot be sent.
+                let env = env
+                    .into_iter()
+                    .map(|(k, v)| v.into_string().map(|v| (k, v)))
+                    .collect::<Result<BTreeMap<_, _>, _>>()
+                    .map_err(|v| MpsError::InvalidConfig {
+                        id: cfg.id.clone(),
+                        reason: format!(
+                            "{} is not UTF-8, which the MPS daemon host's requests need",
+                            v.display()
+                        ),
+                    })?;
                 let request = host::StartRequest {
                     program: program.to_path_buf(),
                     private_mount: private.then(|| host::PrivateMount {
@@ -1025,7 +1037,7 @@ impl MpsControl {
         program: &Path,
         dirs: &DaemonDirs,
         private: bool,
-        env: &BTreeMap<String, String>,
+        env: &BTreeMap<String, OsString>,
         out_path: &Path,
     ) -> Result<host::Outcome, MpsError> {
         let out = fs::File::create(out_path).map_err(io_err("create", out_path))?;

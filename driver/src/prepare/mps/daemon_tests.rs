@@ -993,3 +993,24 @@ fn hostile_daemon_records_name_no_directory() {
         assert!(err.contains(needle), "{r:?}: {err}");
     }
 }
+
+#[test]
+fn a_path_that_is_not_utf8_is_refused_before_the_host_is_asked() {
+    use std::os::unix::ffi::OsStrExt;
+    let env = Env::new();
+    let dir = env.state.join(std::ffi::OsStr::from_bytes(b"mps-\xff"));
+    let mps = MpsControl::new(HostRoot::same(env.fake.path()), HostRoot::same(dir))
+        .with_shm_mode(ShmMode::Inherit)
+        .with_timeouts(fast())
+        .with_host(env.state.join("host.sock"));
+    let err = mps.start(&cfg("claim-1")).unwrap_err();
+    assert!(
+        matches!(err, MpsError::InvalidConfig { .. })
+            && err
+                .to_string()
+                .contains("is not UTF-8, which the MPS daemon host"),
+        "{err}"
+    );
+    env.assert_nothing_left(&mps, "claim-1");
+    assert_eq!(env.starts(), 0);
+}

@@ -57,6 +57,8 @@ use crate::grpc::sockets;
 pub const HOST_ARG: &str = "mps-host";
 /// Largest request or reply read.
 const MAX_MESSAGE: u64 = 64 * 1024;
+/// Most input read away after a reply (see `handle`).
+const DRAIN_LIMIT: u64 = 16 * MAX_MESSAGE;
 /// Longest `-d` run a request may ask for.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the host waits for a request once connected.
@@ -156,6 +158,14 @@ pub enum HostError {
         op: &'static str,
         /// The OS error.
         source: io::Error,
+    },
+    /// The request cannot be written as JSON (a path that is not UTF-8).
+    #[error("cannot write a request to the MPS daemon host at {path}: {reason}")]
+    Encode {
+        /// The socket.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
     },
     /// The host's answer is not a [`Reply`].
     #[error("MPS daemon host at {path} answered with something else than a reply: {reason}")]
@@ -352,9 +362,9 @@ pub fn request_start(socket: &Path, request: &StartRequest) -> Result<Outcome, H
         .set_read_timeout(Some(wait))
         .and_then(|()| stream.set_write_timeout(Some(wait)))
         .map_err(io_err("set timeouts"))?;
-    let mut line = serde_json::to_vec(request).map_err(|e| HostError::BadReply {
+    let mut line = serde_json::to_vec(request).map_err(|e| HostError::Encode {
         path: socket.to_owned(),
-        reason: format!("cannot encode the request: {e}"),
+        reason: e.to_string(),
     })?;
     line.push(b'\n');
     stream.write_all(&line).map_err(io_err("send request"))?;
@@ -598,6 +608,20 @@ async fn handle(mut stream: UnixStream, host: Arc<Shared>) {
         let _ = stream.write_all(&line).await;
         let _ = stream.shutdown().await;
     }
+    // A socket closed with input left unread resets the connection, and
+    // the client would read that instead of the reply (a request refused
+    // as too long): read the rest away first, bounded in size and time.
+    let _ = tokio::time::timeout(READ_TIMEOUT, async {
+        let mut sink = [0u8; 4096];
+        let mut left = DRAIN_LIMIT;
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n as u64),
+            }
+        }
+    })
+    .await;
 }
 
 /// What every connection of a serving host uses.
