@@ -356,9 +356,10 @@ fn end_container(main: u32) {
 }
 
 /// With the host, a plugin upgrade keeps the MPS daemon: the old plugin's
-/// container ends (its supervisor and everything under it killed), the
-/// daemon, the host's child, runs on, and the new plugin serves the claim
-/// with it and stops it at unprepare.
+/// container ends (SIGTERM to its supervisor, then everything that was in
+/// it killed; later a hard kill of the whole container), the daemon, the
+/// host's child, runs on, and each new plugin serves the claim with it; the
+/// last one stops it at unprepare.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_host_an_mps_daemon_outlives_the_plugins_container() {
     let host_dir = common::short_dir();
@@ -394,8 +395,16 @@ async fn with_the_host_an_mps_daemon_outlives_the_plugins_container() {
         assert_ne!(ns(daemon), ns(host.child.id()));
     }
 
-    end_container(n.plugin.child.id());
-    let _ = n.plugin.child.wait();
+    // An upgrade: the runtime sends SIGTERM to the container's main
+    // process (the supervisor passes it on; the plugin drains and exits
+    // without touching the daemons), then kills what was in the container.
+    let container = tree(n.plugin.child.id());
+    n.plugin.signal("TERM");
+    let status = tokio::task::block_in_place(|| n.plugin.wait_exit(Duration::from_secs(20)));
+    assert!(status.success(), "{}", n.logs());
+    for p in container {
+        fake_driver_root::kill(p);
+    }
     assert!(
         fake_driver_root::is_alive(daemon),
         "the daemon ended with the plugin's container"
@@ -408,6 +417,17 @@ async fn with_the_host_an_mps_daemon_outlives_the_plugins_container() {
         fake_driver_root::is_alive(daemon),
         "the daemon was replaced"
     );
+    assert_eq!(daemons_of(&n), vec![daemon]);
+
+    // A pod deleted past its grace period: everything in it killed at once.
+    end_container(n.plugin.child.id());
+    let _ = n.plugin.child.wait();
+    assert!(
+        fake_driver_root::is_alive(daemon),
+        "the daemon ended with the plugin's container"
+    );
+    n.restart(&[]).await;
+    assert_eq!(n.prepare_ok(&c).await, first);
     assert_eq!(daemons_of(&n), vec![daemon]);
     n.unprepare_ok(&c).await;
     wait_gone(
