@@ -131,14 +131,6 @@ pub enum HostError {
     /// This process's PID namespace cannot be read.
     #[error("cannot read this process's PID namespace (/proc/self/ns/pid): {0}")]
     Namespace(#[source] io::Error),
-    /// Accepting a connection failed.
-    #[error("accept on {path}: {source}")]
-    Accept {
-        /// The socket.
-        path: PathBuf,
-        /// The OS error.
-        source: io::Error,
-    },
     /// The plugin cannot reach the host.
     #[error(
         "cannot reach the MPS daemon host at {path} ({source}): is its pod (the chart's mpsHost) running on this node?"
@@ -664,26 +656,31 @@ pub async fn serve(socket: &Path, launcher: &Path, driver_root: &Path) -> Result
         namespace,
         children: Children::default(),
     });
-    let result = loop {
+    loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     tokio::spawn(handle(stream, host.clone()));
                 }
-                Err(source) => break Err(HostError::Accept { path: socket.to_owned(), source }),
+                // Never a reason to exit: the host's end is its daemons' end
+                // (out of descriptors, say, passes).
+                Err(e) => {
+                    tracing::warn!(socket = %socket.display(), error = %e, "accept failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
             },
             _ = child.recv() => {
                 let host = host.clone();
                 // The lock may be held across a program start: off the runtime thread.
                 let _ = tokio::task::spawn_blocking(move || host.children.reap()).await;
             }
-            _ = term.recv() => break Ok(()),
-            _ = int.recv() => break Ok(()),
+            _ = term.recv() => break,
+            _ = int.recv() => break,
         }
-    };
+    }
     sockets::remove_socket(socket);
     tracing::info!("MPS daemon host stopped; the daemons it started keep running");
-    result
+    Ok(())
 }
 
 #[cfg(test)]
