@@ -66,6 +66,17 @@ impl Kind {
     }
 }
 
+/// A benchmark's MPS daemon host, stopped when dropped, on an error too (a
+/// registered child is only forgotten when dropped).
+struct HostGuard(crate::children::Plugin);
+
+impl Drop for HostGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// An opaque `GpuConfig` from the claim.
 fn gpu_config(sharing: Value) -> Value {
     json!({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {
@@ -93,8 +104,8 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let node = Node::start(ctx, &dir, &flags).await?;
         // Needed from the first MPS prepare on, not at the plugin's start.
-        let host = if kind == Kind::MpsHost {
-            Some(crate::node::start_mps_host(ctx, &dir, &node).await?)
+        let _host = if kind == Kind::MpsHost {
+            Some(HostGuard(crate::node::start_mps_host(ctx, &dir, &node).await?))
         } else {
             None
         };
@@ -151,10 +162,6 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
             )),
         };
         node.stop()?;
-        if let Some(mut host) = host {
-            let _ = host.kill();
-            let _ = host.wait();
-        }
         let ratio = p50(&prepare) / p50(&write);
         let ratio_swapped = p50(&prepare) / p50(&swapped);
         // The claim read is the plugin's own GET (its log's `read_us`).
