@@ -336,7 +336,7 @@ def check_mps_host(v: dict, objects, plugin: dict) -> None:
     args = container_args(host)
     sockets = [a.split("=", 1)[1] for a in args if a.startswith("--socket=")]
     expect(args[0] == "mps-host" and len(sockets) == 1, f"MPS host args {args}")
-    expect("--driver-root=/driver-root" in args and "--container-driver-root=/driver-root" in container_args(plugin),
+    expect("--container-driver-root=/driver-root" in args and "--container-driver-root=/driver-root" in container_args(plugin),
            "the MPS host and the plugin see the driver root at different paths")
     expect(flags == [f"--mps-host-socket={sockets[0]}"], f"the plugin's {flags} is not the host's socket {sockets[0]}")
     def mounts(p):

@@ -38,7 +38,7 @@ impl Host {
             "mps-host",
             "--socket",
             socket.to_str().unwrap(),
-            "--driver-root",
+            "--container-driver-root",
             driver_root.to_str().unwrap(),
         ];
         let child = common::bare_command(&args, &log).spawn().unwrap();

@@ -25,7 +25,7 @@
 //! pids the plugin cannot see.
 //!
 //! Requests are checked before anything runs ([`StartRequest::check`]): the
-//! program must be the control program of the host's `--driver-root`, the
+//! program must be the control program of the host's `--container-driver-root`, the
 //! environment only the variables the plugin sets on a daemon, paths
 //! absolute and without NUL bytes, the timeout bounded. The socket is
 //! 0600 in a root-only directory: only root on the node reaches it, and
@@ -89,7 +89,12 @@ pub struct HostFlags {
     /// Where this container sees the NVIDIA driver (the plugin's
     /// `--container-driver-root`): only its `usr/bin/nvidia-cuda-mps-control`
     /// is run.
-    #[arg(long, env = "DRIVER_ROOT", default_value = "/", value_parser = absolute_path)]
+    #[arg(
+        long = "container-driver-root",
+        env = "CONTAINER_DRIVER_ROOT",
+        default_value = "/",
+        value_parser = absolute_path
+    )]
     pub driver_root: PathBuf,
     /// Log format on stderr. The level comes from RUST_LOG (default info).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = gpu_dra_cmdline::LogFormat::Text)]

@@ -177,7 +177,7 @@ pub async fn start_mps_host(ctx: &Ctx, dir: &Path, node: &Node) -> anyhow::Resul
         .envs(ctx.envs.iter().map(|(k, v)| (k, v)))
         .args(["mps-host", "--log-format", "json", "--socket"])
         .arg(&socket)
-        .arg("--driver-root")
+        .arg("--container-driver-root")
         .arg(node.machine.driver_root.path())
         .stdin(Stdio::null())
         .stdout(Stdio::null())

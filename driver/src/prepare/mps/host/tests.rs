@@ -181,12 +181,17 @@ fn the_command_line_selects_the_host_by_its_first_argument() {
     let flags = parse(&["p", "--socket", "/run/h.sock"]).unwrap();
     assert_eq!(flags.socket, PathBuf::from("/run/h.sock"));
     assert_eq!(flags.driver_root, PathBuf::from("/"));
-    let flags = parse(&["p", "--socket=/run/h.sock", "--driver-root=/driver-root"]).unwrap();
+    let flags = parse(&[
+        "p",
+        "--socket=/run/h.sock",
+        "--container-driver-root=/driver-root",
+    ])
+    .unwrap();
     assert_eq!(flags.driver_root, PathBuf::from("/driver-root"));
     for (bad, needle) in [
         (&["p"][..], "--socket"),
         (
-            &["p", "--socket=/s", "--driver-root=driver"][..],
+            &["p", "--socket=/s", "--container-driver-root=driver"][..],
             "not an absolute path",
         ),
         (&["p", "--socket", "h.sock"][..], "not an absolute path"),
