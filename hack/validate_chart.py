@@ -320,7 +320,8 @@ def check_mps_host(v: dict, objects, plugin: dict) -> None:
     paths. Off: none of it."""
     hosts = component(objects, "DaemonSet", "mps-host")
     plugin_pod = plugin["spec"]["template"]["spec"]
-    flags = [a for a in container_args(plugin) if a.startswith("--mps-host-socket")]
+    plugin_args = container_args(plugin)
+    flags = [a for a in plugin_args if a.startswith("--mps-host-socket")]
     if not v["kubeletPlugin"]["mpsHost"]["enabled"]:
         expect(not hosts, "an MPS host DaemonSet although mpsHost is off")
         expect(not flags and not plugin_pod.get("hostPID"), f"mpsHost is off but the plugin has {flags}, hostPID")
@@ -336,7 +337,7 @@ def check_mps_host(v: dict, objects, plugin: dict) -> None:
     args = container_args(host)
     sockets = [a.split("=", 1)[1] for a in args if a.startswith("--socket=")]
     expect(args[0] == "mps-host" and len(sockets) == 1, f"MPS host args {args}")
-    expect("--container-driver-root=/driver-root" in args and "--container-driver-root=/driver-root" in container_args(plugin),
+    expect("--container-driver-root=/driver-root" in args and "--container-driver-root=/driver-root" in plugin_args,
            "the MPS host and the plugin see the driver root at different paths")
     expect(flags == [f"--mps-host-socket={sockets[0]}"], f"the plugin's {flags} is not the host's socket {sockets[0]}")
     def mounts(p):
@@ -344,7 +345,6 @@ def check_mps_host(v: dict, objects, plugin: dict) -> None:
         return {m["mountPath"]: vols.get(m["name"]) for m in p["containers"][0]["volumeMounts"]}
     theirs, ours = mounts(plugin_pod), mounts(pod)
     socket_dir = sockets[0].rsplit("/", 1)[0]
-    plugin_args = container_args(plugin)
     mps_dirs = [a.split("=", 1)[1] for a in plugin_args if a.startswith("--mps-dir=")]
     for path in [socket_dir, "/driver-root", "/dev", *mps_dirs]:
         expect(path in ours and ours[path] == theirs.get(path),

@@ -219,7 +219,7 @@ fn parse_driver_name(s: &str) -> Result<String, String> {
 
 /// `s` as a path, if it is absolute (else an error saying `why` it must
 /// be) and has no `..`.
-fn absolute_without_dotdot<'s>(s: &'s str, why: &str) -> Result<&'s Path, String> {
+pub(crate) fn absolute_without_dotdot<'s>(s: &'s str, why: &str) -> Result<&'s Path, String> {
     let path = Path::new(s);
     if !path.is_absolute() {
         return Err(format!("{s:?} is not an absolute path ({why})"));

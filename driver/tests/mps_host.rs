@@ -108,16 +108,6 @@ fn raw(socket: &Path, bytes: &[u8]) -> Reply {
     serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer:?}"))
 }
 
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) S ppid ...`: comm may hold spaces and parentheses.
-    stat[stat.rfind(')')? + 1..]
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
 fn wait_for_pid_file(path: &Path) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -198,7 +188,7 @@ fn the_host_runs_starts_reaps_its_daemons_and_refuses_bad_requests() {
     assert!(outcome.success(), "{outcome}");
     let daemon = wait_for_pid_file(&pid_file);
     assert_eq!(
-        parent_of(daemon),
+        fake_driver_root::parent_id(daemon),
         Some(host.child.id()),
         "adopted by the host"
     );
@@ -321,7 +311,7 @@ fn tree(root: u32) -> Vec<u32> {
             let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
                 continue;
             };
-            if parent_of(pid) == Some(parent) && !all.contains(&pid) {
+            if fake_driver_root::parent_id(pid) == Some(parent) && !all.contains(&pid) {
                 all.push(pid);
             }
         }
@@ -383,7 +373,7 @@ async fn with_the_host_an_mps_daemon_outlives_the_plugins_container() {
     );
     let daemon = daemons[0];
     assert_eq!(
-        parent_of(daemon),
+        fake_driver_root::parent_id(daemon),
         Some(host.child.id()),
         "{}",
         host.stderr()

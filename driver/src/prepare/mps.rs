@@ -138,9 +138,9 @@ use std::ffi::OsString;
 use std::fs;
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Component, Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -713,6 +713,15 @@ impl MpsControl {
         }
     }
 
+    /// The program that gives a daemon a mount namespace of its own.
+    fn launcher(&self) -> Result<&Path, MpsError> {
+        self.launcher
+            .as_deref()
+            .ok_or_else(|| MpsError::PrivateShmUnavailable {
+                reason: NO_LAUNCHER.into(),
+            })
+    }
+
     /// A command that runs `program args...` through the launcher, in a
     /// mount namespace of its own where the daemon's `shm/` is `/dev/shm`
     /// and its `pipe/` is [`CONTAINER_PIPE_DIR`] (made here if missing:
@@ -723,25 +732,15 @@ impl MpsControl {
         program: &Path,
         args: &[&str],
     ) -> Result<Command, MpsError> {
-        let launcher = self
-            .launcher
-            .as_ref()
-            .ok_or_else(|| MpsError::PrivateShmUnavailable {
-                reason: NO_LAUNCHER.into(),
-            })?;
-        fs::create_dir_all(CONTAINER_PIPE_DIR)
-            .map_err(io_err("create mount point", Path::new(CONTAINER_PIPE_DIR)))?;
-        let mut cmd = Command::new(launcher);
-        cmd.args(
-            launch::Launch::Daemon {
-                shm: dirs.shm.clone(),
-                pipe: dirs.pipe.clone(),
-                program: program.to_path_buf(),
-                args: args.iter().map(Into::into).collect(),
-            }
-            .args(),
-        );
-        Ok(cmd)
+        let launcher = self.launcher()?;
+        launch::Launch::Daemon {
+            shm: dirs.shm.clone(),
+            pipe: dirs.pipe.clone(),
+            program: program.to_path_buf(),
+            args: args.iter().map(Into::into).collect(),
+        }
+        .command(launcher)
+        .map_err(io_err("create mount point", Path::new(CONTAINER_PIPE_DIR)))
     }
 
     /// A client run of the control program for the daemon of `dirs`:
@@ -979,9 +978,14 @@ impl MpsControl {
                     }),
                     env,
                     output: out_path.clone(),
-                    timeout_ms: u64::try_from(self.timeouts.command.as_millis())
-                        .unwrap_or(u64::MAX)
-                        .clamp(1, u64::try_from(host::MAX_TIMEOUT.as_millis()).unwrap_or(1)),
+                    timeout_ms: u64::try_from(
+                        self.timeouts
+                            .command
+                            .min(host::MAX_TIMEOUT)
+                            .as_millis()
+                            .max(1),
+                    )
+                    .unwrap_or(1),
                 };
                 host::request_start(socket, &request).map_err(|source| MpsError::Host {
                     id: cfg.id.clone(),
@@ -1040,25 +1044,17 @@ impl MpsControl {
         env: &BTreeMap<String, OsString>,
         out_path: &Path,
     ) -> Result<host::Outcome, MpsError> {
-        let out = fs::File::create(out_path).map_err(io_err("create", out_path))?;
-        let err = out.try_clone().map_err(io_err("dup", out_path))?;
-        let mut cmd = if private {
-            self.in_namespace(dirs, program, &["-d"])?
+        let private = if private {
+            Some((self.launcher()?, dirs.shm.as_path(), dirs.pipe.as_path()))
         } else {
-            let mut cmd = Command::new(program);
-            cmd.arg("-d");
-            cmd
+            None
         };
-        // A process group of its own from the start, whatever the program
-        // does: signals to the plugin's group (a Ctrl-C in a terminal, a
-        // kill of the group) never reach it. `-d` itself makes the daemon
-        // the leader of a session of its own when it forks it.
-        cmd.process_group(0)
-            .env_clear()
-            .envs(env)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
+        let mut cmd =
+            exec::daemon_start(program, private, env, out_path).map_err(|e| MpsError::Io {
+                op: e.op,
+                path: e.path,
+                source: e.source,
+            })?;
         let mut child = exec::spawn(&mut cmd).map_err(|source| MpsError::Spawn {
             program: program.to_path_buf(),
             source,

@@ -9,9 +9,12 @@
 //! environment leaks in (the plugin's own `CUDA_VISIBLE_DEVICES`, for one).
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread;
@@ -21,6 +24,8 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::io::Errno;
 use rustix::process::{Pid, PidfdFlags, pidfd_open};
 
+use super::CONTAINER_PIPE_DIR;
+use super::launch::Launch;
 use crate::prepare::cdi::driver_root::LIB_DIRS;
 
 /// The `PATH` after the driver root's `usr/bin`.
@@ -120,6 +125,61 @@ pub(crate) fn driver_env_vars(driver_root: &Path) -> BTreeMap<String, String> {
         }
     }
     vars
+}
+
+/// A step of setting up a daemon start that failed.
+#[derive(Debug)]
+pub(crate) struct SetupError {
+    /// What was being done.
+    pub op: &'static str,
+    /// On what.
+    pub path: PathBuf,
+    /// The OS error.
+    pub source: io::Error,
+}
+
+/// The `-d` start of an MPS control daemon, the same whether the plugin
+/// runs it or the MPS daemon host does: `program -d`, or with `private`
+/// (the launcher, the daemon's shm and pipe directories) through the
+/// launcher in a mount namespace of its own; exactly `env` as its
+/// environment; stdout and stderr into a new `output` file; stdin
+/// `/dev/null`; a process group of its own from the start, whatever the
+/// program does, so signals to the caller's group (a Ctrl-C in a terminal,
+/// a kill of the group) never reach it (`-d` itself makes the daemon the
+/// leader of a session of its own when it forks it).
+pub(crate) fn daemon_start<V: AsRef<OsStr>>(
+    program: &Path,
+    private: Option<(&Path, &Path, &Path)>,
+    env: &BTreeMap<String, V>,
+    output: &Path,
+) -> Result<Command, SetupError> {
+    let failed = |op: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SetupError { op, path, source }
+    };
+    let out = File::create(output).map_err(failed("create", output))?;
+    let err = out.try_clone().map_err(failed("dup", output))?;
+    let mut cmd = if let Some((launcher, shm, pipe)) = private {
+        Launch::Daemon {
+            shm: shm.to_path_buf(),
+            pipe: pipe.to_path_buf(),
+            program: program.to_path_buf(),
+            args: vec!["-d".into()],
+        }
+        .command(launcher)
+        .map_err(failed("create mount point", Path::new(CONTAINER_PIPE_DIR)))?
+    } else {
+        let mut cmd = Command::new(program);
+        cmd.arg("-d");
+        cmd
+    };
+    cmd.process_group(0)
+        .env_clear()
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    Ok(cmd)
 }
 
 /// Spawns `cmd`, retrying for up to half a second on `ETXTBSY`.

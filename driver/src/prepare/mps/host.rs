@@ -37,9 +37,8 @@ use std::fs;
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream as StdUnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -50,7 +49,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::{CONTAINER_PIPE_DIR, CONTROL_PROGRAM, exec, launch, procs};
+use super::{CONTROL_PROGRAM, exec, procs};
 use crate::grpc::sockets;
 
 /// The first argument that selects the host in the plugin's program.
@@ -102,12 +101,8 @@ pub struct HostFlags {
 }
 
 fn absolute_path(s: &str) -> Result<PathBuf, String> {
-    let path = Path::new(s);
-    if path.is_absolute() {
-        Ok(path.to_owned())
-    } else {
-        Err(format!("{s:?} is not an absolute path"))
-    }
+    crate::flags::absolute_without_dotdot(s, "the driver as this container sees it")
+        .map(Path::to_path_buf)
 }
 
 /// Whether the command line asks for the host (its first argument is
@@ -187,7 +182,7 @@ pub enum HostError {
 }
 
 /// A daemon's private mounts: its `shm/` on `/dev/shm` and its `pipe/` on
-/// [`CONTAINER_PIPE_DIR`], set up by the host's own launcher.
+/// [`super::CONTAINER_PIPE_DIR`], set up by the host's own launcher.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrivateMount {
@@ -332,11 +327,17 @@ impl StartRequest {
     }
 }
 
-/// This process's PID namespace, as `/proc/self/ns/pid` names it.
+/// This process's PID namespace, as `/proc/self/ns/pid` names it (read
+/// once: a process never changes it).
 pub fn pid_namespace() -> io::Result<String> {
-    Ok(fs::read_link("/proc/self/ns/pid")?
+    static NAMESPACE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if let Some(ns) = NAMESPACE.get() {
+        return Ok(ns.clone());
+    }
+    let ns = fs::read_link("/proc/self/ns/pid")?
         .to_string_lossy()
-        .into_owned())
+        .into_owned();
+    Ok(NAMESPACE.get_or_init(|| ns).clone())
 }
 
 /// Asks the host at `socket` to run `request`; returns how `-d` ended.
@@ -484,41 +485,15 @@ impl Children {
 /// Runs one checked request; `launcher` is the host's own program.
 fn run_start(request: &StartRequest, launcher: &Path, children: &Children) -> Outcome {
     let failed = |error: String| Outcome::Failed { error };
-    let out = match fs::File::create(&request.output) {
-        Ok(f) => f,
-        Err(e) => return failed(format!("create {}: {e}", request.output.display())),
+    let private = request
+        .private_mount
+        .as_ref()
+        .map(|m| (launcher, m.shm.as_path(), m.pipe.as_path()));
+    let mut cmd = match exec::daemon_start(&request.program, private, &request.env, &request.output)
+    {
+        Ok(cmd) => cmd,
+        Err(e) => return failed(format!("{} {}: {}", e.op, e.path.display(), e.source)),
     };
-    let err = match out.try_clone() {
-        Ok(f) => f,
-        Err(e) => return failed(format!("dup {}: {e}", request.output.display())),
-    };
-    let mut cmd = if let Some(m) = &request.private_mount {
-        // The mount point, in the host's own /tmp.
-        if let Err(e) = fs::create_dir_all(CONTAINER_PIPE_DIR) {
-            return failed(format!("create mount point {CONTAINER_PIPE_DIR}: {e}"));
-        }
-        let mut cmd = Command::new(launcher);
-        cmd.args(
-            launch::Launch::Daemon {
-                shm: m.shm.clone(),
-                pipe: m.pipe.clone(),
-                program: request.program.clone(),
-                args: vec!["-d".into()],
-            }
-            .args(),
-        );
-        cmd
-    } else {
-        let mut cmd = Command::new(&request.program);
-        cmd.arg("-d");
-        cmd
-    };
-    cmd.env_clear()
-        .envs(&request.env)
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err);
     let pid = match children.spawn(&mut cmd) {
         Ok(pid) => pid,
         Err(e) => return failed(format!("cannot run {}: {e}", request.program.display())),

@@ -80,6 +80,16 @@ impl Launch {
         argv
     }
 
+    /// A command that runs this launch through `launcher`, with the mount
+    /// point [`CONTAINER_PIPE_DIR`] made first (the launcher's namespace
+    /// starts as a copy of the caller's, same `/tmp`).
+    pub fn command(&self, launcher: &Path) -> std::io::Result<Command> {
+        std::fs::create_dir_all(CONTAINER_PIPE_DIR)?;
+        let mut cmd = Command::new(launcher);
+        cmd.args(self.args());
+        Ok(cmd)
+    }
+
     /// Parses the arguments after `mps-launch`.
     pub fn parse(args: &[OsString]) -> Result<Self, String> {
         match args {

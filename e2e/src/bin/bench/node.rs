@@ -139,11 +139,8 @@ pub fn plugin_command(
     flags: &[&str],
     log: &Path,
 ) -> anyhow::Result<Command> {
-    let mut cmd = Command::new(&ctx.plugin_bin);
-    cmd.env_clear()
-        .env("RUST_LOG", "info")
-        .envs(ctx.envs.iter().map(|(k, v)| (k, v)))
-        .args(["--node-name", NODE, "--log-format", "json"])
+    let mut cmd = program_command(ctx, log)?;
+    cmd.args(["--node-name", NODE, "--log-format", "json"])
         .arg("--kubelet-registrar-dir")
         .arg(dir.join("reg"))
         .arg("--kubelet-plugins-dir")
@@ -153,7 +150,18 @@ pub fn plugin_command(
         .arg(ctx.volatile_for(dir).join("cdi"))
         .arg("--kubeconfig")
         .arg(kubeconfig)
-        .args(flags)
+        .args(flags);
+    Ok(cmd)
+}
+
+/// The plugin's program with the deployed environment, info logs, no
+/// stdin or stdout, stderr into `log`: what the plugin and its MPS host
+/// start from.
+fn program_command(ctx: &Ctx, log: &Path) -> anyhow::Result<Command> {
+    let mut cmd = Command::new(&ctx.plugin_bin);
+    cmd.env_clear()
+        .env("RUST_LOG", "info")
+        .envs(ctx.envs.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log)?);
@@ -171,17 +179,11 @@ pub fn mps_host_socket(dir: &Path) -> PathBuf {
 pub async fn start_mps_host(ctx: &Ctx, dir: &Path, node: &Node) -> anyhow::Result<Plugin> {
     let socket = mps_host_socket(dir);
     let log = dir.join("mps-host.log");
-    let mut cmd = Command::new(&ctx.plugin_bin);
-    cmd.env_clear()
-        .env("RUST_LOG", "info")
-        .envs(ctx.envs.iter().map(|(k, v)| (k, v)))
-        .args(["mps-host", "--log-format", "json", "--socket"])
+    let mut cmd = program_command(ctx, &log)?;
+    cmd.args(["mps-host", "--log-format", "json", "--socket"])
         .arg(&socket)
         .arg("--container-driver-root")
-        .arg(node.machine.driver_root.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?);
+        .arg(node.machine.driver_root.path());
     let mut child = crate::children::spawn_plugin(&mut cmd).context("spawning the MPS host")?;
     wait_for_log(&log, "MPS daemon host serving", &mut child).await?;
     Ok(child)
