@@ -314,8 +314,8 @@ def plugin_daemonset(objects) -> dict:
 
 
 def check_mps_host(v: dict, objects, plugin: dict) -> None:
-    """With mpsHost on: a DaemonSet of its own, updated only on delete, in the host's PID
-    namespace with the plugin, serving the socket the plugin is told, and mounting what the
+    """With mpsHost on: a DaemonSet of its own, updated only on delete, supervised, in the
+    host's PID namespace with the plugin, serving the socket the plugin is told, and mounting what the
     plugin names by path (socket directory, driver root, MPS directory, /dev) at the same
     paths. Off: none of it."""
     hosts = component(objects, "DaemonSet", "mps-host")
@@ -337,6 +337,7 @@ def check_mps_host(v: dict, objects, plugin: dict) -> None:
     args = container_args(host)
     sockets = [a.split("=", 1)[1] for a in args if a.startswith("--socket=")]
     expect(args[0] == "mps-host" and len(sockets) == 1, f"MPS host args {args}")
+    expect("--supervise" in args, "the MPS host runs unsupervised: its crash would end its daemons")
     expect("--container-driver-root=/driver-root" in args and "--container-driver-root=/driver-root" in plugin_args,
            "the MPS host and the plugin see the driver root at different paths")
     expect(flags == [f"--mps-host-socket={sockets[0]}"], f"the plugin's {flags} is not the host's socket {sockets[0]}")

@@ -3,8 +3,8 @@
 //! the kubelet-facing gRPC servers, the ResourceSlice publisher). Startup
 //! errors are printed as one `error: ...` line with a non-zero exit (2 for
 //! bad flags, 1 otherwise); SIGTERM/SIGINT deregister, drain and exit 0.
-//! With `--supervise` this process only starts the plugin as its child and
-//! keeps it running ([`supervise`]). `mps-launch ...` runs the MPS daemon
+//! With `--supervise` this process only starts the plugin (or the MPS daemon
+//! host) as its child and keeps it running ([`supervise`]). `mps-launch ...` runs the MPS daemon
 //! launcher ([`launch`]) and `mps-host --socket <path>` the MPS daemon host
 //! ([`host`]) instead of the plugin.
 
@@ -39,7 +39,7 @@ fn main() -> ExitCode {
     flags.mps_launcher = Some(launch::SELF_EXE.into());
     gpu_dra_cmdline::init_logging(flags.log_format);
     if flags.supervise {
-        return supervise();
+        return supervise("plugin");
     }
     // The async work (kubelet gRPC, claim reads and status writes,
     // publishing) on `--runtime-threads` threads, one by default; NVML
@@ -66,6 +66,9 @@ fn mps_host(args: Vec<std::ffi::OsString>) -> ExitCode {
         Err(code) => return code,
     };
     gpu_dra_cmdline::init_logging(flags.log_format);
+    if flags.supervise {
+        return supervise("MPS daemon host");
+    }
     gpu_dra_cmdline::run(tokio::runtime::Builder::new_current_thread(), async move {
         // Its own program as the launcher: `run_if_asked` runs first above.
         host::serve(
@@ -78,9 +81,10 @@ fn mps_host(args: Vec<std::ffi::OsString>) -> ExitCode {
     })
 }
 
-/// `--supervise`: the same program with the same flags, minus that one, as
-/// a child that is restarted when it dies.
-fn supervise() -> ExitCode {
+/// `--supervise` (of the plugin or of `mps-host`): the same program with the
+/// same arguments, minus that flag, as a child that is restarted when it
+/// dies; `what` names it in the log.
+fn supervise(what: &str) -> ExitCode {
     let program = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {
@@ -89,7 +93,7 @@ fn supervise() -> ExitCode {
         }
     };
     let args = supervise::child_args(std::env::args_os().skip(1));
-    match supervise::run(&program, &args, &supervise::Policy::default()) {
+    match supervise::run(what, &program, &args, &supervise::Policy::default()) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e}");

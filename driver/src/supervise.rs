@@ -14,7 +14,9 @@
 //! What it cannot do: a container stop (pod deleted, DaemonSet upgrade, a
 //! failed liveness probe) still ends the daemons with it. The MPS daemon
 //! host ([`crate::prepare::mps::host`], `--mps-host-socket`) keeps them out
-//! of the plugin's container for that.
+//! of the plugin's container for that, and runs under the same supervisor
+//! (`mps-host --supervise`): the daemons are the host's children, so a
+//! crash of the host would otherwise end its container and them.
 //!
 //! Restarts: after a crash (a signal, or an exit status other than 0 and 2)
 //! the plugin is started again after a delay that doubles from
@@ -49,10 +51,10 @@ pub enum SuperviseError {
     #[error("cannot handle SIGTERM, SIGINT and SIGCHLD: {0}")]
     Signals(#[source] io::Error),
     /// `PR_SET_CHILD_SUBREAPER` failed.
-    #[error("cannot become the reaper of the plugin's orphans: {0}")]
+    #[error("cannot become the reaper of orphaned processes: {0}")]
     Subreaper(#[source] io::Error),
     /// The plugin could not be started.
-    #[error("cannot start the plugin {program}: {source}")]
+    #[error("cannot start {program}: {source}")]
     Spawn {
         /// The program.
         program: String,
@@ -61,7 +63,7 @@ pub enum SuperviseError {
         source: io::Error,
     },
     /// Waiting for children failed.
-    #[error("cannot wait for the plugin: {0}")]
+    #[error("cannot wait for the supervised process: {0}")]
     Wait(#[source] io::Error),
 }
 
@@ -164,8 +166,14 @@ impl Backoff {
 }
 
 /// Runs `program` with `args` and keeps it running under `policy`; returns
-/// the exit status to end with.
-pub fn run(program: &Path, args: &[OsString], policy: &Policy) -> Result<u8, SuperviseError> {
+/// the exit status to end with. `what` names the program in the log (the
+/// plugin, the MPS daemon host).
+pub fn run(
+    what: &str,
+    program: &Path,
+    args: &[OsString],
+    policy: &Policy,
+) -> Result<u8, SuperviseError> {
     // Handlers first: a signal that comes while the plugin starts is queued,
     // not lost to the default action.
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGCHLD]).map_err(SuperviseError::Signals)?;
@@ -185,19 +193,19 @@ pub fn run(program: &Path, args: &[OsString], policy: &Policy) -> Result<u8, Sup
         let pid = child.id();
         // The child is reaped below with waitpid(-1), not through `child`.
         drop(child);
-        tracing::info!(pid, "plugin started under the supervisor");
+        tracing::info!(pid, "{what} started under the supervisor");
         let (ended, stop) = wait_for(pid, &mut signals)?;
         if let Some(signal) = stop {
             tracing::info!(
                 pid,
                 signal,
                 ?ended,
-                "plugin stopped on a signal; supervisor exits"
+                "{what} stopped on a signal; supervisor exits"
             );
             return Ok(ended.code());
         }
         if !ended.restartable() {
-            tracing::info!(pid, ?ended, "plugin exited; supervisor exits");
+            tracing::info!(pid, ?ended, "{what} exited; supervisor exits");
             return Ok(ended.code());
         }
         let ran = started.elapsed();
@@ -206,7 +214,7 @@ pub fn run(program: &Path, args: &[OsString], policy: &Policy) -> Result<u8, Sup
                 pid,
                 ?ended,
                 crashes = backoff.quick_failures,
-                "plugin keeps crashing soon after start; supervisor gives up"
+                "{what} keeps crashing soon after start; supervisor gives up"
             );
             return Ok(ended.code());
         };
@@ -215,12 +223,12 @@ pub fn run(program: &Path, args: &[OsString], policy: &Policy) -> Result<u8, Sup
             ?ended,
             ran_ms = ran.as_millis(),
             restart_in_ms = delay.as_millis(),
-            "plugin died; starting it again (MPS daemons keep running)"
+            "{what} died; starting it again (MPS daemons keep running)"
         );
         if let Some(signal) = pause(delay, &mut signals)? {
             tracing::info!(
                 signal,
-                "signal while waiting to restart the plugin; supervisor exits"
+                "signal while waiting to restart the {what}; supervisor exits"
             );
             return Ok(0);
         }

@@ -3,7 +3,8 @@
 //! daemons it adopts and reaps, its shutdown; and the reason it exists: with
 //! `--mps-host-socket`, an MPS daemon outlives the end of the plugin's
 //! container (a DaemonSet upgrade), which ends every process descended from
-//! the container's main process, and the next plugin re-adopts it.
+//! the container's main process, and the next plugin re-adopts it. Under
+//! `--supervise`, the daemons also outlive a crash of the host itself.
 
 mod common;
 
@@ -32,26 +33,37 @@ struct Host {
 
 impl Host {
     fn start(dir: &Path, driver_root: &Path) -> Self {
+        Self::start_with(dir, driver_root, &[])
+    }
+
+    /// [`Host::start`] with `extra` arguments.
+    fn start_with(dir: &Path, driver_root: &Path, extra: &[&str]) -> Self {
         let socket = dir.join("host.sock");
         let log = dir.join("host.log");
-        let args = [
+        let mut args = vec![
             "mps-host",
             "--socket",
             socket.to_str().unwrap(),
             "--container-driver-root",
             driver_root.to_str().unwrap(),
         ];
+        args.extend_from_slice(extra);
         let child = common::bare_command(&args, &log).spawn().unwrap();
         let mut host = Self { child, socket, log };
+        host.wait_serving(1);
+        host
+    }
+
+    /// Waits until the log says `times` times that a host serves.
+    fn wait_serving(&mut self, times: usize) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !host.stderr().contains("MPS daemon host serving") {
-            if let Some(status) = host.child.try_wait().unwrap() {
-                panic!("host exited with {status}: {}", host.stderr());
+        while self.stderr().matches("MPS daemon host serving").count() < times {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("host exited with {status}: {}", self.stderr());
             }
-            assert!(Instant::now() < deadline, "not serving: {}", host.stderr());
+            assert!(Instant::now() < deadline, "not serving: {}", self.stderr());
             std::thread::sleep(Duration::from_millis(10));
         }
-        host
     }
 
     fn stderr(&self) -> String {
@@ -61,6 +73,10 @@ impl Host {
 
 impl Drop for Host {
     fn drop(&mut self) {
+        // A supervised host's serving process and daemons too.
+        for pid in tree(self.child.id()).into_iter().skip(1) {
+            fake_driver_root::kill(pid);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -288,6 +304,97 @@ fn sigterm_stops_the_host_and_leaves_its_daemons_running() {
     let (status, stderr) = common::run_bare(&["mps-host", "--socket", "rel.sock"], &[], dir.path());
     common::assert_one_line_error(status, &stderr, "not an absolute path");
     assert_eq!(status.code(), Some(2));
+}
+
+/// Under `--supervise`, a crash of the host ends neither the daemons it
+/// started nor the service: the supervisor (the container's main process)
+/// adopts and reaps the daemons, and starts the host again on the same
+/// socket. Without it, the host is the container's main process, and its
+/// crash ends the container with every daemon in it.
+#[test]
+fn a_supervised_host_is_started_again_after_a_crash_and_its_daemons_live_on() {
+    let dir = common::short_dir();
+    let mut host = Host::start_with(dir.path(), dir.path(), &["--supervise"]);
+    let supervisor = host.child.id();
+    // The host: the supervisor's one child that runs the same program (the
+    // others are adopted daemons).
+    let exe = |pid: u32| fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let serving = || -> u32 {
+        let hosts: Vec<u32> = tree(supervisor)
+            .into_iter()
+            .filter(|&p| {
+                fake_driver_root::parent_id(p) == Some(supervisor) && exe(p) == exe(supervisor)
+            })
+            .collect();
+        assert_eq!(hosts.len(), 1, "one host under the supervisor: {hosts:?}");
+        hosts[0]
+    };
+    let first = serving();
+    let socket = host.socket.clone();
+    let daemon_of = |name: &str| {
+        let pid_file = dir.path().join(format!("{name}.pid"));
+        let prog = program(
+            dir.path(),
+            &format!(
+                "sh -c 'echo $$ > {}; exec sleep 30' &\nexit 0",
+                pid_file.display()
+            ),
+        );
+        let outcome = request_start(&socket, &request(dir.path(), &prog)).unwrap();
+        assert!(outcome.success(), "{outcome}");
+        wait_for_pid_file(&pid_file)
+    };
+    let daemon = daemon_of("first");
+    assert_eq!(fake_driver_root::parent_id(daemon), Some(first));
+
+    // The host crashes.
+    assert!(fake_driver_root::kill(first));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fake_driver_root::parent_id(daemon) != Some(supervisor) {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon was not adopted by the supervisor: parent {:?}",
+            fake_driver_root::parent_id(daemon)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        fake_driver_root::is_alive(daemon),
+        "the daemon ended with the host"
+    );
+    assert!(
+        host.child.try_wait().unwrap().is_none(),
+        "the supervisor exited: {}",
+        host.stderr()
+    );
+
+    // Started again (after the policy's first delay), on the same socket.
+    host.wait_serving(2);
+    assert!(
+        host.stderr()
+            .contains("MPS daemon host died; starting it again"),
+        "{}",
+        host.stderr()
+    );
+    let second = serving();
+    assert_ne!(second, first);
+    let later = daemon_of("second");
+    assert_eq!(fake_driver_root::parent_id(later), Some(second));
+
+    // The old daemon, now the supervisor's, is reaped when it ends: no zombie.
+    assert!(fake_driver_root::kill(daemon));
+    wait_gone(daemon, "the orphaned daemon, reaped by the supervisor");
+
+    // SIGTERM to the supervisor: the host stops cleanly, its daemons run on.
+    assert!(fake_driver_root::terminate(supervisor));
+    let status = common::wait_exit(&mut host.child, Duration::from_secs(10)).expect("exits");
+    assert!(status.success(), "{}", host.stderr());
+    assert!(!host.socket.exists(), "socket left behind");
+    assert!(
+        fake_driver_root::is_alive(later),
+        "the daemon ended with the host"
+    );
+    assert!(fake_driver_root::kill(later));
 }
 
 /// The node's MPS daemon processes: those started from the fake driver

@@ -29,7 +29,7 @@ fn supervise(dir: &Path, script: &str) -> (u8, usize) {
     let _ = fs::remove_file(&runs);
     let script = format!("echo run >> '{}'; {script}", runs.display());
     let args: Vec<OsString> = ["-c", &script].map(OsString::from).to_vec();
-    let code = supervise::run(Path::new("/bin/sh"), &args, &policy()).unwrap();
+    let code = supervise::run("script", Path::new("/bin/sh"), &args, &policy()).unwrap();
     let count = fs::read_to_string(&runs)
         .unwrap_or_default()
         .lines()

@@ -98,6 +98,12 @@ pub struct HostFlags {
     /// Log format on stderr. The level comes from RUST_LOG (default info).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = gpu_dra_cmdline::LogFormat::Text)]
     pub log_format: gpu_dra_cmdline::LogFormat,
+    /// Run the host as a child of this process, which starts it again when
+    /// it dies and reaps the daemons it leaves (for the container's main
+    /// process): a crash of the host then ends neither its container nor
+    /// the daemons. The host gets every other argument as given.
+    #[arg(long)]
+    pub supervise: bool,
 }
 
 fn absolute_path(s: &str) -> Result<PathBuf, String> {

@@ -181,13 +181,16 @@ fn the_command_line_selects_the_host_by_its_first_argument() {
     let flags = parse(&["p", "--socket", "/run/h.sock"]).unwrap();
     assert_eq!(flags.socket, PathBuf::from("/run/h.sock"));
     assert_eq!(flags.driver_root, PathBuf::from("/"));
+    assert!(!flags.supervise);
     let flags = parse(&[
         "p",
         "--socket=/run/h.sock",
         "--container-driver-root=/driver-root",
+        "--supervise",
     ])
     .unwrap();
     assert_eq!(flags.driver_root, PathBuf::from("/driver-root"));
+    assert!(flags.supervise);
     for (bad, needle) in [
         (&["p"][..], "--socket"),
         (
