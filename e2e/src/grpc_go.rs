@@ -1,0 +1,256 @@
+//! A real grpc-go client for the plugin's sockets: `hack/grpc-go-kubelet`,
+//! built here with the Go toolchain and Debian's grpc-go sources
+//! (`golang-go`, `golang-google-grpc-dev`), then run with the calls to make.
+//!
+//! Why: kubelet is a grpc-go client. The kubelet simulator
+//! ([`crate::kubelet`]) is tonic, and the raw HTTP/2 client
+//! ([`crate::kubelet::raw`]) only replays what grpc-go is known to send.
+//! This runs grpc-go's own transport (its HTTP/2 framing, HPACK encoder,
+//! flow control, `:authority` choice for a Unix socket target) against the
+//! plugin. Debian 12's grpc-go is 1.33, so by default it sends the socket's
+//! path as `:authority`, as older kubelets did; [`GrpcGo::calls`] can set
+//! kubelet's present `localhost` instead.
+//!
+//! ```no_run
+//! use gpu_dra_e2e::grpc_go::GrpcGo;
+//! // Skips (with a loud message on stderr) where Go or grpc-go is missing;
+//! // fails instead when GPU_DRA_E2E_REQUIRE_GRPC_GO=1 (CI sets it).
+//! let Some(go) = GrpcGo::detect_or_skip("my_test").unwrap() else { return };
+//! let socket = std::path::Path::new("/var/lib/kubelet/plugins/x/dra.sock");
+//! let replies = go
+//!     .calls(socket, None, &[("/pluginregistration.Registration/GetInfo", vec![])])
+//!     .unwrap();
+//! ```
+//!
+//! Messages stay bytes here: callers encode and decode them with
+//! `dra-proto`'s types.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+
+/// When set to `1`, [`GrpcGo::detect_or_skip`] fails instead of skipping.
+pub const REQUIRE_ENV: &str = "GPU_DRA_E2E_REQUIRE_GRPC_GO";
+/// Where Debian's Go packages put their sources (GOPATH mode).
+const DEBIAN_GOPATH: &str = "/usr/share/gocode";
+/// The client's sources.
+const SOURCE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../hack/grpc-go-kubelet");
+
+/// Errors of the grpc-go harness.
+#[derive(Debug, thiserror::Error)]
+pub enum GrpcGoError {
+    /// The client cannot be built here; every reason is listed.
+    #[error("the grpc-go client cannot be built here: {}", reasons.join("; "))]
+    Unavailable {
+        /// What is missing, each with what to install.
+        reasons: Vec<String>,
+    },
+    /// `go build` failed.
+    #[error("go build of {SOURCE_DIR} failed: {0}")]
+    Build(String),
+    /// The client could not be run, or broke off.
+    #[error("grpc-go client: {0}")]
+    Client(String),
+}
+
+/// A gRPC error the client got back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// The gRPC status code (0–16).
+    pub code: u32,
+    /// Its message.
+    pub message: String,
+}
+
+/// The built client.
+#[derive(Clone, Debug)]
+pub struct GrpcGo {
+    binary: PathBuf,
+}
+
+impl GrpcGo {
+    /// Builds the client (once per process, into a temp directory) when Go
+    /// and grpc-go's sources are here.
+    pub fn detect() -> Result<Self, GrpcGoError> {
+        static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+        let mut reasons = Vec::new();
+        if Command::new("go")
+            .arg("version")
+            .output()
+            .map_or(true, |o| !o.status.success())
+        {
+            reasons.push("no `go` program (Debian package golang-go)".to_owned());
+        }
+        let grpc = Path::new(DEBIAN_GOPATH).join("src/google.golang.org/grpc");
+        if !grpc.is_dir() {
+            reasons.push(format!(
+                "no grpc-go sources in {} (Debian package golang-google-grpc-dev)",
+                grpc.display()
+            ));
+        }
+        if !reasons.is_empty() {
+            return Err(GrpcGoError::Unavailable { reasons });
+        }
+        BUILT
+            .get_or_init(build)
+            .clone()
+            .map(|binary| Self { binary })
+            .map_err(GrpcGoError::Build)
+    }
+
+    /// For tests: `Ok(Some(client))` when it builds; `Ok(None)` after a
+    /// loud skip message on stderr naming `test` and what is missing; the
+    /// error instead of a skip when [`REQUIRE_ENV`] is `1`. A failed build
+    /// is always an error.
+    pub fn detect_or_skip(test: &str) -> Result<Option<Self>, GrpcGoError> {
+        match Self::detect() {
+            Ok(go) => Ok(Some(go)),
+            Err(err @ GrpcGoError::Unavailable { .. })
+                if !std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1") =>
+            {
+                eprintln!(
+                    "\n!!!!!!!! SKIPPED {test}: {err}\n!!!!!!!! (set {REQUIRE_ENV}=1 to make this a failure)\n"
+                );
+                Ok(None)
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Makes `calls` (full method name, encoded request) in turn over one
+    /// connection to `socket`, sending `authority` as `:authority` when
+    /// given (grpc-go's own choice otherwise); each call's encoded reply or
+    /// gRPC status.
+    pub fn calls(
+        &self,
+        socket: &Path,
+        authority: Option<&str>,
+        calls: &[(&str, Vec<u8>)],
+    ) -> Result<Vec<Result<Vec<u8>, Status>>, GrpcGoError> {
+        let mut cmd = Command::new(&self.binary);
+        if let Some(authority) = authority {
+            cmd.arg(format!("-authority={authority}"));
+        }
+        let mut child = cmd
+            .arg(socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                GrpcGoError::Client(format!("cannot run {}: {e}", self.binary.display()))
+            })?;
+        let mut input = String::new();
+        for (method, request) in calls {
+            input.push_str(method);
+            input.push(' ');
+            input.push_str(&STANDARD.encode(request));
+            input.push('\n');
+        }
+        // Written from a thread: the client answers as it reads.
+        let mut stdin = child.stdin.take().expect("piped");
+        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+        let out = child
+            .wait_with_output()
+            .map_err(|e| GrpcGoError::Client(e.to_string()))?;
+        let _ = writer.join();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            return Err(GrpcGoError::Client(format!("{}: {stderr}", out.status)));
+        }
+        let replies: Vec<_> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(parse_reply)
+            .collect::<Result<_, _>>()?;
+        if replies.len() != calls.len() {
+            return Err(GrpcGoError::Client(format!(
+                "{} replies to {} calls: {stderr}",
+                replies.len(),
+                calls.len()
+            )));
+        }
+        Ok(replies)
+    }
+}
+
+/// One output line: `ok <base64>` or `err <code> <message>`.
+fn parse_reply(line: &str) -> Result<Result<Vec<u8>, Status>, GrpcGoError> {
+    let bad = || GrpcGoError::Client(format!("unexpected output line {line:?}"));
+    match line.split_once(' ') {
+        Some(("ok", encoded)) => STANDARD.decode(encoded).map(Ok).map_err(|_| bad()),
+        Some(("err", rest)) => {
+            let (code, message) = rest.split_once(' ').unwrap_or((rest, ""));
+            let code = code.parse().map_err(|_| bad())?;
+            Ok(Err(Status {
+                code,
+                message: message.to_owned(),
+            }))
+        }
+        // An empty reply: `ok ` with nothing after it.
+        None if line == "ok" => Ok(Ok(Vec::new())),
+        _ => Err(bad()),
+    }
+}
+
+/// Builds the client into a directory of its own; its path, or the
+/// compiler's output.
+fn build() -> Result<PathBuf, String> {
+    let dir = tempfile::Builder::new()
+        .prefix("gpu-dra-grpc-go-")
+        .tempdir()
+        .map_err(|e| e.to_string())?
+        // Kept for the process's life: the binary runs from it.
+        .keep();
+    let binary = dir.join("grpc-go-kubelet");
+    let mut cmd = Command::new("go");
+    cmd.arg("build")
+        .arg("-o")
+        .arg(&binary)
+        .arg(".")
+        .current_dir(SOURCE_DIR)
+        // GOPATH mode on Debian's packaged sources: nothing is downloaded.
+        .env("GO111MODULE", "off")
+        .env("GOPATH", DEBIAN_GOPATH)
+        .env("GOFLAGS", "")
+        .env("CGO_ENABLED", "0");
+    if std::env::var_os("GOCACHE").is_none() && std::env::var_os("HOME").is_none() {
+        cmd.env("GOCACHE", std::env::temp_dir().join("gpu-dra-go-cache"));
+    }
+    let out = cmd.output().map_err(|e| format!("cannot run go: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(binary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_lines_parse_and_garbage_is_an_error() {
+        assert_eq!(parse_reply("ok AQI=").unwrap(), Ok(vec![1, 2]));
+        assert_eq!(parse_reply("ok").unwrap(), Ok(vec![]));
+        assert_eq!(
+            parse_reply("err 14 connection refused").unwrap(),
+            Err(Status {
+                code: 14,
+                message: "connection refused".into()
+            })
+        );
+        assert_eq!(
+            parse_reply("err 5").unwrap(),
+            Err(Status {
+                code: 5,
+                message: String::new()
+            })
+        );
+        for bad in ["", "ok !!!", "err x y", "what"] {
+            assert!(parse_reply(bad).is_err(), "{bad:?}");
+        }
+    }
+}
