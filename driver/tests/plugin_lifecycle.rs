@@ -10,8 +10,11 @@ use std::time::Duration;
 use common::{
     DRIVER, Plugin, assert_one_line_error, http_get, prepare, run_to_exit, short_dir, wait_exit,
 };
+use dra_proto::dra::v1;
 use futures::StreamExt;
+use gpu_dra_e2e::grpc_go::{GrpcGo, Session};
 use gpu_dra_e2e::kubelet::{DraVersion, KubeletSim};
+use prost::Message;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -461,6 +464,48 @@ async fn a_rolling_update_with_per_instance_sockets_never_leaves_kubelet_without
         newest.prepare(std::slice::from_ref(&claim)).await.unwrap()[&claim.uid],
         first
     );
+    // Kubelet is a grpc-go client and keeps its client (grpc-go's
+    // ClientConn) for a plugin: one made now is answered by the old
+    // instance through the new one, and after the take-over by the new one.
+    let mut go = GrpcGo::detect_or_skip(
+        "a_rolling_update_with_per_instance_sockets_never_leaves_kubelet_without_a_plugin (grpc-go part)",
+    )
+    .unwrap()
+    .map(|go| go.connect(&new.dra_socket(), None).unwrap());
+    let go_prepare = |session: &mut Session| {
+        let request = v1::NodePrepareResourcesRequest {
+            claims: vec![v1::Claim {
+                namespace: claim.namespace.clone(),
+                uid: claim.uid.clone(),
+                name: claim.name.clone(),
+            }],
+        };
+        let reply = tokio::task::block_in_place(|| {
+            session.call(
+                "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+                &request.encode_to_vec(),
+            )
+        })
+        .unwrap()
+        .unwrap_or_else(|s| panic!("grpc-go prepare: {s:?}"));
+        let answer = v1::NodePrepareResourcesResponse::decode(reply.as_slice()).unwrap();
+        let one = &answer.claims[&claim.uid];
+        assert_eq!(one.error, "");
+        let devices: Vec<(&str, &[String])> = one
+            .devices
+            .iter()
+            .map(|d| (d.device_name.as_str(), d.cdi_device_ids.as_slice()))
+            .collect();
+        let expected: Vec<(&str, &[String])> = first
+            .devices
+            .iter()
+            .map(|d| (d.device_name.as_str(), d.cdi_device_ids.as_slice()))
+            .collect();
+        assert_eq!(devices, expected);
+    };
+    if let Some(session) = &mut go {
+        go_prepare(session);
+    }
 
     // A steady stream of calls to the newest plugin through the hand-over.
     let stream = {
@@ -512,6 +557,11 @@ async fn a_rolling_update_with_per_instance_sockets_never_leaves_kubelet_without
     }
     let link = node.plugin.plugins_dir.join(DRIVER).join("serving.sock");
     assert_eq!(std::fs::read_link(&link).unwrap(), new.dra_socket());
+    // The grpc-go client of before the take-over: the new one answers.
+    if let Some(session) = &mut go {
+        go_prepare(session);
+    }
+    drop(go);
 
     // The claim is the new instance's now: unprepared by it.
     let undone = newest

@@ -25,9 +25,9 @@
 //! Messages stay bytes here: callers encode and decode them with
 //! `dra-proto`'s types.
 
-use std::io::Write as _;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::OnceLock;
 
 use base64::Engine as _;
@@ -131,6 +131,17 @@ impl GrpcGo {
         authority: Option<&str>,
         calls: &[(&str, Vec<u8>)],
     ) -> Result<Vec<Result<Vec<u8>, Status>>, GrpcGoError> {
+        let mut session = self.connect(socket, authority)?;
+        calls
+            .iter()
+            .map(|(method, request)| session.call(method, request))
+            .collect()
+    }
+
+    /// A client process holding one connection to `socket` (dialled at
+    /// once, as kubelet does) for calls made one at a time, as a
+    /// kubelet's connection to a plugin lives across many calls.
+    pub fn connect(&self, socket: &Path, authority: Option<&str>) -> Result<Session, GrpcGoError> {
         let mut cmd = Command::new(&self.binary);
         if let Some(authority) = authority {
             cmd.arg(format!("-authority={authority}"));
@@ -144,36 +155,76 @@ impl GrpcGo {
             .map_err(|e| {
                 GrpcGoError::Client(format!("cannot run {}: {e}", self.binary.display()))
             })?;
-        let mut input = String::new();
-        for (method, request) in calls {
-            input.push_str(method);
-            input.push(' ');
-            input.push_str(&STANDARD.encode(request));
-            input.push('\n');
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        Ok(Session {
+            child,
+            stdin: Some(stdin),
+            stdout,
+        })
+    }
+}
+
+/// A running client: one connection, calls in turn ([`GrpcGo::connect`]).
+/// Dropping it closes its input, which ends it.
+#[derive(Debug)]
+pub struct Session {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Session {
+    /// Calls `method` with the encoded `request`; the encoded reply or the
+    /// gRPC status. An error when the client has gone (its stderr says why).
+    pub fn call(
+        &mut self,
+        method: &str,
+        request: &[u8],
+    ) -> Result<Result<Vec<u8>, Status>, GrpcGoError> {
+        let line = format!("{method} {}\n", STANDARD.encode(request));
+        let sent = self
+            .stdin
+            .as_mut()
+            .expect("open until drop")
+            .write_all(line.as_bytes())
+            .and_then(|()| self.stdin.as_mut().expect("open").flush());
+        let mut answer = String::new();
+        let read = sent.and_then(|()| self.stdout.read_line(&mut answer));
+        match read {
+            Ok(n) if n > 0 => parse_reply(answer.trim_end_matches('\n')),
+            // Gone: what it said on the way out.
+            _ => Err(GrpcGoError::Client(self.ended())),
         }
-        // Written from a thread: the client answers as it reads.
-        let mut stdin = child.stdin.take().expect("piped");
-        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
-        let out = child
-            .wait_with_output()
-            .map_err(|e| GrpcGoError::Client(e.to_string()))?;
-        let _ = writer.join();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if !out.status.success() {
-            return Err(GrpcGoError::Client(format!("{}: {stderr}", out.status)));
+    }
+
+    /// The client's exit status and stderr, once it has ended.
+    fn ended(&mut self) -> String {
+        drop(self.stdin.take());
+        let mut stderr = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut stderr);
         }
-        let replies: Vec<_> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(parse_reply)
-            .collect::<Result<_, _>>()?;
-        if replies.len() != calls.len() {
-            return Err(GrpcGoError::Client(format!(
-                "{} replies to {} calls: {stderr}",
-                replies.len(),
-                calls.len()
-            )));
+        let status = self.child.wait().map(|s| s.to_string());
+        format!("{}: {stderr}", status.unwrap_or_else(|e| e.to_string()))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        if self.child.try_wait().ok().flatten().is_none() {
+            // Ends at the end of its input; killed should it hang on a call.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while self.child.try_wait().ok().flatten().is_none() {
+                if std::time::Instant::now() > deadline {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
         }
-        Ok(replies)
     }
 }
 
