@@ -3,10 +3,11 @@
 //! the kubelet-facing gRPC servers, the ResourceSlice publisher). Startup
 //! errors are printed as one `error: ...` line with a non-zero exit (2 for
 //! bad flags, 1 otherwise); SIGTERM/SIGINT deregister, drain and exit 0.
-//! With `--supervise` this process only starts the plugin (or the MPS daemon
-//! host) as its child and keeps it running ([`supervise`]). `mps-launch ...` runs the MPS daemon
-//! launcher ([`launch`]) and `mps-host --socket <path>` the MPS daemon host
-//! ([`host`]) instead of the plugin.
+//! With `--supervise` this process only starts the plugin (or the MPS
+//! daemon host) as its child and keeps it running ([`supervise`]).
+//! `mps-launch ...` runs the MPS daemon launcher ([`launch`]) and
+//! `mps-host --socket <path>` the MPS daemon host ([`host`]) instead of the
+//! plugin.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;

@@ -53,7 +53,7 @@ pub enum SuperviseError {
     /// `PR_SET_CHILD_SUBREAPER` failed.
     #[error("cannot become the reaper of orphaned processes: {0}")]
     Subreaper(#[source] io::Error),
-    /// The plugin could not be started.
+    /// The supervised program could not be started.
     #[error("cannot start {program}: {source}")]
     Spawn {
         /// The program.

@@ -73,8 +73,8 @@ pub struct GrpcGo {
 }
 
 impl GrpcGo {
-    /// Builds the client (once per process, into a temp directory) when Go
-    /// and grpc-go's sources are here.
+    /// Builds the client (once per process) when Go and grpc-go's sources
+    /// are here.
     pub fn detect() -> Result<Self, GrpcGoError> {
         static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
         let mut reasons = Vec::new();
@@ -247,16 +247,16 @@ fn parse_reply(line: &str) -> Result<Result<Vec<u8>, Status>, GrpcGoError> {
     }
 }
 
-/// Builds the client into a directory of its own; its path, or the
-/// compiler's output.
+/// Builds the client; its path, or the compiler's output. One binary per
+/// process (`<tmp>/gpu-dra-grpc-go/grpc-go-kubelet-<pid>`, about 10 MB),
+/// so concurrent test processes never run a binary another is writing;
+/// those of processes that are gone are removed first. Go's build cache
+/// makes every build after the first quick.
 fn build() -> Result<PathBuf, String> {
-    let dir = tempfile::Builder::new()
-        .prefix("gpu-dra-grpc-go-")
-        .tempdir()
-        .map_err(|e| e.to_string())?
-        // Kept for the process's life: the binary runs from it.
-        .keep();
-    let binary = dir.join("grpc-go-kubelet");
+    let dir = std::env::temp_dir().join("gpu-dra-grpc-go");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    remove_binaries_of_gone_processes(&dir);
+    let binary = dir.join(format!("{BINARY_PREFIX}{}", std::process::id()));
     let mut cmd = Command::new("go");
     cmd.arg("build")
         .arg("-o")
@@ -276,6 +276,30 @@ fn build() -> Result<PathBuf, String> {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }
     Ok(binary)
+}
+
+/// The name of a built client, before its process's pid.
+const BINARY_PREFIX: &str = "grpc-go-kubelet-";
+
+/// Removes the clients in `dir` whose process (the pid in their name) is
+/// gone.
+fn remove_binaries_of_gone_processes(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(BINARY_PREFIX))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 #[cfg(test)]
