@@ -69,6 +69,20 @@ impl Host {
     fn stderr(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// SIGTERM to the host's main process: it exits 0 and takes its socket
+    /// along, and `daemon` runs on (then killed).
+    fn terminate_leaving(&mut self, daemon: u32) {
+        assert!(fake_driver_root::terminate(self.child.id()));
+        let status = common::wait_exit(&mut self.child, Duration::from_secs(10)).expect("exits");
+        assert!(status.success(), "{}", self.stderr());
+        assert!(!self.socket.exists(), "socket left behind");
+        assert!(
+            fake_driver_root::is_alive(daemon),
+            "the daemon ended with the host"
+        );
+        assert!(fake_driver_root::kill(daemon));
+    }
 }
 
 impl Drop for Host {
@@ -281,15 +295,7 @@ fn sigterm_stops_the_host_and_leaves_its_daemons_running() {
     assert!(outcome.success(), "{outcome}");
     let daemon = wait_for_pid_file(&pid_file);
 
-    assert!(fake_driver_root::terminate(host.child.id()));
-    let status = common::wait_exit(&mut host.child, Duration::from_secs(10)).expect("exits");
-    assert!(status.success(), "{}", host.stderr());
-    assert!(!host.socket.exists(), "socket left behind");
-    assert!(
-        fake_driver_root::is_alive(daemon),
-        "the daemon ended with the host"
-    );
-    assert!(fake_driver_root::kill(daemon));
+    host.terminate_leaving(daemon);
 
     // A second host refuses a socket a live one serves.
     let first = Host::start(dir.path(), dir.path());
@@ -386,15 +392,7 @@ fn a_supervised_host_is_started_again_after_a_crash_and_its_daemons_live_on() {
     wait_gone(daemon, "the orphaned daemon, reaped by the supervisor");
 
     // SIGTERM to the supervisor: the host stops cleanly, its daemons run on.
-    assert!(fake_driver_root::terminate(supervisor));
-    let status = common::wait_exit(&mut host.child, Duration::from_secs(10)).expect("exits");
-    assert!(status.success(), "{}", host.stderr());
-    assert!(!host.socket.exists(), "socket left behind");
-    assert!(
-        fake_driver_root::is_alive(later),
-        "the daemon ended with the host"
-    );
-    assert!(fake_driver_root::kill(later));
+    host.terminate_leaving(later);
 }
 
 /// The node's MPS daemon processes: those started from the fake driver
