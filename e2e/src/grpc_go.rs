@@ -138,9 +138,9 @@ impl GrpcGo {
             .collect()
     }
 
-    /// A client process holding one connection to `socket` (dialled at
-    /// once, as kubelet does) for calls made one at a time, as a
-    /// kubelet's connection to a plugin lives across many calls.
+    /// A client process holding one grpc-go `ClientConn` to `socket` for
+    /// calls made one at a time, as kubelet keeps one per plugin across
+    /// many calls.
     pub fn connect(&self, socket: &Path, authority: Option<&str>) -> Result<Session, GrpcGoError> {
         let mut cmd = Command::new(&self.binary);
         if let Some(authority) = authority {
@@ -241,7 +241,7 @@ fn parse_reply(line: &str) -> Result<Result<Vec<u8>, Status>, GrpcGoError> {
                 message: message.to_owned(),
             }))
         }
-        // An empty reply: `ok ` with nothing after it.
+        // An empty reply whose trailing space was trimmed.
         None if line == "ok" => Ok(Ok(Vec::new())),
         _ => Err(bad()),
     }
