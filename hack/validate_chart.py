@@ -315,9 +315,9 @@ def plugin_daemonset(objects) -> dict:
 
 def check_mps_host(v: dict, objects, plugin: dict) -> None:
     """With mpsHost on: a DaemonSet of its own, updated only on delete, supervised, in the
-    host's PID namespace with the plugin, serving the socket the plugin is told, and mounting what the
-    plugin names by path (socket directory, driver root, MPS directory, /dev) at the same
-    paths. Off: none of it."""
+    host's PID namespace with the plugin, serving the socket the plugin is told, and mounting
+    what the plugin names by path (socket directory, driver root, MPS directory, /dev) at the
+    same paths. Off: none of it."""
     hosts = component(objects, "DaemonSet", "mps-host")
     plugin_pod = plugin["spec"]["template"]["spec"]
     plugin_args = container_args(plugin)

@@ -326,11 +326,9 @@ fn a_supervised_host_is_started_again_after_a_crash_and_its_daemons_live_on() {
     // others are adopted daemons).
     let exe = |pid: u32| fs::read_link(format!("/proc/{pid}/exe")).ok();
     let serving = || -> u32 {
-        let hosts: Vec<u32> = tree(supervisor)
+        let hosts: Vec<u32> = children(supervisor)
             .into_iter()
-            .filter(|&p| {
-                fake_driver_root::parent_id(p) == Some(supervisor) && exe(p) == exe(supervisor)
-            })
+            .filter(|&p| exe(p) == exe(supervisor))
             .collect();
         assert_eq!(hosts.len(), 1, "one host under the supervisor: {hosts:?}");
         hosts[0]
@@ -406,17 +404,23 @@ fn daemons_of(n: &common::prepare::Node) -> Vec<u32> {
         .collect()
 }
 
+/// The processes whose parent is `parent`.
+fn children(parent: u32) -> Vec<u32> {
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .filter(|&pid| fake_driver_root::parent_id(pid) == Some(parent))
+        .collect()
+}
+
 /// Every process descended from `root`, `root` first.
 fn tree(root: u32) -> Vec<u32> {
     let mut all = vec![root];
     let mut i = 0;
     while i < all.len() {
-        let parent = all[i];
-        for entry in fs::read_dir("/proc").unwrap().flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
-                continue;
-            };
-            if fake_driver_root::parent_id(pid) == Some(parent) && !all.contains(&pid) {
+        for pid in children(all[i]) {
+            if !all.contains(&pid) {
                 all.push(pid);
             }
         }

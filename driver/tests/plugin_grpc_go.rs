@@ -23,22 +23,6 @@ use serde_json::json;
 const V1: &str = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin";
 const V1BETA1: &str = "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin";
 
-fn v1_claims(c: &Claim) -> Vec<v1::Claim> {
-    vec![v1::Claim {
-        namespace: c.namespace.clone(),
-        uid: c.uid.clone(),
-        name: c.name.clone(),
-    }]
-}
-
-fn v1beta1_claims(c: &Claim) -> Vec<v1beta1::Claim> {
-    vec![v1beta1::Claim {
-        namespace: c.namespace.clone(),
-        uid: c.uid.clone(),
-        name: c.name.clone(),
-    }]
-}
-
 /// The calls of two connections: a v1 prepare of `c`, a malformed body and
 /// an unknown method; then unprepare, and prepare and unprepare again in
 /// v1beta1.
@@ -47,7 +31,7 @@ fn calls(c: &Claim) -> [Vec<(String, Vec<u8>)>; 2] {
         (
             format!("{V1}/NodePrepareResources"),
             v1::NodePrepareResourcesRequest {
-                claims: v1_claims(c),
+                claims: vec![c.to_v1()],
             }
             .encode_to_vec(),
         ),
@@ -57,21 +41,21 @@ fn calls(c: &Claim) -> [Vec<(String, Vec<u8>)>; 2] {
         (
             format!("{V1}/NodeUnprepareResources"),
             v1::NodeUnprepareResourcesRequest {
-                claims: v1_claims(c),
+                claims: vec![c.to_v1()],
             }
             .encode_to_vec(),
         ),
         (
             format!("{V1BETA1}/NodePrepareResources"),
             v1beta1::NodePrepareResourcesRequest {
-                claims: v1beta1_claims(c),
+                claims: vec![c.to_v1beta1()],
             }
             .encode_to_vec(),
         ),
         (
             format!("{V1BETA1}/NodeUnprepareResources"),
             v1beta1::NodeUnprepareResourcesRequest {
-                claims: v1beta1_claims(c),
+                claims: vec![c.to_v1beta1()],
             }
             .encode_to_vec(),
         ),

@@ -474,11 +474,7 @@ async fn a_rolling_update_with_per_instance_sockets_never_leaves_kubelet_without
     .map(|go| go.connect(&new.dra_socket(), None).unwrap());
     let go_prepare = |session: &mut Session| {
         let request = v1::NodePrepareResourcesRequest {
-            claims: vec![v1::Claim {
-                namespace: claim.namespace.clone(),
-                uid: claim.uid.clone(),
-                name: claim.name.clone(),
-            }],
+            claims: vec![claim.to_v1()],
         };
         let reply = tokio::task::block_in_place(|| {
             session.call(

@@ -41,7 +41,7 @@ const DEBIAN_GOPATH: &str = "/usr/share/gocode";
 const SOURCE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../hack/grpc-go-kubelet");
 
 /// Errors of the grpc-go harness.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum GrpcGoError {
     /// The client cannot be built here; every reason is listed.
     #[error("the grpc-go client cannot be built here: {}", reasons.join("; "))]
@@ -73,33 +73,34 @@ pub struct GrpcGo {
 }
 
 impl GrpcGo {
-    /// Builds the client (once per process) when Go and grpc-go's sources
-    /// are here.
+    /// Builds the client (once per process: later calls answer from the
+    /// first) when Go and grpc-go's sources are here.
     pub fn detect() -> Result<Self, GrpcGoError> {
-        static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-        let mut reasons = Vec::new();
-        if Command::new("go")
-            .arg("version")
-            .output()
-            .map_or(true, |o| !o.status.success())
-        {
-            reasons.push("no `go` program (Debian package golang-go)".to_owned());
-        }
-        let grpc = Path::new(DEBIAN_GOPATH).join("src/google.golang.org/grpc");
-        if !grpc.is_dir() {
-            reasons.push(format!(
-                "no grpc-go sources in {} (Debian package golang-google-grpc-dev)",
-                grpc.display()
-            ));
-        }
-        if !reasons.is_empty() {
-            return Err(GrpcGoError::Unavailable { reasons });
-        }
-        BUILT
-            .get_or_init(build)
+        static DETECTED: OnceLock<Result<PathBuf, GrpcGoError>> = OnceLock::new();
+        DETECTED
+            .get_or_init(|| {
+                let mut reasons = Vec::new();
+                if Command::new("go")
+                    .arg("version")
+                    .output()
+                    .map_or(true, |o| !o.status.success())
+                {
+                    reasons.push("no `go` program (Debian package golang-go)".to_owned());
+                }
+                let grpc = Path::new(DEBIAN_GOPATH).join("src/google.golang.org/grpc");
+                if !grpc.is_dir() {
+                    reasons.push(format!(
+                        "no grpc-go sources in {} (Debian package golang-google-grpc-dev)",
+                        grpc.display()
+                    ));
+                }
+                if !reasons.is_empty() {
+                    return Err(GrpcGoError::Unavailable { reasons });
+                }
+                build().map_err(GrpcGoError::Build)
+            })
             .clone()
             .map(|binary| Self { binary })
-            .map_err(GrpcGoError::Build)
     }
 
     /// For tests: `Ok(Some(client))` when it builds; `Ok(None)` after a

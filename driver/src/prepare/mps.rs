@@ -995,10 +995,7 @@ impl MpsControl {
             None => self.run_start(program, dirs, private, &env, &out_path)?,
         };
         match outcome {
-            host::Outcome::Exited {
-                code: Some(0),
-                signal: None,
-            } => {}
+            ok @ host::Outcome::Exited { .. } if ok.success() => {}
             host::Outcome::TimedOut => {
                 return Err(MpsError::StartFailed {
                     id: cfg.id.clone(),

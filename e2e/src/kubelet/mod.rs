@@ -188,6 +188,24 @@ impl Claim {
             uid: uid.into(),
         }
     }
+
+    /// The claim as a DRAPlugin v1 request carries it.
+    pub fn to_v1(&self) -> dra_proto::dra::v1::Claim {
+        dra_proto::dra::v1::Claim {
+            namespace: self.namespace.clone(),
+            uid: self.uid.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    /// The claim as a DRAPlugin v1beta1 request carries it.
+    pub fn to_v1beta1(&self) -> dra_proto::dra::v1beta1::Claim {
+        dra_proto::dra::v1beta1::Claim {
+            namespace: self.namespace.clone(),
+            uid: self.uid.clone(),
+            name: self.name.clone(),
+        }
+    }
 }
 
 impl FromStr for Claim {

@@ -158,7 +158,7 @@ impl Plugin {
             DraVersion::V1 => {
                 let mut c = v1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
                 let req = v1::NodePrepareResourcesRequest {
-                    claims: claims.iter().map(to_v1).collect(),
+                    claims: claims.iter().map(Claim::to_v1).collect(),
                 };
                 let resp = self
                     .call(METHOD, c.node_prepare_resources(self.request(req)))
@@ -190,7 +190,7 @@ impl Plugin {
             DraVersion::V1beta1 => {
                 let mut c = v1beta1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
                 let req = v1beta1::NodePrepareResourcesRequest {
-                    claims: claims.iter().map(to_v1beta1).collect(),
+                    claims: claims.iter().map(Claim::to_v1beta1).collect(),
                 };
                 let resp = self
                     .call(METHOD, c.node_prepare_resources(self.request(req)))
@@ -234,7 +234,7 @@ impl Plugin {
             DraVersion::V1 => {
                 let mut c = v1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
                 let req = v1::NodeUnprepareResourcesRequest {
-                    claims: claims.iter().map(to_v1).collect(),
+                    claims: claims.iter().map(Claim::to_v1).collect(),
                 };
                 let resp = self
                     .call(METHOD, c.node_unprepare_resources(self.request(req)))
@@ -254,7 +254,7 @@ impl Plugin {
             DraVersion::V1beta1 => {
                 let mut c = v1beta1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
                 let req = v1beta1::NodeUnprepareResourcesRequest {
-                    claims: claims.iter().map(to_v1beta1).collect(),
+                    claims: claims.iter().map(Claim::to_v1beta1).collect(),
                 };
                 let resp = self
                     .call(METHOD, c.node_unprepare_resources(self.request(req)))
@@ -322,22 +322,6 @@ impl Plugin {
 
 fn non_empty(s: String) -> Option<String> {
     (!s.is_empty()).then_some(s)
-}
-
-fn to_v1(c: &Claim) -> v1::Claim {
-    v1::Claim {
-        namespace: c.namespace.clone(),
-        uid: c.uid.clone(),
-        name: c.name.clone(),
-    }
-}
-
-fn to_v1beta1(c: &Claim) -> v1beta1::Claim {
-    v1beta1::Claim {
-        namespace: c.namespace.clone(),
-        uid: c.uid.clone(),
-        name: c.name.clone(),
-    }
 }
 
 /// Kubelet's check of a response: its claim UIDs must be exactly the

@@ -522,7 +522,8 @@ async fn read_request(stream: &mut UnixStream, driver_root: &Path) -> Result<Sta
         loop {
             let n = limited.read(&mut chunk).await?;
             buf.extend_from_slice(&chunk[..n]);
-            if n == 0 || buf.contains(&b'\n') {
+            // Only the new bytes can hold the first newline.
+            if n == 0 || chunk[..n].contains(&b'\n') {
                 return Ok::<_, io::Error>(());
             }
         }
