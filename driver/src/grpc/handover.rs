@@ -18,11 +18,16 @@
 //! checkpoint.
 //!
 //! Calls are passed on as DRAPlugin v1, which every version of this plugin
-//! serves, whichever version kubelet used.
+//! serves, whichever version kubelet used. They share one connection to
+//! the serving instance, made by the first: a connection set-up costs
+//! about as much as the call itself, and a rollout passes on several calls
+//! when many pods start. A call that fails over it lets it go; the next
+//! call connects afresh (the serving link may name another instance by
+//! then).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use dra_proto::dra::v1;
 use dra_proto::dra::v1::dra_plugin_client::DraPluginClient;
@@ -39,8 +44,14 @@ pub(super) struct Handover {
     targets: Vec<PathBuf>,
     /// This instance's own preparer, once it has taken over.
     local: watch::Sender<Option<Arc<dyn ClaimPreparer>>>,
+    /// The connection the calls passed on share, and its target; none
+    /// before the first call, after a failed one and after the take-over.
+    connection: Mutex<Option<Connection>>,
     forwarded: AtomicU64,
 }
+
+/// A target and a client over one connection to it (clones share it).
+type Connection = (PathBuf, DraPluginClient<Channel>);
 
 impl Handover {
     /// Calls go to the first of `targets` that takes a connection, until
@@ -49,6 +60,7 @@ impl Handover {
         Self {
             targets,
             local: watch::Sender::new(None),
+            connection: Mutex::new(None),
             forwarded: AtomicU64::new(0),
         }
     }
@@ -56,6 +68,8 @@ impl Handover {
     /// From now on `preparer` answers every call, those waiting included.
     pub(super) fn take_over(&self, preparer: Arc<dyn ClaimPreparer>) {
         self.local.send_replace(Some(preparer));
+        // Closes the connection to the instance that served until now.
+        self.forget_connection();
     }
 
     /// Calls answered by another instance so far.
@@ -81,11 +95,36 @@ impl Handover {
         }
     }
 
-    /// A client on the first target that takes a connection.
-    async fn serving_instance(&self) -> Option<(&Path, DraPluginClient<Channel>)> {
+    fn kept_connection(&self) -> std::sync::MutexGuard<'_, Option<Connection>> {
+        self.connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn forget_connection(&self) {
+        self.kept_connection().take();
+    }
+
+    /// Whether a connection to a serving instance is kept.
+    #[cfg(test)]
+    pub(super) fn has_connection(&self) -> bool {
+        self.kept_connection().is_some()
+    }
+
+    /// A client on the kept connection, or else on the first target that
+    /// takes one (kept from then on). Calls passed on at the same moment
+    /// before any connection is kept may each make one; the last is kept.
+    async fn serving_instance(&self) -> Option<Connection> {
+        if let Some(kept) = self.kept_connection().clone() {
+            return Some(kept);
+        }
         for target in &self.targets {
             match connect(target).await {
-                Ok(channel) => return Some((target, DraPluginClient::new(channel))),
+                Ok(channel) => {
+                    let connection = (target.clone(), DraPluginClient::new(channel));
+                    *self.kept_connection() = Some(connection.clone());
+                    return Some(connection);
+                }
                 Err(e) => {
                     tracing::debug!(target = %target.display(), error = %e, "no plugin instance there");
                 }
@@ -114,6 +153,7 @@ impl Handover {
                 Some(answer)
             }
             Err(status) => {
+                self.forget_connection();
                 tracing::info!(target = %target.display(), error = %status, "the serving instance did not answer a {what}; it waits for this instance to take over");
                 None
             }

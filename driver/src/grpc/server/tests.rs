@@ -8,6 +8,7 @@ use tonic::transport::Channel;
 
 use super::*;
 use crate::grpc::dra::{ClaimRef, ClaimResults, PreparedDevice};
+use crate::grpc::handover::Handover;
 
 fn short_tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
@@ -452,6 +453,140 @@ async fn a_successor_forwards_through_the_serving_link_of_a_tagged_instance() {
     let link = config(t.path()).dra_dir().join(instance::SERVING_LINK);
     assert_eq!(std::fs::read_link(&link).unwrap(), first.dra_socket());
     first.shutdown().await.unwrap();
+}
+
+/// A socket that passes each connection on to another, counting them.
+struct CountingProxy {
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+    open: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CountingProxy {
+    fn start(path: &Path, to: &Path) -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = tokio::net::UnixListener::bind(path).unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(AtomicUsize::new(0));
+        let (counted, still_open, to) = (accepted.clone(), open.clone(), to.to_owned());
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                still_open.fetch_add(1, Ordering::SeqCst);
+                let (still_open, to) = (still_open.clone(), to.clone());
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::UnixStream::connect(&to).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                    still_open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        Self {
+            accepted,
+            open,
+            task,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn open(&self) -> usize {
+        self.open.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for CountingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Polls `done` for up to 5 s.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("not within 5 s: {what}");
+}
+
+fn claim_ref(uid: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: "default".into(),
+        name: "c".into(),
+        uid: uid.into(),
+    }
+}
+
+/// The name of the device `preparer` prepared for claim `uid`.
+async fn prepared_by(preparer: &dyn ClaimPreparer, uid: &str) -> String {
+    let mut answer = preparer.prepare(&[claim_ref(uid)]).await;
+    answer.remove(uid).unwrap().unwrap()[0].device_name.clone()
+}
+
+#[tokio::test]
+async fn calls_passed_on_share_one_connection_which_the_take_over_closes() {
+    let t = short_tempdir();
+    let old = Server::start(config(t.path()), named("old")).await.unwrap();
+    let proxy_path = t.path().join("proxy.sock");
+    let proxy = CountingProxy::start(&proxy_path, old.dra_socket());
+    let handover = Handover::new(vec![proxy_path]);
+
+    for uid in ["u1", "u2", "u3"] {
+        assert_eq!(prepared_by(&handover, uid).await, "old");
+    }
+    assert_eq!(handover.forwarded(), 3);
+    assert_eq!(proxy.accepted(), 1, "one connection for three calls");
+    assert_eq!(proxy.open(), 1);
+
+    handover.take_over(Arc::new(Named("new")));
+    assert!(!handover.has_connection());
+    eventually("the connection to the old instance closes", || {
+        proxy.open() == 0
+    })
+    .await;
+    assert_eq!(prepared_by(&handover, "u4").await, "new");
+    assert_eq!((proxy.accepted(), handover.forwarded()), (1, 3));
+    old.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_call_that_fails_lets_the_connection_go_and_the_next_connects_afresh() {
+    let t = short_tempdir();
+    let old = Server::start(config(t.path()), named("old")).await.unwrap();
+    let handover = Arc::new(Handover::new(vec![old.dra_socket().to_owned()]));
+    assert_eq!(prepared_by(handover.as_ref(), "u1").await, "old");
+    assert!(handover.has_connection());
+
+    // The serving instance goes: the next call fails over the kept
+    // connection and waits for the take-over.
+    old.shutdown().await.unwrap();
+    let waiting = tokio::spawn({
+        let handover = handover.clone();
+        async move { prepared_by(handover.as_ref(), "u2").await }
+    });
+    eventually("the failed call lets the connection go", || {
+        !handover.has_connection()
+    })
+    .await;
+    assert!(!waiting.is_finished());
+
+    // Another instance serves at that socket: a new call reaches it over
+    // a new connection.
+    let other = Server::start(config(t.path()), named("other"))
+        .await
+        .unwrap();
+    assert_eq!(prepared_by(handover.as_ref(), "u3").await, "other");
+    assert_eq!(handover.forwarded(), 2);
+
+    handover.take_over(Arc::new(Named("new")));
+    assert_eq!(waiting.await.unwrap(), "new");
+    other.shutdown().await.unwrap();
 }
 
 #[tokio::test]
