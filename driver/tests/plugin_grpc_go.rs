@@ -5,7 +5,9 @@
 //! v1 and v1beta1, with each `:authority` a kubelet sends on a Unix socket
 //! (grpc-go's own choice, the socket's path; its percent-encoded form; and
 //! `localhost`, kubelet's since 1.26), several calls on one connection, a
-//! malformed body and an unknown method among them.
+//! malformed body and an unknown method among them; and kubelet's device
+//! health watch (`DRAResourceHealth`, v1alpha1 and v1) as a server stream
+//! beside those calls.
 
 mod common;
 
@@ -199,4 +201,92 @@ async fn a_grpc_go_client_registers_prepares_and_unprepares_with_every_kubelet_a
             n.checkpoint_claims()
         );
     }
+}
+
+/// Kubelet's device health watch, through grpc-go: the stream opens on the
+/// DRA socket with the list at once and stays open; the calls go on over
+/// the same connection, during the stream and after kubelet cancels it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_go_client_watches_device_health_while_it_prepares() {
+    use dra_proto::health::{v1 as health_v1, v1alpha1};
+    use gpu_dra_e2e::grpc_go::StreamEnd;
+    use std::time::Duration;
+
+    let Some(go) =
+        GrpcGo::detect_or_skip("a_grpc_go_client_watches_device_health_while_it_prepares").unwrap()
+    else {
+        return;
+    };
+    let n = node("t4-inference", &[], DraVersion::V1).await;
+    let c = n
+        .claim("go-health", json!([result("gpu", "gpu-1")]), json!([]))
+        .await;
+    let mut kubelet = go
+        .connect(&n.plugin.dra_socket(), Some("localhost"))
+        .unwrap();
+    let request = health_v1::NodeWatchResourcesRequest {}.encode_to_vec();
+
+    for method in [
+        "/v1alpha1.DRAResourceHealth/NodeWatchResources",
+        "/v1.DRAResourceHealth/NodeWatchResources",
+    ] {
+        // The list comes at once; kubelet then cancels the stream.
+        let once = kubelet
+            .stream(method, &request, 1, Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(
+            once.end,
+            StreamEnd::Cancelled,
+            "{method}: {once:?}\n{}",
+            n.logs()
+        );
+        assert_eq!(once.messages.len(), 1, "{method}");
+        // No health monitor feeds the list yet: it is empty.
+        let list =
+            v1alpha1::NodeWatchResourcesResponse::decode(once.messages[0].as_slice()).unwrap();
+        assert_eq!(list.devices, [], "{method}");
+
+        // The stream stays open after the list: waiting for a second one
+        // ends at the client's deadline, not at the server's end.
+        let open = kubelet
+            .stream(method, &request, 2, Duration::from_millis(300))
+            .unwrap();
+        assert_eq!(open.messages.len(), 1, "{method}: {open:?}");
+        match &open.end {
+            StreamEnd::Failed(s) if s.code == 4 => {}
+            other => panic!("{method}: the stream ended with {other:?}, not at the deadline"),
+        }
+    }
+
+    // The same connection prepares and unprepares after the cancelled
+    // streams.
+    let prepared = kubelet
+        .call(
+            &format!("{V1}/NodePrepareResources"),
+            &v1::NodePrepareResourcesRequest {
+                claims: vec![c.to_v1()],
+            }
+            .encode_to_vec(),
+        )
+        .unwrap();
+    let prepared =
+        v1::NodePrepareResourcesResponse::decode(reply(&prepared, "prepare", &n.logs()).as_slice())
+            .unwrap();
+    assert_eq!(prepared.claims[&c.uid].error, "");
+    assert_eq!(prepared.claims[&c.uid].devices[0].device_name, "gpu-1");
+    let unprepared = kubelet
+        .call(
+            &format!("{V1}/NodeUnprepareResources"),
+            &v1::NodeUnprepareResourcesRequest {
+                claims: vec![c.to_v1()],
+            }
+            .encode_to_vec(),
+        )
+        .unwrap();
+    let unprepared = v1::NodeUnprepareResourcesResponse::decode(
+        reply(&unprepared, "unprepare", &n.logs()).as_slice(),
+    )
+    .unwrap();
+    assert_eq!(unprepared.claims[&c.uid].error, "");
+    assert!(!n.spec_path(&c).exists());
 }

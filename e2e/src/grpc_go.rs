@@ -22,6 +22,9 @@
 //!     .unwrap();
 //! ```
 //!
+//! [`Session::stream`] reads a server stream (kubelet's device health
+//! watch) on the same connection as the calls.
+//!
 //! Messages stay bytes here: callers encode and decode them with
 //! `dra-proto`'s types.
 
@@ -29,6 +32,7 @@ use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -183,17 +187,53 @@ impl Session {
         method: &str,
         request: &[u8],
     ) -> Result<Result<Vec<u8>, Status>, GrpcGoError> {
-        let line = format!("{method} {}\n", STANDARD.encode(request));
-        let sent = self
-            .stdin
-            .as_mut()
-            .expect("open until drop")
-            .write_all(line.as_bytes())
-            .and_then(|()| self.stdin.as_mut().expect("open").flush());
+        let answer = self.exchange(&format!("{method} {}", STANDARD.encode(request)))?;
+        parse_reply(&answer)
+    }
+
+    /// Opens a server stream of `method` with the encoded `request` on
+    /// this connection and reads `messages` messages within `deadline`,
+    /// as kubelet watches device health; the client cancels the stream
+    /// once they have come.
+    pub fn stream(
+        &mut self,
+        method: &str,
+        request: &[u8],
+        messages: usize,
+        deadline: Duration,
+    ) -> Result<Streamed, GrpcGoError> {
+        let ms = deadline.as_millis().max(1);
+        let mut line = self.exchange(&format!(
+            "stream {messages} {ms} {method} {}",
+            STANDARD.encode(request)
+        ))?;
+        let mut messages = Vec::new();
+        loop {
+            match parse_stream_line(&line)? {
+                Ok(message) => messages.push(message),
+                Err(end) => return Ok(Streamed { messages, end }),
+            }
+            line = self.read_line()?;
+        }
+    }
+
+    /// Sends one input line; the first output line after it.
+    fn exchange(&mut self, line: &str) -> Result<String, GrpcGoError> {
+        let stdin = self.stdin.as_mut().expect("open until drop");
+        let sent = stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .and_then(|()| stdin.flush());
+        match sent {
+            Ok(()) => self.read_line(),
+            Err(_) => Err(GrpcGoError::Client(self.ended())),
+        }
+    }
+
+    /// The next output line, without its newline.
+    fn read_line(&mut self) -> Result<String, GrpcGoError> {
         let mut answer = String::new();
-        let read = sent.and_then(|()| self.stdout.read_line(&mut answer));
-        match read {
-            Ok(n) if n > 0 => parse_reply(answer.trim_end_matches('\n')),
+        match self.stdout.read_line(&mut answer) {
+            Ok(n) if n > 0 => Ok(answer.trim_end_matches('\n').to_owned()),
             // Gone: what it said on the way out.
             _ => Err(GrpcGoError::Client(self.ended())),
         }
@@ -209,6 +249,27 @@ impl Session {
         let status = self.child.wait().map(|s| s.to_string());
         format!("{}: {stderr}", status.unwrap_or_else(|e| e.to_string()))
     }
+}
+
+/// What a server stream gave ([`Session::stream`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Streamed {
+    /// The messages, encoded, in the order they came.
+    pub messages: Vec<Vec<u8>>,
+    /// How the stream ended.
+    pub end: StreamEnd,
+}
+
+/// How a server stream read by [`Session::stream`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// The messages asked for came, and the client cancelled the stream.
+    Cancelled,
+    /// The server ended the stream, with status OK, before they all came.
+    Eof,
+    /// The stream failed, or its deadline passed (code 4) before they all
+    /// came.
+    Failed(Status),
 }
 
 impl Drop for Session {
@@ -245,6 +306,22 @@ fn parse_reply(line: &str) -> Result<Result<Vec<u8>, Status>, GrpcGoError> {
         // An empty reply whose trailing space was trimmed.
         None if line == "ok" => Ok(Ok(Vec::new())),
         _ => Err(bad()),
+    }
+}
+
+/// One output line of a stream: a message, or how the stream ended.
+fn parse_stream_line(line: &str) -> Result<Result<Vec<u8>, StreamEnd>, GrpcGoError> {
+    let bad = || GrpcGoError::Client(format!("unexpected output line {line:?}"));
+    match line.split_once(' ') {
+        Some(("msg", encoded)) => STANDARD.decode(encoded).map(Ok).map_err(|_| bad()),
+        // An empty message whose trailing space was trimmed.
+        None if line == "msg" => Ok(Ok(Vec::new())),
+        None if line == "end" => Ok(Err(StreamEnd::Cancelled)),
+        None if line == "eof" => Ok(Err(StreamEnd::Eof)),
+        _ => match parse_reply(line)? {
+            Err(status) => Ok(Err(StreamEnd::Failed(status))),
+            Ok(_) => Err(bad()),
+        },
     }
 }
 
@@ -327,6 +404,24 @@ mod tests {
         );
         for bad in ["", "ok !!!", "err x y", "what"] {
             assert!(parse_reply(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn stream_lines_parse_and_garbage_is_an_error() {
+        assert_eq!(parse_stream_line("msg AQI=").unwrap(), Ok(vec![1, 2]));
+        assert_eq!(parse_stream_line("msg").unwrap(), Ok(vec![]));
+        assert_eq!(parse_stream_line("end").unwrap(), Err(StreamEnd::Cancelled));
+        assert_eq!(parse_stream_line("eof").unwrap(), Err(StreamEnd::Eof));
+        assert_eq!(
+            parse_stream_line("err 4 context deadline exceeded").unwrap(),
+            Err(StreamEnd::Failed(Status {
+                code: 4,
+                message: "context deadline exceeded".into()
+            }))
+        );
+        for bad in ["", "ok AQI=", "msg !!!", "end now", "err x", "what"] {
+            assert!(parse_stream_line(bad).is_err(), "{bad:?}");
         }
     }
 }

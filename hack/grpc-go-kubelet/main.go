@@ -15,6 +15,13 @@
 // Input, one call per line: "<full method> <base64 request>". Output, one
 // line per call: "ok <base64 reply>" or "err <gRPC code> <message>". All
 // calls share one connection, as kubelet's calls to a plugin do.
+//
+// A line "stream <n> <deadline in ms> <full method> <base64 request>" opens
+// a server stream (as kubelet's health watch) on the same connection and
+// reads n messages within the deadline: a line "msg <base64>" each, then
+// "end" once n have come (the client then cancels the stream, as kubelet
+// does when it stops watching), "eof" when the server ended the stream
+// first with status OK, or "err <gRPC code> <message>".
 package main
 
 import (
@@ -23,8 +30,10 @@ import (
 	"encoding/base64"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -90,11 +99,33 @@ func main() {
 		if line == "" {
 			continue
 		}
+		if strings.HasPrefix(line, "stream ") {
+			fields := strings.SplitN(line, " ", 5)
+			if len(fields) == 4 {
+				fields = append(fields, "")
+			}
+			var n, ms int
+			var err error
+			if len(fields) == 5 {
+				n, err = strconv.Atoi(fields[1])
+				if err == nil {
+					ms, err = strconv.Atoi(fields[2])
+				}
+			}
+			request, err2 := decodeRequest(fields[len(fields)-1])
+			if len(fields) != 5 || err != nil || err2 != nil || n < 0 || ms <= 0 {
+				fmt.Fprintf(os.Stderr, "bad stream line %q\n", line)
+				os.Exit(2)
+			}
+			stream(out, conn, time.Duration(ms)*time.Millisecond, n, fields[3], request)
+			out.Flush()
+			continue
+		}
 		method, encoded, found := strings.Cut(line, " ")
 		if !found {
 			encoded = ""
 		}
-		request, err := base64.StdEncoding.DecodeString(encoded)
+		request, err := decodeRequest(encoded)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bad request line %q: %v\n", line, err)
 			os.Exit(2)
@@ -104,8 +135,7 @@ func main() {
 		err = conn.Invoke(ctx, method, &request, &reply)
 		cancel()
 		if err != nil {
-			s := status.Convert(err)
-			fmt.Fprintf(out, "err %d %s\n", s.Code(), strings.ReplaceAll(s.Message(), "\n", " "))
+			printStatus(out, err)
 		} else {
 			fmt.Fprintf(out, "ok %s\n", base64.StdEncoding.EncodeToString(reply))
 		}
@@ -114,5 +144,42 @@ func main() {
 	if err := in.Err(); err != nil {
 		fmt.Fprintf(os.Stderr, "reading calls: %v\n", err)
 		os.Exit(1)
+	}
+}
+
+func decodeRequest(encoded string) ([]byte, error) {
+	return base64.StdEncoding.DecodeString(encoded)
+}
+
+// printStatus writes a call's error as "err <gRPC code> <message>".
+func printStatus(out *bufio.Writer, err error) {
+	s := status.Convert(err)
+	fmt.Fprintf(out, "err %d %s\n", s.Code(), strings.ReplaceAll(s.Message(), "\n", " "))
+}
+
+// stream reads n messages of a server stream of method within deadline.
+func stream(out *bufio.Writer, conn *grpc.ClientConn, deadline time.Duration, n int, method string, request []byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	s, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, method)
+	if err == nil {
+		err = s.SendMsg(&request)
+	}
+	if err == nil {
+		err = s.CloseSend()
+	}
+	for i := 0; err == nil && i < n; i++ {
+		var reply []byte
+		if err = s.RecvMsg(&reply); err == nil {
+			fmt.Fprintf(out, "msg %s\n", base64.StdEncoding.EncodeToString(reply))
+		}
+	}
+	switch {
+	case err == nil:
+		fmt.Fprintln(out, "end")
+	case err == io.EOF:
+		fmt.Fprintln(out, "eof")
+	default:
+		printStatus(out, err)
 	}
 }
