@@ -38,17 +38,34 @@ impl Host {
 
     /// [`Host::start`] with `extra` arguments.
     fn start_with(dir: &Path, driver_root: &Path, extra: &[&str]) -> Self {
+        Self::start_under(&[], dir, driver_root, extra)
+    }
+
+    /// [`Host::start_with`], the program run by the command `wrapper`
+    /// (none: directly).
+    fn start_under(wrapper: &[&str], dir: &Path, driver_root: &Path, extra: &[&str]) -> Self {
         let socket = dir.join("host.sock");
         let log = dir.join("host.log");
-        let mut args = vec![
+        let mut args = wrapper.to_vec();
+        if !wrapper.is_empty() {
+            args.push(common::BIN);
+        }
+        args.extend([
             "mps-host",
             "--socket",
             socket.to_str().unwrap(),
             "--container-driver-root",
             driver_root.to_str().unwrap(),
-        ];
+        ]);
         args.extend_from_slice(extra);
-        let child = common::bare_command(&args, &log).spawn().unwrap();
+        let child = match args.split_first() {
+            Some((&program, rest)) if !wrapper.is_empty() => {
+                common::program_command(program, rest, &log)
+                    .spawn()
+                    .unwrap()
+            }
+            _ => common::bare_command(&args, &log).spawn().unwrap(),
+        };
         let mut host = Self { child, socket, log };
         host.wait_serving(1);
         host
@@ -553,6 +570,45 @@ async fn without_the_host_an_mps_daemon_ends_with_the_plugins_container() {
     end_container(n.plugin.child.id());
     let _ = n.plugin.child.wait();
     wait_gone(daemons[0], "the daemon of the ended container");
+}
+
+/// A host in a PID namespace of its own (a pod without `hostPID`) is
+/// refused before it is asked anything: it starts no daemon whose pid file
+/// would name pids the plugin cannot see.
+#[test]
+fn a_host_in_another_pid_namespace_starts_nothing() {
+    let unshare = ["unshare", "--pid", "--fork", "--kill-child"];
+    let works = std::process::Command::new(unshare[0])
+        .args(&unshare[1..])
+        .arg("true")
+        .status()
+        .is_ok_and(|s| s.success());
+    if !works {
+        eprintln!(
+            "\n!!!!!!!! SKIPPED a_host_in_another_pid_namespace_starts_nothing: `unshare --pid` (util-linux, as root) cannot run here\n"
+        );
+        return;
+    }
+    let dir = common::short_dir();
+    let scratch = tempfile::tempdir().unwrap();
+    let host = Host::start_under(&unshare, dir.path(), scratch.path(), &[]);
+    let ran = scratch.path().join("ran");
+    let prog = program(scratch.path(), &format!("touch {}", ran.display()));
+
+    let err = request_start(&host.socket, &request(scratch.path(), &prog)).unwrap_err();
+    let own = pid_namespace().unwrap();
+    let text = err.to_string();
+    assert!(
+        text.contains("runs in another PID namespace (pid:[")
+            && text.contains(&format!("than the plugin ({own})"))
+            && text.contains("hostPID"),
+        "{text}"
+    );
+    // Nothing ran, and the host still serves (it saw a connection close
+    // without a request).
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!ran.exists(), "the host ran the program: {}", host.stderr());
+    assert!(host.socket.exists());
 }
 
 /// A plugin whose host is not there: the MPS prepare fails with an error

@@ -20,9 +20,11 @@
 //! as it does for its own daemons: through the pipe directory, the pid file
 //! and `/proc`, which is why both pods share the host's PID namespace
 //! (`hostPID`) and mount the MPS directory and the driver root at the same
-//! paths. The reply carries the host's PID namespace, and the plugin
-//! refuses a host in another one, where the daemon's pid file would name
-//! pids the plugin cannot see.
+//! paths. The plugin refuses a host in another PID namespace, where the
+//! daemon's pid file would name pids the plugin cannot see: before it sends
+//! a request, by the listening process the socket's peer credentials name
+//! (so such a host starts nothing), and again by the namespace the reply
+//! carries.
 //!
 //! Requests are checked before anything runs ([`StartRequest::check`]): the
 //! program must be the control program of the host's `--container-driver-root`, the
@@ -346,6 +348,22 @@ pub fn pid_namespace() -> io::Result<String> {
     Ok(NAMESPACE.get_or_init(|| ns).clone())
 }
 
+/// The PID namespace of the process listening at the other end of
+/// `stream`: the kernel names it by its pid in this process's namespace, 0
+/// when it cannot be seen from here (`Ok(None)`), and `/proc/<pid>/ns/pid`
+/// names its namespace.
+fn listener_pid_namespace(stream: &StdUnixStream) -> io::Result<Option<String>> {
+    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+    let pid = getsockopt(stream, PeerCredentials)
+        .map_err(io::Error::from)?
+        .pid();
+    if pid <= 0 {
+        return Ok(None);
+    }
+    let link = fs::read_link(format!("/proc/{pid}/ns/pid"))?;
+    Ok(Some(link.to_string_lossy().into_owned()))
+}
+
 /// Asks the host at `socket` to run `request`; returns how `-d` ended.
 /// Blocking (the plugin calls it on its blocking pool, as it runs `-d`
 /// itself otherwise).
@@ -361,6 +379,22 @@ pub fn request_start(socket: &Path, request: &StartRequest) -> Result<Outcome, H
         path: socket.to_owned(),
         source,
     })?;
+    let own = pid_namespace().map_err(io_err("read this process's /proc/self/ns/pid"))?;
+    let other = |host: String| HostError::OtherPidNamespace {
+        path: socket.to_owned(),
+        host,
+        plugin: own.clone(),
+    };
+    match listener_pid_namespace(&stream) {
+        Ok(Some(host)) if host == own => {}
+        Ok(Some(host)) => return Err(other(host)),
+        Ok(None) => return Err(other("one the plugin cannot see".into())),
+        // The listener named has gone while its socket lives on (another
+        // process holds it): the reply's namespace decides.
+        Err(e) => {
+            tracing::debug!(path = %socket.display(), error = %e, "cannot read the MPS daemon host's PID namespace before the request");
+        }
+    }
     let wait = request.timeout() + REPLY_SLACK;
     stream
         .set_read_timeout(Some(wait))
@@ -388,13 +422,8 @@ pub fn request_start(socket: &Path, request: &StartRequest) -> Result<Outcome, H
             e.to_string()
         },
     })?;
-    let own = pid_namespace().map_err(io_err("read this process's /proc/self/ns/pid"))?;
     if reply.pid_namespace != own {
-        return Err(HostError::OtherPidNamespace {
-            path: socket.to_owned(),
-            host: reply.pid_namespace,
-            plugin: own,
-        });
+        return Err(other(reply.pid_namespace));
     }
     Ok(reply.outcome)
 }
