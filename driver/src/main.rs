@@ -40,7 +40,7 @@ fn main() -> ExitCode {
     flags.mps_launcher = Some(launch::SELF_EXE.into());
     gpu_dra_cmdline::init_logging(flags.log_format);
     if flags.supervise {
-        return supervise("plugin");
+        return supervise("plugin", &supervise::Policy::default());
     }
     // The async work (kubelet gRPC, claim reads and status writes,
     // publishing) on `--runtime-threads` threads, one by default; NVML
@@ -68,7 +68,13 @@ fn mps_host(args: Vec<std::ffi::OsString>) -> ExitCode {
     };
     gpu_dra_cmdline::init_logging(flags.log_format);
     if flags.supervise {
-        return supervise("MPS daemon host");
+        // A stray SIGTERM to the host process alone must not end the
+        // container, and its daemons with it.
+        let policy = supervise::Policy {
+            restart_clean_exits: true,
+            ..supervise::Policy::default()
+        };
+        return supervise("MPS daemon host", &policy);
     }
     gpu_dra_cmdline::run(tokio::runtime::Builder::new_current_thread(), async move {
         // Its own program as the launcher: `run_if_asked` runs first above.
@@ -85,7 +91,7 @@ fn mps_host(args: Vec<std::ffi::OsString>) -> ExitCode {
 /// `--supervise` (of the plugin or of `mps-host`): the same program with the
 /// same arguments, minus that flag, as a child that is restarted when it
 /// dies; `what` names it in the log.
-fn supervise(what: &str) -> ExitCode {
+fn supervise(what: &str, policy: &supervise::Policy) -> ExitCode {
     let program = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {
@@ -94,7 +100,7 @@ fn supervise(what: &str) -> ExitCode {
         }
     };
     let args = supervise::child_args(std::env::args_os().skip(1));
-    match supervise::run(what, &program, &args, &supervise::Policy::default()) {
+    match supervise::run(what, &program, &args, policy) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e}");

@@ -24,9 +24,12 @@
 //! [`Policy::healthy_after`] resets it. When the crash after
 //! [`Policy::max_quick_failures`] such restarts comes sooner than that too,
 //! the supervisor exits with the plugin's status, so Kubernetes sees the
-//! crash loop. Exit 0 (the plugin
-//! stopped on a signal) and 2 (bad flags) are final. SIGTERM and SIGINT are
-//! passed on to the plugin and the supervisor exits with its status.
+//! crash loop. Exit 2 (bad flags) is final, and so is exit 0 (the plugin
+//! stopped on a signal) unless [`Policy::restart_clean_exits`]: the MPS
+//! daemon host sets it, as its container must outlive a SIGTERM sent to
+//! the host process alone (a `pkill` meant for the plugin, which has the
+//! same name). SIGTERM and SIGINT to the supervisor are passed on to the
+//! program and the supervisor exits with its status.
 
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -79,6 +82,9 @@ pub struct Policy {
     /// Restarts after crashes in a row, each sooner than `healthy_after`,
     /// before giving up.
     pub max_quick_failures: u32,
+    /// Whether an exit with status 0 that the supervisor did not ask for
+    /// (by passing on a stop signal) is restarted like a crash.
+    pub restart_clean_exits: bool,
 }
 
 impl Default for Policy {
@@ -88,6 +94,7 @@ impl Default for Policy {
             max_delay: Duration::from_secs(30),
             healthy_after: Duration::from_secs(60),
             max_quick_failures: 5,
+            restart_clean_exits: false,
         }
     }
 }
@@ -118,9 +125,14 @@ impl Ended {
         }
     }
 
-    /// Whether the plugin is started again after this end.
-    fn restartable(self) -> bool {
-        !matches!(self, Self::Exited(0 | 2))
+    /// Whether the program is started again after this end (not asked
+    /// for by the supervisor) under `policy`.
+    fn restartable(self, policy: &Policy) -> bool {
+        match self {
+            Self::Exited(2) => false,
+            Self::Exited(0) => policy.restart_clean_exits,
+            _ => true,
+        }
     }
 }
 
@@ -204,7 +216,7 @@ pub fn run(
             );
             return Ok(ended.code());
         }
-        if !ended.restartable() {
+        if !ended.restartable(policy) {
             tracing::info!(pid, ?ended, "{what} exited; supervisor exits");
             return Ok(ended.code());
         }
@@ -319,6 +331,7 @@ mod tests {
             max_delay: Duration::from_secs(3),
             healthy_after: Duration::from_secs(60),
             max_quick_failures: 4,
+            restart_clean_exits: false,
         };
         let quick = Duration::from_secs(1);
         let mut b = Backoff::new(&policy);
@@ -342,10 +355,18 @@ mod tests {
         assert_eq!(Ended::Exited(0).code(), 0);
         assert_eq!(Ended::Exited(3).code(), 3);
         assert_eq!(Ended::Killed(9).code(), 137);
-        assert!(!Ended::Exited(0).restartable());
-        assert!(!Ended::Exited(2).restartable());
-        assert!(Ended::Exited(1).restartable());
-        assert!(Ended::Killed(9).restartable());
-        assert!(Ended::Killed(15).restartable());
+        let plugin = Policy::default();
+        let host = Policy {
+            restart_clean_exits: true,
+            ..Policy::default()
+        };
+        for policy in [&plugin, &host] {
+            assert!(!Ended::Exited(2).restartable(policy));
+            assert!(Ended::Exited(1).restartable(policy));
+            assert!(Ended::Killed(9).restartable(policy));
+            assert!(Ended::Killed(15).restartable(policy));
+        }
+        assert!(!Ended::Exited(0).restartable(&plugin));
+        assert!(Ended::Exited(0).restartable(&host));
     }
 }

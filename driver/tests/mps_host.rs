@@ -335,7 +335,7 @@ fn sigterm_stops_the_host_and_leaves_its_daemons_running() {
 /// socket. Without it, the host is the container's main process, and its
 /// crash ends the container with every daemon in it.
 #[test]
-fn a_supervised_host_is_started_again_after_a_crash_and_its_daemons_live_on() {
+fn a_supervised_host_is_started_again_after_a_crash_or_a_stray_sigterm_and_its_daemons_live_on() {
     let dir = common::short_dir();
     let mut host = Host::start_with(dir.path(), dir.path(), &["--supervise"]);
     let supervisor = host.child.id();
@@ -405,6 +405,23 @@ fn a_supervised_host_is_started_again_after_a_crash_and_its_daemons_live_on() {
     // The old daemon, now the supervisor's, is reaped when it ends: no zombie.
     assert!(fake_driver_root::kill(daemon));
     wait_gone(daemon, "the orphaned daemon, reaped by the supervisor");
+
+    // SIGTERM to the host process alone (a `pkill` meant for the plugin):
+    // it exits 0, and the supervisor starts it again rather than end the
+    // container and the daemons in it.
+    assert!(fake_driver_root::terminate(second));
+    host.wait_serving(3);
+    let third = serving();
+    assert_ne!(third, second);
+    assert!(
+        host.child.try_wait().unwrap().is_none(),
+        "the supervisor exited: {}",
+        host.stderr()
+    );
+    assert!(
+        fake_driver_root::is_alive(later),
+        "the daemon ended with the host"
+    );
 
     // SIGTERM to the supervisor: the host stops cleanly, its daemons run on.
     host.terminate_leaving(later);
