@@ -546,7 +546,16 @@ async fn a_rolling_update_with_per_instance_sockets_never_leaves_kubelet_without
     assert_eq!(registrar.plugin(DRIVER).unwrap().endpoint, newest.endpoint);
     let log = new.stderr();
     assert!(log.contains("taking over"), "{log}");
-    assert!(log.contains("forwarded="), "{log}");
+    // It passed calls on before the take-over (the prepare above, at
+    // least), and says how many when it serves.
+    let forwarded: u64 = log
+        .lines()
+        .find(|l| l.contains("serving kubelet plugin sockets"))
+        .and_then(|l| l.split("forwarded=").nth(1))
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no forwarded=N on the serving line: {log}"));
+    assert!(forwarded >= 1, "{log}");
     // The old instance took its files along; the link names the new one.
     for gone in [&old_reg, &old_dra] {
         assert!(!gone.exists(), "{} is left", gone.display());
