@@ -329,6 +329,53 @@ fn sigterm_stops_the_host_and_leaves_its_daemons_running() {
     assert_eq!(status.code(), Some(2));
 }
 
+/// SIGTERM while a start runs: the host stops taking requests at once,
+/// answers the start when it ends, then exits; the plugin learns whether
+/// its daemon started instead of finding the connection closed.
+#[test]
+fn sigterm_during_a_start_answers_it_before_the_host_exits() {
+    let dir = common::short_dir();
+    let mut host = Host::start(dir.path(), dir.path());
+    let running = dir.path().join("running");
+    let prog = program(
+        dir.path(),
+        &format!("touch {}\nsleep 1\nexit 0", running.display()),
+    );
+    let asking = {
+        let (socket, req) = (host.socket.clone(), request(dir.path(), &prog));
+        std::thread::spawn(move || request_start(&socket, &req))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !running.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "never started: {}",
+            host.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(fake_driver_root::terminate(host.child.id()));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while host.socket.exists() {
+        assert!(Instant::now() < deadline, "still taking requests");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let outcome = asking.join().unwrap();
+    assert!(
+        outcome.as_ref().is_ok_and(Outcome::success),
+        "{outcome:?}\n{}",
+        host.stderr()
+    );
+    let status = common::wait_exit(&mut host.child, Duration::from_secs(10)).expect("exits");
+    assert!(status.success(), "{}", host.stderr());
+    assert!(
+        host.stderr()
+            .contains("answering the requests it is running first"),
+        "{}",
+        host.stderr()
+    );
+}
+
 /// Under `--supervise`, a crash of the host ends neither the daemons it
 /// started nor the service: the supervisor (the container's main process)
 /// adopts and reaps the daemons, and starts the host again on the same

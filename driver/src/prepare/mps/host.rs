@@ -26,6 +26,13 @@
 //! (so such a host starts nothing), and again by the namespace the reply
 //! carries.
 //!
+//! On SIGTERM or SIGINT the host stops taking requests (its socket goes)
+//! and answers the starts it is running before it exits (up to
+//! `STOP_GRACE`), so the plugin learns whether each daemon started. A
+//! start killed at its timeout that does not end (a driver call that
+//! hangs) is answered as timed out after `KILL_GRACE`, and reaped whenever
+//! it ends.
+//!
 //! Requests are checked before anything runs ([`StartRequest::check`]): the
 //! program must be the control program of the host's `--container-driver-root`, the
 //! environment only the variables the plugin sets on a daemon, paths
@@ -66,6 +73,14 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Extra time the plugin gives the host beyond the request's own timeout.
 const REPLY_SLACK: Duration = Duration::from_secs(5);
+/// How long a `-d` killed at its timeout may take to end before the host
+/// answers without it (a process in uninterruptible sleep, in a hung
+/// driver call, ends only when that call returns); it is reaped whenever
+/// it ends.
+const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How long a stopping host goes on with the starts it is running, so
+/// that their replies reach the plugin.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 /// The variables a request may set: those the plugin sets on a daemon.
 const ALLOWED_ENV: [&str; 7] = [
     "PATH",
@@ -166,6 +181,17 @@ pub enum HostError {
         path: PathBuf,
         /// What is wrong.
         reason: String,
+    },
+    /// The host did not answer in time.
+    #[error(
+        "the MPS daemon host at {path} did not answer within {} s; the daemon's start may still be running there",
+        waited.as_secs()
+    )]
+    NoReply {
+        /// The socket.
+        path: PathBuf,
+        /// How long the plugin waited.
+        waited: Duration,
     },
     /// The host's answer is not a [`Reply`].
     #[error("MPS daemon host at {path} answered with something else than a reply: {reason}")]
@@ -413,7 +439,14 @@ pub fn request_start(socket: &Path, request: &StartRequest) -> Result<Outcome, H
     (&mut stream)
         .take(MAX_MESSAGE)
         .read_to_end(&mut answer)
-        .map_err(io_err("read reply"))?;
+        .map_err(|source| match source.kind() {
+            // What an expired read timeout reads as.
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => HostError::NoReply {
+                path: socket.to_owned(),
+                waited: wait,
+            },
+            _ => io_err("read reply")(source),
+        })?;
     let reply: Reply = serde_json::from_slice(&answer).map_err(|e| HostError::BadReply {
         path: socket.to_owned(),
         reason: if answer.is_empty() {
@@ -477,11 +510,20 @@ impl Children {
     }
 
     /// Waits until child `pid` ends, killing it at `deadline`; `None` when
-    /// it had to be killed.
+    /// it had to be killed. A killed child that has not ended after
+    /// [`KILL_GRACE`] is left to the reaper.
     fn wait(&self, pid: i32, deadline: Instant) -> Option<WaitStatus> {
         let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
         let mut killed = false;
         loop {
+            if killed && Instant::now() >= deadline + KILL_GRACE {
+                ended.remove(&pid);
+                tracing::warn!(
+                    pid,
+                    "a killed MPS daemon start has not ended; answering without it"
+                );
+                return None;
+            }
             let status = match ended.get(&pid) {
                 Some(Some(status)) => Some(*status),
                 // Registered and not reaped: the pid is still this child.
@@ -672,11 +714,12 @@ pub async fn serve(socket: &Path, launcher: &Path, driver_root: &Path) -> Result
         namespace,
         children: Children::default(),
     });
+    let mut in_flight = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    tokio::spawn(handle(stream, host.clone()));
+                    in_flight.spawn(handle(stream, host.clone()));
                 }
                 // Never a reason to exit: the host's end is its daemons' end
                 // (out of descriptors, say, passes).
@@ -690,11 +733,33 @@ pub async fn serve(socket: &Path, launcher: &Path, driver_root: &Path) -> Result
                 // The lock may be held across a program start: off the runtime thread.
                 let _ = tokio::task::spawn_blocking(move || host.children.reap()).await;
             }
+            Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
     }
+    // No new requests; those being run are answered first, so the plugin
+    // learns whether its daemon started (bounded: the pod's grace period
+    // is not for this alone).
     sockets::remove_socket(socket);
+    drop(listener);
+    if !in_flight.is_empty() {
+        tracing::info!(
+            requests = in_flight.len(),
+            "MPS daemon host stopping; answering the requests it is running first"
+        );
+        let answered = tokio::time::timeout(STOP_GRACE, async {
+            while in_flight.join_next().await.is_some() {}
+        })
+        .await;
+        if answered.is_err() {
+            tracing::warn!(
+                requests = in_flight.len(),
+                grace_s = STOP_GRACE.as_secs(),
+                "MPS daemon host stopping without answering every request"
+            );
+        }
+    }
     tracing::info!("MPS daemon host stopped; the daemons it started keep running");
     Ok(())
 }

@@ -246,3 +246,64 @@ fn asking_an_absent_or_foreign_host_is_a_clear_error() {
         assert_eq!(sent, req);
     }
 }
+
+#[test]
+fn a_start_that_cannot_be_reaped_after_its_kill_is_answered_without_it() {
+    // A zombie that is not this process's child: its parent (a `sleep`
+    // that never waits) holds it, so the kill does nothing and waitpid
+    // never returns it, as with a start stuck in a driver call.
+    let mut parent = Command::new("sh")
+        .args(["-c", "sleep 0 & echo $!; exec sleep 30"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    io::BufRead::read_line(
+        &mut io::BufReader::new(parent.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let zombie: i32 = line.trim().parse().unwrap();
+    let children = Children::default();
+    children.ended.lock().unwrap().insert(zombie, None);
+
+    let begun = Instant::now();
+    assert!(children.wait(zombie, Instant::now()).is_none());
+    let waited = begun.elapsed();
+    assert!(
+        waited >= KILL_GRACE && waited < KILL_GRACE + Duration::from_secs(3),
+        "{waited:?}"
+    );
+    assert!(children.ended.lock().unwrap().is_empty());
+    let _ = parent.kill();
+    let _ = parent.wait();
+}
+
+#[test]
+fn a_host_that_does_not_answer_in_time_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("mute.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    // Takes the connection and the request, and never answers.
+    let server = thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut request = String::new();
+        stream.read_to_string(&mut request).unwrap();
+        thread::sleep(REPLY_SLACK + Duration::from_secs(2));
+        drop(stream);
+    });
+    let req = StartRequest {
+        timeout_ms: 1,
+        ..request(dir.path(), Path::new("/d/nvidia-cuda-mps-control"))
+    };
+    let err = request_start(&socket, &req).unwrap_err();
+    assert!(matches!(err, HostError::NoReply { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&format!(
+            "did not answer within {} s; the daemon's start may still be running there",
+            REPLY_SLACK.as_secs()
+        )),
+        "{err}"
+    );
+    server.join().unwrap();
+}
