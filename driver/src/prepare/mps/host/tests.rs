@@ -4,8 +4,12 @@
 //! child, which other tests in this process must not see) is tested with
 //! the real program in `tests/mps_host.rs`.
 
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{Read, Write};
 use std::thread;
 
+use super::client::REPLY_SLACK;
 use super::*;
 
 fn request(dir: &Path, program: &Path) -> StartRequest {
@@ -245,38 +249,6 @@ fn asking_an_absent_or_foreign_host_is_a_clear_error() {
         let sent: StartRequest = serde_json::from_str(&server.join().unwrap()).unwrap();
         assert_eq!(sent, req);
     }
-}
-
-#[test]
-fn a_start_that_cannot_be_reaped_after_its_kill_is_answered_without_it() {
-    // A zombie that is not this process's child: its parent (a `sleep`
-    // that never waits) holds it, so the kill does nothing and waitpid
-    // never returns it, as with a start stuck in a driver call.
-    let mut parent = Command::new("sh")
-        .args(["-c", "sleep 0 & echo $!; exec sleep 30"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    io::BufRead::read_line(
-        &mut io::BufReader::new(parent.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let zombie: i32 = line.trim().parse().unwrap();
-    let children = Children::default();
-    children.ended.lock().unwrap().insert(zombie, None);
-
-    let begun = Instant::now();
-    assert!(children.wait(zombie, Instant::now()).is_none());
-    let waited = begun.elapsed();
-    assert!(
-        waited >= KILL_GRACE && waited < KILL_GRACE + Duration::from_secs(3),
-        "{waited:?}"
-    );
-    assert!(children.ended.lock().unwrap().is_empty());
-    let _ = parent.kill();
-    let _ = parent.wait();
 }
 
 #[test]
