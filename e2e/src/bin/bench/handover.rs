@@ -10,6 +10,8 @@
 //! and the successor takes over and serves the claim from the checkpoint.
 //! The spans come from the two plugins' JSON log timestamps (the same
 //! clock as the bench's), so the bench's own polling does not enter them.
+//! With per-instance names the bench also times prepares made while the
+//! successor waits, which it passes on to the serving instance.
 //!
 //! What kubelet sees: throughout, a task calls NodePrepareResources on the
 //! claim, one call after another, through the plugin the kubelet
@@ -51,6 +53,9 @@ const PER_INSTANCE: &[&str] = &[
 
 /// Answered calls after the hand-over before the call stream stops.
 const CALLS_AFTER: u32 = 20;
+/// Prepares timed per hand-over while a successor with sockets of its own
+/// waits and passes kubelet's calls on to the serving instance.
+const PASSED_ON: usize = 10;
 
 /// What the old instance logs when it removes its registration socket
 /// (kubelet deregisters it).
@@ -174,6 +179,7 @@ pub fn rolling_update(
         let mut runs = Vec::new();
         let mut seen = Vec::new();
         let mut first_prepare = Vec::new();
+        let mut passed_on = Vec::new();
         for i in 1..=settings.runs {
             let log = dir.join(format!("plugin-{i}.log"));
             let spawned = SystemTime::now();
@@ -186,6 +192,19 @@ pub fn rolling_update(
                 // sockets, before the old one is told to go.
                 let text = std::fs::read_to_string(&log)?;
                 wait_newest(&registrar, &bound_registration(&text)?, registered).await?;
+                // Kubelet's calls meanwhile: the successor passes them on.
+                let waiting = registrar
+                    .plugin(DRIVER)
+                    .context("the waiting successor is not registered")?;
+                for _ in 0..PASSED_ON {
+                    let t = Instant::now();
+                    let answer = waiting.prepare(claims).await?;
+                    anyhow::ensure!(
+                        answer.get(&claim.uid).is_some_and(|r| r.error.is_none()),
+                        "successor {i} passed a prepare on: {answer:?}"
+                    );
+                    passed_on.push(ms(t.elapsed()));
+                }
             }
             let (stop, stopped) = watch::channel(false);
             let stream = tokio::spawn(call_stream(registrar.clone(), claim.clone(), stopped));
@@ -223,7 +242,7 @@ pub fn rolling_update(
         } else {
             "old plugin's deregistration to the new one serving (no plugin listening)"
         };
-        Ok(vec![
+        let mut rows = vec![
             Row::new(
                 name,
                 "kubelet (simulated, 1 s reconcile): longest time between answered calls",
@@ -267,7 +286,16 @@ pub fn rolling_update(
                 "ms",
                 col(|r| r.to_waiting),
             ),
-        ])
+        ];
+        if per_instance {
+            rows.push(Row::new(
+                name,
+                "a prepare the waiting new plugin passes on to the old one (as kubelet sees it)",
+                "ms",
+                passed_on,
+            ));
+        }
+        Ok(rows)
     })
 }
 
