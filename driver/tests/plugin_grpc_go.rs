@@ -259,30 +259,16 @@ async fn a_grpc_go_client_watches_device_health_while_it_prepares() {
     }
 
     // The same connection prepares and unprepares after the cancelled
-    // streams.
-    let prepared = kubelet
-        .call(
-            &format!("{V1}/NodePrepareResources"),
-            &v1::NodePrepareResourcesRequest {
-                claims: vec![c.to_v1()],
-            }
-            .encode_to_vec(),
-        )
-        .unwrap();
+    // streams (v1: the first call of each of `calls`' two connections).
+    let [first, second] = calls(&c);
+    let (prepare, unprepare) = (&first[0], &second[0]);
+    let prepared = kubelet.call(&prepare.0, &prepare.1).unwrap();
     let prepared =
         v1::NodePrepareResourcesResponse::decode(reply(&prepared, "prepare", &n.logs()).as_slice())
             .unwrap();
     assert_eq!(prepared.claims[&c.uid].error, "");
     assert_eq!(prepared.claims[&c.uid].devices[0].device_name, "gpu-1");
-    let unprepared = kubelet
-        .call(
-            &format!("{V1}/NodeUnprepareResources"),
-            &v1::NodeUnprepareResourcesRequest {
-                claims: vec![c.to_v1()],
-            }
-            .encode_to_vec(),
-        )
-        .unwrap();
+    let unprepared = kubelet.call(&unprepare.0, &unprepare.1).unwrap();
     let unprepared = v1::NodeUnprepareResourcesResponse::decode(
         reply(&unprepared, "unprepare", &n.logs()).as_slice(),
     )
