@@ -207,11 +207,13 @@ impl Session {
             "stream {messages} {ms} {method} {}",
             STANDARD.encode(request)
         ))?;
-        let mut messages = Vec::new();
+        let mut got = Vec::new();
         loop {
             match parse_stream_line(&line)? {
-                Ok(message) => messages.push(message),
-                Err(end) => return Ok(Streamed { messages, end }),
+                Ok(message) => got.push(message),
+                Err(end) => {
+                    return Ok(Streamed { messages: got, end });
+                }
             }
             line = self.read_line()?;
         }

@@ -256,12 +256,14 @@ fn a_host_that_does_not_answer_in_time_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("mute.sock");
     let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-    // Takes the connection and the request, and never answers.
+    // Takes the connection and the request, and does not answer until
+    // the client has given up.
+    let (gave_up, given_up) = std::sync::mpsc::channel::<()>();
     let server = thread::spawn(move || {
         let (mut stream, _) = listener.accept().unwrap();
         let mut request = String::new();
         stream.read_to_string(&mut request).unwrap();
-        thread::sleep(REPLY_SLACK + Duration::from_secs(2));
+        let _ = given_up.recv_timeout(REPLY_SLACK + Duration::from_secs(10));
         drop(stream);
     });
     let req = StartRequest {
@@ -269,6 +271,7 @@ fn a_host_that_does_not_answer_in_time_is_a_clear_error() {
         ..request(dir.path(), Path::new("/d/nvidia-cuda-mps-control"))
     };
     let err = request_start(&socket, &req).unwrap_err();
+    gave_up.send(()).unwrap();
     assert!(matches!(err, HostError::NoReply { .. }), "{err:?}");
     assert!(
         err.to_string().contains(&format!(
