@@ -58,14 +58,12 @@ impl Host {
             driver_root.to_str().unwrap(),
         ]);
         args.extend_from_slice(extra);
-        let child = match args.split_first() {
-            Some((&program, rest)) if !wrapper.is_empty() => {
-                common::program_command(program, rest, &log)
-                    .spawn()
-                    .unwrap()
-            }
-            _ => common::bare_command(&args, &log).spawn().unwrap(),
+        let mut command = if wrapper.is_empty() {
+            common::bare_command(&args, &log)
+        } else {
+            common::program_command(args[0], &args[1..], &log)
         };
+        let child = command.spawn().unwrap();
         let mut host = Self { child, socket, log };
         host.wait_serving(1);
         host
@@ -339,7 +337,8 @@ fn sigterm_during_a_start_answers_it_before_the_host_exits() {
     let running = dir.path().join("running");
     let prog = program(
         dir.path(),
-        &format!("touch {}\nsleep 1\nexit 0", running.display()),
+        // Long enough that the SIGTERM below comes while it runs.
+        &format!("touch {}\nsleep 2\nexit 0", running.display()),
     );
     let asking = {
         let (socket, req) = (host.socket.clone(), request(dir.path(), &prog));
