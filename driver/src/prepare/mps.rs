@@ -353,6 +353,16 @@ pub enum MpsError {
     },
 }
 
+impl From<exec::SetupError> for MpsError {
+    fn from(e: exec::SetupError) -> Self {
+        Self::Io {
+            op: e.op,
+            path: e.path,
+            source: e.source,
+        }
+    }
+}
+
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> MpsError {
     let path = path.to_path_buf();
     move |source| MpsError::Io { op, path, source }
@@ -1046,12 +1056,7 @@ impl MpsControl {
         } else {
             None
         };
-        let mut cmd =
-            exec::daemon_start(program, private, env, out_path).map_err(|e| MpsError::Io {
-                op: e.op,
-                path: e.path,
-                source: e.source,
-            })?;
+        let mut cmd = exec::daemon_start(program, private, env, out_path)?;
         let mut child = exec::spawn(&mut cmd).map_err(|source| MpsError::Spawn {
             program: program.to_path_buf(),
             source,

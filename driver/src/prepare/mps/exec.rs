@@ -128,7 +128,8 @@ pub(crate) fn driver_env_vars(driver_root: &Path) -> BTreeMap<String, String> {
 }
 
 /// A step of setting up a daemon start that failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{op} {path}: {source}")]
 pub(crate) struct SetupError {
     /// What was being done.
     pub op: &'static str,

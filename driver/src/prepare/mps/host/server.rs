@@ -141,7 +141,7 @@ fn run_start(request: &StartRequest, launcher: &Path, children: &Children) -> Ou
     let mut cmd = match exec::daemon_start(&request.program, private, &request.env, &request.output)
     {
         Ok(cmd) => cmd,
-        Err(e) => return failed(format!("{} {}: {}", e.op, e.path.display(), e.source)),
+        Err(e) => return failed(e.to_string()),
     };
     let pid = match children.spawn(&mut cmd) {
         Ok(pid) => pid,
