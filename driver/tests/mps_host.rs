@@ -674,6 +674,68 @@ fn a_host_in_another_pid_namespace_starts_nothing() {
     assert!(host.socket.exists());
 }
 
+/// The reverse: the plugin in a PID namespace of its own (its pod without
+/// `hostPID`) and the host in the node's. The listener cannot be seen from
+/// the plugin, so nothing is sent. The test runs itself again under
+/// `unshare --pid` as that plugin (`MPS_HOST_TEST_SOCKET` names the host),
+/// which prints the error.
+#[test]
+fn a_plugin_that_cannot_see_its_host_asks_nothing() {
+    const NAME: &str = "a_plugin_that_cannot_see_its_host_asks_nothing";
+    if let Ok(socket) = std::env::var("MPS_HOST_TEST_SOCKET") {
+        let scratch = PathBuf::from(std::env::var("MPS_HOST_TEST_SCRATCH").unwrap());
+        let prog = scratch.join("usr/bin/nvidia-cuda-mps-control");
+        let err = request_start(Path::new(&socket), &request(&scratch, &prog)).unwrap_err();
+        println!("ERROR<{err}>");
+        return;
+    }
+    let unshare = ["unshare", "--pid", "--fork", "--kill-child"];
+    let works = std::process::Command::new(unshare[0])
+        .args(&unshare[1..])
+        .arg("true")
+        .status()
+        .is_ok_and(|s| s.success());
+    if !works {
+        eprintln!(
+            "\n!!!!!!!! SKIPPED {NAME}: `unshare --pid` (util-linux, as root) cannot run here\n"
+        );
+        return;
+    }
+    let dir = common::short_dir();
+    let scratch = tempfile::tempdir().unwrap();
+    let host = Host::start(dir.path(), scratch.path());
+    let ran = scratch.path().join("ran");
+    program(scratch.path(), &format!("touch {}", ran.display()));
+
+    let out = std::process::Command::new(unshare[0])
+        .args(&unshare[1..])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .env("MPS_HOST_TEST_SOCKET", &host.socket)
+        .env("MPS_HOST_TEST_SCRATCH", scratch.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = stdout
+        .split_once("ERROR<")
+        .and_then(|(_, rest)| rest.split_once('>'))
+        .map(|(error, _)| error)
+        .unwrap_or_else(|| panic!("no error printed: {stdout}"));
+    assert!(
+        text.contains("runs in another PID namespace (one the plugin cannot see)")
+            && text.contains("hostPID"),
+        "{text}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!ran.exists(), "the host ran the program: {}", host.stderr());
+    assert!(host.socket.exists());
+}
+
 /// A plugin whose host is not there: the MPS prepare fails with an error
 /// that names the socket, and nothing of the claim is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

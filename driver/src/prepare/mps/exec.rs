@@ -158,8 +158,7 @@ pub(crate) fn daemon_start<V: AsRef<OsStr>>(
         let path = path.to_path_buf();
         move |source| SetupError { op, path, source }
     };
-    let out = File::create(output).map_err(failed("create", output))?;
-    let err = out.try_clone().map_err(failed("dup", output))?;
+    // The command first: if its mount point cannot be made, no empty output file is left.
     let mut cmd = if let Some((launcher, shm, pipe)) = private {
         Launch::Daemon {
             shm: shm.to_path_buf(),
@@ -174,6 +173,8 @@ pub(crate) fn daemon_start<V: AsRef<OsStr>>(
         cmd.arg("-d");
         cmd
     };
+    let out = File::create(output).map_err(failed("create", output))?;
+    let err = out.try_clone().map_err(failed("dup", output))?;
     cmd.process_group(0)
         .env_clear()
         .envs(env)
