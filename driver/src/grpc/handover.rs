@@ -44,14 +44,22 @@ pub(super) struct Handover {
     targets: Vec<PathBuf>,
     /// This instance's own preparer, once it has taken over.
     local: watch::Sender<Option<Arc<dyn ClaimPreparer>>>,
-    /// The connection the calls passed on share, and its target; none
-    /// before the first call, after a failed one and after the take-over.
+    /// The connection the calls passed on share; none before the first
+    /// call, after a failed one and after the take-over.
     connection: Mutex<Option<Connection>>,
+    /// The id the next connection gets.
+    connections: AtomicU64,
     forwarded: AtomicU64,
 }
 
-/// A target and a client over one connection to it (clones share it).
-type Connection = (PathBuf, DraPluginClient<Channel>);
+/// A client over one connection to a target (clones share it).
+#[derive(Clone)]
+pub(super) struct Connection {
+    /// Tells this connection from those made before and after it.
+    pub(super) id: u64,
+    target: PathBuf,
+    client: DraPluginClient<Channel>,
+}
 
 impl Handover {
     /// Calls go to the first of `targets` that takes a connection, until
@@ -61,6 +69,7 @@ impl Handover {
             targets,
             local: watch::Sender::new(None),
             connection: Mutex::new(None),
+            connections: AtomicU64::new(0),
             forwarded: AtomicU64::new(0),
         }
     }
@@ -69,7 +78,7 @@ impl Handover {
     pub(super) fn take_over(&self, preparer: Arc<dyn ClaimPreparer>) {
         self.local.send_replace(Some(preparer));
         // Closes the connection to the instance that served until now.
-        self.forget_connection();
+        self.kept_connection().take();
     }
 
     /// Calls answered by another instance so far.
@@ -101,8 +110,13 @@ impl Handover {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn forget_connection(&self) {
-        self.kept_connection().take();
+    /// Lets the connection `id` go, if it is still the kept one: a call
+    /// that fails late on an older connection keeps the newer one.
+    pub(super) fn forget_connection(&self, id: u64) {
+        let mut kept = self.kept_connection();
+        if kept.as_ref().is_some_and(|c| c.id == id) {
+            kept.take();
+        }
     }
 
     /// Whether a connection to a serving instance is kept.
@@ -114,14 +128,18 @@ impl Handover {
     /// A client on the kept connection, or else on the first target that
     /// takes one (kept from then on). Calls passed on at the same moment
     /// before any connection is kept may each make one; the last is kept.
-    async fn serving_instance(&self) -> Option<Connection> {
+    pub(super) async fn serving_instance(&self) -> Option<Connection> {
         if let Some(kept) = self.kept_connection().clone() {
             return Some(kept);
         }
         for target in &self.targets {
             match connect(target).await {
                 Ok(channel) => {
-                    let connection = (target.clone(), DraPluginClient::new(channel));
+                    let connection = Connection {
+                        id: self.connections.fetch_add(1, Ordering::Relaxed),
+                        target: target.clone(),
+                        client: DraPluginClient::new(channel),
+                    };
                     *self.kept_connection() = Some(connection.clone());
                     return Some(connection);
                 }
@@ -145,7 +163,7 @@ impl Handover {
         F: FnOnce(DraPluginClient<Channel>) -> Fut,
         Fut: Future<Output = Result<ClaimResults<T>, tonic::Status>>,
     {
-        let (target, client) = self.serving_instance().await?;
+        let Connection { id, target, client } = self.serving_instance().await?;
         match call(client).await {
             Ok(answer) => {
                 self.forwarded.fetch_add(1, Ordering::Relaxed);
@@ -153,7 +171,7 @@ impl Handover {
                 Some(answer)
             }
             Err(status) => {
-                self.forget_connection();
+                self.forget_connection(id);
                 tracing::info!(target = %target.display(), error = %status, "the serving instance did not answer a {what}; it waits for this instance to take over");
                 None
             }

@@ -589,6 +589,28 @@ async fn a_call_that_fails_lets_the_connection_go_and_the_next_connects_afresh()
     other.shutdown().await.unwrap();
 }
 
+/// Two calls that fail on one connection, one late: the late one lets go
+/// only that connection, not the one a call in between made since.
+#[tokio::test]
+async fn a_late_failure_on_an_old_connection_keeps_the_new_one() {
+    let t = short_tempdir();
+    let old = Server::start(config(t.path()), named("old")).await.unwrap();
+    let handover = Handover::new(vec![old.dra_socket().to_owned()]);
+    let first = handover.serving_instance().await.unwrap();
+    // The first failure lets it go; the next call connects afresh.
+    handover.forget_connection(first.id);
+    assert!(!handover.has_connection());
+    let second = handover.serving_instance().await.unwrap();
+    assert_ne!(first.id, second.id);
+    // The second failure on the first connection comes late.
+    handover.forget_connection(first.id);
+    assert!(handover.has_connection(), "the newer connection was let go");
+    assert_eq!(handover.serving_instance().await.unwrap().id, second.id);
+    handover.forget_connection(second.id);
+    assert!(!handover.has_connection());
+    old.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn binding_removes_the_sockets_of_dead_instances_only() {
     let t = short_tempdir();
