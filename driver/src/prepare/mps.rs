@@ -802,7 +802,7 @@ impl MpsControl {
     fn start_locked(&self, cfg: &DaemonConfig) -> Result<MpsDaemonRecord, MpsError> {
         let dirs = self.usable_dirs(&cfg.id)?;
         let program = self.control_program()?;
-        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
+        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file(), &dirs.root) {
             // Rewritten only when it changes: a memory-shared GPU's daemon
             // is re-adopted by every claim that joins it, and a file made
             // and renamed on disk each time is an inode allocation and a
@@ -1090,7 +1090,7 @@ impl MpsControl {
         let deadline = begun + self.timeouts.ready;
         let mut attempt = 0;
         loop {
-            if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
+            if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file(), &dirs.root) {
                 if fs::symlink_metadata(dirs.control()).is_ok() {
                     let left = deadline.saturating_duration_since(Instant::now());
                     match self.send(program, dirs, &cfg.id, probe, left) {
@@ -1187,7 +1187,7 @@ impl MpsControl {
     /// The pid of daemon `id`, when it runs.
     pub fn pid(&self, id: &str) -> Option<u32> {
         let dirs = self.dirs(id).ok()?;
-        procs::live_daemon_pid(&dirs.pid_file())
+        procs::live_daemon_pid(&dirs.pid_file(), &dirs.root)
     }
 
     /// The settings daemon `id` was last started with, from its directory.
@@ -1199,7 +1199,7 @@ impl MpsControl {
     /// until they are gone.
     fn kill_all(id: &str, dirs: &DaemonDirs) -> Result<(), MpsError> {
         let mut pids = procs::daemon_processes(&dirs.root);
-        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
+        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file(), &dirs.root) {
             pids.push(pid);
         }
         kill_and_wait(pids).map_err(|pids| MpsError::StopFailed {
@@ -1240,7 +1240,7 @@ impl MpsControl {
             }
             return Ok(());
         }
-        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
+        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file(), &dirs.root) {
             let quit = self
                 .control_program()
                 .and_then(|p| self.send(&p, dirs, id, "quit", self.timeouts.command));
@@ -1361,7 +1361,7 @@ impl MpsControl {
             }
             other => other?,
         };
-        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file()) {
+        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file(), &dirs.root) {
             return Ok(Health::Running { pid });
         }
         let cfg = read_config(&dirs)?.ok_or_else(|| MpsError::NoRecord {

@@ -1014,3 +1014,23 @@ fn a_path_that_is_not_utf8_is_refused_before_the_host_is_asked() {
     env.assert_nothing_left(&mps, "claim-1");
     assert_eq!(env.starts(), 0);
 }
+
+/// A client container of daemon `a` writes daemon `b`'s pid into the pid
+/// file of its pipe directory (which it can write): stopping `a` leaves `b`
+/// running, and `a` does not pass for running once it has gone.
+#[test]
+fn a_pid_file_naming_another_daemon_neither_stops_it_nor_stands_for_its_own() {
+    let env = Env::new();
+    let mps = env.control();
+    let a = mps.start(&cfg("claim-a")).unwrap().pid.unwrap();
+    let b = mps.start(&cfg("claim-b")).unwrap().pid.unwrap();
+    let pid_file = mps.dirs("claim-a").unwrap().pipe.join(PID_FILE);
+    fs::write(&pid_file, b.to_string()).unwrap();
+    assert!(!mps.is_running("claim-a"), "b's pid stood for a");
+    mps.stop("claim-a").unwrap();
+    wait_dead(a);
+    assert!(procs::is_alive(b), "stopping a killed b");
+    assert!(mps.is_running("claim-b"));
+    mps.stop("claim-b").unwrap();
+    wait_dead(b);
+}

@@ -2,9 +2,10 @@
 //! daemon, which processes belong to a daemon directory, and killing them.
 //!
 //! A pid from a pid file is trusted only when the process is alive (not a
-//! zombie) and its command line is `nvidia-cuda-mps-control` (directly or as
-//! the script argument of an interpreter), so a recycled pid is never taken
-//! for a daemon. Processes of one daemon (control daemon, MPS servers) carry
+//! zombie), its command line is `nvidia-cuda-mps-control` (directly or as
+//! the script argument of an interpreter) and it carries the marker of the
+//! pid file's own daemon directory, so neither a recycled pid nor a pid a
+//! client container wrote there is taken for the daemon. Processes of one daemon (control daemon, MPS servers) carry
 //! [`DAEMON_MARKER_ENV`] with the daemon directory in their environment,
 //! which finds them even without a pid file.
 
@@ -66,23 +67,48 @@ pub fn is_control_daemon(pid: u32) -> bool {
     })
 }
 
-/// The pid in a daemon's pid file, if it names a live control daemon.
-pub fn live_daemon_pid(pid_file: &Path) -> Option<u32> {
+/// The pid in the pid file of the daemon in directory `dir`, if it names a
+/// live control daemon of that directory (its environment carries
+/// `GPU_DRA_MPS_DAEMON_DIR=<dir>`).
+///
+/// The pid file lies in the pipe directory, which the daemon's client
+/// containers can write: a pid written there that names another daemon (of
+/// another claim, or a recycled pid) is not this daemon's, and a FIFO or a
+/// symbolic link put in its place is not read (opening a FIFO would wait
+/// for a writer).
+pub fn live_daemon_pid(pid_file: &Path, dir: &Path) -> Option<u32> {
     use std::io::Read;
-    let mut text = String::new();
-    fs::File::open(pid_file)
-        .ok()?
-        .take(MAX_PID_FILE)
-        .read_to_string(&mut text)
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(pid_file)
         .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(MAX_PID_FILE).read_to_string(&mut text).ok()?;
     let pid: u32 = text.trim().parse().ok()?;
-    (pid > 1 && is_alive(pid) && is_control_daemon(pid)).then_some(pid)
+    (pid > 1 && is_alive(pid) && is_control_daemon(pid) && carries_marker(pid, dir)).then_some(pid)
+}
+
+/// `GPU_DRA_MPS_DAEMON_DIR=<dir>`, as it appears in an environment.
+fn marker(dir: &Path) -> Vec<u8> {
+    let mut needle = format!("{DAEMON_MARKER_ENV}=").into_bytes();
+    needle.extend_from_slice(dir.as_os_str().as_encoded_bytes());
+    needle
+}
+
+fn carries_marker(pid: u32, dir: &Path) -> bool {
+    let needle = marker(dir);
+    fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|environ| environ.split(|b| *b == 0).any(|v| v == needle.as_slice()))
 }
 
 /// Live processes whose environment holds `GPU_DRA_MPS_DAEMON_DIR=<dir>`.
 pub fn daemon_processes(dir: &Path) -> Vec<u32> {
-    let mut needle = format!("{DAEMON_MARKER_ENV}=").into_bytes();
-    needle.extend_from_slice(dir.as_os_str().as_encoded_bytes());
+    let needle = marker(dir);
     // The environment first, liveness only for a match: most processes
     // are not the daemon's, and a zombie's environment reads empty.
     let mut out: Vec<u32> = environments()
@@ -188,14 +214,67 @@ mod tests {
     fn pid_files_are_trusted_only_for_live_daemons() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("pid");
-        assert_eq!(live_daemon_pid(&file), None);
+        assert_eq!(live_daemon_pid(&file, dir.path()), None);
         for text in ["", "abc", "-1", "1", "99999999999", &"9".repeat(500)] {
             fs::write(&file, text).unwrap();
-            assert_eq!(live_daemon_pid(&file), None, "{text:?}");
+            assert_eq!(live_daemon_pid(&file, dir.path()), None, "{text:?}");
         }
         // A live process that is not a control daemon (this test binary).
         fs::write(&file, std::process::id().to_string()).unwrap();
-        assert_eq!(live_daemon_pid(&file), None);
+        assert_eq!(live_daemon_pid(&file, dir.path()), None);
+    }
+
+    /// What a client container can put in the pid file, which lies in the
+    /// pipe directory it shares: another daemon's pid, a FIFO, a link.
+    #[test]
+    fn a_pid_file_names_only_the_daemon_of_its_own_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let (mine, other) = (t.path().join("mine"), t.path().join("other"));
+        fs::create_dir_all(&mine).unwrap();
+        let script = t.path().join("nvidia-cuda-mps-control");
+        fs::write(&script, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+        // `sh <script>` until the exec, `sleep` after: wait for the former.
+        let mut daemon = spawn_with_environment(
+            std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("{} ; :", script.display()))
+                .env(DAEMON_MARKER_ENV, &other),
+        );
+        let mut pid = None;
+        for _ in 0..500 {
+            pid = daemon_processes(&other)
+                .into_iter()
+                .find(|p| is_control_daemon(*p));
+            if pid.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let pid = pid.expect("the stand-in daemon runs");
+        let file = mine.join("pid");
+        fs::write(&file, pid.to_string()).unwrap();
+        assert_eq!(live_daemon_pid(&file, &other), Some(pid), "its own");
+        assert_eq!(live_daemon_pid(&file, &mine), None, "another daemon's");
+        // A link to a good pid file is not followed.
+        let good = other.with_extension("pid");
+        fs::write(&good, pid.to_string()).unwrap();
+        fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink(&good, &file).unwrap();
+        assert_eq!(live_daemon_pid(&file, &other), None, "a link");
+        // A FIFO with no writer: answered at once, not waited on.
+        fs::remove_file(&file).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&file).status();
+        assert!(made.is_ok_and(|s| s.success()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (f, o) = (file.clone(), other.clone());
+        std::thread::spawn(move || tx.send(live_daemon_pid(&f, &o)).unwrap());
+        let answer = rx.recv_timeout(std::time::Duration::from_secs(5));
+        assert_eq!(answer, Ok(None), "a FIFO");
+        let _ = daemon.kill();
+        kill(pid);
+        let _ = daemon.wait();
     }
 
     #[test]
