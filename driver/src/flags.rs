@@ -64,13 +64,16 @@ pub struct Flags {
     pub nvidia_cdi_hook_path: Option<String>,
 
     /// Root under which device nodes are looked up (`<dev-root>/dev/nvidia0`);
-    /// tests and the demo point it at stand-in nodes. CDI specs name the
-    /// real `/dev/...` paths.
+    /// tests and the demo point it at stand-in nodes. CDI specs give each
+    /// node its real `/dev/...` path in the container and the path under
+    /// the dev root as its host path, so set it only to a directory the
+    /// container runtime sees at the same path.
     #[arg(long, env = "DEV_ROOT", default_value = "/")]
     pub dev_root: PathBuf,
 
     /// The proc filesystem as far as NVIDIA's module shows it: MIG
-    /// capabilities are read from `<proc-root>/driver/nvidia/capabilities`.
+    /// capabilities are read from `<proc-root>/driver/nvidia/capabilities`,
+    /// and the `nvidia-caps` major number from `<proc-root>/devices`.
     #[arg(long, env = "PROC_ROOT", default_value = "/proc")]
     pub proc_root: PathBuf,
 

@@ -102,6 +102,47 @@ async fn whole_gpu(version: DraVersion, flags: &[&str]) {
     n.unprepare_ok(&c).await;
 }
 
+/// The `nvidia-uvm` nodes appear when that module is loaded, which may be
+/// after the plugin's first prepare: the claims prepared after that get
+/// them, not only those of a new plugin.
+#[tokio::test]
+async fn uvm_nodes_that_appear_later_reach_the_next_claims() {
+    let n = node("t4-inference", &[], DraVersion::V1).await;
+    let control = |c: &Claim| -> Vec<String> {
+        n.spec(c)["containerEdits"]["deviceNodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["path"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let dev = n.env.dev_root.join("dev");
+    let aside = n.dir.path().join("aside");
+    std::fs::create_dir(&aside).unwrap();
+    for name in ["nvidia-uvm", "nvidia-uvm-tools"] {
+        std::fs::rename(dev.join(name), aside.join(name)).unwrap();
+    }
+    let before = n
+        .claim("before", json!([result("gpu", "gpu-0")]), json!([]))
+        .await;
+    n.prepare_ok(&before).await;
+    assert_eq!(control(&before), ["/dev/nvidiactl"]);
+
+    for name in ["nvidia-uvm", "nvidia-uvm-tools"] {
+        std::fs::rename(aside.join(name), dev.join(name)).unwrap();
+    }
+    let after = n
+        .claim("after", json!([result("gpu", "gpu-1")]), json!([]))
+        .await;
+    n.prepare_ok(&after).await;
+    let all = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+    assert_eq!(control(&after), all);
+    // The first claim's spec is its own, unchanged.
+    assert_eq!(control(&before), ["/dev/nvidiactl"]);
+    n.unprepare_ok(&before).await;
+    n.unprepare_ok(&after).await;
+}
+
 #[tokio::test]
 async fn whole_gpu_v1() {
     whole_gpu(DraVersion::V1, &[]).await;

@@ -48,7 +48,7 @@ use crate::devices::{BuildOptions, DeviceModel, DeviceRef};
 use crate::discovery::Inventory;
 use crate::grpc::dra::{ClaimError, ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
 use crate::phase::Phase;
-use crate::prepare::cdi::{ContainerEdits, HostRoot, NodeLocator, SpecDir};
+use crate::prepare::cdi::{HostRoot, NodeLocator, SpecDir};
 use crate::prepare::checkpoint::{
     self, Batch, ClaimEntry, ClaimState, ClaimUid, PreparedDeviceRecord, Store,
 };
@@ -224,8 +224,8 @@ pub(crate) struct Inner {
     mps: MpsControl,
     nodes: NodeLocator,
     /// Claim-level CDI edits (driver files, control nodes, hooks), found on
-    /// the first prepare and kept.
-    common_edits: Mutex<Option<ContainerEdits>>,
+    /// the first prepare and kept (see [`apply::CommonEdits`]).
+    common_edits: Mutex<Option<apply::CommonEdits>>,
     /// The state directory's lock, and the MPS directory's when it is
     /// elsewhere (see [`LOCK_FILE`]).
     _locks: Vec<std::fs::File>,

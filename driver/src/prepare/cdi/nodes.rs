@@ -4,11 +4,16 @@
 //! `<proc-root>/driver/nvidia/capabilities/gpu<m>/mig/gi<g>[/ci<c>]/access`.
 //!
 //! Nodes are looked up under the dev root (so tests and the demo can use
-//! stand-in files) and named in the spec by their host path. `/dev/nvidiactl`,
-//! the GPU and the capability nodes are required; `/dev/nvidia-uvm` and
-//! `/dev/nvidia-uvm-tools` exist only once the `nvidia-uvm` module is loaded
-//! and are left out (with a warning) when missing, as NVIDIA's tooling does.
-//! No type/major/minor is written: the runtime stats the host path.
+//! stand-in files) and named in the spec by their host path, without
+//! type/major/minor: the runtime stats the host path. `/dev/nvidiactl` and
+//! the GPU's node are required; `/dev/nvidia-uvm` and `/dev/nvidia-uvm-tools`
+//! exist only once the `nvidia-uvm` module is loaded and are left out (with a
+//! warning) when missing, as NVIDIA's tooling does. A capability node is
+//! made by `nvidia-modprobe`, not by the kernel module, so a new MIG
+//! device's may not exist on the host: then the spec gives its type and
+//! numbers (the `nvidia-caps` major from `<proc-root>/devices`, the minor
+//! and mode from the capability file) and the runtime makes the node in the
+//! container.
 
 use std::fs::File;
 use std::io::{ErrorKind, Read};
@@ -19,6 +24,8 @@ use super::{CdiError, HostRoot};
 
 /// Largest capability file read (they are a few dozen bytes).
 const MAX_CAP_FILE: u64 = 4096;
+/// Largest `<proc-root>/devices` read (a few hundred bytes).
+const MAX_DEVICES_FILE: u64 = 64 * 1024;
 
 /// Control nodes: `(container path, required)`.
 pub const CONTROL_NODES: &[(&str, bool)] = &[
@@ -122,24 +129,101 @@ impl NodeLocator {
         let gi_dir = self.proc_root.join(format!(
             "driver/nvidia/capabilities/gpu{parent_minor}/mig/gi{gi}"
         ));
-        let gi_cap_minor = read_cap_minor(&gi_dir.join("access"))?;
-        let ci_cap_minor = read_cap_minor(&gi_dir.join(format!("ci{ci}/access")))?;
+        let gi_cap = read_cap(&gi_dir.join("access"))?;
+        let ci_cap = read_cap(&gi_dir.join(format!("ci{ci}/access")))?;
         let nodes = vec![
             self.required(&format!("/dev/nvidia{parent_minor}"))?,
-            self.required(&format!("/dev/nvidia-caps/nvidia-cap{gi_cap_minor}"))?,
-            self.required(&format!("/dev/nvidia-caps/nvidia-cap{ci_cap_minor}"))?,
+            self.cap_node(gi_cap)?,
+            self.cap_node(ci_cap)?,
         ];
         Ok(MigNodes {
             parent_minor,
-            gi_cap_minor,
-            ci_cap_minor,
+            gi_cap_minor: gi_cap.minor,
+            ci_cap_minor: ci_cap.minor,
             nodes,
         })
     }
+
+    /// The node of capability `cap`: the host's, or else one the runtime
+    /// makes from its numbers.
+    fn cap_node(&self, cap: Cap) -> Result<DeviceNode, CdiError> {
+        let path = format!("/dev/nvidia-caps/nvidia-cap{}", cap.minor);
+        if let Some(node) = self.node(&path)? {
+            return Ok(node);
+        }
+        let Some(major) = self.caps_major()? else {
+            return Err(CdiError::DeviceNodeMissing {
+                path: self.dev_root.local(Path::new(path.trim_start_matches('/'))),
+            });
+        };
+        Ok(DeviceNode {
+            path,
+            node_type: Some("c".into()),
+            major: Some(major.into()),
+            minor: Some(cap.minor.into()),
+            file_mode: cap.mode,
+            ..DeviceNode::default()
+        })
+    }
+
+    /// The major number of `nvidia-caps` in `<proc-root>/devices`, if the
+    /// module registered it.
+    fn caps_major(&self) -> Result<Option<u32>, CdiError> {
+        let path = self.proc_root.join("devices");
+        let bad = |reason: String| CdiError::BadCapability {
+            path: path.clone(),
+            reason,
+        };
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(bad(e.to_string())),
+        };
+        let mut text = String::new();
+        file.take(MAX_DEVICES_FILE + 1)
+            .read_to_string(&mut text)
+            .map_err(|e| bad(e.to_string()))?;
+        if text.len() as u64 > MAX_DEVICES_FILE {
+            return Err(bad(format!("larger than {MAX_DEVICES_FILE} bytes")));
+        }
+        Ok(parse_char_major(&text, "nvidia-caps"))
+    }
 }
 
-/// Reads the `DeviceFileMinor` of a capability `access` file.
-pub fn read_cap_minor(path: &Path) -> Result<u32, CdiError> {
+/// The major of character device `name` in the text of `/proc/devices`
+/// (a `Character devices:` section of `<major> <name>` lines, then
+/// `Block devices:`).
+pub fn parse_char_major(text: &str, name: &str) -> Option<u32> {
+    let mut in_char = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.ends_with(':') {
+            in_char = line == "Character devices:";
+            continue;
+        }
+        if !in_char {
+            continue;
+        }
+        if let Some((major, n)) = line.split_once(char::is_whitespace)
+            && n.trim() == name
+        {
+            return major.parse().ok();
+        }
+    }
+    None
+}
+
+/// What a capability `access` file says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cap {
+    /// `DeviceFileMinor`.
+    pub minor: u32,
+    /// `DeviceFileMode` (permission bits, written in decimal), if given.
+    pub mode: Option<u32>,
+}
+
+/// Reads a capability `access` file.
+pub fn read_cap(path: &Path) -> Result<Cap, CdiError> {
     let bad = |reason: String| CdiError::BadCapability {
         path: path.to_path_buf(),
         reason,
@@ -158,7 +242,34 @@ pub fn read_cap_minor(path: &Path) -> Result<u32, CdiError> {
     if text.len() as u64 > MAX_CAP_FILE {
         return Err(bad(format!("larger than {MAX_CAP_FILE} bytes")));
     }
-    parse_cap_minor(&text).map_err(bad)
+    let minor = parse_cap_minor(&text).map_err(&bad)?;
+    let mode = parse_cap_mode(&text).map_err(bad)?;
+    Ok(Cap { minor, mode })
+}
+
+/// Parses the optional `DeviceFileMode: N` line (decimal permission bits).
+pub fn parse_cap_mode(text: &str) -> Result<Option<u32>, String> {
+    let mut mode = None;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        if key.trim() != "DeviceFileMode" {
+            continue;
+        }
+        if mode.is_some() {
+            return Err("more than one DeviceFileMode line".into());
+        }
+        let value = value.trim();
+        mode = Some(
+            value
+                .parse::<u32>()
+                .ok()
+                .filter(|m| *m <= 0o7777)
+                .ok_or_else(|| format!("DeviceFileMode {value:?} is not a file mode"))?,
+        );
+    }
+    Ok(mode)
 }
 
 /// Parses the `DeviceFileMinor: N` line of a capability file.
@@ -298,10 +409,67 @@ mod tests {
         let err = loc.mig(1, 2, 1).unwrap_err().to_string();
         assert!(err.contains("gpu1/mig/gi2/ci1/access"), "{err}");
         assert!(err.contains("not found"), "{err}");
-        // The capability node itself is missing.
+        // The capability node itself is missing, and the module's major
+        // is not known either.
         cap(&f, "gpu1/mig/gi2/ci1/access", "DeviceFileMinor: 23\n");
         let err = loc.mig(1, 2, 1).unwrap_err().to_string();
         assert!(err.contains("nvidia-cap23 not found"), "{err}");
+        // With the major in /proc/devices, the runtime makes the node from
+        // its numbers; the mode comes from the capability file.
+        fs::write(
+            f.proc.join("devices"),
+            "Character devices:\n  1 mem\n195 nvidia\n237 nvidia-caps\n511 nvidia-uvm\n\nBlock devices:\n238 nvidia-caps-fake\n",
+        )
+        .unwrap();
+        cap(
+            &f,
+            "gpu1/mig/gi2/ci1/access",
+            "DeviceFileMinor: 23\nDeviceFileMode: 292\n",
+        );
+        let m = loc.mig(1, 2, 1).unwrap();
+        assert_eq!(
+            m.nodes[2],
+            DeviceNode {
+                path: "/dev/nvidia-caps/nvidia-cap23".into(),
+                node_type: Some("c".into()),
+                major: Some(237),
+                minor: Some(23),
+                file_mode: Some(0o444),
+                ..DeviceNode::default()
+            }
+        );
+        // The host's node, where it exists, is still named by its path.
+        assert_eq!(
+            m.nodes[1].host_path.as_deref(),
+            Some("/dev/nvidia-caps/nvidia-cap21")
+        );
+        // A bad mode is an error, not a guess.
+        cap(
+            &f,
+            "gpu1/mig/gi2/ci1/access",
+            "DeviceFileMinor: 23\nDeviceFileMode: 99999\n",
+        );
+        let err = loc.mig(1, 2, 1).unwrap_err().to_string();
+        assert!(
+            err.contains("DeviceFileMode \"99999\" is not a file mode"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_caps_major_comes_from_the_character_devices_only() {
+        let text = "Character devices:\n  1 mem\n 237 nvidia-caps\nBlock devices:\n  8 sd\n";
+        assert_eq!(parse_char_major(text, "nvidia-caps"), Some(237));
+        assert_eq!(parse_char_major(text, "sd"), None);
+        assert_eq!(parse_char_major(text, "nvidia"), None);
+        for odd in [
+            "",
+            "garbage",
+            "Character devices:\nx nvidia-caps\n",
+            "Character devices:\n99999999999 nvidia-caps\n",
+        ] {
+            assert_eq!(parse_char_major(odd, "nvidia-caps"), None, "{odd:?}");
+        }
     }
 
     #[test]
@@ -328,7 +496,7 @@ mod tests {
     fn oversized_cap_file_is_refused() {
         let f = fake(&[]);
         cap(&f, "gpu0/mig/gi1/access", &"x".repeat(10_000));
-        let err = read_cap_minor(
+        let err = read_cap(
             &f.proc
                 .join("driver/nvidia/capabilities/gpu0/mig/gi1/access"),
         )

@@ -664,28 +664,48 @@ fn group(
     }
 }
 
-/// The claim-level edits, found once and kept.
+/// The claim-level edits: the driver's files, found once, and the control
+/// nodes. The optional `nvidia-uvm` nodes appear only once that module is
+/// loaded (by the first CUDA program on the host), which may be after the
+/// plugin's first prepare: until all control nodes are there, they are
+/// looked for again at every prepare, so a later claim gets them.
+pub(super) struct CommonEdits {
+    files: cdi::DriverFiles,
+    /// The edits, once every control node was found.
+    complete: Option<ContainerEdits>,
+}
+
 fn common_edits(inner: &Inner) -> Result<ContainerEdits, PrepareError> {
     let mut cached = inner
         .common_edits
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(edits) = cached.as_ref() {
+    if let Some(edits) = cached.as_ref().and_then(|c| c.complete.as_ref()) {
         return Ok(edits.clone());
     }
-    let mut files = cdi::driver_root::discover(&inner.opts.driver_root)?;
-    if let Some(hook) = &inner.opts.cdi_hook {
-        files.cdi_hook = Some(hook.clone());
-    }
-    if files.cdi_hook.is_none() {
-        tracing::warn!(
-            driver_root = %inner.opts.driver_root.path.display(),
-            "no nvidia-cdi-hook in the driver root and no --nvidia-cdi-hook-path: containers get no ldcache hook, so the driver's libraries are also mounted under /usr/lib/<triplet> and /usr/lib64, where glibc looks by default"
-        );
-    }
+    let common = if let Some(common) = cached.as_mut() {
+        common
+    } else {
+        let mut files = cdi::driver_root::discover(&inner.opts.driver_root)?;
+        if let Some(hook) = &inner.opts.cdi_hook {
+            files.cdi_hook = Some(hook.clone());
+        }
+        if files.cdi_hook.is_none() {
+            tracing::warn!(
+                driver_root = %inner.opts.driver_root.path.display(),
+                "no nvidia-cdi-hook in the driver root and no --nvidia-cdi-hook-path: containers get no ldcache hook, so the driver's libraries are also mounted under /usr/lib/<triplet> and /usr/lib64, where glibc looks by default"
+            );
+        }
+        cached.insert(CommonEdits {
+            files,
+            complete: None,
+        })
+    };
     let control = inner.nodes.control()?;
-    let edits = cdi::claim_edits(&files, &control);
-    *cached = Some(edits.clone());
+    let edits = cdi::claim_edits(&common.files, &control);
+    if control.nodes.len() == cdi::nodes::CONTROL_NODES.len() {
+        common.complete = Some(edits.clone());
+    }
     Ok(edits)
 }
 
