@@ -14,9 +14,11 @@
 //! - [`names`]: kind, device-name and claim-UID validation, qualified ids;
 //! - [`files`]: transient spec files: naming, atomic write, removal, listing;
 //! - [`driver_root`]: discovery of the NVIDIA user-space files under the
-//!   driver root (symlinks resolved without escaping the root);
-//! - [`nodes`]: device nodes under the dev root and MIG capability minors
-//!   from `<proc-root>/driver/nvidia/capabilities`;
+//!   driver root (symlinks resolved inside the root, `..` at the root
+//!   staying there);
+//! - [`nodes`]: device nodes under the dev root, MIG capability minors
+//!   from `<proc-root>/driver/nvidia/capabilities` and the `nvidia-caps`
+//!   major from `<proc-root>/devices`;
 //! - [`claim`]: the per-claim spec builder.
 //!
 //! Paths: every root has a side the plugin reads ([`HostRoot::path`]) and a
@@ -81,14 +83,6 @@ pub enum CdiError {
         root: PathBuf,
         /// The library directories searched, comma separated.
         searched: String,
-    },
-    /// A symlink inside the driver or dev root points outside of it.
-    #[error("symlink {link} escapes the root {root}")]
-    SymlinkEscapes {
-        /// The path whose resolution left the root (plugin side).
-        link: PathBuf,
-        /// The root it must stay in.
-        root: PathBuf,
     },
     /// Symlink resolution went in circles or too deep.
     #[error("too many levels of symlinks resolving {path}")]

@@ -8,9 +8,10 @@
 //! ldcache hook. `libcuda` and `libnvidia-ml` are required; the rest, the
 //! binaries, the GSP firmware and `nvidia-cdi-hook` are optional.
 //!
-//! Symlinks are resolved inside the root, as on the host: absolute targets
-//! are relative to the driver root, and a target that climbs above the root
-//! is refused ([`CdiError::SymlinkEscapes`]).
+//! Symlinks are resolved inside the root, as the kernel does for a process
+//! whose root it is: absolute targets are relative to the driver root, and
+//! `..` at the root stays there, so nothing outside the root is ever named
+//! (with a driver root of `/`, exactly what the host itself resolves).
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -119,8 +120,8 @@ impl DriverFiles {
 }
 
 /// Resolves `rel` (relative to `root`) with every symlink followed inside
-/// `root`; returns the resolved root-relative path. Components that do not
-/// exist are kept as they are.
+/// `root` (`..` at the root stays at the root); returns the resolved
+/// root-relative path. Components that do not exist are kept as they are.
 pub fn resolve_in_root(root: &Path, rel: &Path) -> Result<PathBuf, CdiError> {
     let mut pending: Vec<OsString> = Vec::new();
     push_components(&mut pending, rel);
@@ -128,12 +129,8 @@ pub fn resolve_in_root(root: &Path, rel: &Path) -> Result<PathBuf, CdiError> {
     let mut hops = 0;
     while let Some(part) = pending.pop() {
         if part == ".." {
-            if !done.pop() {
-                return Err(CdiError::SymlinkEscapes {
-                    link: root.join(rel),
-                    root: root.to_path_buf(),
-                });
-            }
+            // At the root, `..` is the root itself.
+            done.pop();
             continue;
         }
         let candidate = done.join(&part);

@@ -141,18 +141,49 @@ fn missing_optional_files_are_omitted() {
     assert_eq!(files.files.len(), 5, "{:?}", files.files);
 }
 
+/// `..` at the root stays at the root, as for a process whose root it is:
+/// a link that climbs too far names a file in the root, never one outside.
 #[test]
-fn a_symlink_escaping_the_root_is_refused() {
+fn a_symlink_climbing_above_the_root_stays_in_it() {
     let tmp = fake_root();
-    let lib = tmp.path().join("usr/lib/x86_64-linux-gnu");
+    let r = tmp.path();
+    let lib = r.join("usr/lib/x86_64-linux-gnu");
+    fs::write(lib.join(format!("libnvidia-cfg.so.{V}")), b"elf").unwrap();
     symlink(
-        "../../../../../../../etc/passwd",
+        format!("../../../../../../../usr/lib/x86_64-linux-gnu/libnvidia-cfg.so.{V}"),
         lib.join("libnvidia-cfg.so.1"),
     )
     .unwrap();
-    let err = discover(&HostRoot::same(tmp.path())).unwrap_err();
-    assert!(matches!(err, CdiError::SymlinkEscapes { .. }), "{err}");
-    assert!(err.to_string().contains("libnvidia-cfg.so.1"), "{err}");
+    // Outside the root: this one names `<root>/etc/passwd`, which the root
+    // does not have, so it is a dangling link and left out.
+    symlink(
+        "../../../../../../../etc/passwd",
+        lib.join("libnvidia-gpucomp.so.1"),
+    )
+    .unwrap();
+    assert_eq!(
+        resolve_in_root(
+            r,
+            Path::new("usr/lib/x86_64-linux-gnu/libnvidia-gpucomp.so.1")
+        )
+        .unwrap(),
+        Path::new("etc/passwd")
+    );
+    let files = discover(&HostRoot::same(r)).unwrap();
+    let cfg = files
+        .find("libnvidia-cfg.so.1")
+        .expect("the climbing link is mounted");
+    assert_eq!(
+        Path::new(&cfg.host_path),
+        lib.join(format!("libnvidia-cfg.so.{V}"))
+    );
+    assert!(files.find("libnvidia-gpucomp.so.1").is_none());
+    assert!(
+        files
+            .files
+            .iter()
+            .all(|f| Path::new(&f.host_path).starts_with(r))
+    );
 }
 
 #[test]
@@ -179,7 +210,8 @@ fn resolution_stays_in_the_root() {
         resolve_in_root(r, Path::new("libdir")).unwrap(),
         Path::new("usr/lib/x86_64-linux-gnu")
     );
-    assert!(resolve_in_root(r, Path::new("../x")).is_err());
+    // `..` at the root is the root.
+    assert_eq!(resolve_in_root(r, Path::new("../x")).unwrap(), Path::new("x"));
     assert_eq!(
         resolve_in_root(r, Path::new("does/not/exist")).unwrap(),
         Path::new("does/not/exist")
