@@ -617,3 +617,70 @@ async fn a_second_unprepare_waiting_for_the_gpu_does_not_undo_the_claim_prepared
     assert!(n.checkpoint_claims().is_empty());
     assert!(n.exclusive_gpus().is_empty(), "{:?}", n.compute_modes());
 }
+
+/// Kubelet gives up on a prepare (the pod was deleted while its claim
+/// waited for a GPU) and sends the unprepare at once. The prepare runs on
+/// in the plugin, so the unprepare waits for it and then undoes it:
+/// answered before, it would have found nothing, and the prepare's devices
+/// would have stayed prepared with no unprepare left to come.
+#[tokio::test]
+async fn an_unprepare_sent_while_its_claim_still_prepares_undoes_that_prepare() {
+    let n = node_with(
+        "dgx-h100",
+        &[],
+        DraVersion::V1,
+        &[(
+            "RUST_LOG",
+            "info,gpu_kubelet_plugin::prepare::preparer::locks=debug",
+        )],
+    )
+    .await;
+    let first = n.mps_claim("first").await;
+    n.prepare_ok(&first).await;
+    let late = n
+        .claim("late", json!([result("gpu", "gpu-0")]), json!([]))
+        .await;
+    let late_ref = std::slice::from_ref(&late);
+    // Stopping the first claim's daemon holds GPU 0 for a while.
+    n.fake_behaves(fake_driver_root::Behaviour {
+        mps_reply_delay_ms: 3500,
+        ..Default::default()
+    });
+    let mark = n.log_mark();
+    let unprepare_first = n.kubelet.unprepare(std::slice::from_ref(&first));
+    let late_calls = async {
+        n.wait_line(mark, &["GPU locks held", &first.uid]).await;
+        // The prepare waits for GPU 0; kubelet gives up on it (the call
+        // is dropped) and unprepares the claim.
+        let prepare = n.kubelet.prepare(late_ref);
+        let waiting = ["waiting for a GPU's lock", late.uid.as_str()];
+        tokio::select! {
+            answer = prepare => panic!("answered while GPU 0 was held: {answer:?}\n{}", n.logs()),
+            () = n.wait_line(mark, &waiting) => {}
+        }
+        n.fake_behaves(fake_driver_root::Behaviour::default());
+        n.kubelet.unprepare(late_ref).await
+    };
+    let (u1, u2) = tokio::time::timeout(
+        ROUND_LIMIT,
+        Box::pin(async { tokio::join!(unprepare_first, late_calls) }),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("calls still running\n{}", n.logs()));
+    let u1 = u1.unwrap_or_else(|e| panic!("unprepare call failed: {e}\n{}", n.logs()));
+    assert_eq!(u1[&first.uid].error, None, "{}", n.logs());
+    let u2 = u2.unwrap_or_else(|e| panic!("unprepare call failed: {e}\n{}", n.logs()));
+    assert_eq!(u2[&late.uid].error, None, "{}", n.logs());
+    // The given-up prepare ran to its end before the unprepare undid it.
+    let prepared = n.lines_after(mark, &["claim prepared", &late.uid]);
+    let unprepared = n.lines_after(mark, &["claim unprepared", &late.uid]);
+    assert_eq!((prepared.len(), unprepared.len()), (1, 1), "{}", n.logs());
+    // Nothing of it is left: no entry, no spec, GPU 0 free for the next.
+    assert!(n.checkpoint_claims().is_empty(), "{}", n.checkpoint());
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    let next = n
+        .claim("next", json!([result("gpu", "gpu-0")]), json!([]))
+        .await;
+    n.prepare_ok(&next).await;
+    n.unprepare_ok(&next).await;
+}

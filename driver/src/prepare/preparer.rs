@@ -379,8 +379,10 @@ impl Preparer {
         let inner = &self.inner;
         let uid = ClaimUid(claim.uid.clone());
         let (entry, held) = loop {
-            // A prepare of this claim still committing finishes first.
-            inner.pending.wait_settled(&uid).await;
+            // A prepare of this claim still running (or committing)
+            // finishes first: answered before it, this unprepare would
+            // find nothing, and that prepare's devices would stay.
+            inner.pending.wait_idle(&uid).await;
             let Some(seen) = inner.store.get(&uid) else {
                 tracing::debug!(claim = %uid, "unprepare of a claim not prepared here: nothing to do");
                 // A crash may have come between the checkpoint and the status.
@@ -447,8 +449,14 @@ impl ClaimPreparer for Preparer {
     ) -> BoxFuture<'a, ClaimResults<Vec<PreparedDevice>>> {
         let me = self.clone();
         Box::pin(per_claim(claims, "prepare", move |c| {
+            // Counted before the task starts: an unprepare of the claim
+            // waits until this prepare ends.
+            let running = Running::begin(&me.inner, &c.uid);
             let me = me.clone();
-            async move { me.prepare_one(&c).await }
+            async move {
+                let _running = running;
+                me.prepare_one(&c).await
+            }
         }))
     }
 
@@ -506,6 +514,30 @@ fn attempt(
             drop(held);
             Err(error)
         }
+    }
+}
+
+/// A prepare of a claim, counted as running until dropped (see
+/// [`pending::Pending::begin_prepare`]).
+struct Running {
+    inner: Arc<Inner>,
+    uid: ClaimUid,
+}
+
+impl Running {
+    fn begin(inner: &Arc<Inner>, uid: &str) -> Self {
+        let uid = ClaimUid(uid.to_owned());
+        inner.pending.begin_prepare(&uid);
+        Self {
+            inner: Arc::clone(inner),
+            uid,
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.inner.pending.end_prepare(&self.uid);
     }
 }
 

@@ -439,6 +439,39 @@ fn cdi_names(plan: &ClaimPlan) -> Vec<String> {
     names
 }
 
+/// The memory the claim's shares of memory-shared GPUs consumed, by GPU
+/// index (admin requests change nothing and are left out). Every share of
+/// one GPU in the claim is served by that GPU's one MPS daemon, and all
+/// its containers see the sum as their limit: the runtime merges the
+/// devices' environments, so each device carries the same values. Shares
+/// of two GPUs are refused: the containers would need two daemons at one
+/// `CUDA_MPS_PIPE_DIRECTORY`.
+fn memory_shares(plan: &ClaimPlan) -> Result<BTreeMap<u32, u64>, PrepareError> {
+    let mut shares: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut first: Option<&PlannedDevice> = None;
+    for d in plan.devices.iter().filter(|d| !d.admin) {
+        let Target::Gpu(g) = &d.target else { continue };
+        if !(g.memory_shared || d.consumed_memory.is_some()) {
+            continue;
+        }
+        if let Some(f) = first
+            && f.device != d.device
+        {
+            return Err(PrepareError::Unsupported {
+                device: d.device.clone(),
+                reason: format!(
+                    "the claim holds memory shares of two GPUs ({} and {}); a container reaches one MPS daemon, which serves one memory-shared GPU: put the shares in separate claims",
+                    f.device, d.device
+                ),
+            });
+        }
+        first.get_or_insert(d);
+        let total = shares.entry(g.index).or_default();
+        *total = total.saturating_add(d.consumed_memory.unwrap_or(0));
+    }
+    Ok(shares)
+}
+
 /// Sets up every device of `plan`, recording each change in `entry`, and
 /// writes the CDI spec.
 fn setup(
@@ -448,6 +481,7 @@ fn setup(
     others: &[(&ClaimUid, &ClaimEntry)],
 ) -> Result<(), PrepareError> {
     let names = cdi_names(plan);
+    let shares = memory_shares(plan)?;
     let mut spec =
         ClaimSpec::with_kind(inner.opts.cdi.vendor(), inner.opts.cdi.class(), &plan.uid.0)?;
     // Devices asking for MPS, grouped by the config entry they took it
@@ -472,8 +506,8 @@ fn setup(
                         }
                     })?;
                 }
-                if g.memory_shared || d.consumed_memory.is_some() {
-                    let edits = shared_gpu(inner, &plan.uid, entry, i, d, g, others)?;
+                if let Some(&total) = shares.get(&g.index) {
+                    let edits = shared_gpu(inner, &plan.uid, entry, i, d, g, total, others)?;
                     spec.add_edits(&names[i], edits)?;
                     continue;
                 }
@@ -807,7 +841,9 @@ fn shared_daemon_id(minor: u32) -> String {
 }
 
 /// A share of a memory-shared GPU: the GPU's daemon (started by the first
-/// claim) and this claim's per-client limits.
+/// claim) and the claim's per-client limits, from `total`, what all the
+/// claim's shares of the GPU consumed (see [`memory_shares`]).
+#[allow(clippy::too_many_arguments)]
 fn shared_gpu(
     inner: &Inner,
     uid: &ClaimUid,
@@ -815,6 +851,7 @@ fn shared_gpu(
     i: usize,
     d: &PlannedDevice,
     g: &GpuTarget,
+    total: u64,
     others: &[(&ClaimUid, &ClaimEntry)],
 ) -> Result<ContainerEdits, PrepareError> {
     let unsupported = |reason: String| PrepareError::Unsupported {
@@ -835,9 +872,9 @@ fn shared_gpu(
             "a memory-shared GPU always runs MPS with limits derived from the consumed memory; remove the sharing config from the claim or class".to_owned(),
         ));
     }
-    if g.memory_bytes == 0 || consumed == 0 || consumed > g.memory_bytes {
+    if g.memory_bytes == 0 || consumed == 0 || total > g.memory_bytes {
         return Err(unsupported(format!(
-            "consumed memory {consumed} bytes does not fit the GPU's {} bytes",
+            "consumed memory {total} bytes does not fit the GPU's {} bytes",
             g.memory_bytes
         )));
     }
@@ -868,11 +905,10 @@ fn shared_gpu(
     }
     entry.devices[i].sharing.mps_daemon = Some(daemon);
     failpoint("prepare-after-mps");
-    let pinned_mib = (consumed / MIB).max(1);
-    let percent = consumed
-        .saturating_mul(100)
-        .div_ceil(g.memory_bytes)
-        .clamp(1, 100);
+    let pinned_mib = (total / MIB).max(1);
+    // Rounded down (at least 1): the claims' shares of the GPU's threads
+    // add up to no more than their shares of its memory.
+    let percent = (u128::from(total) * 100 / u128::from(g.memory_bytes)).clamp(1, 100);
     let mut edits = inner.mps.container_edits(&id);
     let limits = mps::client_limit_edits(&g.uuid, pinned_mib, u8::try_from(percent).unwrap_or(100));
     edits.env.extend(limits.env);

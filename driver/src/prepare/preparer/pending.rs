@@ -8,6 +8,13 @@
 //! at the checkpoint overlaid with the pending entries ([`Pending::overlay`]),
 //! so a claim being committed counts as prepared. A second call for the
 //! same claim, and an unprepare of it, wait until it settles.
+//!
+//! An unprepare also waits for every prepare of the claim still running,
+//! from its first step (the prepare a kubelet gave up on runs to its end;
+//! see `per_claim` in the preparer). Kubelet sends the unprepare of a pod
+//! deleted while its claim prepared: answered before that prepare commits,
+//! it would find nothing to undo, and the claim's devices would stay
+//! prepared with no one left to unprepare them.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -16,10 +23,13 @@ use tokio::sync::Notify;
 
 use crate::prepare::checkpoint::{ClaimEntry, ClaimUid};
 
-/// The pending entries, and a signal when one settles.
+/// The pending entries, the prepares running, and a signal when either
+/// changes.
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     claims: Mutex<BTreeMap<ClaimUid, ClaimEntry>>,
+    /// How many prepares of each claim are running.
+    preparing: Mutex<BTreeMap<ClaimUid, usize>>,
     settled: Notify,
 }
 
@@ -69,6 +79,44 @@ impl Pending {
     fn settle(&self, uid: &ClaimUid) {
         self.table().remove(uid);
         self.settled.notify_waiters();
+    }
+
+    fn running(&self) -> MutexGuard<'_, BTreeMap<ClaimUid, usize>> {
+        self.preparing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts a prepare of `uid` as running, until [`Self::end_prepare`].
+    pub(crate) fn begin_prepare(&self, uid: &ClaimUid) {
+        *self.running().entry(uid.clone()).or_default() += 1;
+    }
+
+    /// A prepare of `uid` counted by [`Self::begin_prepare`] has ended.
+    pub(crate) fn end_prepare(&self, uid: &ClaimUid) {
+        {
+            let mut running = self.running();
+            if let Some(n) = running.get_mut(uid) {
+                *n -= 1;
+                if *n == 0 {
+                    running.remove(uid);
+                }
+            }
+        }
+        self.settled.notify_waiters();
+    }
+
+    /// Returns once no prepare of `uid` runs and `uid` is not pending.
+    pub(crate) async fn wait_idle(&self, uid: &ClaimUid) {
+        loop {
+            let notified = self.settled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.running().contains_key(uid) && !self.contains(uid) {
+                return;
+            }
+            notified.await;
+        }
     }
 }
 
@@ -161,5 +209,37 @@ mod tests {
             .expect("the waiter returns once settled")
             .unwrap();
         assert!(!pending.contains(&uid));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unprepare_waits_for_every_running_prepare_of_its_claim() {
+        let pending = Arc::new(Pending::default());
+        let uid = ClaimUid("a".into());
+        let other = ClaimUid("b".into());
+        pending.begin_prepare(&uid);
+        pending.begin_prepare(&uid);
+        pending.begin_prepare(&other);
+        let waiter = {
+            let (pending, uid) = (Arc::clone(&pending), uid.clone());
+            tokio::spawn(async move { pending.wait_idle(&uid).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        pending.end_prepare(&uid);
+        pending.end_prepare(&other);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "returned while a prepare still ran");
+        // The last prepare went on to stage its entry: still not idle.
+        pending.insert(uid.clone(), entry());
+        pending.end_prepare(&uid);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !waiter.is_finished(),
+            "returned while the claim was pending"
+        );
+        drop(Settle::new(&pending, &uid));
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("idle once no prepare runs and nothing is pending")
+            .unwrap();
     }
 }

@@ -211,7 +211,10 @@ fn resolution_stays_in_the_root() {
         Path::new("usr/lib/x86_64-linux-gnu")
     );
     // `..` at the root is the root.
-    assert_eq!(resolve_in_root(r, Path::new("../x")).unwrap(), Path::new("x"));
+    assert_eq!(
+        resolve_in_root(r, Path::new("../x")).unwrap(),
+        Path::new("x")
+    );
     assert_eq!(
         resolve_in_root(r, Path::new("does/not/exist")).unwrap(),
         Path::new("does/not/exist")
