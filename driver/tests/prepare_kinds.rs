@@ -706,11 +706,11 @@ async fn memory_fraction_shares_one_daemon_until_the_last_claim_leaves() {
         env_b.contains(&"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M".to_owned()),
         "{env_b:?}"
     );
-    // A T4 has 15 GiB usable in the profile: 4 GiB is about 27 %.
+    // A T4 has 15 GiB (15,360 MiB) in the profile: 4 GiB is 26.7 %,
+    // rounded down so the shares' threads add up to no more than their
+    // memory.
     assert!(
-        env_a
-            .iter()
-            .any(|e| e.starts_with("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=")),
+        env_a.contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=26".to_owned()),
         "{env_a:?}"
     );
     n.unprepare_ok(&a).await;
@@ -718,6 +718,70 @@ async fn memory_fraction_shares_one_daemon_until_the_last_claim_leaves() {
     n.unprepare_ok(&b).await;
     assert_eq!(n.mps_daemons(), 0, "stopped after the last claim");
     assert_eq!(n.processes(), 0, "no process left");
+}
+
+/// Two shares of one GPU in one claim: its containers reach the GPU's one
+/// daemon and get the sum as their limit, on both CDI devices alike (the
+/// runtime merges their environments, the last value winning).
+#[tokio::test]
+async fn a_claim_with_two_shares_of_one_gpu_gets_their_sum() {
+    let n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
+    let c = n
+        .claim(
+            "two",
+            json!([
+                share("small", "gpu-3", &share_id('a'), "4Gi"),
+                share("large", "gpu-3", &share_id('b'), "8Gi")
+            ]),
+            json!([]),
+        )
+        .await;
+    let r = n.prepare_ok(&c).await;
+    assert_eq!(r.devices.len(), 2);
+    let spec = n.spec(&c);
+    let devices = spec["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2, "{spec}");
+    for d in devices {
+        let env = env_of(d);
+        for want in [
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=12288M",
+            // 12 GiB of 15 GiB.
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=80",
+        ] {
+            assert!(env.contains(&want.to_owned()), "{}: {env:?}", d["name"]);
+        }
+    }
+    assert_eq!(n.mps_daemons(), 1);
+    n.unprepare_ok(&c).await;
+    assert_eq!(n.mps_daemons(), 0);
+}
+
+/// Shares of two GPUs in one claim would need two daemons at one pipe
+/// directory in the container: refused before anything is set up.
+#[tokio::test]
+async fn a_claim_with_shares_of_two_gpus_is_refused_and_leaves_nothing() {
+    let n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
+    let c = n
+        .claim(
+            "spread",
+            json!([
+                share("one", "gpu-2", &share_id('a'), "4Gi"),
+                share("other", "gpu-3", &share_id('b'), "4Gi")
+            ]),
+            json!([]),
+        )
+        .await;
+    let r = n.prepare(std::slice::from_ref(&c)).await;
+    let error = r[&c.uid].error.clone().unwrap_or_default();
+    assert!(
+        error.contains("memory shares of two GPUs (gpu-2 and gpu-3)")
+            && error.contains("separate claims"),
+        "{error}"
+    );
+    assert!(n.checkpoint_claims().is_empty(), "{}", n.checkpoint());
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    assert_eq!(n.mps_daemons(), 0);
+    assert!(n.exclusive_gpus().is_empty(), "{:?}", n.compute_modes());
 }
 
 #[tokio::test]
