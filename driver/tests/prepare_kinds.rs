@@ -784,6 +784,53 @@ async fn a_claim_with_shares_of_two_gpus_is_refused_and_leaves_nothing() {
     assert!(n.exclusive_gpus().is_empty(), "{:?}", n.compute_modes());
 }
 
+/// A share whose failed prepare could not be undone in full keeps its
+/// entry, with the compute-mode change but no daemon. Another share has
+/// since taken the GPU's daemon; undoing the first (here at the plugin's
+/// start) leaves the mode to the share that uses it.
+#[tokio::test]
+async fn undoing_a_failed_share_leaves_the_compute_mode_to_the_share_using_the_gpu() {
+    use gpu_kubelet_plugin::prepare::checkpoint::{
+        Batch, ClaimState, ClaimUid, ComputeModeChange, Store,
+    };
+    let mut n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
+    let a = shared_claim(&n, 'a', "4Gi").await;
+    n.prepare_ok(&a).await;
+    assert_eq!(n.exclusive_gpus().len(), 1, "{:?}", n.compute_modes());
+    n.stop();
+    {
+        let boot_id = std::path::Path::new(gpu_kubelet_plugin::prepare::preparer::BOOT_ID);
+        let (store, _) = Store::open(&n.state_dir(), boot_id).unwrap();
+        let mut failed = store.get(&ClaimUid(a.uid.clone())).unwrap();
+        failed.state = ClaimState::PrepareStarted;
+        failed.name = "share-f".into();
+        failed.cdi_spec_paths.clear();
+        let record = &mut failed.devices[0];
+        record.sharing.mps_daemon = None;
+        record.sharing.compute_mode = Some(ComputeModeChange {
+            set: "ExclusiveProcess".into(),
+            previous: "Default".into(),
+        });
+        store
+            .commit(Batch::new().put(ClaimUid("f-uid".into()), failed))
+            .unwrap();
+    }
+    n.restart(&[]).await;
+    assert_eq!(n.checkpoint_claims(), vec![a.uid.clone()], "{}", n.logs());
+    assert_eq!(
+        n.exclusive_gpus().len(),
+        1,
+        "the mode was restored under the share using the GPU: {:?}\n{}",
+        n.compute_modes(),
+        n.logs()
+    );
+    assert_eq!(n.mps_daemons(), 1);
+    // The last share out restores it.
+    n.unprepare_ok(&a).await;
+    assert!(n.exclusive_gpus().is_empty(), "{:?}", n.compute_modes());
+    assert_eq!(n.mps_daemons(), 0);
+}
+
 #[tokio::test]
 async fn a_share_whose_daemon_start_fails_leaves_the_gpu_to_the_claims_sharing_it() {
     let n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;

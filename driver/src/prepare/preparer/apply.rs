@@ -1004,6 +1004,16 @@ fn index_of(inner: &Inner, uuid: &str) -> Option<u32> {
 /// when no other claim uses it), time-slice, compute mode, MIG devices this
 /// plugin created, the CDI spec. Best effort: every step is tried, the
 /// failures are returned.
+/// Whether a claim in `others` has an MPS daemon or a compute-mode change
+/// on the whole GPU `uuid`.
+fn mode_needed_by_others(uuid: &str, others: &[(&ClaimUid, &ClaimEntry)]) -> bool {
+    others.iter().flat_map(|(_, e)| e.devices.iter()).any(|r| {
+        !r.admin
+            && matches!(&r.kind, DeviceKind::Gpu { uuid: u, .. } if u == uuid)
+            && (r.sharing.mps_daemon.is_some() || r.sharing.compute_mode.is_some())
+    })
+}
+
 pub(crate) fn undo(
     inner: &Inner,
     uid: &ClaimUid,
@@ -1049,6 +1059,13 @@ pub(crate) fn undo(
                 timeslice::set_timeslice(&inner.opts.driver_root, &uuid, TimeSliceInterval::Default)
         {
             errors.push(format!("reset time-slice of {}: {e}", record.device));
+        }
+        // Another claim's MPS daemon or compute-mode change on this GPU
+        // (a memory share, or a share whose failed prepare is still to be
+        // undone) needs the mode: the last of them restores it.
+        if restore_mode.is_some() && mode_needed_by_others(&uuid, others) {
+            tracing::debug!(claim = %uid, device = %record.device, "compute mode left: another claim on the GPU needs it");
+            restore_mode = None;
         }
         if let Some(change) = restore_mode
             && let Some(mode) = parse_mode(&change.previous)
