@@ -28,8 +28,8 @@ use std::fmt;
 
 pub use resolve::{AllocationConfig, ConfigSource, OpaqueConfig, resolve_entry};
 pub use v1beta1::{
-    GpuConfig, GpuSharing, MigDeviceConfig, MigDeviceSharing, MpsConfig, SharingStrategy,
-    TimeSliceInterval, TimeSlicingConfig, mps_memory_limit,
+    GpuConfig, GpuSharing, MAX_PINNED_LIMIT_MIB, MigDeviceConfig, MigDeviceSharing, MpsConfig,
+    SharingStrategy, TimeSliceInterval, TimeSlicingConfig, mps_memory_limit,
 };
 
 /// The only API group/version decoded today.

@@ -394,6 +394,13 @@ fn mps_limits_round_like_nvidia() {
     // rounded up to whole bytes first: 1048575.5 bytes is 1048576
     assert_eq!(mps_memory_limit(&q("1048575.5")).unwrap(), "1M");
     assert!(mps_memory_limit(&q("1048575")).is_err());
+    // Above 16 TiB (accepted, as by NVIDIA's driver), sent as 16 TiB,
+    // which the plugin's MPS settings take.
+    assert_eq!(mps_memory_limit(&q("16Ti")).unwrap(), "16777216M");
+    for big in ["100Ti", "7Ei"] {
+        assert_eq!(mps_memory_limit(&q(big)).unwrap(), "16777216M", "{big}");
+    }
+    assert!(mps_memory_limit(&q("8Ei")).is_err());
 }
 
 // --- strict decoding --------------------------------------------------------------

@@ -413,9 +413,15 @@ impl MpsConfig {
     }
 }
 
+/// The largest pinned memory limit sent to MPS, in MiB (16 TiB, far more
+/// than any GPU has). A larger one, which NVIDIA's driver accepts, limits
+/// nothing either: it is sent as this.
+pub const MAX_PINNED_LIMIT_MIB: u64 = 16 * 1024 * 1024;
+
 /// A pinned memory limit as MPS takes it: whole MiB, `<N>M`. The quantity is
 /// rounded up to whole bytes, then down to whole MiB, as NVIDIA's driver
-/// does; it must be at least 1 MiB and less than 8 EiB (an `int64` of bytes).
+/// does; it must be at least 1 MiB and less than 8 EiB (an `int64` of
+/// bytes), and is sent as at most [`MAX_PINNED_LIMIT_MIB`].
 pub fn mps_memory_limit(q: &Quantity) -> Result<String, String> {
     let bytes = q.ceil_units();
     if bytes < MIB {
@@ -424,7 +430,8 @@ pub fn mps_memory_limit(q: &Quantity) -> Result<String, String> {
     if bytes > i128::from(i64::MAX) {
         return Err(format!("must be less than 8Ei, got {q}"));
     }
-    Ok(format!("{}M", bytes / MIB))
+    let mib = u64::try_from(bytes / MIB).unwrap_or(u64::MAX);
+    Ok(format!("{}M", mib.min(MAX_PINNED_LIMIT_MIB)))
 }
 
 /// A device index (decimal digits) or a GPU/MIG UUID.

@@ -17,8 +17,8 @@ pub const MAX_ID_LEN: usize = 128;
 /// Longest device UUID after the `GPU-`/`MIG-` prefix.
 const MAX_UUID_BODY: usize = 64;
 /// Largest pinned device memory limit accepted, in MiB (16 TiB: far above
-/// any GPU; anything larger is a mistake, not a limit).
-pub const MAX_PINNED_LIMIT_MIB: u64 = 16 * 1024 * 1024;
+/// any GPU); the configs' larger limits are sent as this.
+pub use gpu_dra_api::config::MAX_PINNED_LIMIT_MIB;
 /// Most devices one daemon serves.
 pub const MAX_DEVICES: usize = 64;
 

@@ -228,31 +228,20 @@ mod tests {
     /// pipe directory it shares: another daemon's pid, a FIFO, a link.
     #[test]
     fn a_pid_file_names_only_the_daemon_of_its_own_directory() {
-        use std::os::unix::fs::PermissionsExt;
         let t = tempfile::tempdir().unwrap();
         let (mine, other) = (t.path().join("mine"), t.path().join("other"));
         fs::create_dir_all(&mine).unwrap();
         let script = t.path().join("nvidia-cuda-mps-control");
-        fs::write(&script, "#!/bin/sh\nexec sleep 30\n").unwrap();
-        fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
-        // `sh <script>` until the exec, `sleep` after: wait for the former.
+        fs::write(&script, "while :; do sleep 1; done\n").unwrap();
+        // `sh <script>`: a control daemon by its command line (run by the
+        // shell, so no exec of a file this process just wrote).
         let mut daemon = spawn_with_environment(
             std::process::Command::new("sh")
-                .arg("-c")
-                .arg(format!("{} ; :", script.display()))
+                .arg(&script)
                 .env(DAEMON_MARKER_ENV, &other),
         );
-        let mut pid = None;
-        for _ in 0..500 {
-            pid = daemon_processes(&other)
-                .into_iter()
-                .find(|p| is_control_daemon(*p));
-            if pid.is_some() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        let pid = pid.expect("the stand-in daemon runs");
+        let pid = daemon.id();
+        assert!(is_control_daemon(pid));
         let file = mine.join("pid");
         fs::write(&file, pid.to_string()).unwrap();
         assert_eq!(live_daemon_pid(&file, &other), Some(pid), "its own");
