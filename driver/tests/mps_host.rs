@@ -635,11 +635,9 @@ async fn without_the_host_an_mps_daemon_ends_with_the_plugins_container() {
     wait_gone(daemons[0], "the daemon of the ended container");
 }
 
-/// A host in a PID namespace of its own (a pod without `hostPID`) is
-/// refused before it is asked anything: it starts no daemon whose pid file
-/// would name pids the plugin cannot see.
-#[test]
-fn a_host_in_another_pid_namespace_starts_nothing() {
+/// The command that runs a program in a PID namespace of its own, where
+/// it can run here; else `None`, after saying loudly that `test` skips.
+fn pid_unshare(test: &str) -> Option<[&'static str; 4]> {
     let unshare = ["unshare", "--pid", "--fork", "--kill-child"];
     let works = std::process::Command::new(unshare[0])
         .args(&unshare[1..])
@@ -648,10 +646,20 @@ fn a_host_in_another_pid_namespace_starts_nothing() {
         .is_ok_and(|s| s.success());
     if !works {
         eprintln!(
-            "\n!!!!!!!! SKIPPED a_host_in_another_pid_namespace_starts_nothing: `unshare --pid` (util-linux, as root) cannot run here\n"
+            "\n!!!!!!!! SKIPPED {test}: `unshare --pid` (util-linux, as root) cannot run here\n"
         );
-        return;
     }
+    works.then_some(unshare)
+}
+
+/// A host in a PID namespace of its own (a pod without `hostPID`) is
+/// refused before it is asked anything: it starts no daemon whose pid file
+/// would name pids the plugin cannot see.
+#[test]
+fn a_host_in_another_pid_namespace_starts_nothing() {
+    let Some(unshare) = pid_unshare("a_host_in_another_pid_namespace_starts_nothing") else {
+        return;
+    };
     let dir = common::short_dir();
     let scratch = tempfile::tempdir().unwrap();
     let host = Host::start_under(&unshare, dir.path(), scratch.path(), &[]);
@@ -689,18 +697,9 @@ fn a_plugin_that_cannot_see_its_host_asks_nothing() {
         println!("ERROR<{err}>");
         return;
     }
-    let unshare = ["unshare", "--pid", "--fork", "--kill-child"];
-    let works = std::process::Command::new(unshare[0])
-        .args(&unshare[1..])
-        .arg("true")
-        .status()
-        .is_ok_and(|s| s.success());
-    if !works {
-        eprintln!(
-            "\n!!!!!!!! SKIPPED {NAME}: `unshare --pid` (util-linux, as root) cannot run here\n"
-        );
+    let Some(unshare) = pid_unshare(NAME) else {
         return;
-    }
+    };
     let dir = common::short_dir();
     let scratch = tempfile::tempdir().unwrap();
     let host = Host::start(dir.path(), scratch.path());

@@ -536,11 +536,10 @@ async fn memory_shares_prepared_and_unprepared_at_once_keep_the_daemon_while_use
     assert!(n.checkpoint_claims().is_empty());
 }
 
-#[tokio::test]
-async fn a_second_unprepare_waiting_for_the_gpu_does_not_undo_the_claim_prepared_meanwhile() {
-    // At debug level the plugin logs who holds and who waits for a GPU's
-    // lock, which orders the three calls below without sleeps.
-    let n = node_with(
+/// A `dgx-h100` node whose plugin logs, at debug level, who holds and who
+/// waits for a GPU's lock, which orders concurrent calls without sleeps.
+async fn node_logging_locks() -> Node {
+    node_with(
         "dgx-h100",
         &[],
         DraVersion::V1,
@@ -549,7 +548,12 @@ async fn a_second_unprepare_waiting_for_the_gpu_does_not_undo_the_claim_prepared
             "info,gpu_kubelet_plugin::prepare::preparer::locks=debug",
         )],
     )
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn a_second_unprepare_waiting_for_the_gpu_does_not_undo_the_claim_prepared_meanwhile() {
+    let n = node_logging_locks().await;
     let first = n.mps_claim("first").await;
     let first_ref = std::slice::from_ref(&first);
     n.prepare_ok(&first).await;
@@ -625,16 +629,7 @@ async fn a_second_unprepare_waiting_for_the_gpu_does_not_undo_the_claim_prepared
 /// would have stayed prepared with no unprepare left to come.
 #[tokio::test]
 async fn an_unprepare_sent_while_its_claim_still_prepares_undoes_that_prepare() {
-    let n = node_with(
-        "dgx-h100",
-        &[],
-        DraVersion::V1,
-        &[(
-            "RUST_LOG",
-            "info,gpu_kubelet_plugin::prepare::preparer::locks=debug",
-        )],
-    )
-    .await;
+    let n = node_logging_locks().await;
     let first = n.mps_claim("first").await;
     n.prepare_ok(&first).await;
     let late = n
