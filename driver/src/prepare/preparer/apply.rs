@@ -1000,10 +1000,6 @@ fn index_of(inner: &Inner, uuid: &str) -> Option<u32> {
     })
 }
 
-/// Undoes what `entry` records, in reverse: MPS daemons (a shared one only
-/// when no other claim uses it), time-slice, compute mode, MIG devices this
-/// plugin created, the CDI spec. Best effort: every step is tried, the
-/// failures are returned.
 /// Whether a claim in `others` has an MPS daemon or a compute-mode change
 /// on the whole GPU `uuid`.
 fn mode_needed_by_others(uuid: &str, others: &[(&ClaimUid, &ClaimEntry)]) -> bool {
@@ -1014,6 +1010,10 @@ fn mode_needed_by_others(uuid: &str, others: &[(&ClaimUid, &ClaimEntry)]) -> boo
     })
 }
 
+/// Undoes what `entry` records, in reverse: MPS daemons (a shared one only
+/// when no other claim uses it), time-slice, compute mode (only when no
+/// other claim needs it), MIG devices this plugin created, the CDI spec.
+/// Best effort: every step is tried, the failures are returned.
 pub(crate) fn undo(
     inner: &Inner,
     uid: &ClaimUid,
