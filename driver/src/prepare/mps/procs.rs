@@ -5,9 +5,10 @@
 //! zombie), its command line is `nvidia-cuda-mps-control` (directly or as
 //! the script argument of an interpreter) and it carries the marker of the
 //! pid file's own daemon directory, so neither a recycled pid nor a pid a
-//! client container wrote there is taken for the daemon. Processes of one daemon (control daemon, MPS servers) carry
-//! [`DAEMON_MARKER_ENV`] with the daemon directory in their environment,
-//! which finds them even without a pid file.
+//! client container wrote there is taken for the daemon. Processes of one
+//! daemon (control daemon, MPS servers) carry [`DAEMON_MARKER_ENV`] with the
+//! daemon directory in their environment, which finds them even without a
+//! pid file.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
