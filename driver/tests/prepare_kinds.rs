@@ -309,6 +309,76 @@ async fn long_time_slices(n: &common::prepare::Node, name: &str) -> Claim {
     .await
 }
 
+/// A claim's half-prepared entry on one GPU (its undo failed, even at the
+/// plugin's start), the claim allocated to another GPU since: the next
+/// prepare undoes the old entry under the old GPU's lock too, as any other
+/// change to that GPU is made.
+#[tokio::test]
+async fn a_half_prepared_entry_on_another_gpu_is_undone_under_that_gpus_lock() {
+    use gpu_kubelet_plugin::prepare::checkpoint::{Batch, ClaimState, ClaimUid, Store};
+    let lock_logs = [(
+        "RUST_LOG",
+        "info,gpu_kubelet_plugin::prepare::preparer::locks=debug",
+    )];
+    let mut n = node("t4-inference", &[], DraVersion::V1).await;
+    // What the old entry records: a time slice set on gpu-2.
+    let old = long_time_slices(&n, "old").await;
+    n.prepare_ok(&old).await;
+    let moved = n
+        .claim("moved", json!([result("gpu", "gpu-1")]), json!([]))
+        .await;
+    n.stop();
+    {
+        let boot_id = std::path::Path::new(gpu_kubelet_plugin::prepare::preparer::BOOT_ID);
+        let (store, _) = Store::open(&n.state_dir(), boot_id).unwrap();
+        let mut stale = store.get(&ClaimUid(old.uid.clone())).unwrap();
+        stale.state = ClaimState::PrepareStarted;
+        stale.name = "moved".into();
+        store
+            .commit(
+                Batch::new()
+                    .remove(ClaimUid(old.uid.clone()))
+                    .put(ClaimUid(moved.uid.clone()), stale),
+            )
+            .unwrap();
+    }
+    // The reset fails at the start, so the entry stays.
+    n.fake_behaves(fake_driver_root::Behaviour {
+        nvidia_smi_failure: Some((3, "GPU is busy".to_owned())),
+        ..fake_driver_root::Behaviour::default()
+    });
+    n.restart(&lock_logs).await;
+    assert_eq!(
+        n.checkpoint_claims(),
+        vec![moved.uid.clone()],
+        "{}",
+        n.logs()
+    );
+    n.fake_behaves(fake_driver_root::Behaviour::default());
+    let mark = n.log_mark();
+    n.prepare_ok(&moved).await;
+    let held = n.lines_after(mark, &["GPU locks held", &moved.uid]);
+    assert!(
+        held.iter().any(|l| l.contains("gpus=[1, 2]")),
+        "gpu-2's lock was not held: {held:?}\n{}",
+        n.logs()
+    );
+    let dev = n.spec_device(&moved, "gpu-1");
+    assert_eq!(
+        dev["containerEdits"]["deviceNodes"][0]["path"],
+        "/dev/nvidia1"
+    );
+    // The old entry's time slice was put back.
+    let calls = n.env.driver_root.nvidia_smi_calls().unwrap();
+    let last = &calls.last().unwrap().args;
+    assert!(
+        last.contains(&"--set-timeslice".to_owned()) && last.last().is_some_and(|a| a == "0"),
+        "{calls:?}"
+    );
+    n.unprepare_ok(&moved).await;
+    assert!(n.checkpoint_claims().is_empty());
+}
+
 #[tokio::test]
 async fn time_slicing_sets_and_resets_the_interval() {
     let n = node("t4-inference", &[], DraVersion::V1).await;

@@ -336,7 +336,13 @@ impl Preparer {
             failed(&format!("internal error: prepare task failed: {e}"))
         };
         let entry = loop {
-            let held = inner.locks.lock(&plan.gpu_minors(), &uid).await;
+            // The claim's GPUs, and those of a half-prepared entry an
+            // earlier attempt left (undone first, under their locks).
+            let mut minors = plan.gpu_minors();
+            if let Some(stale) = inner.store.get(&uid) {
+                minors.extend(apply::entry_minors(&stale));
+            }
+            let held = inner.locks.lock(&minors, &uid).await;
             let (worker, work) = (Arc::clone(inner), Arc::clone(&plan));
             let attempt = tokio::task::spawn_blocking(move || attempt(&worker, &work, held))
                 .await
@@ -351,6 +357,8 @@ impl Preparer {
                 // it settles, staging again answers its entry (or prepares
                 // afresh if it failed).
                 Attempt::InFlight => inner.pending.wait_settled(&uid).await,
+                // Its entry changed between the look and the locks.
+                Attempt::Relock => {}
             }
         };
         tracing::info!(
@@ -475,6 +483,8 @@ enum Attempt {
     Prepared(ClaimEntry),
     /// Another call is committing this claim: wait for it and look again.
     InFlight,
+    /// The claim's half-prepared entry is on GPUs not locked: lock them too.
+    Relock,
 }
 
 /// Stages `plan` under the GPU locks `held`, lets them go, and commits
@@ -488,9 +498,10 @@ fn attempt(
     plan: &plan::ClaimPlan,
     held: locks::Held,
 ) -> Result<Attempt, apply::PrepareError> {
-    let entry = match apply::stage(inner, plan)? {
+    let entry = match apply::stage(inner, plan, held.minors())? {
         apply::Staged::Done(entry) => return Ok(Attempt::Prepared(entry)),
         apply::Staged::InFlight => return Ok(Attempt::InFlight),
+        apply::Staged::Relock => return Ok(Attempt::Relock),
         apply::Staged::Ready(entry) => entry,
     };
     drop(held);

@@ -129,6 +129,10 @@ pub(crate) enum Staged {
     /// Another call is committing this claim right now: wait for it to
     /// settle and look again.
     InFlight,
+    /// An earlier attempt left the claim half-prepared on GPUs whose locks
+    /// this call does not hold (the claim was allocated elsewhere since):
+    /// take those too and look again.
+    Relock,
 }
 
 /// Sets up the hardware of `plan` and writes its CDI spec (see the module
@@ -141,7 +145,7 @@ pub(crate) enum Staged {
 /// daemons, CDI specs that no completed claim references) is recorded only
 /// with `PrepareCompleted`: a crash before it leaves them to the sweep, and
 /// a whole-GPU or MIG prepare costs one checkpoint write, not two.
-pub(crate) fn stage(inner: &Inner, plan: &ClaimPlan) -> Result<Staged, PrepareError> {
+pub(crate) fn stage(inner: &Inner, plan: &ClaimPlan, held: &[u32]) -> Result<Staged, PrepareError> {
     if inner.pending.contains(&plan.uid) {
         return Ok(Staged::InFlight);
     }
@@ -150,6 +154,10 @@ pub(crate) fn stage(inner: &Inner, plan: &ClaimPlan) -> Result<Staged, PrepareEr
         // same claim prepared by a concurrent call): answer it.
         if stale.state == ClaimState::PrepareCompleted {
             return Ok(Staged::Done(stale));
+        }
+        // Undone only under the locks of the GPUs it touched.
+        if !entry_minors(&stale).iter().all(|m| held.contains(m)) {
+            return Ok(Staged::Relock);
         }
         tracing::warn!(claim = %plan.uid, "an earlier attempt left the claim half-prepared; undoing it first");
         let view = view_on(inner, &entry_minors(&stale));
