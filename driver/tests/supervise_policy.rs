@@ -3,9 +3,9 @@
 //! growing delays until the policy gives up, a clean exit and exit 2 end
 //! supervision (a clean exit the supervisor did not ask for is a crash
 //! under the MPS host's policy), a killed program is a crash, SIGTERM to
-//! the supervisor is passed on and its status returned. One test function: the supervisor
-//! reaps every child of this process (`waitpid(-1)`), so nothing else may
-//! run beside it.
+//! the supervisor is passed on and its status returned. One test function:
+//! the supervisor reaps every child of this process (`waitpid(-1)`), so
+//! nothing else may run beside it.
 
 use std::ffi::OsString;
 use std::fs;

@@ -114,13 +114,8 @@ impl GrpcGo {
     pub fn detect_or_skip(test: &str) -> Result<Option<Self>, GrpcGoError> {
         match Self::detect() {
             Ok(go) => Ok(Some(go)),
-            Err(err @ GrpcGoError::Unavailable { .. })
-                if !std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1") =>
-            {
-                eprintln!(
-                    "\n!!!!!!!! SKIPPED {test}: {err}\n!!!!!!!! (set {REQUIRE_ENV}=1 to make this a failure)\n"
-                );
-                Ok(None)
+            Err(err @ GrpcGoError::Unavailable { .. }) => {
+                crate::skip_unless_required(test, REQUIRE_ENV, err)
             }
             Err(err) => Err(err),
         }

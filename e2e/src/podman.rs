@@ -214,13 +214,7 @@ impl Podman {
     pub fn detect_or_skip(test: &str) -> Result<Option<Self>, PodmanError> {
         match Self::detect() {
             Ok(podman) => Ok(Some(podman)),
-            Err(err) if std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1") => Err(err),
-            Err(err) => {
-                eprintln!(
-                    "\n!!!!!!!! SKIPPED {test}: {err}\n!!!!!!!! (set {REQUIRE_ENV}=1 to make this a failure)\n"
-                );
-                Ok(None)
-            }
+            Err(err) => crate::skip_unless_required(test, REQUIRE_ENV, err),
         }
     }
 

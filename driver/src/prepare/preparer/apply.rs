@@ -447,37 +447,38 @@ fn cdi_names(plan: &ClaimPlan) -> Vec<String> {
     names
 }
 
-/// The memory the claim's shares of memory-shared GPUs consumed, by GPU
-/// index (admin requests change nothing and are left out). Every share of
-/// one GPU in the claim is served by that GPU's one MPS daemon, and all
-/// its containers see the sum as their limit: the runtime merges the
-/// devices' environments, so each device carries the same values. Shares
-/// of two GPUs are refused: the containers would need two daemons at one
-/// `CUDA_MPS_PIPE_DIRECTORY`.
-fn memory_shares(plan: &ClaimPlan) -> Result<BTreeMap<u32, u64>, PrepareError> {
-    let mut shares: BTreeMap<u32, u64> = BTreeMap::new();
-    let mut first: Option<&PlannedDevice> = None;
+/// The memory-shared GPU of the claim's shares (its index) and what they
+/// consumed together (admin requests change nothing and are left out).
+/// Every share of one GPU in the claim is served by that GPU's one MPS
+/// daemon, and all its containers see the sum as their limit: the runtime
+/// merges the devices' environments, so each device carries the same
+/// values. Shares of two GPUs are refused: the containers would need two
+/// daemons at one `CUDA_MPS_PIPE_DIRECTORY`.
+fn memory_share(plan: &ClaimPlan) -> Result<Option<(u32, u64)>, PrepareError> {
+    let mut share: Option<(&PlannedDevice, u32, u64)> = None;
     for d in plan.devices.iter().filter(|d| !d.admin) {
         let Target::Gpu(g) = &d.target else { continue };
         if !(g.memory_shared || d.consumed_memory.is_some()) {
             continue;
         }
-        if let Some(f) = first
-            && f.device != d.device
-        {
-            return Err(PrepareError::Unsupported {
-                device: d.device.clone(),
-                reason: format!(
-                    "the claim holds memory shares of two GPUs ({} and {}); a container reaches one MPS daemon, which serves one memory-shared GPU: put the shares in separate claims",
-                    f.device, d.device
-                ),
-            });
-        }
-        first.get_or_insert(d);
-        let total = shares.entry(g.index).or_default();
-        *total = total.saturating_add(d.consumed_memory.unwrap_or(0));
+        let consumed = d.consumed_memory.unwrap_or(0);
+        share = match share {
+            None => Some((d, g.index, consumed)),
+            Some((first, index, total)) if first.device == d.device => {
+                Some((first, index, total.saturating_add(consumed)))
+            }
+            Some((first, ..)) => {
+                return Err(PrepareError::Unsupported {
+                    device: d.device.clone(),
+                    reason: format!(
+                        "the claim holds memory shares of two GPUs ({} and {}); a container reaches one MPS daemon, which serves one memory-shared GPU: put the shares in separate claims",
+                        first.device, d.device
+                    ),
+                });
+            }
+        };
     }
-    Ok(shares)
+    Ok(share.map(|(_, index, total)| (index, total)))
 }
 
 /// Sets up every device of `plan`, recording each change in `entry`, and
@@ -489,7 +490,7 @@ fn setup(
     others: &[(&ClaimUid, &ClaimEntry)],
 ) -> Result<(), PrepareError> {
     let names = cdi_names(plan);
-    let shares = memory_shares(plan)?;
+    let share = memory_share(plan)?;
     let mut spec =
         ClaimSpec::with_kind(inner.opts.cdi.vendor(), inner.opts.cdi.class(), &plan.uid.0)?;
     // Devices asking for MPS, grouped by the config entry they took it
@@ -514,7 +515,7 @@ fn setup(
                         }
                     })?;
                 }
-                if let Some(&total) = shares.get(&g.index) {
+                if let Some((_, total)) = share.filter(|(index, _)| *index == g.index) {
                     let edits = shared_gpu(inner, &plan.uid, entry, i, d, g, total, others)?;
                     spec.add_edits(&names[i], edits)?;
                     continue;
@@ -850,7 +851,7 @@ fn shared_daemon_id(minor: u32) -> String {
 
 /// A share of a memory-shared GPU: the GPU's daemon (started by the first
 /// claim) and the claim's per-client limits, from `total`, what all the
-/// claim's shares of the GPU consumed (see [`memory_shares`]).
+/// claim's shares of the GPU consumed (see [`memory_share`]).
 #[allow(clippy::too_many_arguments)]
 fn shared_gpu(
     inner: &Inner,
