@@ -15,8 +15,13 @@
 //! stops the plugin from starting). The file is replaced atomically
 //! (`store`: temp file, fsync, rename, fsync of the directory), and
 //! concurrent commits are grouped into one write.
+//!
+//! What the text of lost entries (quarantined, or in a file set aside)
+//! still names is kept in a ledger beside it (`lost`), so that what their
+//! claims' running pods use is neither swept nor forgotten.
 
 mod format;
+mod lost;
 mod store;
 
 use std::collections::BTreeMap;
@@ -28,6 +33,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use format::{CURRENT_VERSION, MAX_FILE_BYTES};
+pub use lost::{LOST_FILE_NAME, LostClaim};
 pub use store::{Batch, FAILPOINT_ENV, Store};
 
 /// File name of the checkpoint inside the plugin's state directory.

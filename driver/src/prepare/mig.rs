@@ -644,6 +644,32 @@ pub fn destroy_verified(
     }
 }
 
+/// Destroys the MIG device `uuid`, on whichever GPU it is (a device named by
+/// a lost checkpoint entry: its ids are not known); one already gone counts
+/// as success.
+pub fn destroy_by_uuid(backend: &dyn GpuBackend, uuid: &str) -> Result<(), MigError> {
+    let count = backend.gpu_count().map_err(|source| MigError::Node {
+        action: "count the GPUs".to_owned(),
+        source,
+    })?;
+    for gpu in 0..count {
+        if read_mig_mode(backend, gpu)?.is_none_or(|m| !m.current_enabled) {
+            continue;
+        }
+        for gi in list_instances(backend, gpu)? {
+            if let Some(ci) = gi
+                .compute_instances
+                .iter()
+                .find(|c| c.uuid.as_deref() == Some(uuid))
+            {
+                return destroy_verified(backend, gpu, gi.id, ci.id, uuid);
+            }
+        }
+    }
+    tracing::info!(%uuid, "MIG device already gone");
+    Ok(())
+}
+
 /// A whole-GPU prepare in dynamic MIG mode: if MIG mode is on and no GPU
 /// instance exists, switches it off (Hopper and later; Ampere:
 /// [`MigError::ModeNeedsReset`]); if MIG devices exist, an error naming

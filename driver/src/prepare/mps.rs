@@ -1271,12 +1271,20 @@ impl MpsControl {
     /// `--mps-dir` are [`Self::list`]ed instead. Returns `<id> in
     /// <directory>` of each daemon stopped, and the failures.
     ///
+    /// A daemon whose id `keep` names (the text of a lost entry names it:
+    /// its claim's pods may use it) is taken over where it runs instead,
+    /// as from a record, so that its claim's unprepare can stop it; or left
+    /// alone when `--mps-dir` has a daemon of that id too.
+    ///
     /// Only the processes found are killed (the daemon and its servers, which
     /// carry both marks), with SIGKILL, and their directories are left:
     /// a process's environment is anyone's to write, so its marker is not
     /// trusted with a `quit` to a socket, a pid file or a directory removal.
     /// A forged mark only gets its own process killed.
-    pub fn stop_orphans_elsewhere(&self) -> (Vec<String>, Vec<String>) {
+    pub fn stop_orphans_elsewhere(
+        &self,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> (Vec<String>, Vec<String>) {
         let (mut stopped, mut errors) = (Vec::new(), Vec::new());
         let Some(owner) = &self.owner else {
             return (stopped, errors);
@@ -1296,6 +1304,15 @@ impl MpsControl {
                 continue;
             };
             if self.elsewhere().get(id).is_some_and(|d| d == dir) {
+                continue;
+            }
+            if keep(id) {
+                if DaemonDirs::under(&self.dir, id).root.exists() || self.is_elsewhere(id) {
+                    tracing::warn!(daemon = %id, dir = %root.display(), "MPS daemon named by a lost checkpoint entry runs under an earlier --mps-dir, and a daemon of that id is known already: left running, not taken over");
+                } else {
+                    tracing::warn!(daemon = %id, dir = %root.display(), "MPS daemon named by a lost checkpoint entry: taken over where it runs, for its claim's pods");
+                    self.adopt_elsewhere(id, dir.to_path_buf());
+                }
                 continue;
             }
             match kill_and_wait(pids) {

@@ -20,13 +20,15 @@
 //!
 //! Unprepare works from the checkpoint alone: undo what the entry records,
 //! delete the spec, remove the entry; an unknown claim is already
-//! unprepared. At start ([`Preparer::start`]) the plugin recovers from a
+//! unprepared, unless its entry was lost: then what the lost text named is
+//! released (`lost`). At start ([`Preparer::start`]) the plugin recovers from a
 //! crash (`recover`): entries still `PrepareStarted` are undone and
 //! dropped, and MIG devices, MPS daemons and CDI specs no completed claim
 //! references are removed.
 
 mod apply;
 pub mod locks;
+mod lost;
 mod pending;
 pub mod plan;
 mod recover;
@@ -361,6 +363,13 @@ impl Preparer {
                 Attempt::Relock => {}
             }
         };
+        if inner.store.is_lost(&uid) {
+            // Prepared again after its entry was lost: what the new entry
+            // does not name is left over from the earlier preparation.
+            if let Err(e) = self.release_lost(&uid).await {
+                tracing::warn!(claim = %uid, error = %e, "what the lost entry named is kept for the claim's unprepare");
+            }
+        }
         tracing::info!(
             claim = %uid,
             namespace = %claim.namespace,
@@ -392,7 +401,12 @@ impl Preparer {
             // find nothing, and that prepare's devices would stay.
             inner.pending.wait_idle(&uid).await;
             let Some(seen) = inner.store.get(&uid) else {
-                tracing::debug!(claim = %uid, "unprepare of a claim not prepared here: nothing to do");
+                if inner.store.is_lost(&uid) {
+                    self.release_lost(&uid).await.map_err(ClaimError::Failed)?;
+                    tracing::info!(claim = %claim.uid, namespace = %claim.namespace, name = %claim.name, "claim whose entry was lost unprepared");
+                } else {
+                    tracing::debug!(claim = %uid, "unprepare of a claim not prepared here: nothing to do");
+                }
                 // A crash may have come between the checkpoint and the status.
                 inner.status_writes.settle(&uid).await;
                 status::clear(inner, claim).await;
@@ -432,6 +446,24 @@ impl Preparer {
             .await;
         status::clear(inner, claim).await;
         Ok(())
+    }
+
+    /// Releases what the ledger of lost entries names for `uid`, under
+    /// every GPU's lock (see [`lost`]).
+    async fn release_lost(&self, uid: &ClaimUid) -> Result<(), String> {
+        let inner = &self.inner;
+        let held = inner.locks.lock(&lost::all_minors(inner), uid).await;
+        let (worker, released) = (Arc::clone(inner), uid.clone());
+        let result = tokio::task::spawn_blocking(move || lost::release(&worker, &released))
+            .await
+            .map_err(|e| format!("internal error: release task failed: {e}"))?;
+        drop(held);
+        result.map(drop).map_err(|errors| {
+            format!(
+                "releasing what the lost checkpoint entry of the claim named failed: {}",
+                errors.join("; ")
+            )
+        })
     }
 
     async fn fetch(&self, claim: &ClaimRef) -> Result<ResourceClaim, ClaimError> {

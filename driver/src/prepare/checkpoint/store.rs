@@ -45,10 +45,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{Map, Value};
 
 use super::format::{self, Decoded, MAX_FILE_BYTES, Quarantined};
+use super::lost::{self, LOST_FILE_NAME, LostClaim};
 use super::{
     Checkpoint, ClaimEntry, ClaimUid, Error, FILE_NAME, LoadReport, PREVIOUS_BOOT_FILE_NAME,
     QUARANTINE_FILE_NAME, WriteFailure,
 };
+
+/// Lost claims by UID (see [`lost`]).
+type Ledger = BTreeMap<ClaimUid, LostClaim>;
 
 /// Environment variable naming a step at which a checkpoint commit aborts
 /// the process, for crash tests: `checkpoint-before-temp-write`,
@@ -277,6 +281,8 @@ pub struct Store {
     shared: Mutex<Shared>,
     written: Condvar,
     writes: AtomicU64,
+    /// The ledger of lost claims, as on disk; held while it is rewritten.
+    lost: Mutex<Ledger>,
     #[cfg(test)]
     before_write: Mutex<Option<Box<dyn Fn() + Send>>>,
     /// Fails the next write's directory fsync (after the rename), once.
@@ -312,12 +318,18 @@ impl Store {
             shared: Mutex::new(Shared::default()),
             written: Condvar::new(),
             writes: AtomicU64::new(0),
+            lost: Mutex::new(Ledger::new()),
             #[cfg(test)]
             before_write: Mutex::new(None),
             #[cfg(test)]
             fail_dir_sync: std::sync::atomic::AtomicBool::new(false),
         };
         let mut report = LoadReport::default();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        // Claims whose entries this load loses, with what their text names.
+        let mut newly_lost = Ledger::new();
 
         let mut claims = BTreeMap::new();
         let clean = match read_capped(&store.path)? {
@@ -327,6 +339,9 @@ impl Store {
                     format!("the file is {len} bytes, more than the {MAX_FILE_BYTES}-byte limit"),
                     &mut report,
                 )?;
+                tracing::error!(
+                    "the moved-aside checkpoint is too large to be read for what its entries set up: the startup sweep removes it"
+                );
                 false
             }
             FileRead::Bytes(bytes) => match format::decode(&bytes) {
@@ -338,6 +353,11 @@ impl Store {
                 }
                 Decoded::Unusable(reason) => {
                     store.move_aside(reason, &mut report)?;
+                    if let Some((path, reason)) = &report.moved_aside {
+                        let source =
+                            format!("checkpoint moved aside to {} ({reason})", path.display());
+                        newly_lost = lost::from_file(&bytes, &source, now);
+                    }
                     false
                 }
                 Decoded::Usable {
@@ -352,10 +372,23 @@ impl Store {
                         discarded = report.discarded_for_reboot,
                         "the node rebooted: discarding prepared state of the previous boot"
                     );
-                    report.previous_boot_id = Some(file_boot);
                     if report.discarded_for_reboot > 0 {
                         report.previous_boot_copy = store.keep_previous_boot();
+                        // After a real reboot nothing they name is left, and
+                        // recovery forgets them; a damaged boot id reads as
+                        // a reboot too, and then it keeps them.
+                        let source = format!("checkpoint of boot {file_boot}");
+                        for (uid, entry) in &claims {
+                            newly_lost.insert(uid.clone(), lost::from_entry(entry, &source, now));
+                        }
+                        for q in &quarantined {
+                            newly_lost.insert(
+                                ClaimUid(q.uid.clone()),
+                                lost::from_stored(&q.raw, &source, now),
+                            );
+                        }
                     }
+                    report.previous_boot_id = Some(file_boot);
                     false
                 }
                 Decoded::Usable {
@@ -365,6 +398,13 @@ impl Store {
                 } => {
                     claims = loaded;
                     let clean = quarantined.is_empty();
+                    for q in &quarantined {
+                        let source = format!("quarantined ({})", q.reason);
+                        newly_lost.insert(
+                            ClaimUid(q.uid.clone()),
+                            lost::from_stored(&q.raw, &source, now),
+                        );
+                    }
                     store.quarantine(quarantined, &mut report)?;
                     clean
                 }
@@ -378,6 +418,9 @@ impl Store {
             .map(|(uid, entry)| Ok((uid.clone(), Stored::new(&uid, entry)?)))
             .collect::<Result<Entries, serde_json::Error>>()
             .map_err(serialise)?;
+        // Durable before the checkpoint is rewritten without the lost
+        // entries: a crash in between must not forget them.
+        store.open_ledger(newly_lost)?;
         if !clean {
             // Rewrite so that the file holds exactly what is in memory.
             let bytes =
@@ -417,6 +460,104 @@ impl Store {
             .filter(|(_, s)| keep(&s.entry))
             .map(|(u, s)| (u.clone(), s.entry.clone()))
             .collect()
+    }
+
+    /// The claims whose entries were lost, with what their text names
+    /// (see [`LostClaim`]).
+    pub fn lost(&self) -> Ledger {
+        self.lost_ledger().clone()
+    }
+
+    /// Whether the ledger of lost claims names `uid`.
+    pub fn is_lost(&self, uid: &ClaimUid) -> bool {
+        self.lost_ledger().contains_key(uid)
+    }
+
+    /// Changes the ledger of lost claims with `change` and makes it durable
+    /// (the file is removed once no claim is left in it). On error the
+    /// ledger is unchanged.
+    pub fn update_lost(&self, change: impl FnOnce(&mut Ledger)) -> Result<(), Error> {
+        let mut held = self.lost_ledger();
+        let mut next = held.clone();
+        change(&mut next);
+        if next != *held {
+            self.write_ledger(&next)?;
+            *held = next;
+        }
+        Ok(())
+    }
+
+    fn lost_ledger(&self) -> MutexGuard<'_, Ledger> {
+        self.lost.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Loads the ledger of lost claims and adds `newly_lost` to it (written
+    /// at once). A ledger that cannot be used is set aside, reported, and
+    /// replaced.
+    fn open_ledger(&self, newly_lost: Ledger) -> Result<(), Error> {
+        let path = self.dir.join(LOST_FILE_NAME);
+        let unusable = match read_capped(&path)? {
+            FileRead::Missing => None,
+            FileRead::TooLarge(len) => Some(format!("{len} bytes, over the limit")),
+            FileRead::Bytes(bytes) => match lost::decode_ledger(&bytes) {
+                Ok(ledger) => {
+                    *self.lost_ledger() = ledger;
+                    None
+                }
+                Err(reason) => Some(reason),
+            },
+        };
+        if let Some(reason) = unusable {
+            let aside = self.dir.join(format!("{LOST_FILE_NAME}.unusable"));
+            let moved = fs::rename(&path, &aside);
+            tracing::error!(
+                path = %path.display(),
+                moved_to = %aside.display(),
+                moved = moved.is_ok(),
+                reason = %reason,
+                "ledger of lost checkpoint entries unusable: what it named is no longer kept"
+            );
+        }
+        if newly_lost.is_empty() {
+            return Ok(());
+        }
+        for (uid, claim) in &newly_lost {
+            tracing::warn!(
+                claim = %uid,
+                source = %claim.source,
+                mig = ?claim.mig_uuids,
+                mps = ?claim.mps_daemons,
+                "checkpoint entry lost: what its text names is kept for the claim's pods until it is unprepared"
+            );
+        }
+        self.update_lost(|ledger| {
+            for (uid, claim) in newly_lost {
+                match ledger.get_mut(&uid) {
+                    Some(known) => known.merge(claim),
+                    None => {
+                        ledger.insert(uid, claim);
+                    }
+                }
+            }
+        })
+    }
+
+    /// Writes `ledger` durably, or removes its file when it is empty.
+    fn write_ledger(&self, ledger: &Ledger) -> Result<(), Error> {
+        let path = self.dir.join(LOST_FILE_NAME);
+        if ledger.is_empty() {
+            return match fs::remove_file(&path) {
+                Ok(()) => File::open(&self.dir)
+                    .and_then(|dir| dir.sync_all())
+                    .map_err(|e| failure("fsync directory", &self.dir, e).into()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(failure("remove", &path, e).into()),
+            };
+        }
+        let bytes = lost::encode_ledger(ledger)
+            .map_err(|e| failure("serialise the lost-entry ledger", &path, e.into()))?;
+        self.write_atomic(&path, &bytes, None)
+            .map_err(|u| u.failure.into())
     }
 
     /// The durable entry of `uid`.

@@ -982,3 +982,130 @@ fn entries_count_as_lost_when_quarantined_moved_aside_or_kept_as_an_earlier_boot
         assert!(report.lost_entries(), "{report:?}");
     }
 }
+
+const MIG_UUID: &str = "MIG-0a0b0c0d-1111-4222-8333-444455556666";
+
+/// Entry `b` of [`two_claims`], created and with a MIG device UUID.
+fn created_mig_entry() -> ClaimEntry {
+    let mut entry = mig_entry();
+    let record = &mut entry.devices[0];
+    record.admin = false;
+    if let DeviceKind::Mig { mig_uuid, .. } = &mut record.kind {
+        *mig_uuid = Some(MIG_UUID.into());
+    }
+    entry
+}
+
+fn ledger(env: &Env) -> Value {
+    serde_json::from_slice(&fs::read(env.state.join(LOST_FILE_NAME)).unwrap()).unwrap()
+}
+
+#[test]
+fn a_quarantined_entry_leaves_what_it_names_in_the_ledger_across_opens() {
+    let env = Env::new();
+    let (store, _) = env.open();
+    store
+        .commit(Batch::new().put(uid("b"), created_mig_entry()))
+        .unwrap();
+    drop(store);
+    let text = fs::read_to_string(env.file()).unwrap();
+    fs::write(env.file(), text.replacen("\"ml\"", "\"mx\"", 1)).unwrap();
+
+    let (store, report) = env.open();
+    assert_eq!(report.quarantined.len(), 1);
+    let lost = store.lost();
+    let b = &lost[&uid("b")];
+    assert!(
+        b.source.starts_with("quarantined (checksum mismatch"),
+        "{b:?}"
+    );
+    assert_eq!(b.mig_uuids.iter().collect::<Vec<_>>(), [MIG_UUID]);
+    assert_eq!(b.mps_daemons.iter().collect::<Vec<_>>(), ["mps-train"]);
+    // The damaged entry still decodes: the mode to restore is known.
+    assert_eq!(
+        b.compute_modes
+            .get("GPU-aaaaaaaa-2222-3333-4444-555555555555"),
+        Some(&"Default".to_owned())
+    );
+    assert_eq!(ledger(&env)["claims"]["b"]["migUuids"][0], MIG_UUID);
+    assert!(store.is_lost(&uid("b")) && !store.is_lost(&uid("a")));
+    drop(store);
+    // The checkpoint was rewritten clean, and the ledger still holds it.
+    let (store, report) = env.open();
+    assert!(!report.lost_entries());
+    assert_eq!(store.lost(), lost);
+    // Released: the file goes with its last claim.
+    store.update_lost(|l| l.clear()).unwrap();
+    assert!(!env.state.join(LOST_FILE_NAME).exists());
+    assert!(store.lost().is_empty());
+}
+
+#[test]
+fn a_moved_aside_file_and_an_earlier_boots_file_leave_their_names_in_the_ledger() {
+    let env = Env::new();
+    let (store, _) = env.open();
+    store
+        .commit(Batch::new().put(uid("b"), created_mig_entry()))
+        .unwrap();
+    drop(store);
+    let text = fs::read_to_string(env.file()).unwrap();
+    // A dropped quote: the file is no longer JSON and is moved aside.
+    fs::write(env.file(), text.replacen("\"ml\"", "\"ml", 1)).unwrap();
+    let (store, report) = env.open();
+    let (aside, _) = report.moved_aside.clone().unwrap();
+    let b = &store.lost()[&uid("b")];
+    assert!(b.source.contains(&aside.display().to_string()), "{b:?}");
+    assert_eq!(b.mig_uuids.iter().collect::<Vec<_>>(), [MIG_UUID]);
+    assert_eq!(b.mps_daemons.iter().collect::<Vec<_>>(), ["mps-train"]);
+    store.update_lost(|l| l.clear()).unwrap();
+    store
+        .commit(Batch::new().put(uid("b"), created_mig_entry()))
+        .unwrap();
+    drop(store);
+
+    let mut doc = env.doc();
+    doc["bootId"] = "damaged-or-rebooted".into();
+    env.write_doc(&doc);
+    let (store, report) = env.open();
+    assert_eq!(report.discarded_for_reboot, 1);
+    let b = &store.lost()[&uid("b")];
+    assert_eq!(b.source, "checkpoint of boot damaged-or-rebooted");
+    assert_eq!(b.mig_uuids.iter().collect::<Vec<_>>(), [MIG_UUID]);
+}
+
+/// The ledger is written before the checkpoint forgets the entry: when it
+/// cannot be, the open fails and the damaged entry is still in the file.
+#[test]
+fn a_ledger_that_cannot_be_written_stops_the_open_before_the_entry_is_forgotten() {
+    let env = Env::new();
+    two_claims(&env);
+    let text = fs::read_to_string(env.file()).unwrap();
+    let damaged = text.replacen("\"name\": \"a\"", "\"name\": \"q\"", 1);
+    fs::write(env.file(), &damaged).unwrap();
+    // A directory where the ledger's temp file goes.
+    fs::create_dir_all(env.state.join(format!("{LOST_FILE_NAME}.tmp"))).unwrap();
+    let err = Store::open(&env.state, &env.boot).unwrap_err();
+    assert!(err.to_string().contains(LOST_FILE_NAME), "{err}");
+    assert_eq!(fs::read_to_string(env.file()).unwrap(), damaged);
+
+    fs::remove_dir(env.state.join(format!("{LOST_FILE_NAME}.tmp"))).unwrap();
+    let (store, report) = env.open();
+    assert_eq!(report.quarantined.len(), 1);
+    assert!(store.is_lost(&uid("a")));
+}
+
+#[test]
+fn an_unusable_ledger_is_set_aside_and_the_plugin_starts() {
+    for bad in [&b"{\"version\": 1, \"claims\": 3}"[..], b"\xff\x00", b"{}"] {
+        let env = Env::new();
+        fs::create_dir_all(&env.state).unwrap();
+        fs::write(env.state.join(LOST_FILE_NAME), bad).unwrap();
+        let (store, _) = env.open();
+        assert!(store.lost().is_empty());
+        assert_eq!(
+            fs::read(env.state.join(format!("{LOST_FILE_NAME}.unusable"))).unwrap(),
+            bad
+        );
+        assert!(!env.state.join(LOST_FILE_NAME).exists());
+    }
+}

@@ -810,7 +810,7 @@ fn orphans_of_an_earlier_mps_dir_are_stopped_by_owner_and_nothing_else_is() {
     let mps = env.control_in("run-mps").with_owner(&owner);
     let current = pid_of(&mps, "current");
     mps.adopt_elsewhere("recorded", env.state.join("old"));
-    let (stopped, errors) = mps.stop_orphans_elsewhere();
+    let (stopped, errors) = mps.stop_orphans_elsewhere(&|_| false);
     assert!(errors.is_empty(), "{errors:?}");
     let old = env.state.join("old");
     let hidden_dir = env.state.join("hidden-old");
@@ -832,7 +832,7 @@ fn orphans_of_an_earlier_mps_dir_are_stopped_by_owner_and_nothing_else_is() {
     }
     assert!(old.join("recorded").exists());
     // Nothing left to find the second time.
-    assert_eq!(mps.stop_orphans_elsewhere(), (vec![], vec![]));
+    assert_eq!(mps.stop_orphans_elsewhere(&|_| false), (vec![], vec![]));
     // A process with the mark and a directory whose name is no daemon id
     // (not one of ours, or a hostile environment): reported, left alone.
     let mut odd = procs::spawn_with_environment(
@@ -844,7 +844,7 @@ fn orphans_of_an_earlier_mps_dir_are_stopped_by_owner_and_nothing_else_is() {
                 env.state.join("old").join("not an id"),
             ),
     );
-    let (stopped, errors) = mps.stop_orphans_elsewhere();
+    let (stopped, errors) = mps.stop_orphans_elsewhere(&|_| false);
     assert!(stopped.is_empty(), "{stopped:?}");
     assert!(
         errors.len() == 1 && errors[0].contains("not an id") && errors[0].contains("left running"),
@@ -865,7 +865,7 @@ fn orphans_of_an_earlier_mps_dir_are_stopped_by_owner_and_nothing_else_is() {
             .env(procs::OWNER_ENV, &owner)
             .env(procs::DAEMON_MARKER_ENV, &forged),
     );
-    let (stopped, errors) = mps.stop_orphans_elsewhere();
+    let (stopped, errors) = mps.stop_orphans_elsewhere(&|_| false);
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(
         stopped,
@@ -879,10 +879,48 @@ fn orphans_of_an_earlier_mps_dir_are_stopped_by_owner_and_nothing_else_is() {
     assert!(forged.join("pipe").exists());
     // Without an owner it finds nothing at all.
     let unowned = env.control_in("run-mps");
-    assert_eq!(unowned.stop_orphans_elsewhere(), (vec![], vec![]));
+    assert_eq!(unowned.stop_orphans_elsewhere(&|_| false), (vec![], vec![]));
     for pid in [kept, foreign, unmarked, current] {
         procs::kill(pid);
     }
+}
+
+/// Entries lost, but their text names a daemon of an earlier --mps-dir:
+/// it runs on, taken over where it is, so its claim's unprepare stops it;
+/// a named id that --mps-dir has too is left running and not taken over.
+#[test]
+fn a_named_orphan_of_an_earlier_mps_dir_is_taken_over_not_killed() {
+    let env = Env::new();
+    let owner = env.state.clone();
+    let before = env.control_in("old").with_owner(&owner);
+    let named = before.start(&shared("named")).unwrap().pid.unwrap();
+    let twin = before.start(&shared("twin")).unwrap().pid.unwrap();
+    let unnamed = before.start(&shared("unnamed")).unwrap().pid.unwrap();
+    let mps = env.control_in("run-mps").with_owner(&owner);
+    let here = mps.start(&shared("twin")).unwrap().pid.unwrap();
+
+    let keep = |id: &str| id == "named" || id == "twin";
+    let (stopped, errors) = mps.stop_orphans_elsewhere(&keep);
+    assert!(errors.is_empty(), "{errors:?}");
+    let old = env.state.join("old");
+    assert_eq!(stopped, [format!("unnamed in {}", old.display())]);
+    wait_dead(unnamed);
+    for pid in [named, twin, here] {
+        assert!(procs::is_alive(pid), "{pid} left running");
+    }
+    assert!(mps.is_running("named"), "taken over where it runs");
+    assert_eq!(
+        mps.pid("twin"),
+        Some(here),
+        "--mps-dir's own is the one known"
+    );
+    // Its claim's unprepare stops it where it runs.
+    mps.stop("named").unwrap();
+    wait_dead(named);
+    assert!(!old.join("named").exists());
+    mps.stop("twin").unwrap();
+    wait_dead(here);
+    procs::kill(twin);
 }
 
 #[test]

@@ -760,7 +760,7 @@ pub(super) fn mode_name(mode: ComputeMode) -> &'static str {
     }
 }
 
-fn parse_mode(name: &str) -> Option<ComputeMode> {
+pub(super) fn parse_mode(name: &str) -> Option<ComputeMode> {
     match name {
         "Default" => Some(ComputeMode::Default),
         "ExclusiveProcess" => Some(ComputeMode::ExclusiveProcess),
@@ -1001,7 +1001,7 @@ fn mig_device(
 }
 
 /// NVML index of the GPU with `uuid` (from the catalog).
-fn index_of(inner: &Inner, uuid: &str) -> Option<u32> {
+pub(super) fn index_of(inner: &Inner, uuid: &str) -> Option<u32> {
     inner.catalog.values().find_map(|t| match t {
         Target::Gpu(g) if g.uuid == uuid => Some(g.index),
         Target::Mig(m) if m.request.parent_uuid == uuid => Some(m.request.gpu_index),
@@ -1011,7 +1011,7 @@ fn index_of(inner: &Inner, uuid: &str) -> Option<u32> {
 
 /// Whether a claim in `others` has an MPS daemon or a compute-mode change
 /// on the whole GPU `uuid`.
-fn mode_needed_by_others(uuid: &str, others: &[(&ClaimUid, &ClaimEntry)]) -> bool {
+pub(super) fn mode_needed_by_others(uuid: &str, others: &[(&ClaimUid, &ClaimEntry)]) -> bool {
     others.iter().flat_map(|(_, e)| e.devices.iter()).any(|r| {
         !r.admin
             && matches!(&r.kind, DeviceKind::Gpu { uuid: u, .. } if u == uuid)

@@ -21,6 +21,13 @@
 //! 4. CDI specs of claims without an entry, and temp files of interrupted
 //!    writes, are deleted.
 //!
+//! What the ledger of lost entries names (see
+//! [`crate::prepare::checkpoint::LostClaim`]) counts as referenced in steps
+//! 2 to 4: kubelet does not prepare a claim again while its pods run, so
+//! sweeping what a lost entry set up would take the devices from under
+//! them. Names of things no longer there are then forgotten, and a lost
+//! claim that names nothing left is dropped from the ledger.
+//!
 //! Problems are reported and logged; none stops the plugin.
 
 use std::collections::{BTreeMap, HashSet};
@@ -32,7 +39,7 @@ use super::Inner;
 use super::apply::{mode_name, undo};
 use super::plan::{GpuTarget, Target};
 use crate::prepare::checkpoint::{
-    Batch, Checkpoint, ClaimState, DeviceKind, LoadReport, MpsDaemonRecord,
+    Batch, Checkpoint, ClaimState, ClaimUid, DeviceKind, LoadReport, LostClaim, MpsDaemonRecord,
 };
 use crate::prepare::mig;
 
@@ -62,6 +69,11 @@ pub struct RecoveryReport {
     pub time_slice_unknown: Vec<String>,
     /// CDI specs deleted because no claim referenced them (claim UIDs).
     pub cdi_removed: Vec<String>,
+    /// Claims whose entries were lost, with what was kept for them because
+    /// the lost text names it (`<uid> (<source>): ...`).
+    pub lost_kept: Vec<String>,
+    /// Lost claims dropped from the ledger: nothing they name is left.
+    pub lost_forgotten: Vec<String>,
     /// Steps that failed.
     pub errors: Vec<String>,
 }
@@ -108,6 +120,15 @@ impl RecoveryReport {
         if !self.cdi_removed.is_empty() {
             tracing::warn!(claims = ?self.cdi_removed, "unreferenced CDI specs deleted");
         }
+        if !self.lost_kept.is_empty() {
+            tracing::warn!(
+                claims = ?self.lost_kept,
+                "kept for claims whose checkpoint entries were lost, until kubelet unprepares them (to release them by hand: remove checkpoint.lost.json from the state directory and restart the plugin)"
+            );
+        }
+        if !self.lost_forgotten.is_empty() {
+            tracing::info!(claims = ?self.lost_forgotten, "lost claims forgotten: nothing they named is left");
+        }
         for e in &self.errors {
             tracing::error!(error = %e, "recovery step failed");
         }
@@ -150,6 +171,8 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
     }
 
     let remaining = inner.store.snapshot();
+    let lost = inner.store.lost();
+    let mut found = Found::default();
     if inner.opts.build.dynamic_mig {
         let keep: HashSet<String> = remaining
             .claims
@@ -161,8 +184,10 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
                 } => Some(u.clone()),
                 _ => None,
             })
+            .chain(lost.values().flat_map(|l| l.mig_uuids.iter().cloned()))
             .collect();
         let swept = mig::sweep(&*inner.backend, &keep);
+        found.mig.extend(swept.kept);
         for instance in swept.destroyed {
             if instance.uuids.is_empty() {
                 report.mig_destroyed.push(format!(
@@ -183,9 +208,14 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
         .flat_map(|e| e.devices.iter())
         .filter_map(|d| d.sharing.mps_daemon.as_ref().map(|m| m.id.clone()))
         .collect();
+    let lost_daemons: HashSet<&String> = lost.values().flat_map(|l| &l.mps_daemons).collect();
     match inner.mps.list() {
         Ok(ids) => {
             for id in ids.into_iter().filter(|id| !daemons.contains(id)) {
+                // A lost entry's daemon that still runs serves its pods.
+                if lost_daemons.contains(&id) && inner.mps.is_running(&id) {
+                    continue;
+                }
                 match inner.mps.stop(&id) {
                     Ok(()) => report.mps_stopped.push(id),
                     Err(e) => report.errors.push(format!("stop MPS daemon {id}: {e}")),
@@ -194,11 +224,20 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
         }
         Err(e) => report.errors.push(format!("list MPS daemons: {e}")),
     }
-    if report.load.lost_entries() {
-        let (stopped, errors) = inner.mps.stop_orphans_elsewhere();
+    if report.load.lost_entries() || !lost_daemons.is_empty() {
+        let keep = |id: &str| lost_daemons.iter().any(|d| *d == id);
+        let (stopped, errors) = inner.mps.stop_orphans_elsewhere(&keep);
         report.mps_stopped.extend(stopped);
         report.errors.extend(errors);
-        unrecorded_gpu_settings(inner, &remaining, &mut report);
+    }
+    found.daemons.extend(
+        lost_daemons
+            .iter()
+            .filter(|id| !daemons.contains(id.as_str()) && inner.mps.is_running(id))
+            .map(|id| (*id).clone()),
+    );
+    if report.load.lost_entries() {
+        unrecorded_gpu_settings(inner, &remaining, &lost, &mut report);
     }
 
     let cdi = &inner.opts.cdi;
@@ -211,6 +250,10 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
                 if remaining.claims.keys().any(|u| u.0 == uid) {
                     continue;
                 }
+                if lost.contains_key(&ClaimUid(uid.clone())) {
+                    found.cdi.insert(uid);
+                    continue;
+                }
                 match cdi.remove(&uid) {
                     Ok(_) => report.cdi_removed.push(uid),
                     Err(e) => report.errors.push(format!("remove CDI spec of {uid}: {e}")),
@@ -219,7 +262,58 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
         }
         Err(e) => report.errors.push(format!("list CDI specs: {e}")),
     }
+    prune_lost(inner, lost, &found, &mut report);
     report
+}
+
+/// What recovery found on the node of what lost entries name.
+#[derive(Default)]
+struct Found {
+    /// MIG devices (UUIDs), with dynamic MIG.
+    mig: HashSet<String>,
+    /// MPS daemons running that no entry names.
+    daemons: HashSet<String>,
+    /// CDI specs of claims without an entry (UIDs).
+    cdi: HashSet<String>,
+}
+
+/// Forgets the names of lost claims whose things are gone, drops claims
+/// that name nothing left, and reports what is kept.
+fn prune_lost(
+    inner: &Inner,
+    lost: BTreeMap<ClaimUid, LostClaim>,
+    found: &Found,
+    report: &mut RecoveryReport,
+) {
+    let mut pruned = BTreeMap::new();
+    for (uid, mut claim) in lost {
+        claim.mig_uuids.retain(|u| found.mig.contains(u));
+        claim.mps_daemons.retain(|d| found.daemons.contains(d));
+        let spec = found.cdi.contains(&uid.0);
+        if claim.names_nothing() && !spec {
+            report.lost_forgotten.push(uid.0);
+            continue;
+        }
+        let mut kept = Vec::new();
+        if !claim.mig_uuids.is_empty() {
+            kept.push(format!("MIG devices {:?}", claim.mig_uuids));
+        }
+        if !claim.mps_daemons.is_empty() {
+            kept.push(format!("MPS daemons {:?}", claim.mps_daemons));
+        }
+        if spec {
+            kept.push("its CDI spec".to_owned());
+        }
+        report
+            .lost_kept
+            .push(format!("{uid} ({}): {}", claim.source, kept.join(", ")));
+        pruned.insert(uid, claim);
+    }
+    if let Err(e) = inner.store.update_lost(|ledger| *ledger = pruned) {
+        report
+            .errors
+            .push(format!("update the ledger of lost entries: {e}"));
+    }
 }
 
 /// After lost entries: the GPUs no remaining entry has a device on whose
@@ -227,7 +321,14 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
 /// which cannot be read (nothing records a change to undo, so nothing is
 /// changed; see [`RecoveryReport::compute_mode_unrecorded`] and
 /// [`RecoveryReport::time_slice_unknown`]).
-fn unrecorded_gpu_settings(inner: &Inner, remaining: &Checkpoint, report: &mut RecoveryReport) {
+fn unrecorded_gpu_settings(
+    inner: &Inner,
+    remaining: &Checkpoint,
+    lost: &BTreeMap<ClaimUid, LostClaim>,
+    report: &mut RecoveryReport,
+) {
+    // Settings a lost entry recorded are restored when its claim is
+    // unprepared: not unrecorded.
     let used: HashSet<&str> = remaining
         .claims
         .values()
@@ -236,6 +337,12 @@ fn unrecorded_gpu_settings(inner: &Inner, remaining: &Checkpoint, report: &mut R
             DeviceKind::Gpu { uuid, .. } => uuid.as_str(),
             DeviceKind::Mig { parent_uuid, .. } => parent_uuid.as_str(),
         })
+        .chain(lost.values().flat_map(|l| {
+            l.compute_modes
+                .keys()
+                .chain(&l.time_slices)
+                .map(String::as_str)
+        }))
         .collect();
     // The GPUs a claim can get whole: the only ones a prepare sets a
     // compute mode or time slice on.
