@@ -404,48 +404,6 @@ async fn time_slicing_sets_and_resets_the_interval() {
     assert_eq!(calls[1].args.last().unwrap(), "0", "reset to Default");
 }
 
-/// A time-slicing claim's entry lost to a bad checksum while the plugin
-/// was down: the time slice it set cannot be read back, so recovery names
-/// every GPU no claim uses as unknown, and sets nothing.
-#[tokio::test]
-async fn a_time_slice_whose_entry_was_lost_is_reported_not_reset() {
-    let mut n = node("t4-inference", &[], DraVersion::V1).await;
-    let c = long_time_slices(&n, "lost").await;
-    n.prepare_ok(&c).await;
-    let kept = n
-        .claim("kept", json!([result("gpu", "gpu-1")]), json!([]))
-        .await;
-    n.prepare_ok(&kept).await;
-    assert_eq!(n.env.driver_root.nvidia_smi_calls().unwrap().len(), 1);
-
-    n.stop();
-    n.tamper_entry(&c);
-    n.restart(&[]).await;
-
-    let logs = n.logs();
-    assert!(logs.contains("checkpoint entry quarantined"), "{logs}");
-    let line = logs
-        .lines()
-        .find(|l| l.contains("may have set the time slice"))
-        .unwrap_or_else(|| panic!("no warning\n{logs}"));
-    // The lost claim's GPU (the one nvidia-smi was told about) and the
-    // other unused ones are named; the GPU the remaining claim holds is not.
-    let calls = n.env.driver_root.nvidia_smi_calls().unwrap();
-    let sliced = calls[0].args[calls[0].args.iter().position(|a| a == "-i").unwrap() + 1].clone();
-    assert!(line.contains(&format!("{sliced} (index 2)")), "{line}");
-    for index in [0, 3] {
-        assert!(line.contains(&format!("(index {index})")), "{line}");
-    }
-    assert!(!line.contains("(index 1)"), "{line}");
-    assert_eq!(
-        n.env.driver_root.nvidia_smi_calls().unwrap().len(),
-        1,
-        "nothing reset"
-    );
-    assert_eq!(n.cdi_files().len(), 1, "{:?}", n.cdi_files());
-    n.unprepare_ok(&kept).await;
-}
-
 #[tokio::test]
 async fn mps_claim_gets_a_daemon_with_its_limits_and_the_pipe() {
     let n = node("t4-inference", &[], DraVersion::V1).await;
@@ -1065,59 +1023,6 @@ async fn a_changed_mps_dir_takes_over_running_daemons_where_they_were_started() 
     n.unprepare_ok(&c).await;
     assert_eq!(n.processes(), 0, "no process left");
     assert_eq!(starts(&n), 2);
-}
-
-/// A claim's entry lost to a bad checksum while the plugin was down, and
-/// the plugin back with another --mps-dir: no record names the claim's
-/// daemon under the old directory any more; it is found as this plugin's by
-/// process and killed (its directory is left). The compute mode it set is
-/// reported, not changed.
-#[tokio::test]
-async fn a_daemon_whose_entry_was_lost_under_an_earlier_mps_dir_is_stopped() {
-    let outside = tempfile::tempdir().unwrap();
-    let new_dir = outside.path().join("run-mps");
-    let mut n = node("t4-inference", &[], DraVersion::V1).await;
-    let c = n.mps_claim("lost").await;
-    n.prepare_ok(&c).await;
-    assert_eq!(n.mps_daemons(), 1);
-    assert!(!n.live_processes().is_empty(), "the daemon runs");
-
-    n.stop();
-    n.tamper_entry(&c);
-    let flag = format!("--mps-dir={}", new_dir.display());
-    n.restart_with_flags(&[&flag]).await;
-
-    let logs = n.logs();
-    assert!(logs.contains("checkpoint entry quarantined"), "{logs}");
-    assert!(logs.contains("unreferenced MPS daemons stopped"), "{logs}");
-    assert_eq!(n.processes(), 0, "no process left\n{logs}");
-    assert_eq!(
-        n.mps_daemons(),
-        1,
-        "its directory is left (a process's mark is not trusted with a removal)"
-    );
-    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
-    // The compute mode the lost entry set is named, and left as it is.
-    let exclusive = n.exclusive_gpus();
-    assert_eq!(exclusive.len(), 1, "{:?}", n.compute_modes());
-    let line = logs
-        .lines()
-        .find(|l| l.contains("not in compute mode Default"))
-        .unwrap_or_else(|| panic!("no warning\n{logs}"));
-    assert!(
-        line.contains(&format!("{} (index 0) is ExclusiveProcess", exclusive[0])),
-        "{line}"
-    );
-    // The plugin serves on: the claim again gets a daemon under --mps-dir.
-    let again = n.mps_claim("again").await;
-    n.prepare_ok(&again).await;
-    let daemon_dirs = std::fs::read_dir(&new_dir)
-        .unwrap()
-        .filter(|e| e.as_ref().unwrap().path().is_dir())
-        .count();
-    assert_eq!(daemon_dirs, 1, "{}", n.logs());
-    n.unprepare_ok(&again).await;
-    assert_eq!(n.processes(), 0, "no process left");
 }
 
 #[tokio::test]

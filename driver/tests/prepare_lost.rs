@@ -1,0 +1,289 @@
+//! Checkpoint entries lost while the plugin was down (quarantined, or the
+//! whole file unusable, or read as an earlier boot's): kubelet still counts
+//! their claims as prepared and does not prepare them again while their
+//! pods run, so what the entries set up must survive the start, and go
+//! when kubelet unprepares the claims. The real plugin binary, the fake
+//! NVML and driver root, the kubelet simulator (see `prepare_kinds.rs`).
+
+mod common;
+
+use common::prepare::{Node, gpu_config, node, result};
+use gpu_dra_e2e::kubelet::{Claim, DraVersion};
+use serde_json::json;
+
+const LEDGER: &str = "checkpoint.lost.json";
+
+/// A claim `name` for `gpu-2`, time-sliced at the `Long` interval.
+async fn long_time_slices(n: &Node, name: &str) -> Claim {
+    n.claim(
+        name,
+        json!([result("gpu", "gpu-2")]),
+        json!([gpu_config(
+            json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})
+        )]),
+    )
+    .await
+}
+
+/// Drops one quote from the checkpoint file while the plugin is down (one
+/// damaged byte): no longer JSON, so the next start moves it aside. (A file
+/// cut short loses the text of its last entries, and nothing names what
+/// they set up any more.)
+fn break_checkpoint(n: &Node) {
+    let path = n.state_dir().join("checkpoint.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let broken = text.replacen("\"PrepareCompleted\"", "PrepareCompleted\"", 1);
+    assert_ne!(broken, text);
+    std::fs::write(&path, broken).unwrap();
+}
+
+/// The line of the start's report on what was kept for lost claims.
+fn kept_line(n: &Node) -> String {
+    let logs = n.logs();
+    logs.lines()
+        .find(|l| l.contains("kept for claims whose checkpoint entries were lost"))
+        .unwrap_or_else(|| panic!("no line on what was kept\n{logs}"))
+        .to_owned()
+}
+
+/// A time-slicing claim's entry lost to a bad checksum: its CDI spec is
+/// kept, the time slice it set is not reported as unknown (the damaged
+/// entry still says who set it), and kubelet's unprepare resets it.
+#[tokio::test]
+async fn a_lost_time_slice_entry_keeps_its_spec_and_is_reset_at_its_unprepare() {
+    let mut n = node("t4-inference", &[], DraVersion::V1).await;
+    let c = long_time_slices(&n, "lost").await;
+    n.prepare_ok(&c).await;
+    let kept = n
+        .claim("kept", json!([result("gpu", "gpu-1")]), json!([]))
+        .await;
+    n.prepare_ok(&kept).await;
+    assert_eq!(n.env.driver_root.nvidia_smi_calls().unwrap().len(), 1);
+
+    n.stop();
+    n.tamper_entry(&c);
+    n.restart(&[]).await;
+
+    let logs = n.logs();
+    assert!(logs.contains("checkpoint entry quarantined"), "{logs}");
+    let line = kept_line(&n);
+    assert!(
+        line.contains(&c.uid) && line.contains("its CDI spec"),
+        "{line}"
+    );
+    assert!(n.spec_path(&c).exists(), "the pod's spec is kept");
+    // Unused GPUs are named as unknown; the lost claim's, whose setting the
+    // ledger holds, and the remaining claim's are not.
+    let unknown = logs
+        .lines()
+        .find(|l| l.contains("may have set the time slice"))
+        .unwrap_or_else(|| panic!("no warning\n{logs}"));
+    for index in [0, 3] {
+        assert!(unknown.contains(&format!("(index {index})")), "{unknown}");
+    }
+    for index in [1, 2] {
+        assert!(!unknown.contains(&format!("(index {index})")), "{unknown}");
+    }
+    assert_eq!(n.env.driver_root.nvidia_smi_calls().unwrap().len(), 1);
+
+    n.unprepare_ok(&c).await;
+    let calls = n.env.driver_root.nvidia_smi_calls().unwrap();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!(calls[1].args.last().unwrap(), "0", "reset to Default");
+    assert_eq!(
+        calls[0].args[calls[0].args.iter().position(|a| a == "-i").unwrap() + 1],
+        calls[1].args[calls[1].args.iter().position(|a| a == "-i").unwrap() + 1],
+        "on the GPU it was set on"
+    );
+    assert!(!n.spec_path(&c).exists());
+    assert!(!n.state_dir().join(LEDGER).exists(), "the ledger is empty");
+    // A second unprepare finds nothing to do.
+    n.unprepare_ok(&c).await;
+    assert_eq!(n.env.driver_root.nvidia_smi_calls().unwrap().len(), 2);
+    n.unprepare_ok(&kept).await;
+}
+
+/// An MPS claim's entry lost to a bad checksum: its daemon serves on
+/// through the start (no quit, same process), the compute mode stays, and
+/// kubelet's unprepare stops the daemon and restores the mode.
+#[tokio::test]
+async fn an_mps_daemon_whose_entry_was_lost_serves_on_until_its_unprepare() {
+    let mut n = node("t4-inference", &[], DraVersion::V1).await;
+    let c = n.mps_claim("lost").await;
+    n.prepare_ok(&c).await;
+    let running = n.live_processes();
+    assert!(!running.is_empty(), "the daemon runs");
+
+    n.stop();
+    n.tamper_entry(&c);
+    n.restart(&[]).await;
+
+    let logs = n.logs();
+    assert!(!logs.contains("unreferenced MPS daemons stopped"), "{logs}");
+    assert_eq!(n.live_processes(), running, "the same daemon serves on");
+    assert_eq!(n.mps_daemons(), 1);
+    assert_eq!(n.exclusive_gpus().len(), 1, "{:?}", n.compute_modes());
+    assert!(n.spec_path(&c).exists());
+    let line = kept_line(&n);
+    assert!(line.contains("MPS daemons"), "{line}");
+    assert!(
+        !logs.contains("not in compute mode Default"),
+        "the mode's setter is known\n{logs}"
+    );
+
+    // A second start keeps it too: the ledger is on disk.
+    n.restart(&[]).await;
+    assert_eq!(n.live_processes(), running);
+
+    n.unprepare_ok(&c).await;
+    assert_eq!(n.processes(), 0, "no process left");
+    assert_eq!(n.mps_daemons(), 0);
+    assert!(n.exclusive_gpus().is_empty(), "{:?}", n.compute_modes());
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    assert!(!n.state_dir().join(LEDGER).exists());
+}
+
+/// An MPS claim's entry lost, and the plugin back with another --mps-dir:
+/// the daemon under the old directory is found by its mark, and since the
+/// lost text names it, it is taken over where it runs instead of killed;
+/// the unprepare stops it there, and the next claim's daemon starts under
+/// the new directory.
+#[tokio::test]
+async fn a_lost_entrys_daemon_under_an_earlier_mps_dir_is_taken_over_until_its_unprepare() {
+    let outside = tempfile::tempdir().unwrap();
+    let new_dir = outside.path().join("run-mps");
+    let mut n = node("t4-inference", &[], DraVersion::V1).await;
+    let c = n.mps_claim("lost").await;
+    n.prepare_ok(&c).await;
+    let running = n.live_processes();
+
+    n.stop();
+    n.tamper_entry(&c);
+    let flag = format!("--mps-dir={}", new_dir.display());
+    n.restart_with_flags(&[&flag]).await;
+
+    let logs = n.logs();
+    assert!(logs.contains("checkpoint entry quarantined"), "{logs}");
+    assert!(logs.contains("taken over where it runs"), "{logs}");
+    assert_eq!(n.live_processes(), running, "left running\n{logs}");
+    assert!(n.spec_path(&c).exists());
+
+    n.unprepare_ok(&c).await;
+    assert_eq!(n.processes(), 0, "no process left\n{}", n.logs());
+    assert!(n.exclusive_gpus().is_empty(), "{:?}", n.compute_modes());
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    let again = n.mps_claim("again").await;
+    n.prepare_ok(&again).await;
+    let daemon_dirs = std::fs::read_dir(&new_dir)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().is_dir())
+        .count();
+    assert_eq!(daemon_dirs, 1, "{}", n.logs());
+    n.unprepare_ok(&again).await;
+    assert_eq!(n.processes(), 0, "no process left");
+}
+
+/// Dynamic MIG, the checkpoint file unusable as a whole (moved aside): the
+/// MIG devices its entries name are not swept. One claim is prepared again
+/// (a restarted kubelet does that) and adopts its device, which then stays
+/// with it; the other is unprepared and its device destroyed.
+#[tokio::test]
+async fn mig_devices_of_a_moved_aside_checkpoint_stay_until_their_claims_let_go() {
+    let mut n = node("dgx-h100", &["--dynamic-mig"], DraVersion::V1).await;
+    let on0 = n.device_starting_with("gpu-0-mig-1g10gb").await;
+    let on1 = n.device_starting_with("gpu-1-mig-1g10gb").await;
+    let again = n
+        .claim("again", json!([result("mig", &on0)]), json!([]))
+        .await;
+    let gone = n
+        .claim("gone", json!([result("mig", &on1)]), json!([]))
+        .await;
+    n.prepare_ok(&again).await;
+    n.prepare_ok(&gone).await;
+    let before = n.mig_instances();
+    assert_eq!(before.len(), 2);
+
+    n.stop();
+    break_checkpoint(&n);
+    n.restart(&[]).await;
+    let logs = n.logs();
+    assert!(logs.contains("unusable checkpoint moved aside"), "{logs}");
+    assert!(
+        !logs.contains("unreferenced MIG devices destroyed"),
+        "{logs}"
+    );
+    assert_eq!(n.mig_instances(), before, "nothing swept");
+    assert_eq!(n.cdi_files().len(), 2, "{:?}", n.cdi_files());
+    assert!(n.checkpoint_claims().is_empty());
+
+    // Prepared again: the device is adopted, and the claim leaves the
+    // ledger without losing it.
+    let mark = n.log_mark();
+    n.prepare_ok(&again).await;
+    assert_eq!(
+        n.lines_after(mark, &["already exists", "adopted"]).len(),
+        1,
+        "{}",
+        n.logs()
+    );
+    assert_eq!(n.mig_instances(), before, "the same device");
+    let ledger: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(n.state_dir().join(LEDGER)).unwrap()).unwrap();
+    let names: Vec<&String> = ledger["claims"].as_object().unwrap().keys().collect();
+    assert_eq!(names, [&gone.uid], "{ledger}");
+
+    n.unprepare_ok(&gone).await;
+    let left = n.mig_instances();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(!n.state_dir().join(LEDGER).exists());
+    n.unprepare_ok(&again).await;
+    assert!(n.mig_instances().is_empty());
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+}
+
+/// After a real reboot the entries of the earlier boot name nothing that
+/// still runs: the daemon is gone, and the start forgets the claim's names
+/// (a later daemon of that id is not taken for the lost one's). Its CDI
+/// spec, on a directory that outlived the reboot, keeps it in the ledger
+/// until kubelet prepares it again.
+#[tokio::test]
+async fn after_a_reboot_the_lost_names_of_things_gone_are_forgotten() {
+    let mut n = node("t4-inference", &[], DraVersion::V1).await;
+    let c = n.mps_claim("before").await;
+    n.prepare_ok(&c).await;
+    n.stop();
+    // The reboot: the daemons are gone, the boot id is another.
+    n.env.driver_root.kill_processes();
+    assert_eq!(n.processes(), 0);
+    let path = n.state_dir().join("checkpoint.json");
+    let mut doc = n.checkpoint();
+    doc["bootId"] = json!("an-earlier-boot");
+    std::fs::write(&path, serde_json::to_vec(&doc).unwrap()).unwrap();
+    n.restart(&[]).await;
+
+    let logs = n.logs();
+    assert!(
+        logs.contains("discarding prepared state of the previous boot"),
+        "{logs}"
+    );
+    let line = kept_line(&n);
+    assert!(
+        line.contains("its CDI spec") && !line.contains("MPS daemons"),
+        "{line}"
+    );
+    let ledger: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(n.state_dir().join(LEDGER)).unwrap()).unwrap();
+    assert!(
+        ledger["claims"][&c.uid].get("mpsDaemons").is_none(),
+        "{ledger}"
+    );
+
+    // Prepared again after the reboot: a fresh daemon, and the ledger is
+    // done with the claim.
+    n.prepare_ok(&c).await;
+    assert_eq!(n.mps_daemons(), 1);
+    assert!(!n.state_dir().join(LEDGER).exists());
+    n.unprepare_ok(&c).await;
+    assert_eq!(n.processes(), 0);
+    assert!(n.cdi_files().is_empty());
+}
