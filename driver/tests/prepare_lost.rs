@@ -287,3 +287,44 @@ async fn after_a_reboot_the_lost_names_of_things_gone_are_forgotten() {
     assert_eq!(n.processes(), 0);
     assert!(n.cdi_files().is_empty());
 }
+
+/// A ledger edited by hand, or damaged, naming things that are not a lost
+/// claim's: another claim's MIG device, a daemon id that is no id, GPUs
+/// and modes this node does not have. Nothing is done with them: a device
+/// a checkpoint entry names stays with that claim, the rest is forgotten
+/// at the start, and the claim's unprepare succeeds.
+#[tokio::test]
+async fn hostile_names_in_the_ledger_touch_nothing() {
+    let mut n = node("dgx-h100", &["--dynamic-mig"], DraVersion::V1).await;
+    let on0 = n.device_starting_with("gpu-0-mig-1g10gb").await;
+    let live = n
+        .claim("live", json!([result("mig", &on0)]), json!([]))
+        .await;
+    n.prepare_ok(&live).await;
+    let status = n.status_devices_eventually(&live, 1).await;
+    let mig = status[0]["data"]["uuid"].as_str().unwrap().to_owned();
+    let before = n.mig_instances();
+    n.stop();
+    let ledger = json!({"version": 1, "claims": {"hostile-uid": {
+        "source": "by hand",
+        "migUuids": [mig],
+        "mpsDaemons": ["../../evil", "shared-gpu0"],
+        "computeModes": {"GPU-not-here": "Default", &before[0].0: "Bogus"},
+        "timeSlices": ["GPU-not-here"],
+    }}});
+    std::fs::write(
+        n.state_dir().join(LEDGER),
+        serde_json::to_vec(&ledger).unwrap(),
+    )
+    .unwrap();
+    n.restart(&[]).await;
+    assert_eq!(n.mig_instances(), before);
+
+    let hostile = Claim::new("default", "hostile", "hostile-uid");
+    n.unprepare_ok(&hostile).await;
+    assert_eq!(n.mig_instances(), before, "the live claim's device stays");
+    assert!(n.env.driver_root.nvidia_smi_calls().unwrap().is_empty());
+    assert!(!n.state_dir().join(LEDGER).exists(), "{}", n.logs());
+    n.unprepare_ok(&live).await;
+    assert!(n.mig_instances().is_empty());
+}

@@ -55,7 +55,8 @@
 //! Every daemon also carries [`procs::OWNER_ENV`], the plugin's state
 //! directory: when checkpoint entries were lost, recovery finds this
 //! plugin's daemons under an earlier `--mps-dir` that no record names by
-//! that mark and kills them ([`MpsControl::stop_orphans_elsewhere`]).
+//! that mark and kills them, or takes over those the text of a lost entry
+//! names ([`MpsControl::stop_orphans_elsewhere`]).
 //! [`MpsControl::check`] restarts a needed daemon that died; [`MpsControl::stop`]
 //! sends `quit`, kills what is left (every process carrying the daemon's
 //! [`procs::DAEMON_MARKER_ENV`]) and removes the directories.

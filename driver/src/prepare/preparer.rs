@@ -21,10 +21,11 @@
 //! Unprepare works from the checkpoint alone: undo what the entry records,
 //! delete the spec, remove the entry; an unknown claim is already
 //! unprepared, unless its entry was lost: then what the lost text named is
-//! released (`lost`). At start ([`Preparer::start`]) the plugin recovers from a
-//! crash (`recover`): entries still `PrepareStarted` are undone and
-//! dropped, and MIG devices, MPS daemons and CDI specs no completed claim
-//! references are removed.
+//! released (`lost`). At start ([`Preparer::start`]) the plugin recovers
+//! from a crash (`recover`): entries still `PrepareStarted` are undone and
+//! dropped, and MIG devices, MPS daemons and CDI specs that neither a
+//! completed claim references nor the ledger of lost entries names are
+//! removed.
 
 mod apply;
 pub mod locks;

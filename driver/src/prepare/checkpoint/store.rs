@@ -29,10 +29,13 @@
 //! Why an unusable file is moved aside and the node starts empty instead of
 //! refusing to start: refusing would block every pod on the node until a
 //! human intervenes (NVIDIA's driver does that on a checksum mismatch).
-//! Starting empty is safe because unprepare of an unknown claim succeeds,
-//! a prepare repeated by the kubelet redoes the work, and hardware state
-//! left behind (MIG instances, MPS daemons, CDI files) is found and removed
-//! by the startup sweep of the prepare code. The file is kept for humans.
+//! Starting without the lost entries is safe because what their text still
+//! names goes into the ledger of lost claims (`lost`), written before the
+//! checkpoint is rewritten without them: the startup sweep of the prepare
+//! code leaves it for the claims' running pods, and kubelet's unprepare of
+//! such a claim releases it. What nothing names any more (the text of a file
+//! cut short) is found and removed by the sweep. The file is kept for
+//! humans.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
@@ -787,7 +790,7 @@ impl Store {
             moved_to = %aside.display(),
             reason = %reason,
             "checkpoint unusable: moved aside, starting with no prepared claims \
-             (unprepare of unknown claims succeeds; the startup sweep removes leftover devices)"
+             (what its entries' text names is kept for their claims until they are unprepared)"
         );
         report.moved_aside = Some((aside, reason));
         Ok(())

@@ -2,6 +2,7 @@
 //! reboots, versions, group commit, hostile sizes and crashes at each step
 //! of a write (the test binary re-runs itself with a failpoint armed).
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -1035,7 +1036,7 @@ fn a_quarantined_entry_leaves_what_it_names_in_the_ledger_across_opens() {
     assert!(!report.lost_entries());
     assert_eq!(store.lost(), lost);
     // Released: the file goes with its last claim.
-    store.update_lost(|l| l.clear()).unwrap();
+    store.update_lost(BTreeMap::clear).unwrap();
     assert!(!env.state.join(LOST_FILE_NAME).exists());
     assert!(store.lost().is_empty());
 }
@@ -1057,7 +1058,7 @@ fn a_moved_aside_file_and_an_earlier_boots_file_leave_their_names_in_the_ledger(
     assert!(b.source.contains(&aside.display().to_string()), "{b:?}");
     assert_eq!(b.mig_uuids.iter().collect::<Vec<_>>(), [MIG_UUID]);
     assert_eq!(b.mps_daemons.iter().collect::<Vec<_>>(), ["mps-train"]);
-    store.update_lost(|l| l.clear()).unwrap();
+    store.update_lost(BTreeMap::clear).unwrap();
     store
         .commit(Batch::new().put(uid("b"), created_mig_entry()))
         .unwrap();

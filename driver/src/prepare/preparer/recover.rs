@@ -11,11 +11,12 @@
 //!    destroyed (a crash between creating an instance and recording it).
 //! 3. MPS daemons no remaining entry references are stopped: those under
 //!    `--mps-dir`, and, when entries were lost (quarantined, or the file
-//!    moved aside or kept as an earlier boot's), this plugin's daemons
-//!    under an earlier `--mps-dir`, found by process and killed (their
-//!    directories are left: see `MpsControl::stop_orphans_elsewhere`).
-//!    The compute modes of GPUs no remaining entry uses are read then, and
-//!    one other than `Default` is reported; their time slices, which
+//!    moved aside or kept as an earlier boot's) or the ledger names
+//!    daemons, this plugin's daemons under an earlier `--mps-dir`, found by
+//!    process and killed (their directories are left: see
+//!    `MpsControl::stop_orphans_elsewhere`). When entries were lost, the
+//!    compute modes of GPUs no remaining entry or lost record uses are read,
+//!    and one other than `Default` is reported; their time slices, which
 //!    cannot be read, are reported as unknown (neither is changed: nothing
 //!    records who set it).
 //! 4. CDI specs of claims without an entry, and temp files of interrupted
