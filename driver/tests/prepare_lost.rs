@@ -25,14 +25,14 @@ async fn long_time_slices(n: &Node, name: &str) -> Claim {
     .await
 }
 
-/// Drops one quote from the checkpoint file while the plugin is down (one
-/// damaged byte): no longer JSON, so the next start moves it aside. (A file
-/// cut short loses the text of its last entries, and nothing names what
-/// they set up any more.)
+/// Drops a quote from every completed entry of the checkpoint file while
+/// the plugin is down: no longer JSON, so the next start moves it aside,
+/// and no entry can be taken back from it. (A file cut short loses the
+/// text of its last entries, and nothing names what they set up any more.)
 fn break_checkpoint(n: &Node) {
     let path = n.state_dir().join("checkpoint.json");
     let text = std::fs::read_to_string(&path).unwrap();
-    let broken = text.replacen("\"PrepareCompleted\"", "PrepareCompleted\"", 1);
+    let broken = text.replace("\"PrepareCompleted\"", "PrepareCompleted\"");
     assert_ne!(broken, text);
     std::fs::write(&path, broken).unwrap();
 }

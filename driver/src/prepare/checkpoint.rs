@@ -240,19 +240,27 @@ pub struct LoadReport {
     /// too, and the entries are then not lost for a human).
     pub previous_boot_copy: Option<PathBuf>,
     /// The file was unusable as a whole (too large, not JSON, bad header)
-    /// and moved to this path; the node started empty.
+    /// and moved to this path; the node started with the entries salvaged
+    /// from it.
     pub moved_aside: Option<(PathBuf, String)>,
+    /// Entries of the file moved aside that still verified, taken from it
+    /// one by one (see `format::salvage`).
+    pub salvaged: usize,
+    /// Every entry of the file moved aside was taken from it (verified,
+    /// or quarantined and reported as such).
+    pub salvaged_all: bool,
 }
 
 impl LoadReport {
     /// Whether entries of the file were dropped without being undone:
-    /// quarantined, in a file moved aside, or of an earlier boot (after a
+    /// quarantined, in a file moved aside and not salvaged, or of an
+    /// earlier boot (after a
     /// real reboot nothing they set up is left, but a damaged boot id reads
     /// as a reboot too). What they had set up on the node is no longer
     /// recorded.
     pub fn lost_entries(&self) -> bool {
         !self.quarantined.is_empty()
-            || self.moved_aside.is_some()
+            || (self.moved_aside.is_some() && !self.salvaged_all)
             || self.previous_boot_copy.is_some()
     }
 }

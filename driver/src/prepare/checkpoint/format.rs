@@ -7,8 +7,14 @@
 //! canonical serialisation of `entry` (compact JSON, object keys sorted at
 //! every level), so a flipped byte in an entry or in its key is detected and
 //! quarantines that entry alone; the header (`version`, `bootId`) carries no
-//! checksum: damage there makes the file unusable or looks like a reboot,
-//! both of which start the node empty.
+//! checksum: damage there makes the file unusable or looks like a reboot.
+//!
+//! A damaged byte that breaks the JSON (a quote, a comma, a brace) makes
+//! the whole document unusable, but not its entries: [`salvage`] finds each
+//! entry by its key, parses its value on its own and verifies it as above,
+//! so only the entry the byte fell in is lost, and only when the header
+//! still reads as version 1 of this boot. What is lost either way is named
+//! in the ledger of lost claims (`super::lost`).
 //!
 //! Unknown fields (in the header and in entries) are ignored: a newer plugin
 //! of the same format version may add informational fields, and the
@@ -18,7 +24,9 @@
 //! version stops the plugin (see [`super::Error::NewerVersion`]).
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
+use regex::Regex;
 use serde_json::{Map, Value};
 
 use super::{ClaimEntry, ClaimUid};
@@ -139,6 +147,112 @@ pub(super) fn assemble<'a>(
     out.extend_from_slice(CURRENT_VERSION.to_string().as_bytes());
     out.extend_from_slice(b"\n}\n");
     Ok(out)
+}
+
+/// The key of a stored entry and the start of its value:
+/// `"<uid>": {"checksum"` (whitespace between the tokens allowed).
+static ENTRY_KEY: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#""([^"\\\s]{1,256})"\s*:\s*(\{)\s*"checksum""#).expect("valid pattern")
+});
+static VERSION: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r#""version"\s*:\s*([0-9]+)"#).expect("valid pattern"));
+static BOOT_ID: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r#""bootId"\s*:\s*"([^"\\]{1,128})""#).expect("valid pattern"));
+
+/// One entry key found in a checkpoint's text.
+pub(super) struct KeyAt<'a> {
+    /// Where the key starts.
+    pub at: usize,
+    /// The claim UID.
+    pub uid: &'a str,
+    /// Where the stored value (`{"checksum": ...}`) starts.
+    pub value_at: usize,
+}
+
+/// The entry keys in `text`, in order: found by pattern, so they are found
+/// in text that is no longer JSON too.
+pub(super) fn entry_keys(text: &str) -> Vec<KeyAt<'_>> {
+    ENTRY_KEY
+        .captures_iter(text)
+        .filter_map(|c| {
+            let (uid, value) = (c.get(1)?, c.get(2)?);
+            Some(KeyAt {
+                at: uid.start() - 1,
+                uid: uid.as_str(),
+                value_at: value.start(),
+            })
+        })
+        .collect()
+}
+
+/// What could be taken from a version-1 file that is no longer JSON as a
+/// whole (one damaged byte between entries, or in one of them).
+#[derive(Debug)]
+pub(super) struct Salvaged {
+    /// The boot id the file names.
+    pub boot_id: String,
+    /// Entries whose stored value still parses and verifies.
+    pub claims: BTreeMap<ClaimUid, ClaimEntry>,
+    /// Entries whose value parses but does not verify.
+    pub quarantined: Vec<Quarantined>,
+    /// Entry keys whose value no longer parses.
+    pub damaged: Vec<String>,
+}
+
+/// Takes every entry that still verifies out of the text of an unusable
+/// file: each entry's value is parsed on its own, from its key on, and
+/// verified by its checksum as in a whole file, so an entry taken is
+/// exactly as written. Only for a file that names version 1 (and no other)
+/// and one boot id: anything else is `None`, and nothing is taken.
+pub(super) fn salvage(bytes: &[u8]) -> Option<Salvaged> {
+    let text = String::from_utf8_lossy(bytes);
+    let mut versions = VERSION.captures_iter(&text).map(|c| c[1].to_owned());
+    if versions.next().as_deref() != Some("1") || versions.next().is_some() {
+        return None;
+    }
+    let mut boot_ids = BOOT_ID.captures_iter(&text).map(|c| c[1].to_owned());
+    let boot_id = boot_ids.next()?;
+    if boot_ids.next().is_some() {
+        return None;
+    }
+    let mut salvaged = Salvaged {
+        boot_id,
+        claims: BTreeMap::new(),
+        quarantined: Vec::new(),
+        damaged: Vec::new(),
+    };
+    let mut found: Vec<(&str, Value)> = Vec::new();
+    for key in entry_keys(&text) {
+        let mut values =
+            serde_json::Deserializer::from_str(&text[key.value_at..]).into_iter::<Value>();
+        match values.next() {
+            Some(Ok(raw)) => found.push((key.uid, raw)),
+            _ => salvaged.damaged.push(key.uid.to_owned()),
+        }
+    }
+    for (i, (uid, raw)) in found.iter().enumerate() {
+        // A key twice is no file this plugin wrote: neither is trusted.
+        let twice = found
+            .iter()
+            .enumerate()
+            .any(|(j, (other, _))| i != j && other == uid);
+        let decoded = if twice {
+            Err("the key is in the file twice".to_owned())
+        } else {
+            decode_entry(uid, raw)
+        };
+        match decoded {
+            Ok(entry) => {
+                salvaged.claims.insert(ClaimUid::from(*uid), entry);
+            }
+            Err(reason) => salvaged.quarantined.push(Quarantined {
+                uid: (*uid).to_owned(),
+                reason,
+                raw: raw.clone(),
+            }),
+        }
+    }
+    Some(salvaged)
 }
 
 /// Decodes a checkpoint file, converting older versions forward.

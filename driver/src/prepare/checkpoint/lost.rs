@@ -28,6 +28,7 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::format;
 use super::{ClaimEntry, ClaimUid, DeviceKind};
 
 /// File name of the ledger inside the plugin's state directory.
@@ -145,11 +146,6 @@ static MIG_UUID: LazyLock<Regex> = LazyLock::new(|| {
 static DAEMON_ID: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r#""id"\s*:\s*"([A-Za-z0-9][A-Za-z0-9._-]{0,127})""#).expect("valid pattern")
 });
-/// The key of a stored entry: `"<uid>": {"checksum"`.
-static ENTRY_KEY: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r#""([^"\\\s]{1,256})"\s*:\s*\{\s*"checksum""#).expect("valid pattern")
-});
-
 /// What a quarantined entry, stored as `raw` under `uid`, names.
 pub(super) fn from_stored(raw: &Value, source: &str, now: u64) -> LostClaim {
     let mut lost = LostClaim::new(source, now);
@@ -176,9 +172,9 @@ pub(super) fn from_entry(entry: &ClaimEntry, source: &str, now: u64) -> LostClai
 /// parses, entries that decode add what they record.
 pub(super) fn from_file(bytes: &[u8], source: &str, now: u64) -> BTreeMap<ClaimUid, LostClaim> {
     let text = String::from_utf8_lossy(bytes);
-    let keys: Vec<(usize, &str)> = ENTRY_KEY
-        .captures_iter(&text)
-        .filter_map(|c| c.get(1).map(|k| (k.start(), k.as_str())))
+    let keys: Vec<(usize, &str)> = format::entry_keys(&text)
+        .into_iter()
+        .map(|k| (k.at, k.uid))
         .collect();
     let mut lost: BTreeMap<ClaimUid, LostClaim> = BTreeMap::new();
     for (i, (start, uid)) in keys.iter().enumerate() {

@@ -361,6 +361,30 @@ impl Store {
                             format!("checkpoint moved aside to {} ({reason})", path.display());
                         newly_lost = lost::from_file(&bytes, &source, now);
                     }
+                    // Entries that still verify are taken back one by one
+                    // (those of another boot are left to the ledger).
+                    if let Some(salvaged) = format::salvage(&bytes).filter(|s| s.boot_id == boot_id)
+                    {
+                        for uid in salvaged.claims.keys() {
+                            newly_lost.remove(uid);
+                        }
+                        for q in &salvaged.quarantined {
+                            let source = format!("quarantined ({})", q.reason);
+                            newly_lost.insert(
+                                ClaimUid(q.uid.clone()),
+                                lost::from_stored(&q.raw, &source, now),
+                            );
+                        }
+                        report.salvaged = salvaged.claims.len();
+                        report.salvaged_all = salvaged.damaged.is_empty();
+                        tracing::warn!(
+                            salvaged = report.salvaged,
+                            damaged = ?salvaged.damaged,
+                            "entries that still verify taken from the unusable checkpoint"
+                        );
+                        claims = salvaged.claims;
+                        store.quarantine(salvaged.quarantined, &mut report)?;
+                    }
                     false
                 }
                 Decoded::Usable {

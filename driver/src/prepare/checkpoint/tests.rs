@@ -1110,3 +1110,130 @@ fn an_unusable_ledger_is_set_aside_and_the_plugin_starts() {
         assert!(!env.state.join(LOST_FILE_NAME).exists());
     }
 }
+
+/// [`two_claims`] with `b` completed and created, and the file's text
+/// changed by `damage` (which must change it), while the store is closed.
+fn damaged_two_claims(env: &Env, damage: impl FnOnce(&str) -> String) {
+    let (store, _) = env.open();
+    let mut b = created_mig_entry();
+    b.state = ClaimState::PrepareCompleted;
+    store
+        .commit(
+            Batch::new()
+                .put(uid("a"), gpu_entry(ClaimState::PrepareCompleted, "a"))
+                .put(uid("b"), b),
+        )
+        .unwrap();
+    drop(store);
+    let text = fs::read_to_string(env.file()).unwrap();
+    let damaged = damage(&text);
+    assert_ne!(damaged, text);
+    assert!(
+        serde_json::from_str::<Value>(&damaged).is_err(),
+        "{damaged}"
+    );
+    fs::write(env.file(), damaged).unwrap();
+}
+
+#[test]
+fn one_damaged_byte_between_entries_loses_no_entry() {
+    let env = Env::new();
+    // The comma between the two entries becomes a letter.
+    damaged_two_claims(&env, |t| t.replacen("},\n    \"b\"", "}x\n    \"b\"", 1));
+    let (store, report) = env.open();
+    assert!(report.moved_aside.is_some());
+    assert_eq!((report.salvaged, report.salvaged_all), (2, true));
+    assert!(!report.lost_entries(), "{report:?}");
+    assert_eq!(
+        store.get(&uid("a")),
+        Some(gpu_entry(ClaimState::PrepareCompleted, "a"))
+    );
+    assert!(store.get(&uid("b")).is_some());
+    assert!(store.lost().is_empty());
+    // Rewritten whole: the next open is clean.
+    drop(store);
+    let (_, report) = env.open();
+    assert_eq!(report.loaded, 2);
+    assert!(report.moved_aside.is_none());
+}
+
+#[test]
+fn one_damaged_byte_inside_an_entry_loses_that_entry_alone() {
+    let env = Env::new();
+    // A quote of b's namespace is gone.
+    damaged_two_claims(&env, |t| t.replacen("\"ml\"", "\"ml", 1));
+    let (store, report) = env.open();
+    assert_eq!((report.salvaged, report.salvaged_all), (1, false));
+    assert!(report.lost_entries());
+    assert!(store.get(&uid("a")).is_some());
+    assert!(store.get(&uid("b")).is_none());
+    let lost = store.lost();
+    assert_eq!(lost.keys().collect::<Vec<_>>(), [&uid("b")]);
+    assert_eq!(
+        lost[&uid("b")].mig_uuids.iter().collect::<Vec<_>>(),
+        [MIG_UUID]
+    );
+}
+
+#[test]
+fn in_an_unusable_file_an_entry_that_fails_its_checksum_or_is_there_twice_is_quarantined() {
+    let env = Env::new();
+    damaged_two_claims(&env, |t| {
+        let broken = t.replacen("},\n    \"b\"", "}x\n    \"b\"", 1);
+        broken.replacen("\"name\": \"a\"", "\"name\": \"q\"", 1)
+    });
+    let (store, report) = env.open();
+    assert_eq!(report.salvaged, 1);
+    assert_eq!(report.quarantined.len(), 1, "{report:?}");
+    assert!(report.quarantined[0].1.contains("checksum mismatch"));
+    assert!(store.is_lost(&uid("a")) && store.get(&uid("b")).is_some());
+
+    let env = Env::new();
+    damaged_two_claims(&env, |t| {
+        // b's stored value under a's key too, and the file broken.
+        let b_value = &t[t.find("\"b\": ").unwrap() + 5..t.rfind("\n  },").unwrap()];
+        let doubled = t.replacen("\n  },", &format!(",\n    \"b\": {b_value}\n  }},"), 1);
+        doubled.replacen("},\n    \"b\"", "}x\n    \"b\"", 1)
+    });
+    let (store, report) = env.open();
+    let reasons: Vec<_> = report
+        .quarantined
+        .iter()
+        .map(|(u, r)| (u.as_str(), r.as_str()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("b", "the key is in the file twice"),
+            ("b", "the key is in the file twice")
+        ]
+    );
+    assert!(store.get(&uid("b")).is_none() && store.get(&uid("a")).is_some());
+}
+
+#[test]
+fn nothing_is_salvaged_from_another_boot_or_version_or_an_unclear_header() {
+    // Each header change, with a quote of b's namespace gone.
+    let cases = [
+        ("another boot", BOOT, "another-boot"),
+        ("version 2", "\"version\": 1", "\"version\": 2"),
+        ("no version", "\"version\": 1", "\"versi0n\": 1"),
+        (
+            "two boot ids",
+            "\"bootId\"",
+            "\"bootId\": \"x\", \"bootId\"",
+        ),
+    ];
+    for (case, from, to) in cases {
+        let env = Env::new();
+        damaged_two_claims(&env, |t| {
+            t.replacen(from, to, 1).replacen("\"ml\"", "\"ml", 1)
+        });
+        let (store, report) = env.open();
+        assert!(report.moved_aside.is_some(), "{case}");
+        assert_eq!(report.salvaged, 0, "{case}");
+        assert!(store.snapshot().claims.is_empty(), "{case}");
+        // What their text names is still kept.
+        assert_eq!(store.lost().len(), 2, "{case}");
+    }
+}
