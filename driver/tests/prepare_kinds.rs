@@ -10,7 +10,9 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::prepare::{VENDOR_KIND, env_of, gpu_config, gpu_config_for, node, node_yaml, result};
+use common::prepare::{
+    VENDOR_KIND, env_of, gpu_config, gpu_config_for, long_time_slices, node, node_yaml, result,
+};
 use common::{DRIVER, NODE};
 use fake_driver_root::FakeDriverRoot;
 use gpu_dra_e2e::kubelet::{Claim, DraVersion};
@@ -295,18 +297,6 @@ async fn shared_claim(n: &common::prepare::Node, letter: char, memory: &str) -> 
     let name = format!("share-{letter}");
     let result = share(&name, "gpu-3", &share_id(letter), memory);
     n.claim(&name, json!([result]), json!([])).await
-}
-
-/// A claim `name` for `gpu-2`, time-sliced at the `Long` interval.
-async fn long_time_slices(n: &common::prepare::Node, name: &str) -> Claim {
-    n.claim(
-        name,
-        json!([result("gpu", "gpu-2")]),
-        json!([gpu_config(
-            json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})
-        )]),
-    )
-    .await
 }
 
 /// A claim's half-prepared entry on one GPU (its undo failed, even at the

@@ -7,23 +7,11 @@
 
 mod common;
 
-use common::prepare::{Node, gpu_config, node, result};
+use common::prepare::{Node, long_time_slices, node, result};
 use gpu_dra_e2e::kubelet::{Claim, DraVersion};
 use serde_json::json;
 
 const LEDGER: &str = "checkpoint.lost.json";
-
-/// A claim `name` for `gpu-2`, time-sliced at the `Long` interval.
-async fn long_time_slices(n: &Node, name: &str) -> Claim {
-    n.claim(
-        name,
-        json!([result("gpu", "gpu-2")]),
-        json!([gpu_config(
-            json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})
-        )]),
-    )
-    .await
-}
 
 /// Drops a quote from every completed entry of the checkpoint file while
 /// the plugin is down: no longer JSON, so the next start moves it aside,

@@ -163,6 +163,18 @@ pub fn mig_config(requests: &[&str], sharing: Value) -> Value {
         "sharing": sharing}}})
 }
 
+/// A claim `name` for `gpu-2`, time-sliced at the `Long` interval.
+pub async fn long_time_slices(n: &Node, name: &str) -> Claim {
+    n.claim(
+        name,
+        json!([result("gpu", "gpu-2")]),
+        json!([gpu_config(
+            json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})
+        )]),
+    )
+    .await
+}
+
 /// The `env` of a CDI device's container edits.
 pub fn env_of(device: &Value) -> Vec<String> {
     device["containerEdits"]["env"]

@@ -997,6 +997,18 @@ fn created_mig_entry() -> ClaimEntry {
     entry
 }
 
+/// A store holding [`created_mig_entry`] as `b`, closed, its file's text
+/// then changed by `damage`.
+fn created_then_damaged(env: &Env, damage: impl FnOnce(&str) -> String) {
+    let (store, _) = env.open();
+    store
+        .commit(Batch::new().put(uid("b"), created_mig_entry()))
+        .unwrap();
+    drop(store);
+    let text = fs::read_to_string(env.file()).unwrap();
+    fs::write(env.file(), damage(&text)).unwrap();
+}
+
 fn ledger(env: &Env) -> Value {
     serde_json::from_slice(&fs::read(env.state.join(LOST_FILE_NAME)).unwrap()).unwrap()
 }
@@ -1004,13 +1016,8 @@ fn ledger(env: &Env) -> Value {
 #[test]
 fn a_quarantined_entry_leaves_what_it_names_in_the_ledger_across_opens() {
     let env = Env::new();
-    let (store, _) = env.open();
-    store
-        .commit(Batch::new().put(uid("b"), created_mig_entry()))
-        .unwrap();
-    drop(store);
-    let text = fs::read_to_string(env.file()).unwrap();
-    fs::write(env.file(), text.replacen("\"ml\"", "\"mx\"", 1)).unwrap();
+    // b's namespace changed behind its checksum.
+    created_then_damaged(&env, |t| t.replacen("\"ml\"", "\"mx\"", 1));
 
     let (store, report) = env.open();
     assert_eq!(report.quarantined.len(), 1);
@@ -1044,14 +1051,8 @@ fn a_quarantined_entry_leaves_what_it_names_in_the_ledger_across_opens() {
 #[test]
 fn a_moved_aside_file_and_an_earlier_boots_file_leave_their_names_in_the_ledger() {
     let env = Env::new();
-    let (store, _) = env.open();
-    store
-        .commit(Batch::new().put(uid("b"), created_mig_entry()))
-        .unwrap();
-    drop(store);
-    let text = fs::read_to_string(env.file()).unwrap();
     // A dropped quote: the file is no longer JSON and is moved aside.
-    fs::write(env.file(), text.replacen("\"ml\"", "\"ml", 1)).unwrap();
+    created_then_damaged(&env, |t| t.replacen("\"ml\"", "\"ml", 1));
     let (store, report) = env.open();
     let (aside, _) = report.moved_aside.clone().unwrap();
     let b = &store.lost()[&uid("b")];
