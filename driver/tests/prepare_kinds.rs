@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::prepare::{
     VENDOR_KIND, env_of, gpu_config, gpu_config_for, long_time_slices, node, node_yaml, result,
+    share, share_id, shared_claim,
 };
 use common::{DRIVER, NODE};
 use fake_driver_root::FakeDriverRoot;
@@ -276,27 +277,6 @@ async fn a_failed_commit_rolls_the_prepare_back() {
     assert_eq!(n.status_devices_eventually(&c, 1).await.len(), 1);
     n.unprepare_ok(&c).await;
     assert!(n.mig_instances().is_empty());
-}
-
-/// A result for a memory share `id` of `device` consuming `memory`.
-fn share(request: &str, device: &str, id: &str, memory: &str) -> serde_json::Value {
-    let mut r = result(request, device);
-    r["shareID"] = json!(id);
-    r["consumedCapacity"] = json!({"memory": memory});
-    r
-}
-
-/// The share id of share `letter`.
-fn share_id(letter: char) -> String {
-    format!("11111111-0000-4000-8000-00000000000{letter}")
-}
-
-/// A claim `share-<letter>` for a memory share of `gpu-3` consuming
-/// `memory`.
-async fn shared_claim(n: &common::prepare::Node, letter: char, memory: &str) -> Claim {
-    let name = format!("share-{letter}");
-    let result = share(&name, "gpu-3", &share_id(letter), memory);
-    n.claim(&name, json!([result]), json!([])).await
 }
 
 /// A claim's half-prepared entry on one GPU (its undo failed, even at the

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::prepare::{Node, long_time_slices, node, result};
+use common::prepare::{Node, long_time_slices, node, result, shared_claim};
 use gpu_dra_e2e::kubelet::{Claim, DraVersion};
 use serde_json::json;
 
@@ -315,4 +315,33 @@ async fn hostile_names_in_the_ledger_touch_nothing() {
     assert!(!n.state_dir().join(LEDGER).exists(), "{}", n.logs());
     n.unprepare_ok(&live).await;
     assert!(n.mig_instances().is_empty());
+}
+
+/// Two memory shares of one GPU, one share's entry lost: the GPU's daemon
+/// serves both. The other share's unprepare leaves it running for the lost
+/// share's pods (the last claim out would stop it otherwise), and the lost
+/// share's unprepare stops it.
+#[tokio::test]
+async fn a_shared_daemon_stays_for_a_lost_share_when_the_other_share_leaves() {
+    let mut n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
+    let lost = shared_claim(&n, 'a', "4Gi").await;
+    let other = shared_claim(&n, 'b', "4Gi").await;
+    n.prepare_ok(&lost).await;
+    n.prepare_ok(&other).await;
+    let running = n.live_processes();
+    assert!(!running.is_empty());
+
+    n.stop();
+    n.tamper_entry(&lost);
+    n.restart(&[]).await;
+    assert_eq!(n.live_processes(), running);
+
+    n.unprepare_ok(&other).await;
+    assert_eq!(n.live_processes(), running, "{}", n.logs());
+    assert_eq!(n.exclusive_gpus().len(), 1, "{:?}", n.compute_modes());
+    n.unprepare_ok(&lost).await;
+    assert_eq!(n.processes(), 0, "no process left");
+    assert_eq!(n.mps_daemons(), 0);
+    assert!(n.exclusive_gpus().is_empty(), "{:?}", n.compute_modes());
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
 }

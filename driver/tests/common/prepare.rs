@@ -175,6 +175,27 @@ pub async fn long_time_slices(n: &Node, name: &str) -> Claim {
     .await
 }
 
+/// A result for a memory share `id` of `device` consuming `memory`.
+pub fn share(request: &str, device: &str, id: &str, memory: &str) -> serde_json::Value {
+    let mut r = result(request, device);
+    r["shareID"] = json!(id);
+    r["consumedCapacity"] = json!({"memory": memory});
+    r
+}
+
+/// The share id of share `letter`.
+pub fn share_id(letter: char) -> String {
+    format!("11111111-0000-4000-8000-00000000000{letter}")
+}
+
+/// A claim `share-<letter>` for a memory share of `gpu-3` consuming
+/// `memory`.
+pub async fn shared_claim(n: &Node, letter: char, memory: &str) -> Claim {
+    let name = format!("share-{letter}");
+    let result = share(&name, "gpu-3", &share_id(letter), memory);
+    n.claim(&name, json!([result]), json!([])).await
+}
+
 /// The `env` of a CDI device's container edits.
 pub fn env_of(device: &Value) -> Vec<String> {
     device["containerEdits"]["env"]

@@ -495,6 +495,11 @@ impl Store {
         self.lost_ledger().clone()
     }
 
+    /// Whether a claim of the ledger of lost claims passes `test`.
+    pub fn any_lost(&self, test: impl Fn(&LostClaim) -> bool) -> bool {
+        self.lost_ledger().values().any(test)
+    }
+
     /// Whether the ledger of lost claims names `uid`.
     pub fn is_lost(&self, uid: &ClaimUid) -> bool {
         self.lost_ledger().contains_key(uid)

@@ -1020,9 +1020,10 @@ pub(super) fn mode_needed_by_others(uuid: &str, others: &[(&ClaimUid, &ClaimEntr
 }
 
 /// Undoes what `entry` records, in reverse: MPS daemons (a shared one only
-/// when no other claim uses it), time-slice, compute mode (only when no
-/// other claim needs it), MIG devices this plugin created, the CDI spec.
-/// Best effort: every step is tried, the failures are returned.
+/// when no other claim, nor one whose entry was lost, uses it), time-slice,
+/// compute mode (only when no other claim needs it), MIG devices this
+/// plugin created, the CDI spec. Best effort: every step is tried, the
+/// failures are returned.
 pub(crate) fn undo(
     inner: &Inner,
     uid: &ClaimUid,
@@ -1044,6 +1045,8 @@ pub(crate) fn undo(
         if let Some(daemon) = &record.sharing.mps_daemon
             && !stopped.contains(&daemon.id)
         {
+            // A claim whose entry was lost may use it too (a memory-shared
+            // GPU's daemon): its pods run on until kubelet unprepares it.
             let in_use = others.iter().any(|(_, e)| {
                 e.devices.iter().any(|r| {
                     r.sharing
@@ -1051,7 +1054,7 @@ pub(crate) fn undo(
                         .as_ref()
                         .is_some_and(|m| m.id == daemon.id)
                 })
-            });
+            }) || inner.store.any_lost(|l| l.mps_daemons.contains(&daemon.id));
             if in_use {
                 // Another claim still shares the daemon and the mode.
                 restore_mode = None;

@@ -234,7 +234,7 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
     found.daemons.extend(
         lost_daemons
             .iter()
-            .filter(|id| !daemons.contains(id.as_str()) && inner.mps.is_running(id))
+            .filter(|id| inner.mps.is_running(id))
             .map(|id| (*id).clone()),
     );
     if report.load.lost_entries() {
@@ -272,7 +272,8 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
 struct Found {
     /// MIG devices (UUIDs), with dynamic MIG.
     mig: HashSet<String>,
-    /// MPS daemons running that no entry names.
+    /// MPS daemons running (those an entry names too among them: a
+    /// memory-shared GPU's daemon serves several claims).
     daemons: HashSet<String>,
     /// CDI specs of claims without an entry (UIDs).
     cdi: HashSet<String>,
