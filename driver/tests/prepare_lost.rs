@@ -345,3 +345,53 @@ async fn a_shared_daemon_stays_for_a_lost_share_when_the_other_share_leaves() {
     assert!(n.exclusive_gpus().is_empty(), "{:?}", n.compute_modes());
     assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
 }
+
+/// A lost claim prepared again, whose release then fails (here: a time
+/// slice the ledger names cannot be reset): the ledger keeps the claim,
+/// and its unprepare releases it too, failing (for kubelet to retry) until
+/// the release succeeds.
+#[tokio::test]
+async fn a_release_that_failed_after_a_second_prepare_is_done_at_the_unprepare() {
+    let mut n = node("t4-inference", &[], DraVersion::V1).await;
+    let c = n
+        .claim("whole", json!([result("gpu", "gpu-1")]), json!([]))
+        .await;
+    n.prepare_ok(&c).await;
+    let status = n.status_devices_eventually(&c, 1).await;
+    let gpu = status[0]["data"]["uuid"].as_str().unwrap().to_owned();
+    n.stop();
+    n.tamper_entry(&c);
+    n.restart(&[]).await;
+    n.stop();
+    // The lost entry had set a time slice (as a time-sliced claim's does).
+    let path = n.state_dir().join(LEDGER);
+    let mut ledger: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    ledger["claims"][&c.uid]["timeSlices"] = json!([gpu]);
+    std::fs::write(&path, serde_json::to_vec(&ledger).unwrap()).unwrap();
+    n.restart(&[]).await;
+    n.fake_behaves(fake_driver_root::Behaviour {
+        nvidia_smi_failure: Some((3, "GPU is busy".into())),
+        ..fake_driver_root::Behaviour::default()
+    });
+
+    n.prepare_ok(&c).await;
+    assert!(path.exists(), "the failed release keeps the claim");
+    let r = n.kubelet.unprepare(std::slice::from_ref(&c)).await.unwrap();
+    let error = r[&c.uid].error.clone().unwrap_or_default();
+    assert!(
+        error.contains("releasing what the lost checkpoint entry") && error.contains("GPU is busy"),
+        "{error}\n{}",
+        n.logs()
+    );
+    n.fake_behaves(fake_driver_root::Behaviour::default());
+    n.unprepare_ok(&c).await;
+    assert!(!path.exists());
+    let calls = n.env.driver_root.nvidia_smi_calls().unwrap();
+    let last = calls.last().unwrap();
+    assert!(
+        last.args.contains(&gpu) && last.args.last().unwrap() == "0",
+        "{calls:?}"
+    );
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+}

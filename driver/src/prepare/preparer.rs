@@ -438,6 +438,11 @@ impl Preparer {
             .map_err(|e| ClaimError::Failed(format!("internal error: unprepare task failed: {e}")))?
             .map_err(|e| ClaimError::Failed(e.to_string()))?;
         drop(held);
+        if inner.store.is_lost(&uid) {
+            // Prepared again after its entry was lost, and the release
+            // then failed: what the lost entry named goes now.
+            self.release_lost(&uid).await.map_err(ClaimError::Failed)?;
+        }
         tracing::info!(claim = %claim.uid, namespace = %claim.namespace, name = %claim.name, "claim unprepared");
         // The entry is gone, so no new status write starts; one still
         // running lands before the clear.
