@@ -480,6 +480,12 @@ impl DaemonDirs {
         self.pipe.join(PID_FILE)
     }
 
+    /// The daemon's pid, when its pid file names a live daemon of this
+    /// directory ([`procs::live_daemon_pid`]).
+    fn live_pid(&self) -> Option<u32> {
+        procs::live_daemon_pid(&self.pid_file(), &self.root)
+    }
+
     fn control(&self) -> PathBuf {
         self.pipe.join(CONTROL_SOCKET)
     }
@@ -803,7 +809,7 @@ impl MpsControl {
     fn start_locked(&self, cfg: &DaemonConfig) -> Result<MpsDaemonRecord, MpsError> {
         let dirs = self.usable_dirs(&cfg.id)?;
         let program = self.control_program()?;
-        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file(), &dirs.root) {
+        if let Some(pid) = dirs.live_pid() {
             // Rewritten only when it changes: a memory-shared GPU's daemon
             // is re-adopted by every claim that joins it, and a file made
             // and renamed on disk each time is an inode allocation and a
@@ -1091,7 +1097,7 @@ impl MpsControl {
         let deadline = begun + self.timeouts.ready;
         let mut attempt = 0;
         loop {
-            if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file(), &dirs.root) {
+            if let Some(pid) = dirs.live_pid() {
                 if fs::symlink_metadata(dirs.control()).is_ok() {
                     let left = deadline.saturating_duration_since(Instant::now());
                     match self.send(program, dirs, &cfg.id, probe, left) {
@@ -1188,7 +1194,7 @@ impl MpsControl {
     /// The pid of daemon `id`, when it runs.
     pub fn pid(&self, id: &str) -> Option<u32> {
         let dirs = self.dirs(id).ok()?;
-        procs::live_daemon_pid(&dirs.pid_file(), &dirs.root)
+        dirs.live_pid()
     }
 
     /// The settings daemon `id` was last started with, from its directory.
@@ -1196,13 +1202,11 @@ impl MpsControl {
         read_config(&self.dirs(id)?)
     }
 
-    /// Kills every process of daemon `id` (pid file and marker) and waits
-    /// until they are gone.
+    /// Kills every process of daemon `id` (by its marker: the pid file's
+    /// daemon counts only when it carries it too) and waits until they are
+    /// gone.
     fn kill_all(id: &str, dirs: &DaemonDirs) -> Result<(), MpsError> {
-        let mut pids = procs::daemon_processes(&dirs.root);
-        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file(), &dirs.root) {
-            pids.push(pid);
-        }
+        let pids = procs::daemon_processes(&dirs.root);
         kill_and_wait(pids).map_err(|pids| MpsError::StopFailed {
             id: id.to_owned(),
             pids,
@@ -1241,7 +1245,7 @@ impl MpsControl {
             }
             return Ok(());
         }
-        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file(), &dirs.root) {
+        if let Some(pid) = dirs.live_pid() {
             let quit = self
                 .control_program()
                 .and_then(|p| self.send(&p, dirs, id, "quit", self.timeouts.command));
@@ -1379,7 +1383,7 @@ impl MpsControl {
             }
             other => other?,
         };
-        if let Some(pid) = procs::live_daemon_pid(&dirs.pid_file(), &dirs.root) {
+        if let Some(pid) = dirs.live_pid() {
             return Ok(Health::Running { pid });
         }
         let cfg = read_config(&dirs)?.ok_or_else(|| MpsError::NoRecord {

@@ -464,7 +464,7 @@ impl Preparer {
             .await
             .map_err(|e| format!("internal error: release task failed: {e}"))?;
         drop(held);
-        result.map(drop).map_err(|errors| {
+        result.map_err(|errors| {
             format!(
                 "releasing what the lost checkpoint entry of the claim named failed: {}",
                 errors.join("; ")

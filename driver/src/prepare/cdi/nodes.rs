@@ -96,9 +96,14 @@ impl NodeLocator {
     }
 
     fn required(&self, path: &str) -> Result<DeviceNode, CdiError> {
-        self.node(path)?.ok_or_else(|| CdiError::DeviceNodeMissing {
+        self.node(path)?.ok_or_else(|| self.missing(path))
+    }
+
+    /// The error for node `path` missing under the dev root.
+    fn missing(&self, path: &str) -> CdiError {
+        CdiError::DeviceNodeMissing {
             path: self.dev_root.local(Path::new(path.trim_start_matches('/'))),
-        })
+        }
     }
 
     /// The control nodes; errors when a required one is missing.
@@ -131,11 +136,8 @@ impl NodeLocator {
         ));
         let gi_cap = read_cap(&gi_dir.join("access"))?;
         let ci_cap = read_cap(&gi_dir.join(format!("ci{ci}/access")))?;
-        let nodes = vec![
-            self.required(&format!("/dev/nvidia{parent_minor}"))?,
-            self.cap_node(gi_cap)?,
-            self.cap_node(ci_cap)?,
-        ];
+        let mut nodes = vec![self.required(&format!("/dev/nvidia{parent_minor}"))?];
+        nodes.extend(self.cap_nodes(&[gi_cap, ci_cap])?);
         Ok(MigNodes {
             parent_minor,
             gi_cap_minor: gi_cap.minor,
@@ -144,49 +146,47 @@ impl NodeLocator {
         })
     }
 
-    /// The node of capability `cap`: the host's, or else one the runtime
-    /// makes from its numbers.
-    fn cap_node(&self, cap: Cap) -> Result<DeviceNode, CdiError> {
-        let path = format!("/dev/nvidia-caps/nvidia-cap{}", cap.minor);
-        if let Some(node) = self.node(&path)? {
-            return Ok(node);
-        }
-        let Some(major) = self.caps_major()? else {
-            return Err(CdiError::DeviceNodeMissing {
-                path: self.dev_root.local(Path::new(path.trim_start_matches('/'))),
+    /// The nodes of capabilities `caps`: the host's, or else ones the
+    /// runtime makes from their numbers (`<proc-root>/devices` is read at
+    /// most once, and only when a node is missing).
+    fn cap_nodes(&self, caps: &[Cap]) -> Result<Vec<DeviceNode>, CdiError> {
+        let (mut major, mut looked) = (None, false);
+        let mut nodes = Vec::with_capacity(caps.len());
+        for cap in caps {
+            let path = format!("/dev/nvidia-caps/nvidia-cap{}", cap.minor);
+            if let Some(node) = self.node(&path)? {
+                nodes.push(node);
+                continue;
+            }
+            if !looked {
+                major = self.caps_major()?;
+                looked = true;
+            }
+            let Some(major) = major else {
+                return Err(self.missing(&path));
+            };
+            nodes.push(DeviceNode {
+                path,
+                node_type: Some("c".into()),
+                major: Some(major.into()),
+                minor: Some(cap.minor.into()),
+                file_mode: cap.mode,
+                ..DeviceNode::default()
             });
-        };
-        Ok(DeviceNode {
-            path,
-            node_type: Some("c".into()),
-            major: Some(major.into()),
-            minor: Some(cap.minor.into()),
-            file_mode: cap.mode,
-            ..DeviceNode::default()
-        })
+        }
+        Ok(nodes)
     }
 
     /// The major number of `nvidia-caps` in `<proc-root>/devices`, if the
     /// module registered it.
     fn caps_major(&self) -> Result<Option<u32>, CdiError> {
         let path = self.proc_root.join("devices");
-        let bad = |reason: String| CdiError::BadCapability {
-            path: path.clone(),
-            reason,
-        };
-        let file = match File::open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(bad(e.to_string())),
-        };
-        let mut text = String::new();
-        file.take(MAX_DEVICES_FILE + 1)
-            .read_to_string(&mut text)
-            .map_err(|e| bad(e.to_string()))?;
-        if text.len() as u64 > MAX_DEVICES_FILE {
-            return Err(bad(format!("larger than {MAX_DEVICES_FILE} bytes")));
-        }
-        Ok(parse_char_major(&text, "nvidia-caps"))
+        let text =
+            read_small(&path, MAX_DEVICES_FILE).map_err(|reason| CdiError::BadCapability {
+                path: path.clone(),
+                reason,
+            })?;
+        Ok(text.and_then(|t| parse_char_major(&t, "nvidia-caps")))
     }
 }
 
@@ -228,71 +228,70 @@ pub fn read_cap(path: &Path) -> Result<Cap, CdiError> {
         path: path.to_path_buf(),
         reason,
     };
-    let file = File::open(path).map_err(|e| {
-        if e.kind() == ErrorKind::NotFound {
-            bad("not found (does the MIG instance exist?)".into())
-        } else {
-            bad(e.to_string())
-        }
-    })?;
-    let mut text = String::new();
-    file.take(MAX_CAP_FILE + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| bad(e.to_string()))?;
-    if text.len() as u64 > MAX_CAP_FILE {
-        return Err(bad(format!("larger than {MAX_CAP_FILE} bytes")));
-    }
+    let text = read_small(path, MAX_CAP_FILE)
+        .map_err(&bad)?
+        .ok_or_else(|| bad("not found (does the MIG instance exist?)".into()))?;
     let minor = parse_cap_minor(&text).map_err(&bad)?;
     let mode = parse_cap_mode(&text).map_err(bad)?;
     Ok(Cap { minor, mode })
 }
 
-/// Parses the optional `DeviceFileMode: N` line (decimal permission bits).
-pub fn parse_cap_mode(text: &str) -> Result<Option<u32>, String> {
-    let mut mode = None;
+/// Reads the small text file `path`, at most `max` bytes (`None` when it
+/// does not exist); the error says what went wrong.
+fn read_small(path: &Path, max: u64) -> Result<Option<String>, String> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let mut text = String::new();
+    file.take(max + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| e.to_string())?;
+    if text.len() as u64 > max {
+        return Err(format!("larger than {max} bytes"));
+    }
+    Ok(Some(text))
+}
+
+/// The trimmed value of the one `key: value` line of a capability file,
+/// if there is one.
+fn cap_field<'a>(text: &'a str, key: &str) -> Result<Option<&'a str>, String> {
+    let mut found = None;
     for line in text.lines() {
-        let Some((key, value)) = line.split_once(':') else {
+        let Some((k, value)) = line.split_once(':') else {
             continue;
         };
-        if key.trim() != "DeviceFileMode" {
+        if k.trim() != key {
             continue;
         }
-        if mode.is_some() {
-            return Err("more than one DeviceFileMode line".into());
+        if found.is_some() {
+            return Err(format!("more than one {key} line"));
         }
-        let value = value.trim();
-        mode = Some(
+        found = Some(value.trim());
+    }
+    Ok(found)
+}
+
+/// Parses the optional `DeviceFileMode: N` line (decimal permission bits).
+pub fn parse_cap_mode(text: &str) -> Result<Option<u32>, String> {
+    cap_field(text, "DeviceFileMode")?
+        .map(|value| {
             value
                 .parse::<u32>()
                 .ok()
                 .filter(|m| *m <= 0o7777)
-                .ok_or_else(|| format!("DeviceFileMode {value:?} is not a file mode"))?,
-        );
-    }
-    Ok(mode)
+                .ok_or_else(|| format!("DeviceFileMode {value:?} is not a file mode"))
+        })
+        .transpose()
 }
 
 /// Parses the `DeviceFileMinor: N` line of a capability file.
 pub fn parse_cap_minor(text: &str) -> Result<u32, String> {
-    let mut minor = None;
-    for line in text.lines() {
-        let Some((key, value)) = line.split_once(':') else {
-            continue;
-        };
-        if key.trim() != "DeviceFileMinor" {
-            continue;
-        }
-        if minor.is_some() {
-            return Err("more than one DeviceFileMinor line".into());
-        }
-        let value = value.trim();
-        minor = Some(
-            value
-                .parse::<u32>()
-                .map_err(|_| format!("DeviceFileMinor {value:?} is not a number"))?,
-        );
-    }
-    minor.ok_or_else(|| "no DeviceFileMinor line".into())
+    let value = cap_field(text, "DeviceFileMinor")?.ok_or("no DeviceFileMinor line")?;
+    value
+        .parse::<u32>()
+        .map_err(|_| format!("DeviceFileMinor {value:?} is not a number"))
 }
 
 #[cfg(test)]

@@ -368,13 +368,6 @@ impl Store {
                         for uid in salvaged.claims.keys() {
                             newly_lost.remove(uid);
                         }
-                        for q in &salvaged.quarantined {
-                            let source = format!("quarantined ({})", q.reason);
-                            newly_lost.insert(
-                                ClaimUid(q.uid.clone()),
-                                lost::from_stored(&q.raw, &source, now),
-                            );
-                        }
                         report.salvaged = salvaged.claims.len();
                         report.salvaged_all = salvaged.damaged.is_empty();
                         tracing::warn!(
@@ -383,7 +376,12 @@ impl Store {
                             "entries that still verify taken from the unusable checkpoint"
                         );
                         claims = salvaged.claims;
-                        store.quarantine(salvaged.quarantined, &mut report)?;
+                        store.quarantine(
+                            salvaged.quarantined,
+                            now,
+                            &mut newly_lost,
+                            &mut report,
+                        )?;
                     }
                     false
                 }
@@ -425,14 +423,7 @@ impl Store {
                 } => {
                     claims = loaded;
                     let clean = quarantined.is_empty();
-                    for q in &quarantined {
-                        let source = format!("quarantined ({})", q.reason);
-                        newly_lost.insert(
-                            ClaimUid(q.uid.clone()),
-                            lost::from_stored(&q.raw, &source, now),
-                        );
-                    }
-                    store.quarantine(quarantined, &mut report)?;
+                    store.quarantine(quarantined, now, &mut newly_lost, &mut report)?;
                     clean
                 }
             },
@@ -826,8 +817,15 @@ impl Store {
     }
 
     /// Records quarantined entries in the quarantine file (merged with what
-    /// is there) and in the report.
-    fn quarantine(&self, entries: Vec<Quarantined>, report: &mut LoadReport) -> Result<(), Error> {
+    /// is there), in the report, and, with what their text names, among
+    /// the claims `newly_lost`.
+    fn quarantine(
+        &self,
+        entries: Vec<Quarantined>,
+        now: u64,
+        newly_lost: &mut Ledger,
+        report: &mut LoadReport,
+    ) -> Result<(), Error> {
         if entries.is_empty() {
             return Ok(());
         }
@@ -840,11 +838,13 @@ impl Store {
             },
             _ => Map::new(),
         };
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
         for q in entries {
             tracing::error!(claim = %q.uid, reason = %q.reason, "checkpoint entry quarantined");
+            let source = format!("quarantined ({})", q.reason);
+            newly_lost.insert(
+                ClaimUid(q.uid.clone()),
+                lost::from_stored(&q.raw, &source, now),
+            );
             let mut record = Map::new();
             record.insert("reason".into(), q.reason.clone().into());
             record.insert("quarantinedAtUnixSeconds".into(), now.into());

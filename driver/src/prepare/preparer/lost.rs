@@ -19,29 +19,19 @@ use super::plan::Target;
 use crate::prepare::checkpoint::{ClaimUid, DeviceKind};
 use crate::prepare::{mig, timeslice};
 
-/// Every GPU minor of the node (the locks a release takes).
+/// Every GPU minor of the node (the locks a release takes; the lock table
+/// sorts them and drops repeats).
 pub(super) fn all_minors(inner: &Inner) -> Vec<u32> {
-    let mut minors: Vec<u32> = inner
-        .catalog
-        .values()
-        .map(|t| match t {
-            Target::Gpu(g) => g.minor,
-            Target::Mig(m) => m.request.parent_minor,
-        })
-        .collect();
-    minors.sort_unstable();
-    minors.dedup();
-    minors
+    inner.catalog.values().map(Target::gpu_minor).collect()
 }
 
-/// Releases what the ledger names for `uid`, if it names anything, and
-/// drops the claim from it (blocking; under every GPU's lock). Returns
-/// whether the ledger knew the claim; on failure the claim stays in the
-/// ledger, for the retry.
-pub(super) fn release(inner: &Inner, uid: &ClaimUid) -> Result<bool, Vec<String>> {
+/// Releases what the ledger names for `uid`, if it knows the claim, and
+/// drops the claim from it (blocking; under every GPU's lock). On failure
+/// the claim stays in the ledger, for the retry.
+pub(super) fn release(inner: &Inner, uid: &ClaimUid) -> Result<(), Vec<String>> {
     let ledger = inner.store.lost();
     let Some(claim) = ledger.get(uid) else {
-        return Ok(false);
+        return Ok(());
     };
     let checkpoint = inner.store.snapshot();
     let entries: Vec<_> = checkpoint.claims.iter().collect();
@@ -135,5 +125,5 @@ pub(super) fn release(inner: &Inner, uid: &ClaimUid) -> Result<bool, Vec<String>
         mps = ?claim.mps_daemons,
         "released what a lost checkpoint entry named"
     );
-    Ok(true)
+    Ok(())
 }

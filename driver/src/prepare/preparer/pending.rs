@@ -63,13 +63,19 @@ impl Pending {
 
     /// Returns once `uid` is not pending.
     pub(crate) async fn wait_settled(&self, uid: &ClaimUid) {
+        self.wait_until(|| !self.contains(uid)).await;
+    }
+
+    /// Returns once `done` holds, looked at again after every settle and
+    /// every end of a prepare.
+    async fn wait_until(&self, done: impl Fn() -> bool) {
         loop {
             // Registered before the check, so a settle in between is not
             // missed.
             let notified = self.settled.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if !self.contains(uid) {
+            if done() {
                 return;
             }
             notified.await;
@@ -108,15 +114,8 @@ impl Pending {
 
     /// Returns once no prepare of `uid` runs and `uid` is not pending.
     pub(crate) async fn wait_idle(&self, uid: &ClaimUid) {
-        loop {
-            let notified = self.settled.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if !self.running().contains_key(uid) && !self.contains(uid) {
-                return;
-            }
-            notified.await;
-        }
+        self.wait_until(|| !self.running().contains_key(uid) && !self.contains(uid))
+            .await;
     }
 }
 

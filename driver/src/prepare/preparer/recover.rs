@@ -209,12 +209,15 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
         .flat_map(|e| e.devices.iter())
         .filter_map(|d| d.sharing.mps_daemon.as_ref().map(|m| m.id.clone()))
         .collect();
-    let lost_daemons: HashSet<&String> = lost.values().flat_map(|l| &l.mps_daemons).collect();
+    let lost_daemons: HashSet<&str> = lost
+        .values()
+        .flat_map(|l| l.mps_daemons.iter().map(String::as_str))
+        .collect();
     match inner.mps.list() {
         Ok(ids) => {
             for id in ids.into_iter().filter(|id| !daemons.contains(id)) {
                 // A lost entry's daemon that still runs serves its pods.
-                if lost_daemons.contains(&id) && inner.mps.is_running(&id) {
+                if lost_daemons.contains(id.as_str()) && inner.mps.is_running(&id) {
                     continue;
                 }
                 match inner.mps.stop(&id) {
@@ -226,7 +229,7 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
         Err(e) => report.errors.push(format!("list MPS daemons: {e}")),
     }
     if report.load.lost_entries() || !lost_daemons.is_empty() {
-        let keep = |id: &str| lost_daemons.iter().any(|d| *d == id);
+        let keep = |id: &str| lost_daemons.contains(id);
         let (stopped, errors) = inner.mps.stop_orphans_elsewhere(&keep);
         report.mps_stopped.extend(stopped);
         report.errors.extend(errors);
@@ -235,7 +238,7 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
         lost_daemons
             .iter()
             .filter(|id| inner.mps.is_running(id))
-            .map(|id| (*id).clone()),
+            .map(|id| (*id).to_owned()),
     );
     if report.load.lost_entries() {
         unrecorded_gpu_settings(inner, &remaining, &lost, &mut report);
