@@ -22,7 +22,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::prepare::{Node, gpu_config, node, node_with, result};
+use common::prepare::{LOCK_LOGS, Node, gpu_config, node, node_with, result};
 use common::{DRIVER, NODE};
 use futures::FutureExt;
 use gpu_dra_e2e::kubelet::{Claim, DraVersion, PrepareResult};
@@ -539,16 +539,7 @@ async fn memory_shares_prepared_and_unprepared_at_once_keep_the_daemon_while_use
 /// A `dgx-h100` node whose plugin logs, at debug level, who holds and who
 /// waits for a GPU's lock, which orders concurrent calls without sleeps.
 async fn node_logging_locks() -> Node {
-    node_with(
-        "dgx-h100",
-        &[],
-        DraVersion::V1,
-        &[(
-            "RUST_LOG",
-            "info,gpu_kubelet_plugin::prepare::preparer::locks=debug",
-        )],
-    )
-    .await
+    node_with("dgx-h100", &[], DraVersion::V1, &[LOCK_LOGS]).await
 }
 
 #[tokio::test]

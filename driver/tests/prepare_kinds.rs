@@ -11,8 +11,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::prepare::{
-    VENDOR_KIND, env_of, gpu_config, gpu_config_for, long_time_slices, node, node_yaml, result,
-    share, share_id, shared_claim,
+    LOCK_LOGS, VENDOR_KIND, env_of, gpu_config, gpu_config_for, long_time_slices, node, node_yaml,
+    result, share, share_id, shared_claim,
 };
 use common::{DRIVER, NODE};
 use fake_driver_root::FakeDriverRoot;
@@ -285,11 +285,7 @@ async fn a_failed_commit_rolls_the_prepare_back() {
 /// change to that GPU is made.
 #[tokio::test]
 async fn a_half_prepared_entry_on_another_gpu_is_undone_under_that_gpus_lock() {
-    use gpu_kubelet_plugin::prepare::checkpoint::{Batch, ClaimState, ClaimUid, Store};
-    let lock_logs = [(
-        "RUST_LOG",
-        "info,gpu_kubelet_plugin::prepare::preparer::locks=debug",
-    )];
+    use gpu_kubelet_plugin::prepare::checkpoint::{Batch, ClaimState, ClaimUid};
     let mut n = node("t4-inference", &[], DraVersion::V1).await;
     // What the old entry records: a time slice set on gpu-2.
     let old = long_time_slices(&n, "old").await;
@@ -298,9 +294,7 @@ async fn a_half_prepared_entry_on_another_gpu_is_undone_under_that_gpus_lock() {
         .claim("moved", json!([result("gpu", "gpu-1")]), json!([]))
         .await;
     n.stop();
-    {
-        let boot_id = std::path::Path::new(gpu_kubelet_plugin::prepare::preparer::BOOT_ID);
-        let (store, _) = Store::open(&n.state_dir(), boot_id).unwrap();
+    n.edit_checkpoint(|store| {
         let mut stale = store.get(&ClaimUid(old.uid.clone())).unwrap();
         stale.state = ClaimState::PrepareStarted;
         stale.name = "moved".into();
@@ -311,13 +305,13 @@ async fn a_half_prepared_entry_on_another_gpu_is_undone_under_that_gpus_lock() {
                     .put(ClaimUid(moved.uid.clone()), stale),
             )
             .unwrap();
-    }
+    });
     // The reset fails at the start, so the entry stays.
     n.fake_behaves(fake_driver_root::Behaviour {
         nvidia_smi_failure: Some((3, "GPU is busy".to_owned())),
         ..fake_driver_root::Behaviour::default()
     });
-    n.restart(&lock_logs).await;
+    n.restart(&[LOCK_LOGS]).await;
     assert_eq!(
         n.checkpoint_claims(),
         vec![moved.uid.clone()],
@@ -788,17 +782,13 @@ async fn a_claim_with_shares_of_two_gpus_is_refused_and_leaves_nothing() {
 /// start) leaves the mode to the share that uses it.
 #[tokio::test]
 async fn undoing_a_failed_share_leaves_the_compute_mode_to_the_share_using_the_gpu() {
-    use gpu_kubelet_plugin::prepare::checkpoint::{
-        Batch, ClaimState, ClaimUid, ComputeModeChange, Store,
-    };
+    use gpu_kubelet_plugin::prepare::checkpoint::{Batch, ClaimState, ClaimUid, ComputeModeChange};
     let mut n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
     let a = shared_claim(&n, 'a', "4Gi").await;
     n.prepare_ok(&a).await;
     assert_eq!(n.exclusive_gpus().len(), 1, "{:?}", n.compute_modes());
     n.stop();
-    {
-        let boot_id = std::path::Path::new(gpu_kubelet_plugin::prepare::preparer::BOOT_ID);
-        let (store, _) = Store::open(&n.state_dir(), boot_id).unwrap();
+    n.edit_checkpoint(|store| {
         let mut failed = store.get(&ClaimUid(a.uid.clone())).unwrap();
         failed.state = ClaimState::PrepareStarted;
         failed.name = "share-f".into();
@@ -812,7 +802,7 @@ async fn undoing_a_failed_share_leaves_the_compute_mode_to_the_share_using_the_g
         store
             .commit(Batch::new().put(ClaimUid("f-uid".into()), failed))
             .unwrap();
-    }
+    });
     n.restart(&[]).await;
     assert_eq!(n.checkpoint_claims(), vec![a.uid.clone()], "{}", n.logs());
     assert_eq!(

@@ -19,6 +19,13 @@ use serde_json::{Value, json};
 
 use super::{DRIVER, NODE, Plugin, TestEnv, short_dir};
 
+/// The plugin's environment for debug lines of the GPU locks (which claim
+/// waits for which GPU, and when it holds its locks).
+pub const LOCK_LOGS: (&str, &str) = (
+    "RUST_LOG",
+    "info,gpu_kubelet_plugin::prepare::preparer::locks=debug",
+);
+
 /// The CDI kind of the plugin's claim specs.
 pub const VENDOR_KIND: &str = "k8s.gpu.nvidia.com/claim";
 
@@ -420,6 +427,19 @@ impl Node {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Value::Null,
             Err(e) => panic!("{}: {e}", path.display()),
         }
+    }
+
+    /// Opens the checkpoint of the stopped plugin through the plugin's own
+    /// store, for `edit` to seed or change entries with valid checksums.
+    pub fn edit_checkpoint(
+        &self,
+        edit: impl FnOnce(&gpu_kubelet_plugin::prepare::checkpoint::Store),
+    ) {
+        let boot_id = std::path::Path::new(gpu_kubelet_plugin::prepare::preparer::BOOT_ID);
+        let (store, _) =
+            gpu_kubelet_plugin::prepare::checkpoint::Store::open(&self.state_dir(), boot_id)
+                .unwrap();
+        edit(&store);
     }
 
     /// Changes `claim`'s entry in the checkpoint file behind its checksum
