@@ -131,6 +131,36 @@ async fn an_mps_daemon_whose_entry_was_lost_serves_on_until_its_unprepare() {
     assert!(!n.state_dir().join(LEDGER).exists());
 }
 
+/// A lost MPS claim prepared again (a restarted kubelet does this) finds
+/// its GPU still in the mode the lost entry set: the new prepare changes
+/// nothing, so the new entry takes over the mode to restore from the
+/// ledger, and its unprepare sets the GPU back.
+#[tokio::test]
+async fn a_lost_mps_claim_prepared_again_restores_the_compute_mode_at_its_unprepare() {
+    let mut n = node("t4-inference", &[], DraVersion::V1).await;
+    let c = n.mps_claim("lost").await;
+    n.prepare_ok(&c).await;
+    let running = n.live_processes();
+    n.stop();
+    n.tamper_entry(&c);
+    n.restart(&[]).await;
+
+    n.prepare_ok(&c).await;
+    assert!(
+        !n.state_dir().join(LEDGER).exists(),
+        "released\n{}",
+        n.logs()
+    );
+    assert_eq!(n.live_processes(), running, "the daemon is taken over");
+    assert_eq!(n.exclusive_gpus().len(), 1, "{:?}", n.compute_modes());
+    // On disk: a start in between still restores it.
+    n.restart(&[]).await;
+    n.unprepare_ok(&c).await;
+    assert!(n.exclusive_gpus().is_empty(), "{:?}", n.compute_modes());
+    assert_eq!(n.processes(), 0, "no process left");
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+}
+
 /// An MPS claim's entry lost, and the plugin back with another --mps-dir:
 /// the daemon under the old directory is found by its mark, and since the
 /// lost text names it, it is taken over where it runs instead of killed;

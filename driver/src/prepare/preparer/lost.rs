@@ -7,16 +7,21 @@
 //!
 //! Runs under every GPU's lock: the ledger names devices, not GPUs, and
 //! this path is rare. A thing another entry, or another lost claim, names
-//! is left; the claim leaves the ledger once every step succeeded.
+//! is left; the claim leaves the ledger once every step succeeded. A
+//! compute mode the lost entry set is handed to the new entry (see
+//! [`adopt_compute_modes`]), whose unprepare then restores it.
 
 use std::collections::HashSet;
 
 use gpu_dra_api::config::TimeSliceInterval;
+use gpu_nvml::ComputeMode;
 
 use super::Inner;
-use super::apply::{index_of, mode_needed_by_others, parse_mode};
+use super::apply::{index_of, mode_name, mode_needed_by_others, parse_mode};
 use super::plan::Target;
-use crate::prepare::checkpoint::{ClaimUid, DeviceKind};
+use crate::prepare::checkpoint::{
+    Batch, ClaimEntry, ClaimUid, ComputeModeChange, DeviceKind, LostClaim, PreparedDeviceRecord,
+};
 use crate::prepare::{mig, timeslice};
 
 /// Every GPU minor of the node (the locks a release takes; the lock table
@@ -51,6 +56,18 @@ pub(super) fn release(inner: &Inner, uid: &ClaimUid) -> Result<(), Vec<String>> 
         .chain(other_lost().flat_map(|l| l.mps_daemons.iter().map(String::as_str)))
         .collect();
     let mut errors = Vec::new();
+    // GPUs whose mode the claim's new entry now restores.
+    let mut adopted = HashSet::new();
+    if let Some(entry) = checkpoint.claims.get(uid)
+        && let Some((updated, gpus)) = adopt_compute_modes(claim, entry)
+    {
+        match inner.store.commit(Batch::new().put(uid.clone(), updated)) {
+            Ok(()) => adopted = gpus,
+            Err(e) => errors.push(format!(
+                "hand the compute modes to restore to the claim's new entry: {e}"
+            )),
+        }
+    }
 
     for id in claim
         .mps_daemons
@@ -79,7 +96,11 @@ pub(super) fn release(inner: &Inner, uid: &ClaimUid) -> Result<(), Vec<String>> 
             errors.push(format!("reset the time slice of GPU {gpu}: {e}"));
         }
     }
-    for (gpu, previous) in &claim.compute_modes {
+    for (gpu, previous) in claim
+        .compute_modes
+        .iter()
+        .filter(|(gpu, _)| !adopted.contains(gpu.as_str()))
+    {
         let needed = mode_needed_by_others(gpu, &entries)
             || other_lost().any(|l| l.compute_modes.contains_key(gpu));
         let (Some(index), Some(mode)) = (index_of(inner, gpu), parse_mode(previous)) else {
@@ -123,7 +144,170 @@ pub(super) fn release(inner: &Inner, uid: &ClaimUid) -> Result<(), Vec<String>> 
         source = %claim.source,
         mig = ?claim.mig_uuids,
         mps = ?claim.mps_daemons,
+        compute_modes_handed_over = ?adopted,
         "released what a lost checkpoint entry named"
     );
     Ok(())
+}
+
+/// The claim's new `entry` with the compute modes its lost entry set and
+/// the new one did not record, and those GPUs; `None` when there are none.
+///
+/// Prepared again while a GPU is still in the mode the lost entry set, the
+/// new prepare changes nothing and records no mode to restore, and its
+/// unprepare would leave the GPU in it. So the whole-GPU record that needs
+/// the mode (an MPS daemon: `ExclusiveProcess`; a time slice: `Default`)
+/// takes over the change, with the mode the lost entry found before.
+fn adopt_compute_modes<'a>(
+    lost: &'a LostClaim,
+    entry: &ClaimEntry,
+) -> Option<(ClaimEntry, HashSet<&'a str>)> {
+    let mut updated = entry.clone();
+    let mut gpus = HashSet::new();
+    for (gpu, previous) in &lost.compute_modes {
+        let on_gpu = |r: &PreparedDeviceRecord| {
+            !r.admin && matches!(&r.kind, DeviceKind::Gpu { uuid, .. } if uuid == gpu)
+        };
+        // The new prepare changed the mode itself: it knows the one it found.
+        if updated
+            .devices
+            .iter()
+            .any(|r| on_gpu(r) && r.sharing.compute_mode.is_some())
+        {
+            continue;
+        }
+        let needing = updated
+            .devices
+            .iter_mut()
+            .filter(|r| on_gpu(r))
+            .find_map(|r| {
+                let set = if r.sharing.mps_daemon.is_some() {
+                    ComputeMode::ExclusiveProcess
+                } else if r.sharing.time_slice_interval.is_some() {
+                    ComputeMode::Default
+                } else {
+                    return None;
+                };
+                Some((r, set))
+            });
+        if let Some((record, set)) = needing {
+            record.sharing.compute_mode = Some(ComputeModeChange {
+                set: mode_name(set).to_owned(),
+                previous: previous.clone(),
+            });
+            gpus.insert(gpu.as_str());
+        }
+    }
+    (!gpus.is_empty()).then_some((updated, gpus))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::adopt_compute_modes;
+    use crate::prepare::checkpoint::{
+        ClaimEntry, ClaimState, ComputeModeChange, DeviceKind, LostClaim, MpsDaemonRecord,
+        PreparedDeviceRecord, SharingApplied,
+    };
+
+    const GPU: &str = "GPU-11111111-2222-3333-4444-555555555555";
+
+    fn record(uuid: &str, sharing: SharingApplied, admin: bool) -> PreparedDeviceRecord {
+        PreparedDeviceRecord {
+            kind: DeviceKind::Gpu {
+                uuid: uuid.into(),
+                minor: 0,
+            },
+            requests: vec!["gpu".into()],
+            pool: "node-a".into(),
+            device: "gpu-0".into(),
+            share_id: None,
+            cdi_device_ids: vec![],
+            sharing,
+            admin,
+        }
+    }
+
+    fn entry(devices: Vec<PreparedDeviceRecord>) -> ClaimEntry {
+        ClaimEntry {
+            state: ClaimState::PrepareCompleted,
+            namespace: "default".into(),
+            name: "again".into(),
+            devices,
+            cdi_spec_paths: vec![],
+        }
+    }
+
+    fn lost(previous: &str) -> LostClaim {
+        LostClaim {
+            compute_modes: [(GPU.to_owned(), previous.to_owned())].into(),
+            ..LostClaim::default()
+        }
+    }
+
+    fn mps() -> SharingApplied {
+        SharingApplied {
+            mps_daemon: Some(MpsDaemonRecord {
+                id: "claim-x-0".into(),
+                ..MpsDaemonRecord::default()
+            }),
+            ..SharingApplied::default()
+        }
+    }
+
+    fn change(set: &str, previous: &str) -> Option<ComputeModeChange> {
+        Some(ComputeModeChange {
+            set: set.into(),
+            previous: previous.into(),
+        })
+    }
+
+    #[test]
+    fn the_record_that_needs_the_mode_takes_over_what_the_lost_entry_found() {
+        let admin = record(GPU, mps(), true);
+        let found = lost("Default");
+        let (updated, gpus) = adopt_compute_modes(
+            &found,
+            &entry(vec![admin.clone(), record(GPU, mps(), false)]),
+        )
+        .unwrap();
+        assert_eq!(gpus.into_iter().collect::<Vec<_>>(), [GPU]);
+        assert_eq!(updated.devices[0], admin, "an admin record changes nothing");
+        assert_eq!(
+            updated.devices[1].sharing.compute_mode,
+            change("ExclusiveProcess", "Default")
+        );
+
+        let slice = SharingApplied {
+            time_slice_interval: Some("Long".into()),
+            ..SharingApplied::default()
+        };
+        let (updated, _) = adopt_compute_modes(
+            &lost("ExclusiveProcess"),
+            &entry(vec![record(GPU, slice, false)]),
+        )
+        .unwrap();
+        assert_eq!(
+            updated.devices[0].sharing.compute_mode,
+            change("Default", "ExclusiveProcess")
+        );
+    }
+
+    #[test]
+    fn nothing_is_taken_over_where_the_new_entry_knows_the_mode_or_needs_none() {
+        let mut own = mps();
+        own.compute_mode = change("ExclusiveProcess", "Prohibited");
+        let cases = [
+            // Changed by the new prepare itself.
+            entry(vec![record(GPU, own, false), record(GPU, mps(), false)]),
+            // Another GPU.
+            entry(vec![record("GPU-other", mps(), false)]),
+            // Exclusive whole GPU: no mode needed.
+            entry(vec![record(GPU, SharingApplied::default(), false)]),
+            // Only admin access.
+            entry(vec![record(GPU, mps(), true)]),
+        ];
+        for e in cases {
+            assert_eq!(adopt_compute_modes(&lost("Default"), &e), None, "{e:?}");
+        }
+    }
 }
