@@ -254,11 +254,11 @@ mod tests {
         }
     }
 
-    fn change(set: &str, previous: &str) -> Option<ComputeModeChange> {
-        Some(ComputeModeChange {
+    fn change(set: &str, previous: &str) -> ComputeModeChange {
+        ComputeModeChange {
             set: set.into(),
             previous: previous.into(),
-        })
+        }
     }
 
     #[test]
@@ -274,7 +274,7 @@ mod tests {
         assert_eq!(updated.devices[0], admin, "an admin record changes nothing");
         assert_eq!(
             updated.devices[1].sharing.compute_mode,
-            change("ExclusiveProcess", "Default")
+            Some(change("ExclusiveProcess", "Default"))
         );
 
         let slice = SharingApplied {
@@ -288,14 +288,14 @@ mod tests {
         .unwrap();
         assert_eq!(
             updated.devices[0].sharing.compute_mode,
-            change("Default", "ExclusiveProcess")
+            Some(change("Default", "ExclusiveProcess"))
         );
     }
 
     #[test]
     fn nothing_is_taken_over_where_the_new_entry_knows_the_mode_or_needs_none() {
         let mut own = mps();
-        own.compute_mode = change("ExclusiveProcess", "Prohibited");
+        own.compute_mode = Some(change("ExclusiveProcess", "Prohibited"));
         let cases = [
             // Changed by the new prepare itself.
             entry(vec![record(GPU, own, false), record(GPU, mps(), false)]),
