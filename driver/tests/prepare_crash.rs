@@ -376,3 +376,63 @@ async fn the_full_claim_prepare_writes_the_checkpoint_exactly_that_often() {
     assert_clean(&n, &claim, "after the unprepare").await;
     assert_no_temp_files(&n);
 }
+
+/// The prepare's `PrepareCompleted` write fails after the new file took the
+/// checkpoint's name (its directory's fsync), then the rollback's next
+/// write (`@N+1`) fails too. The completed entry is what the file holds,
+/// and what a retry is answered from, so the hardware must stay with it.
+/// `second`: the write that fails next. Returns the prepare's error too.
+async fn failed_commit_then_failed_write(second: u32) -> (Node, Claim, String, String) {
+    let failpoints =
+        format!("checkpoint-fail-dir-sync@{PREPARE_WRITES},checkpoint-fail-temp-write@{second}");
+    let n = node_with(PROFILE, FLAGS, DraVersion::V1, &[(FAILPOINT, &failpoints)]).await;
+    let (claim, mig) = full_claim(&n).await;
+    let r = n
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap_or_else(|e| panic!("prepare call failed: {e}\n{}", n.logs()));
+    let error = r[&claim.uid].error.clone().unwrap_or_default();
+    (n, claim, mig, error)
+}
+
+/// The mark for the rollback fails: nothing is undone, the claim stays
+/// prepared as the file says, and the retry is answered from it, true.
+#[tokio::test]
+async fn a_completed_entry_on_disk_that_cannot_be_marked_keeps_its_hardware() {
+    let (n, claim, mig, error) = failed_commit_then_failed_write(PREPARE_WRITES + 1).await;
+    assert!(
+        error.contains("injected directory fsync failure"),
+        "{error}\n{}",
+        n.logs()
+    );
+    assert_prepared(&n, &claim, "after the failed commit");
+    assert!(n.logs().contains("rollback not started"), "{}", n.logs());
+    prepare_and_check(&n, &claim, &mig).await;
+    n.unprepare_ok(&claim).await;
+    assert_clean(&n, &claim, "after the unprepare").await;
+}
+
+/// The mark succeeds and the hardware is undone, then the removal fails:
+/// the entry stays `PrepareStarted`, so the retry undoes it again and
+/// prepares afresh instead of answering a completed entry.
+#[tokio::test]
+async fn a_rollback_whose_removal_fails_leaves_a_started_entry_for_the_retry() {
+    let (n, claim, mig, error) = failed_commit_then_failed_write(PREPARE_WRITES + 2).await;
+    assert!(
+        error.contains("(rollback)") && error.contains("injected write failure"),
+        "{error}\n{}",
+        n.logs()
+    );
+    assert_eq!(
+        n.checkpoint()["entries"][&claim.uid]["entry"]["state"],
+        "PrepareStarted",
+        "{}\n{}",
+        n.checkpoint(),
+        n.logs()
+    );
+    assert_eq!(n.processes(), 0, "the daemons were stopped\n{}", n.logs());
+    prepare_and_check(&n, &claim, &mig).await;
+    n.unprepare_ok(&claim).await;
+    assert_clean(&n, &claim, "after the unprepare").await;
+}

@@ -57,16 +57,22 @@ use super::{
 /// Lost claims by UID (see [`lost`]).
 type Ledger = BTreeMap<ClaimUid, LostClaim>;
 
-/// Environment variable naming a step at which a checkpoint commit aborts
+/// Environment variable naming steps at which a checkpoint commit aborts
 /// the process, for crash tests: `checkpoint-before-temp-write`,
 /// `checkpoint-mid-temp-write`, `checkpoint-after-temp-write`,
-/// `checkpoint-after-rename`, `checkpoint-after-dir-sync`, each optionally
-/// followed by `@N`: at the N-th commit write since the store was opened
-/// (default: the first). Other values are left to the prepare code's own
-/// step failpoints; a malformed `checkpoint-` value is logged and not armed.
+/// `checkpoint-after-rename`, `checkpoint-after-dir-sync`; or fails with an
+/// injected I/O error, for tests of failed writes:
+/// `checkpoint-fail-temp-write` (nothing on disk changes) and
+/// `checkpoint-fail-dir-sync` (the new file has taken the checkpoint's
+/// name). Each is optionally followed by `@N`: at the N-th commit write
+/// since the store was opened (default: the first). Several are separated
+/// by commas; the first one armed for a write is the one it hits. Other
+/// values are left to the prepare code's own step failpoints; a malformed
+/// `checkpoint-` value is logged and not armed.
 pub const FAILPOINT_ENV: &str = "GPU_DRA_FAILPOINT";
 
-/// A step of a commit at which a crash test kills the process.
+/// A step of a commit at which a crash test kills the process, or a step
+/// a test makes fail (`Fail...`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Failpoint {
     BeforeTempWrite,
@@ -74,6 +80,8 @@ enum Failpoint {
     AfterTempWrite,
     AfterRename,
     AfterDirSync,
+    FailTempWrite,
+    FailDirSync,
 }
 
 /// A failpoint and the commit write (1-based, counted from open) it hits.
@@ -87,19 +95,28 @@ struct Armed {
 const MAX_FAILPOINT_WRITE: u64 = 1_000_000;
 
 impl Armed {
-    fn from_env() -> Option<Self> {
-        let value = std::env::var(FAILPOINT_ENV).ok()?;
-        match Self::parse(&value) {
-            Ok(Some(armed)) => {
-                tracing::warn!(failpoint = %value, "checkpoint failpoint armed: the process will abort");
-                Some(armed)
-            }
-            Ok(None) => None,
-            Err(reason) => {
-                tracing::error!(failpoint = %value, reason, "checkpoint failpoint not armed");
-                None
-            }
-        }
+    fn from_env() -> Vec<Self> {
+        std::env::var(FAILPOINT_ENV)
+            .map(|value| Self::parse_all(&value))
+            .unwrap_or_default()
+    }
+
+    /// The checkpoint failpoints of a comma-separated list.
+    fn parse_all(value: &str) -> Vec<Self> {
+        value
+            .split(',')
+            .filter_map(|one| match Self::parse(one) {
+                Ok(Some(armed)) => {
+                    tracing::warn!(failpoint = %one, "checkpoint failpoint armed: a write will abort the process or fail");
+                    Some(armed)
+                }
+                Ok(None) => None,
+                Err(reason) => {
+                    tracing::error!(failpoint = %one, reason, "checkpoint failpoint not armed");
+                    None
+                }
+            })
+            .collect()
     }
 
     /// `Ok(None)` for a value that is not a checkpoint failpoint.
@@ -125,14 +142,16 @@ impl Armed {
             "checkpoint-after-temp-write" => Failpoint::AfterTempWrite,
             "checkpoint-after-rename" => Failpoint::AfterRename,
             "checkpoint-after-dir-sync" => Failpoint::AfterDirSync,
+            "checkpoint-fail-temp-write" => Failpoint::FailTempWrite,
+            "checkpoint-fail-dir-sync" => Failpoint::FailDirSync,
             _ => return Err("unknown checkpoint failpoint"),
         };
         Ok(Some(Self { at, write }))
     }
 
     /// The step armed for commit write number `write`, if any.
-    fn for_write(armed: Option<Self>, write: u64) -> Option<Failpoint> {
-        armed.filter(|a| a.write == write).map(|a| a.at)
+    fn for_write(armed: &[Self], write: u64) -> Option<Failpoint> {
+        armed.iter().find(|a| a.write == write).map(|a| a.at)
     }
 }
 
@@ -280,7 +299,7 @@ pub struct Store {
     path: PathBuf,
     /// The boot the entries belong to (this boot, once open).
     boot_id: String,
-    failpoint: Option<Armed>,
+    failpoints: Vec<Armed>,
     shared: Mutex<Shared>,
     written: Condvar,
     writes: AtomicU64,
@@ -317,7 +336,7 @@ impl Store {
             dir: state_dir.to_owned(),
             path: state_dir.join(FILE_NAME),
             boot_id: boot_id.clone(),
-            failpoint: Armed::from_env(),
+            failpoints: Armed::from_env(),
             shared: Mutex::new(Shared::default()),
             written: Condvar::new(),
             writes: AtomicU64::new(0),
@@ -643,7 +662,7 @@ impl Store {
                 .map_err(|e| (failure("serialise checkpoint", &self.path, e.into()), None))
                 .and_then(|(changed, bytes)| {
                     let armed =
-                        Armed::for_write(self.failpoint, self.writes.load(Ordering::Relaxed) + 1);
+                        Armed::for_write(&self.failpoints, self.writes.load(Ordering::Relaxed) + 1);
                     match self.write_atomic(&self.path, &bytes, armed) {
                         Ok(()) => Ok(changed),
                         Err(Unfinished { failure, in_place }) => {
@@ -742,6 +761,13 @@ impl Store {
             .open(&temp)
             .map_err(|e| before(failure("open temp file", &temp, e)))?;
         Failpoint::hit(failpoint, Failpoint::BeforeTempWrite);
+        if failpoint == Some(Failpoint::FailTempWrite) {
+            return Err(before(failure(
+                "write temp file",
+                &temp,
+                io::Error::other("injected write failure (failpoint)"),
+            )));
+        }
         if failpoint == Some(Failpoint::MidTempWrite) {
             file.write_all(&bytes[..bytes.len() / 2])
                 .and_then(|()| file.sync_all())
@@ -765,7 +791,7 @@ impl Store {
         let injected = self.fail_dir_sync.swap(false, Ordering::Relaxed);
         #[cfg(not(test))]
         let injected = false;
-        let synced = if injected {
+        let synced = if injected || failpoint == Some(Failpoint::FailDirSync) {
             Err(io::Error::other("injected directory fsync failure"))
         } else {
             File::open(&self.dir).and_then(|dir| dir.sync_all())
@@ -979,10 +1005,41 @@ mod tests {
 
     #[test]
     fn a_failpoint_hits_only_its_write() {
-        let armed = Armed::parse("checkpoint-after-temp-write@2").unwrap();
-        assert_eq!(Armed::for_write(armed, 1), None);
-        assert_eq!(Armed::for_write(armed, 2), Some(Failpoint::AfterTempWrite));
-        assert_eq!(Armed::for_write(armed, 3), None);
-        assert_eq!(Armed::for_write(None, 1), None);
+        let armed: Vec<Armed> = Armed::parse("checkpoint-after-temp-write@2")
+            .unwrap()
+            .into_iter()
+            .collect();
+        assert_eq!(Armed::for_write(&armed, 1), None);
+        assert_eq!(Armed::for_write(&armed, 2), Some(Failpoint::AfterTempWrite));
+        assert_eq!(Armed::for_write(&armed, 3), None);
+        assert_eq!(Armed::for_write(&[], 1), None);
+    }
+
+    #[test]
+    fn a_list_arms_each_checkpoint_failpoint_in_it_and_the_first_for_a_write_wins() {
+        let armed = Armed::parse_all(
+            "checkpoint-fail-dir-sync@2,prepare-after-mig,checkpoint-bogus,checkpoint-fail-temp-write@3,checkpoint-after-rename@3,",
+        );
+        assert_eq!(
+            armed,
+            [
+                Armed {
+                    at: Failpoint::FailDirSync,
+                    write: 2
+                },
+                Armed {
+                    at: Failpoint::FailTempWrite,
+                    write: 3
+                },
+                Armed {
+                    at: Failpoint::AfterRename,
+                    write: 3
+                },
+            ]
+        );
+        assert_eq!(Armed::for_write(&armed, 1), None);
+        assert_eq!(Armed::for_write(&armed, 2), Some(Failpoint::FailDirSync));
+        assert_eq!(Armed::for_write(&armed, 3), Some(Failpoint::FailTempWrite));
+        assert!(Armed::parse_all("").is_empty());
     }
 }

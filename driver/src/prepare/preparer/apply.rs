@@ -108,10 +108,12 @@ pub enum PrepareError {
     Undo(Vec<String>),
 }
 
-/// A crash-test hook: with `GPU_DRA_FAILPOINT=<name>` the process aborts
-/// at that step, as a SIGKILL would stop it (no unwinding, no cleanup).
+/// A crash-test hook: with `GPU_DRA_FAILPOINT=<name>` (or a comma-separated
+/// list naming it) the process aborts at that step, as a SIGKILL would stop it (no unwinding, no cleanup).
 fn failpoint(name: &str) {
-    if std::env::var(crate::prepare::checkpoint::FAILPOINT_ENV).as_deref() == Ok(name) {
+    if std::env::var(crate::prepare::checkpoint::FAILPOINT_ENV)
+        .is_ok_and(|value| value.split(',').any(|one| one == name))
+    {
         tracing::warn!(failpoint = name, "failpoint hit: aborting");
         std::process::abort();
     }
@@ -219,6 +221,12 @@ pub(crate) fn abandon(
 /// Undoes a failed prepare and drops its entry if one was journalled;
 /// returns the prepare's error. An incomplete undo leaves the entry
 /// (`PrepareStarted`) so the next attempt or the next start retries it.
+///
+/// A failed `PrepareCompleted` commit may have put the entry on disk all
+/// the same (only the directory's fsync failed): the store then holds it,
+/// and a retry would be answered from it. So the hardware is undone only
+/// once the entry reads `PrepareStarted` again; if that write fails too,
+/// the claim stays prepared, whole, and the retry's answer is true.
 fn roll_back(
     inner: &Inner,
     uid: &ClaimUid,
@@ -228,6 +236,27 @@ fn roll_back(
 ) -> PrepareError {
     tracing::warn!(claim = %uid, error = %error, "prepare failed; rolling back");
     entry.state = ClaimState::PrepareStarted;
+    let completed = || {
+        inner
+            .store
+            .get(uid)
+            .is_some_and(|e| e.state == ClaimState::PrepareCompleted)
+    };
+    if completed() {
+        let marked = commit(
+            inner,
+            Batch::new().put(uid.clone(), entry.clone()),
+            "mark the completed entry for the rollback",
+        );
+        if completed() {
+            tracing::error!(
+                claim = %uid,
+                error = %marked.err().map(|e| e.to_string()).unwrap_or_default(),
+                "rollback not started: the completed entry is on disk and could not be marked; the claim stays prepared and a retry is answered from it"
+            );
+            return error;
+        }
+    }
     if let Err(undo_errors) = undo(inner, uid, &entry, others) {
         tracing::error!(claim = %uid, errors = ?undo_errors, "rollback incomplete; the entry stays for a retry");
         let _ = inner.store.commit(Batch::new().put(uid.clone(), entry));
