@@ -618,8 +618,8 @@ impl Store {
     /// the batch. On error the batch is not applied, unless the write
     /// failed after the new file took the checkpoint's name (its
     /// directory's fsync): then the entries follow the file, which every
-    /// reader (and the next start) sees, and the caller's rollback, seeing
-    /// its entry, writes its removal.
+    /// reader (and the next start) sees; the caller's rollback, seeing its
+    /// entry, marks it for the undo before it undoes anything.
     pub fn commit(&self, batch: Batch) -> Result<(), Error> {
         if batch.is_empty() {
             return Ok(());
