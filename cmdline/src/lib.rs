@@ -1,12 +1,17 @@
 //! What every binary of the project does at its edge, written once: flag
-//! errors as one `error: ...` line (exit 2), `--log-format text|json`
-//! logging to stderr, and running the async main with a one-line error and
-//! exit 1 on failure. The binaries (`gpu-kubelet-plugin`,
-//! `gpu-dra-controller`, `kubelet-sim`) share these conventions, and their
-//! tests check them, so they live in one place.
+//! errors as one `error: ...` line (exit 2), one duration syntax for flags
+//! (`30s`, `500ms`), `--log-format text|json` logging to stderr, and
+//! running the async main with a one-line error and exit 1 on failure. The
+//! binaries (`gpu-kubelet-plugin`, `gpu-dra-controller`, `kubelet-sim`)
+//! share these conventions, and their tests check them, so they live in
+//! one place.
 
 use std::future::Future;
 use std::process::ExitCode;
+use std::time::Duration;
+
+/// Longest duration [`parse_duration`] accepts.
+const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -108,6 +113,37 @@ pub fn one_line(err: &anyhow::Error) -> String {
     format!("error: {}", format!("{err:#}").replace('\n', " "))
 }
 
+/// `0`, or `<n>ms`, `<n>s`, `<n>m`, `<n>h`, at most 24 hours: the one
+/// duration syntax of the binaries' flags (each flag may narrow it).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let split = s
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("invalid duration {s:?}: missing unit (ms, s, m or h)"))?;
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 30s, 500ms, 5m"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => {
+            return Err(format!(
+                "invalid duration {s:?}: unit must be ms, s, m or h"
+            ));
+        }
+    };
+    if d > MAX_DURATION {
+        return Err(format!("duration {s:?} is too long (at most 24h)"));
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
@@ -159,5 +195,33 @@ mod tests {
             Err(anyhow::anyhow!("boom"))
         });
         assert_eq!(failed, ExitCode::FAILURE);
+    }
+
+    #[test]
+    fn durations_parse_and_bad_ones_are_explained() {
+        for (text, want) in [
+            ("0", Duration::ZERO),
+            ("0s", Duration::ZERO),
+            ("250ms", Duration::from_millis(250)),
+            ("30s", Duration::from_secs(30)),
+            ("5m", Duration::from_secs(300)),
+            ("24h", Duration::from_secs(86_400)),
+        ] {
+            assert_eq!(parse_duration(text).unwrap(), want, "{text}");
+        }
+        for (text, needle) in [
+            ("", "missing unit"),
+            ("30", "missing unit"),
+            ("s", "expected e.g."),
+            ("-5s", "expected e.g."),
+            ("5d", "unit must be"),
+            ("1.5s", "unit must be"),
+            ("25h", "too long"),
+            ("99999999999999999999s", "expected e.g."),
+            ("18446744073709551615h", "too long"),
+        ] {
+            let err = parse_duration(text).unwrap_err();
+            assert!(err.contains(needle), "{text:?}: {err}");
+        }
     }
 }

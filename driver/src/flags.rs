@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
 
 pub use gpu_dra_cmdline::LogFormat;
 
@@ -100,6 +101,12 @@ pub struct Flags {
     /// starts daemons itself.
     #[arg(long, env = "MPS_HOST_SOCKET", value_parser = parse_socket_path)]
     pub mps_host_socket: Option<PathBuf>,
+
+    /// How often the MPS control daemons of prepared claims (and of claims
+    /// whose checkpoint entries were lost) are checked; one found dead is
+    /// started again with its settings. `100ms` to `1h`.
+    #[arg(long, env = "MPS_CHECK_INTERVAL", default_value = "10s", value_parser = parse_check_interval)]
+    pub mps_check_interval: Duration,
 
     /// A DaemonSet rolling update with a surge pod (`maxSurge: 1`): when
     /// another plugin instance holds the state directory, wait for it to
@@ -256,6 +263,17 @@ fn parse_mps_dir(s: &str) -> Result<PathBuf, String> {
     Ok(path.to_path_buf())
 }
 
+/// A duration (see [`gpu_dra_cmdline::parse_duration`]) from 100 ms to an
+/// hour: shorter checks would keep the plugin busy; longer ones leave MPS
+/// clients without a daemon for too long.
+fn parse_check_interval(s: &str) -> Result<Duration, String> {
+    let d = gpu_dra_cmdline::parse_duration(s)?;
+    if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
+        return Err(format!("duration {s:?} is out of range (100ms to 1h)"));
+    }
+    Ok(d)
+}
+
 /// An absolute path without `..` that fits a UNIX socket's `sun_path`.
 pub(crate) fn parse_socket_path(s: &str) -> Result<PathBuf, String> {
     let path = absolute_without_dotdot(s, "both pods reach the socket by this path")?;
@@ -298,6 +316,7 @@ mod tests {
         assert_eq!(f.metrics_addr, None);
         assert_eq!(f.dev_root, PathBuf::from("/"));
         assert_eq!(f.proc_root, PathBuf::from("/proc"));
+        assert_eq!(f.mps_check_interval, Duration::from_secs(10));
         assert_eq!(
             f.state_dir(),
             PathBuf::from("/var/lib/kubelet/plugins/gpu.nvidia.com")
@@ -417,6 +436,22 @@ mod tests {
             (
                 &["--node-name", "n", "--mps-dir", "/dev/shm/mps"][..],
                 "is under /dev/shm",
+            ),
+            (
+                &["--node-name", "n", "--mps-check-interval", "50ms"][..],
+                "out of range (100ms to 1h)",
+            ),
+            (
+                &["--node-name", "n", "--mps-check-interval", "2h"][..],
+                "out of range",
+            ),
+            (
+                &["--node-name", "n", "--mps-check-interval", "10"][..],
+                "missing unit",
+            ),
+            (
+                &["--node-name", "n", "--mps-check-interval", "-1s"][..],
+                "--mps-check-interval",
             ),
             (
                 &["--node-name", "n", "--mps-dir", "/dev/./shm"][..],

@@ -371,6 +371,7 @@ pub fn preparer_options(flags: &Flags) -> Result<preparer::Options, Error> {
         mps_host: flags.mps_host_socket.clone(),
         cdi_hook: flags.nvidia_cdi_hook_path.clone(),
         wait_for_lock: None,
+        mps_check_interval: flags.mps_check_interval,
     })
 }
 

@@ -421,6 +421,51 @@ async fn mps_claim_gets_a_daemon_with_its_limits_and_the_pipe() {
     assert_eq!(n.processes(), 0, "no process left");
 }
 
+/// A prepared claim's MPS daemon that dies is started again by the
+/// plugin's periodic check (`--mps-check-interval`), with the claim's
+/// settings, and the unprepare stops the new one.
+#[tokio::test]
+async fn a_dead_mps_daemon_is_started_again_with_its_settings() {
+    let n = node(
+        "t4-inference",
+        &["--mps-check-interval=100ms"],
+        DraVersion::V1,
+    )
+    .await;
+    let c = n
+        .claim(
+            "mps",
+            json!([result("gpu", "gpu-0")]),
+            json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
+                "defaultActiveThreadPercentage": 25}}))]),
+        )
+        .await;
+    n.prepare_ok(&c).await;
+    let applied = || {
+        n.env
+            .driver_root
+            .mps_commands()
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.command == "set_default_active_thread_percentage 25")
+            .count()
+    };
+    assert_eq!(applied(), 1);
+
+    let new = n.kill_daemons_and_wait_for_new();
+    assert!(!new.is_empty(), "not started again\n{}", n.logs());
+    assert!(
+        n.logs()
+            .contains("MPS control daemon is gone; restarting it"),
+        "{}",
+        n.logs()
+    );
+    assert_eq!(applied(), 2, "the settings again\n{}", n.logs());
+    n.unprepare_ok(&c).await;
+    assert_eq!(n.mps_daemons(), 0, "daemon stopped");
+    assert_eq!(n.processes(), 0, "no process left");
+}
+
 /// NVIDIA's driver starts one daemon per config entry, and counts
 /// index-keyed per-device limits within the entry's devices, sorted by UUID.
 /// Two entries with the same content are two groups: each GPU is its

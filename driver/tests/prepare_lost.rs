@@ -161,6 +161,32 @@ async fn a_lost_mps_claim_prepared_again_restores_the_compute_mode_at_its_unprep
     assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
 }
 
+/// The daemon of a claim whose entry was lost dies: the plugin's periodic
+/// check starts it again (its pods run on, and kubelet will not prepare
+/// the claim again), and the unprepare stops the new one.
+#[tokio::test]
+async fn a_lost_claims_dead_daemon_is_started_again_until_its_unprepare() {
+    let mut n = node("t4-inference", &[], DraVersion::V1).await;
+    let c = n.mps_claim("lost").await;
+    n.prepare_ok(&c).await;
+    n.stop();
+    n.tamper_entry(&c);
+    n.restart_with_flags(&["--mps-check-interval=100ms"]).await;
+
+    let new = n.kill_daemons_and_wait_for_new();
+    assert!(!new.is_empty(), "not started again\n{}", n.logs());
+    assert!(
+        n.logs()
+            .contains("MPS control daemon is gone; restarting it"),
+        "{}",
+        n.logs()
+    );
+    n.unprepare_ok(&c).await;
+    assert_eq!(n.processes(), 0, "no process left");
+    assert!(n.exclusive_gpus().is_empty(), "{:?}", n.compute_modes());
+    assert!(!n.state_dir().join(LEDGER).exists());
+}
+
 /// An MPS claim's entry lost, and the plugin back with another --mps-dir:
 /// the daemon under the old directory is found by its mark, and since the
 /// lost text names it, it is taken over where it runs instead of killed;

@@ -5,14 +5,12 @@
 use std::time::Duration;
 
 use gpu_dra_api::schema::{is_dns_label, is_dns_subdomain};
+pub use gpu_dra_cmdline::parse_duration;
 
 use super::Error;
 use super::claims::ClaimSettings;
 use super::gc::GcSettings;
 use super::leader::LeaseSettings;
-
-/// Longest duration any of these flags accepts.
-const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 /// Flags of the claim lifecycle, slice GC and leader election, flattened
 /// into [`crate::flags::Flags`].
@@ -201,37 +199,6 @@ fn default_identity() -> String {
     format!("{host}_{suffix:08x}")
 }
 
-/// `0`, or `<n>ms`, `<n>s`, `<n>m`, `<n>h`, at most 24 hours: the one
-/// duration syntax of the controller's flags (the webhook's narrow it).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let split = s
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("invalid duration {s:?}: missing unit (ms, s, m or h)"))?;
-    let (digits, unit) = s.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 30s, 500ms, 5m"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => {
-            return Err(format!(
-                "invalid duration {s:?}: unit must be ms, s, m or h"
-            ));
-        }
-    };
-    if d > MAX_DURATION {
-        return Err(format!("duration {s:?} is too long (at most 24h)"));
-    }
-    Ok(d)
-}
-
 /// Like [`parse_duration`], at least 10 ms.
 pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
@@ -373,31 +340,7 @@ mod tests {
     }
 
     #[test]
-    fn durations_parse_and_bad_ones_are_explained() {
-        for (text, want) in [
-            ("0", Duration::ZERO),
-            ("0s", Duration::ZERO),
-            ("250ms", Duration::from_millis(250)),
-            ("30s", Duration::from_secs(30)),
-            ("5m", Duration::from_secs(300)),
-            ("24h", Duration::from_secs(86_400)),
-        ] {
-            assert_eq!(parse_duration(text).unwrap(), want, "{text}");
-        }
-        for (text, needle) in [
-            ("", "missing unit"),
-            ("30", "missing unit"),
-            ("s", "expected e.g."),
-            ("-5s", "expected e.g."),
-            ("5d", "unit must be"),
-            ("1.5s", "unit must be"),
-            ("25h", "too long"),
-            ("99999999999999999999s", "expected e.g."),
-            ("18446744073709551615h", "too long"),
-        ] {
-            let err = parse_duration(text).unwrap_err();
-            assert!(err.contains(needle), "{text:?}: {err}");
-        }
+    fn positive_durations_are_at_least_10ms() {
         assert!(
             parse_positive_duration("0s")
                 .unwrap_err()

@@ -63,9 +63,6 @@ pub use recover::RecoveryReport;
 use locks::GpuLocks;
 use plan::{GpuTarget, MigTarget, PlanError, Target};
 
-/// How often MPS daemons still in use are checked and restarted if dead.
-const MPS_SUPERVISION_PERIOD: Duration = Duration::from_secs(10);
-
 /// Where the preparer reads and writes, and whose claims it takes.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -101,6 +98,9 @@ pub struct Options {
     /// state or MPS directory, wait for it to exit (reported here) instead
     /// of failing. `None`: a held directory is [`Error::Locked`].
     pub wait_for_lock: Option<watch::Sender<Phase>>,
+    /// How often MPS daemons still in use are checked and restarted if
+    /// dead (`--mps-check-interval`).
+    pub mps_check_interval: Duration,
 }
 
 /// Errors that stop the preparer from starting.
@@ -300,7 +300,8 @@ impl Preparer {
         .map_err(|e| Error::Task(e.to_string()))??;
         let (inner, report) = inner;
         report.log();
-        tokio::spawn(supervise_mps(Arc::downgrade(&inner)));
+        let period = inner.opts.mps_check_interval;
+        tokio::spawn(supervise_mps(Arc::downgrade(&inner), period));
         tokio::spawn(status::republish_missing(Arc::downgrade(&inner)));
         Ok((Self { inner }, report))
     }
@@ -695,11 +696,11 @@ pub fn catalog(inventory: &Inventory, build: &BuildOptions) -> HashMap<String, T
     out
 }
 
-/// Restarts MPS daemons that completed claims still use, every
-/// [`MPS_SUPERVISION_PERIOD`], until the preparer is dropped.
-async fn supervise_mps(inner: std::sync::Weak<Inner>) {
+/// Restarts MPS daemons still in use (see [`apply::supervise`]) every
+/// `period`, until the preparer is dropped.
+async fn supervise_mps(inner: std::sync::Weak<Inner>, period: Duration) {
     loop {
-        tokio::time::sleep(MPS_SUPERVISION_PERIOD).await;
+        tokio::time::sleep(period).await;
         let Some(inner) = inner.upgrade() else {
             return;
         };

@@ -481,6 +481,29 @@ impl Node {
             .collect()
     }
 
+    /// Kills every process started from the fake driver root (SIGKILL, as
+    /// a daemon crash) and waits, up to 10 s, for the plugin's MPS check
+    /// to start new ones; returns those (empty when none came).
+    pub fn kill_daemons_and_wait_for_new(&self) -> Vec<u32> {
+        let killed = self.live_processes();
+        assert!(!killed.is_empty(), "no daemon to kill\n{}", self.logs());
+        for pid in &killed {
+            fake_driver_root::kill(*pid);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let new: Vec<u32> = self
+                .live_processes()
+                .into_iter()
+                .filter(|p| !killed.contains(p))
+                .collect();
+            if !new.is_empty() || Instant::now() > deadline {
+                return new;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Processes started from the fake driver root (daemons, clients), the
     /// plugin excluded; a daemon told to quit may take a moment to be
     /// reaped, so a count of 0 is waited for (up to 5 s).

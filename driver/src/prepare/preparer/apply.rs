@@ -1162,7 +1162,8 @@ pub(crate) fn undo(
     }
 }
 
-/// Restarts dead MPS daemons that completed claims still use.
+/// Restarts dead MPS daemons that completed claims, or claims whose entries
+/// were lost, still use.
 pub(crate) fn supervise(inner: &Inner) {
     let snapshot = inner.store.snapshot();
     let mut ids: Vec<String> = snapshot
@@ -1172,6 +1173,16 @@ pub(crate) fn supervise(inner: &Inner) {
         .flat_map(|e| e.devices.iter())
         .filter_map(|r| r.sharing.mps_daemon.as_ref().map(|m| m.id.clone()))
         .collect();
+    // A claim whose entry was lost: its pods run on, and the ledger names
+    // only daemons that ran at the start (a daemon that died while the
+    // plugin was down, or before a reboot, is forgotten there).
+    ids.extend(
+        inner
+            .store
+            .lost()
+            .values()
+            .flat_map(|l| l.mps_daemons.iter().cloned()),
+    );
     ids.sort();
     ids.dedup();
     if ids.is_empty() {
