@@ -450,8 +450,8 @@ mod tests {
                 "missing unit",
             ),
             (
-                &["--node-name", "n", "--mps-check-interval", "-1s"][..],
-                "--mps-check-interval",
+                &["--node-name", "n", "--mps-check-interval=-1s"][..],
+                "expected e.g.",
             ),
             (
                 &["--node-name", "n", "--mps-dir", "/dev/./shm"][..],
