@@ -452,14 +452,7 @@ async fn a_dead_mps_daemon_is_started_again_with_its_settings() {
     };
     assert_eq!(applied(), 1);
 
-    let new = n.kill_daemons_and_wait_for_new();
-    assert!(!new.is_empty(), "not started again\n{}", n.logs());
-    assert!(
-        n.logs()
-            .contains("MPS control daemon is gone; restarting it"),
-        "{}",
-        n.logs()
-    );
+    n.kill_daemons_and_see_them_started_again();
     assert_eq!(applied(), 2, "the settings again\n{}", n.logs());
     n.unprepare_ok(&c).await;
     assert_eq!(n.mps_daemons(), 0, "daemon stopped");

@@ -34,6 +34,21 @@ fn kept_line(n: &Node) -> String {
         .to_owned()
 }
 
+/// An MPS claim prepared, its entry lost to a bad checksum while the
+/// plugin was down, and the plugin started again with `flags`: the node,
+/// the claim, and the daemon's processes before the loss.
+async fn lost_mps_claim(flags: &[&str]) -> (Node, Claim, Vec<u32>) {
+    let mut n = node("t4-inference", &[], DraVersion::V1).await;
+    let c = n.mps_claim("lost").await;
+    n.prepare_ok(&c).await;
+    let running = n.live_processes();
+    assert!(!running.is_empty(), "the daemon runs");
+    n.stop();
+    n.tamper_entry(&c);
+    n.restart_with_flags(flags).await;
+    (n, c, running)
+}
+
 /// A time-slicing claim's entry lost to a bad checksum: its CDI spec is
 /// kept, the time slice it set is not reported as unknown (the damaged
 /// entry still says who set it), and kubelet's unprepare resets it.
@@ -96,15 +111,7 @@ async fn a_lost_time_slice_entry_keeps_its_spec_and_is_reset_at_its_unprepare() 
 /// kubelet's unprepare stops the daemon and restores the mode.
 #[tokio::test]
 async fn an_mps_daemon_whose_entry_was_lost_serves_on_until_its_unprepare() {
-    let mut n = node("t4-inference", &[], DraVersion::V1).await;
-    let c = n.mps_claim("lost").await;
-    n.prepare_ok(&c).await;
-    let running = n.live_processes();
-    assert!(!running.is_empty(), "the daemon runs");
-
-    n.stop();
-    n.tamper_entry(&c);
-    n.restart(&[]).await;
+    let (mut n, c, running) = lost_mps_claim(&[]).await;
 
     let logs = n.logs();
     assert!(!logs.contains("unreferenced MPS daemons stopped"), "{logs}");
@@ -137,13 +144,7 @@ async fn an_mps_daemon_whose_entry_was_lost_serves_on_until_its_unprepare() {
 /// ledger, and its unprepare sets the GPU back.
 #[tokio::test]
 async fn a_lost_mps_claim_prepared_again_restores_the_compute_mode_at_its_unprepare() {
-    let mut n = node("t4-inference", &[], DraVersion::V1).await;
-    let c = n.mps_claim("lost").await;
-    n.prepare_ok(&c).await;
-    let running = n.live_processes();
-    n.stop();
-    n.tamper_entry(&c);
-    n.restart(&[]).await;
+    let (mut n, c, running) = lost_mps_claim(&[]).await;
 
     n.prepare_ok(&c).await;
     assert!(
@@ -166,21 +167,8 @@ async fn a_lost_mps_claim_prepared_again_restores_the_compute_mode_at_its_unprep
 /// the claim again), and the unprepare stops the new one.
 #[tokio::test]
 async fn a_lost_claims_dead_daemon_is_started_again_until_its_unprepare() {
-    let mut n = node("t4-inference", &[], DraVersion::V1).await;
-    let c = n.mps_claim("lost").await;
-    n.prepare_ok(&c).await;
-    n.stop();
-    n.tamper_entry(&c);
-    n.restart_with_flags(&["--mps-check-interval=100ms"]).await;
-
-    let new = n.kill_daemons_and_wait_for_new();
-    assert!(!new.is_empty(), "not started again\n{}", n.logs());
-    assert!(
-        n.logs()
-            .contains("MPS control daemon is gone; restarting it"),
-        "{}",
-        n.logs()
-    );
+    let (n, c, _) = lost_mps_claim(&["--mps-check-interval=100ms"]).await;
+    n.kill_daemons_and_see_them_started_again();
     n.unprepare_ok(&c).await;
     assert_eq!(n.processes(), 0, "no process left");
     assert!(n.exclusive_gpus().is_empty(), "{:?}", n.compute_modes());
@@ -196,15 +184,8 @@ async fn a_lost_claims_dead_daemon_is_started_again_until_its_unprepare() {
 async fn a_lost_entrys_daemon_under_an_earlier_mps_dir_is_taken_over_until_its_unprepare() {
     let outside = tempfile::tempdir().unwrap();
     let new_dir = outside.path().join("run-mps");
-    let mut n = node("t4-inference", &[], DraVersion::V1).await;
-    let c = n.mps_claim("lost").await;
-    n.prepare_ok(&c).await;
-    let running = n.live_processes();
-
-    n.stop();
-    n.tamper_entry(&c);
     let flag = format!("--mps-dir={}", new_dir.display());
-    n.restart_with_flags(&[&flag]).await;
+    let (mut n, c, running) = lost_mps_claim(&[&flag]).await;
 
     let logs = n.logs();
     assert!(logs.contains("checkpoint entry quarantined"), "{logs}");

@@ -482,26 +482,37 @@ impl Node {
     }
 
     /// Kills every process started from the fake driver root (SIGKILL, as
-    /// a daemon crash) and waits, up to 10 s, for the plugin's MPS check
-    /// to start new ones; returns those (empty when none came).
-    pub fn kill_daemons_and_wait_for_new(&self) -> Vec<u32> {
+    /// a daemon crash) and asserts that the plugin's MPS check, within
+    /// 10 s, says so and starts the daemon again (settings applied: the
+    /// plugin logs the start after them), and that a new process runs.
+    pub fn kill_daemons_and_see_them_started_again(&self) {
+        const STARTED: &str = "started MPS control daemon";
+        let starts = || self.logs().matches(STARTED).count();
+        let before = starts();
         let killed = self.live_processes();
         assert!(!killed.is_empty(), "no daemon to kill\n{}", self.logs());
         for pid in &killed {
             fake_driver_root::kill(*pid);
         }
         let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let new: Vec<u32> = self
-                .live_processes()
-                .into_iter()
-                .filter(|p| !killed.contains(p))
-                .collect();
-            if !new.is_empty() || Instant::now() > deadline {
-                return new;
-            }
+        while starts() == before {
+            assert!(
+                Instant::now() < deadline,
+                "not started again\n{}",
+                self.logs()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
+        let logs = self.logs();
+        assert!(
+            logs.contains("MPS control daemon is gone; restarting it"),
+            "{logs}"
+        );
+        let now = self.live_processes();
+        assert!(
+            now.iter().any(|p| !killed.contains(p)),
+            "no new process: {now:?}\n{logs}"
+        );
     }
 
     /// Processes started from the fake driver root (daemons, clients), the
