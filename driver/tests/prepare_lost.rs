@@ -185,7 +185,7 @@ async fn a_lost_entrys_daemon_under_an_earlier_mps_dir_is_taken_over_until_its_u
     let outside = tempfile::tempdir().unwrap();
     let new_dir = outside.path().join("run-mps");
     let flag = format!("--mps-dir={}", new_dir.display());
-    let (mut n, c, running) = lost_mps_claim(&[&flag]).await;
+    let (n, c, running) = lost_mps_claim(&[&flag]).await;
 
     let logs = n.logs();
     assert!(logs.contains("checkpoint entry quarantined"), "{logs}");
