@@ -383,6 +383,43 @@ async fn a_shared_daemon_stays_for_a_lost_share_when_the_other_share_leaves() {
     assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
 }
 
+/// The first share of a GPU lost, then a second share joins: it takes the
+/// mode to restore from the ledger (the lost entry recorded it, and no
+/// entry left does). Whichever claim leaves last restores the GPU's mode.
+#[tokio::test]
+async fn a_share_that_joins_after_the_first_was_lost_restores_the_mode_last_out() {
+    for lost_leaves_first in [true, false] {
+        let mut n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
+        let lost = shared_claim(&n, 'a', "4Gi").await;
+        n.prepare_ok(&lost).await;
+        n.stop();
+        n.tamper_entry(&lost);
+        n.restart(&[]).await;
+        let joined = shared_claim(&n, 'b', "4Gi").await;
+        n.prepare_ok(&joined).await;
+        let running = n.live_processes();
+        assert!(!running.is_empty());
+
+        let (first, last) = if lost_leaves_first {
+            (&lost, &joined)
+        } else {
+            (&joined, &lost)
+        };
+        n.unprepare_ok(first).await;
+        assert_eq!(n.live_processes(), running, "{}", n.logs());
+        assert_eq!(n.exclusive_gpus().len(), 1, "{:?}", n.compute_modes());
+        n.unprepare_ok(last).await;
+        assert_eq!(n.processes(), 0, "no process left");
+        assert!(
+            n.exclusive_gpus().is_empty(),
+            "lost first: {lost_leaves_first}: {:?}\n{}",
+            n.compute_modes(),
+            n.logs()
+        );
+        assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    }
+}
+
 /// A lost claim prepared again, whose release then fails (here: a time
 /// slice the ledger names cannot be reset): the ledger keeps the claim,
 /// and its unprepare releases it too, failing (for kubelet to retry) until

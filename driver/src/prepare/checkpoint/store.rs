@@ -510,6 +510,12 @@ impl Store {
         self.lost_ledger().values().any(test)
     }
 
+    /// The first `Some` that `find` gives for a claim of the ledger of lost
+    /// claims.
+    pub fn find_lost<T>(&self, find: impl Fn(&LostClaim) -> Option<T>) -> Option<T> {
+        self.lost_ledger().values().find_map(find)
+    }
+
     /// Whether the ledger of lost claims names `uid`.
     pub fn is_lost(&self, uid: &ClaimUid) -> bool {
         self.lost_ledger().contains_key(uid)

@@ -109,7 +109,8 @@ pub enum PrepareError {
 }
 
 /// A crash-test hook: with `GPU_DRA_FAILPOINT=<name>` (or a comma-separated
-/// list naming it) the process aborts at that step, as a SIGKILL would stop it (no unwinding, no cleanup).
+/// list naming it) the process aborts at that step, as a SIGKILL would stop
+/// it (no unwinding, no cleanup).
 fn failpoint(name: &str) {
     if std::env::var(crate::prepare::checkpoint::FAILPOINT_ENV)
         .is_ok_and(|value| value.split(',').any(|one| one == name))
@@ -918,12 +919,23 @@ fn shared_gpu(
     }
     let id = shared_daemon_id(g.minor);
     // The compute mode to restore after the last claim: recorded by the
-    // first claim, copied by every later one.
+    // first claim, copied by every later one. If the first claim's entry
+    // was lost, the ledger kept it (else a claim joining now, last out,
+    // would leave the GPU in the mode).
     let inherited = others
         .iter()
         .flat_map(|(_, e)| e.devices.iter())
         .filter(|r| r.sharing.mps_daemon.as_ref().is_some_and(|m| m.id == id))
-        .find_map(|r| r.sharing.compute_mode.clone());
+        .find_map(|r| r.sharing.compute_mode.clone())
+        .or_else(|| {
+            inner.store.find_lost(|l| {
+                let previous = l.compute_modes.get(&g.uuid)?;
+                l.mps_daemons.contains(&id).then(|| ComputeModeChange {
+                    set: mode_name(ComputeMode::ExclusiveProcess).to_owned(),
+                    previous: previous.clone(),
+                })
+            })
+        });
     if inherited.is_none() {
         set_compute_mode(inner, uid, entry, i, g.index, ComputeMode::ExclusiveProcess)?;
     }
