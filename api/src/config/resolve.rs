@@ -10,8 +10,12 @@
 //!   another request, as in NVIDIA's driver);
 //! - a config with `requests` applies to those requests; a `main/sub`
 //!   allocation result (prioritized list) matches `main` or `main/sub`. A
-//!   config naming the request with the wrong kind (`GpuConfig` for a MIG
-//!   device) is an error;
+//!   config naming the request itself with the wrong kind (`GpuConfig` for
+//!   a MIG device) is an error; one naming only `main` applies to the
+//!   alternatives of its own kind and is skipped for the others (the
+//!   alternatives of one request may be MIG devices and whole GPUs, and a
+//!   config for each kind may name `main`; NVIDIA's driver matches exact
+//!   names only, so it ignores such a config altogether);
 //! - a config without `requests` applies to every request whose device kind
 //!   matches its own, and is skipped for the others.
 
@@ -118,10 +122,7 @@ pub fn resolve_entry(
             }
             continue;
         }
-        let named = requests
-            .iter()
-            .any(|r| r == request || Some(r.as_str()) == main);
-        if named {
+        if requests.iter().any(|r| r == request) {
             if config.device_kind() != device_kind {
                 return Err(ConfigError::WrongDeviceKind {
                     config_kind: config.kind(),
@@ -129,6 +130,10 @@ pub fn resolve_entry(
                     request: request.to_owned(),
                 });
             }
+            return Ok(Some((index, config)));
+        }
+        let names_main = main.is_some_and(|m| requests.iter().any(|r| r == m));
+        if names_main && config.device_kind() == device_kind {
             return Ok(Some((index, config)));
         }
     }

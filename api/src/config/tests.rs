@@ -840,6 +840,32 @@ fn device_kind_mismatches() {
             ..
         })
     ));
+    // a config naming only the main request of a prioritized list applies
+    // to the alternatives of its kind: one for each kind may name it
+    let gpu_mps = gpu(&json!({"strategy": "MPS"}));
+    let configs = [
+        alloc(FromClaim, &["main"], DRIVER, gpu_mps.clone()),
+        alloc(FromClaim, &["main"], DRIVER, mig_mps.clone()),
+    ];
+    assert!(matches!(
+        resolve(&configs, "main/whole", DRIVER, DeviceKind::Gpu).unwrap(),
+        Some(DeviceConfig::Gpu(_))
+    ));
+    assert!(matches!(
+        resolve(&configs, "main/mig", DRIVER, DeviceKind::Mig).unwrap(),
+        Some(DeviceConfig::Mig(_))
+    ));
+    let configs = [alloc(FromClaim, &["main"], DRIVER, mig_mps.clone())];
+    assert_eq!(
+        resolve(&configs, "main/whole", DRIVER, DeviceKind::Gpu),
+        Ok(None)
+    );
+    // naming the alternative itself with the wrong kind stays an error
+    let configs = [alloc(FromClaim, &["main/whole"], DRIVER, mig_mps.clone())];
+    assert!(matches!(
+        resolve(&configs, "main/whole", DRIVER, DeviceKind::Gpu),
+        Err(ConfigError::WrongDeviceKind { .. })
+    ));
     // a config for all requests applies only to its own kind, and an earlier
     // one of the right kind is found behind it
     let configs = [
