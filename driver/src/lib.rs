@@ -51,4 +51,31 @@ pub(crate) mod test_support {
             }
         }
     }
+
+    /// A kube client for an API server that accepts connections and never
+    /// answers, and the count of connections it accepted (the server runs
+    /// until the returned task is aborted).
+    pub(crate) async fn hung_api_server() -> (
+        kube::Client,
+        std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: http::Uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        let server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                held.push(socket);
+            }
+        });
+        let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
+        (client, accepted, server)
+    }
 }

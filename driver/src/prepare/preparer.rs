@@ -323,7 +323,7 @@ impl Preparer {
             return Ok(answer(&entry));
         }
         let reading = std::time::Instant::now();
-        let object = self.fetch(claim).await?;
+        let object = fetch(&self.inner.client, claim, CLAIM_READ_TIMEOUT).await?;
         let read_us = crate::micros(reading);
         let plan = Arc::new(
             plan::plan(
@@ -472,20 +472,31 @@ impl Preparer {
             )
         })
     }
+}
 
-    async fn fetch(&self, claim: &ClaimRef) -> Result<ResourceClaim, ClaimError> {
-        let api: Api<ResourceClaim> = Api::namespaced(self.inner.client.clone(), &claim.namespace);
-        match api.get_opt(&claim.name).await {
-            Ok(Some(object)) => Ok(object),
-            Ok(None) => Err(ClaimError::Failed(format!(
-                "ResourceClaim {}/{} not found in the API server",
-                claim.namespace, claim.name
-            ))),
-            Err(e) => Err(ClaimError::Failed(format!(
-                "cannot read ResourceClaim {}/{} from the API server: {e}",
-                claim.namespace, claim.name
-            ))),
-        }
+/// How long the read of a claim may take. The kube client has no read
+/// timeout of its own, and a prepare stuck on a hung API server would hold
+/// up the claim's unprepare (it waits for the prepare) for good. Under
+/// kubelet's own limit on the call (45 s), so kubelet gets this error.
+const CLAIM_READ_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Reads the claim a prepare names, giving up after `limit`.
+async fn fetch(
+    client: &kube::Client,
+    claim: &ClaimRef,
+    limit: Duration,
+) -> Result<ResourceClaim, ClaimError> {
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &claim.namespace);
+    match status::bounded(limit, api.get_opt(&claim.name)).await {
+        Ok(Some(object)) => Ok(object),
+        Ok(None) => Err(ClaimError::Failed(format!(
+            "ResourceClaim {}/{} not found in the API server",
+            claim.namespace, claim.name
+        ))),
+        Err(e) => Err(ClaimError::Failed(format!(
+            "cannot read ResourceClaim {}/{} from the API server: {e}",
+            claim.namespace, claim.name
+        ))),
     }
 }
 
@@ -732,7 +743,36 @@ fn entry_for(plan: &plan::ClaimPlan, state: ClaimState) -> ClaimEntry {
 
 #[cfg(test)]
 mod tests {
-    use super::{Error, LOCK_FILE, lock_dir};
+    use std::time::Duration;
+
+    use super::{ClaimRef, Error, LOCK_FILE, fetch, lock_dir};
+    use crate::grpc::dra::ClaimError;
+
+    /// A hung API server fails the claim's read at the limit, with a
+    /// message that says so, instead of holding the prepare.
+    #[tokio::test]
+    async fn a_claim_read_from_a_hung_api_server_gives_up_at_its_limit() {
+        let (client, _, server) = crate::test_support::hung_api_server().await;
+        let claim = ClaimRef {
+            namespace: "ml".into(),
+            name: "train".into(),
+            uid: "u".into(),
+        };
+        let read = fetch(&client, &claim, Duration::from_millis(300));
+        let error = tokio::time::timeout(Duration::from_secs(20), read)
+            .await
+            .expect("the read gave up on its own")
+            .unwrap_err();
+        let ClaimError::Failed(message) = error else {
+            panic!("{error:?}");
+        };
+        assert!(
+            message.starts_with("cannot read ResourceClaim ml/train from the API server")
+                && message.contains("no answer from the API server within 300 ms"),
+            "{message}"
+        );
+        server.abort();
+    }
 
     #[test]
     fn a_directory_another_instance_holds_is_refused_by_name_until_released() {

@@ -125,7 +125,7 @@ fn transient(e: &kube::Error) -> bool {
 }
 
 /// `request`, failed with a transport-level error after `limit`.
-async fn bounded<T>(
+pub(super) async fn bounded<T>(
     limit: Duration,
     request: impl Future<Output = Result<T, kube::Error>>,
 ) -> Result<T, kube::Error> {
@@ -475,20 +475,7 @@ mod tests {
     /// attempt gives up after its limit, and all attempts are made.
     #[tokio::test]
     async fn a_hung_api_server_costs_a_bounded_wait_and_every_attempt() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url: http::Uri = format!("http://{}", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
-        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let count = Arc::clone(&accepted);
-        let server = tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((socket, _)) = listener.accept().await {
-                count.fetch_add(1, Ordering::SeqCst);
-                held.push(socket);
-            }
-        });
-        let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
+        let (client, accepted, server) = crate::test_support::hung_api_server().await;
         let claim = ClaimRef {
             namespace: "default".into(),
             name: "c".into(),
