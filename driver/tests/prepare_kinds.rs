@@ -105,6 +105,38 @@ async fn whole_gpu(version: DraVersion, flags: &[&str]) {
     n.unprepare_ok(&c).await;
 }
 
+/// The unprepare's clear of `status.devices` writes the claim back as it
+/// read it: a field this build's types do not know (`skipNodeOperations` of
+/// an allocation result, new in Kubernetes 1.37) stays, so the allocation,
+/// which may not change, is accepted, and our entry goes.
+#[tokio::test]
+async fn the_status_clear_keeps_fields_this_build_does_not_know() {
+    use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+    let n = node("t4-inference", &[], DraVersion::V1).await;
+    let mut newer = result("gpu", "gpu-1");
+    newer["skipNodeOperations"] = json!(false);
+    let c = n.claim("newer", json!([newer]), json!([])).await;
+    n.prepare_ok(&c).await;
+    assert_eq!(n.status_devices_eventually(&c, 1).await.len(), 1);
+
+    n.unprepare_ok(&c).await;
+    let left = n.status_devices(&c).await;
+    assert!(left.is_empty(), "{left:?}\n{}", n.logs());
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "resource.k8s.io",
+        "v1",
+        "ResourceClaim",
+    ));
+    let api: Api<DynamicObject> = Api::namespaced_with(n.client.clone(), "default", &resource);
+    let raw = api.get(&c.name).await.unwrap();
+    assert_eq!(
+        raw.data["status"]["allocation"]["devices"]["results"][0]["skipNodeOperations"],
+        json!(false),
+        "{:?}",
+        raw.data
+    );
+}
+
 /// The `nvidia-uvm` nodes appear when that module is loaded, which may be
 /// after the plugin's first prepare: the claims prepared after that get
 /// them, not only those of a new plugin.

@@ -410,8 +410,7 @@ impl Preparer {
                     tracing::debug!(claim = %uid, "unprepare of a claim not prepared here: nothing to do");
                 }
                 // A crash may have come between the checkpoint and the status.
-                inner.status_writes.settle(&uid).await;
-                status::clear(inner, claim).await;
+                inner.status_writes.clear(inner, claim).await;
                 return Ok(());
             };
             let minors = apply::entry_minors(&seen);
@@ -445,13 +444,9 @@ impl Preparer {
             self.release_lost(&uid).await.map_err(ClaimError::Failed)?;
         }
         tracing::info!(claim = %claim.uid, namespace = %claim.namespace, name = %claim.name, "claim unprepared");
-        // The entry is gone, so no new status write starts; one still
-        // running lands before the clear.
-        inner
-            .status_writes
-            .settle(&ClaimUid(claim.uid.clone()))
-            .await;
-        status::clear(inner, claim).await;
+        // After the claim's status writes still running; a prepare of it
+        // from now on writes after the clear.
+        inner.status_writes.clear(inner, claim).await;
         Ok(())
     }
 

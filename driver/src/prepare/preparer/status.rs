@@ -7,16 +7,20 @@
 //! device and share id, so entries of other drivers are untouched. Unprepare
 //! removes exactly ours with a read-modify-write under the resource version
 //! (an apply that drops items leaves the removal to the server's field
-//! ownership rules, which differ between versions). Best effort: the
-//! pod runs without it, so a failure (RBAC, a deleted claim) is logged, not
-//! returned to kubelet.
+//! ownership rules, which differ between versions). The claim is read and
+//! written back as plain JSON, not as this build's `ResourceClaim` type:
+//! fields that type does not know (a newer API server's) are kept, and an
+//! allocation, which may not change, is sent back as it was. Best effort:
+//! the pod runs without it, so a failure (RBAC, a deleted claim) is
+//! logged, not returned to kubelet.
 //!
 //! The write runs in the background, after kubelet has its answer
 //! ([`Writes::publish`]): on a cluster it is an API server round trip with
 //! an etcd write behind it, which a prepare (a pod start) need not wait
-//! for. Writes of one claim land in order; unprepare waits for the claim's
-//! write before clearing ([`Writes::settle`]), so a late write never brings
-//! cleared entries back. A crash before the write lands is covered at the
+//! for. The writes and clears of one claim run in order, one after the
+//! other ([`Writes::clear`]): a late write never brings cleared entries
+//! back, and a clear never removes the entries of a prepare that came
+//! after it. A crash before the write lands is covered at the
 //! next start: every completed claim whose entries are missing is
 //! published again ([`republish_missing`]). Every request gives up after
 //! [`REQUEST_TIMEOUT`], so a hung API server delays an unprepare by a
@@ -29,7 +33,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use super::Inner;
@@ -200,9 +204,8 @@ impl Writes {
     /// Publishes the devices of a prepared claim in the background, after
     /// any earlier write of the same claim, if the claim is still
     /// prepared. Unprepare removes the checkpoint entry, then
-    /// [`settle`](Self::settle)s, then clears: the check here and the
-    /// settle take the same lock, so a write either is awaited by the
-    /// settle or never starts.
+    /// [`clear`](Self::clear)s: the checks of both take the same lock, so
+    /// a write either comes before the clear or never starts.
     pub(crate) fn publish(&self, inner: &Inner, claim: &ClaimRef, entry: &ClaimEntry) {
         let body = body(&inner.opts.driver_name, claim, Some(entry), &now());
         let (client, manager, claim) = (inner.client.clone(), manager(inner), claim.clone());
@@ -256,8 +259,47 @@ impl Writes {
         true
     }
 
+    /// Removes our entries from the `status.devices` of an unprepared
+    /// claim, after the claim's earlier writes, and returns once that is
+    /// done. Skipped when the claim was prepared again meanwhile: that
+    /// prepare's write comes after this point.
+    pub(crate) async fn clear(&self, inner: &Inner, claim: &ClaimRef) {
+        let uid = ClaimUid(claim.uid.clone());
+        let (client, driver, node) = (
+            inner.client.clone(),
+            inner.opts.driver_name.clone(),
+            inner.opts.node_name.clone(),
+        );
+        let claim = claim.clone();
+        let unprepared = || inner.store.get(&uid).is_none();
+        let clear = async move { clear(&client, &driver, &node, &claim).await };
+        if !self.spawn_and_wait(uid.clone(), unprepared, clear).await {
+            tracing::debug!(claim = %uid, "claim prepared again meanwhile; status not cleared");
+        }
+    }
+
+    /// [`spawn_if`](Self::spawn_if), then waits until `write` is done.
+    async fn spawn_and_wait(
+        &self,
+        uid: ClaimUid,
+        wanted: impl FnOnce() -> bool,
+        write: impl Future<Output = ()> + Send + 'static,
+    ) -> bool {
+        let (done, finished) = tokio::sync::oneshot::channel::<()>();
+        let write = async move {
+            write.await;
+            let _ = done.send(());
+        };
+        if !self.spawn_if(uid, wanted, write) {
+            return false;
+        }
+        let _ = finished.await;
+        true
+    }
+
     /// Waits until no status write of `uid` runs.
-    pub(crate) async fn settle(&self, uid: &ClaimUid) {
+    #[cfg(test)]
+    async fn settle(&self, uid: &ClaimUid) {
         let handle = self
             .running
             .lock()
@@ -343,11 +385,23 @@ fn completed_entries(inner: &Inner) -> Vec<(ClaimUid, ClaimEntry)> {
         .collect()
 }
 
-/// Removes our entries of an unprepared claim: read, drop the entries of
-/// this driver and node, write back under the read `resourceVersion`
-/// (retried on conflicts). Entries of other drivers are kept as they are.
-pub(crate) async fn clear(inner: &Inner, claim: &ClaimRef) {
-    let api: Api<ResourceClaim> = Api::namespaced(inner.client.clone(), &claim.namespace);
+/// The API resource of claims, for reading and writing them as plain JSON.
+fn claims_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "resource.k8s.io",
+        "v1",
+        "ResourceClaim",
+    ))
+}
+
+/// Removes the entries of `driver` and `node` from a claim's
+/// `status.devices`: read, drop them, write back under the read
+/// `resourceVersion` (retried on conflicts). Everything else, other
+/// drivers' entries and fields this build does not know, is written back
+/// as it was read.
+async fn clear(client: &kube::Client, driver: &str, node: &str, claim: &ClaimRef) {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &claim.namespace, &claims_resource());
     for _ in 0..3 {
         let mut object = match bounded(REQUEST_TIMEOUT, api.get_opt(&claim.name)).await {
             Ok(Some(o)) if o.metadata.uid.as_deref() == Some(claim.uid.as_str()) => o,
@@ -357,15 +411,19 @@ pub(crate) async fn clear(inner: &Inner, claim: &ClaimRef) {
                 return;
             }
         };
-        let Some(devices) = object.status.as_mut().and_then(|s| s.devices.as_mut()) else {
+        let Some(devices) = object
+            .data
+            .pointer_mut("/status/devices")
+            .and_then(Value::as_array_mut)
+        else {
             return;
         };
         let before = devices.len();
-        devices.retain(|d| !(d.driver == inner.opts.driver_name && d.pool == inner.opts.node_name));
+        devices.retain(|d| !(d["driver"] == driver && d["pool"] == node));
         if devices.len() == before {
             return;
         }
-        let params = kube::api::PostParams::default();
+        let params = PostParams::default();
         let request = api.replace_status(&claim.name, &params, &object);
         match bounded(REQUEST_TIMEOUT, request).await {
             Ok(_) => return,
@@ -434,6 +492,64 @@ mod tests {
         let (seen, running) = settled.await.unwrap();
         assert_eq!(seen, ["b1", "a1", "a2"]);
         assert_eq!(running, 0);
+    }
+
+    /// A clear waits for the claim's earlier write and returns once it is
+    /// done itself; a write started while it waits lands after it.
+    #[tokio::test]
+    async fn a_clear_comes_after_the_earlier_write_and_before_a_later_one() {
+        let writes = Arc::new(Writes::default());
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (release, held) = oneshot::channel::<()>();
+        let early = Arc::clone(&log);
+        assert!(writes.spawn_if(uid("a"), || true, async move {
+            let _ = held.await;
+            early.lock().unwrap().push("publish");
+        }));
+        let clearing = tokio::spawn({
+            let (writes, log) = (Arc::clone(&writes), Arc::clone(&log));
+            async move {
+                let cleared = Arc::clone(&log);
+                let ran = writes
+                    .spawn_and_wait(uid("a"), || true, async move {
+                        cleared.lock().unwrap().push("clear");
+                    })
+                    .await;
+                (ran, log.lock().unwrap().clone())
+            }
+        });
+        // Queued behind the clear, while the clear waits.
+        for _ in 0..100 {
+            if writes.running() == 1
+                && writes
+                    .running
+                    .lock()
+                    .unwrap()
+                    .get(&uid("a"))
+                    .is_some_and(|(g, _)| *g == 1)
+            {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let late = Arc::clone(&log);
+        assert!(writes.spawn_if(uid("a"), || true, async move {
+            late.lock().unwrap().push("publish again");
+        }));
+        tokio::task::yield_now().await;
+        assert!(!clearing.is_finished(), "the clear did not wait");
+        release.send(()).unwrap();
+        let (ran, seen_at_return) = clearing.await.unwrap();
+        assert!(ran);
+        assert_eq!(seen_at_return[..2], ["publish", "clear"]);
+        writes.settle(&uid("a")).await;
+        assert_eq!(*log.lock().unwrap(), ["publish", "clear", "publish again"]);
+        // Not wanted: nothing runs, and it returns at once.
+        assert!(
+            !writes
+                .spawn_and_wait(uid("a"), || false, async { unreachable!() })
+                .await
+        );
     }
 
     #[tokio::test]
