@@ -277,6 +277,41 @@ async fn a_status_lost_in_a_crash_is_written_at_the_next_start() {
     assert!(n.checkpoint_claims().is_empty());
 }
 
+/// A claim answered again from its checkpoint entry (kubelet restarted)
+/// writes no status while its entries are there, so the `Ready` condition
+/// keeps the time it became true; entries removed meanwhile are written
+/// again.
+#[tokio::test]
+async fn a_repeated_prepare_writes_the_status_only_where_it_is_missing() {
+    let n = node("t4-inference", &[], DraVersion::V1).await;
+    let c = n
+        .claim("again", json!([result("gpu", "gpu-0")]), json!([]))
+        .await;
+    n.prepare_ok(&c).await;
+    let first = n.status_devices_eventually(&c, 1).await;
+    let since = first[0]["conditions"][0]["lastTransitionTime"].clone();
+    assert!(since.is_string(), "{first:?}");
+    // Times have whole seconds: a write now would show a later one.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    n.prepare_ok(&c).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let now = n.status_devices(&c).await;
+    assert_eq!(now, first, "{}", n.logs());
+
+    let api: kube::Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+        kube::Api::namespaced(n.client.clone(), "default");
+    let mut object = api.get(&c.name).await.unwrap();
+    object.status.as_mut().unwrap().devices = None;
+    api.replace_status(&c.name, &kube::api::PostParams::default(), &object)
+        .await
+        .unwrap();
+    n.prepare_ok(&c).await;
+    let back = n.status_devices_eventually(&c, 1).await;
+    assert_ne!(back[0]["conditions"][0]["lastTransitionTime"], since);
+    n.unprepare_ok(&c).await;
+    assert!(n.status_devices(&c).await.is_empty());
+}
+
 /// A checkpoint commit that fails after the hardware is set up: the
 /// claim gets the error, the MIG instance and the CDI spec are undone, the
 /// status is not written, and once the disk works the prepare succeeds.

@@ -318,8 +318,11 @@ impl Preparer {
         let uid = ClaimUid(claim.uid.clone());
         if let Some(entry) = self.completed(&uid).await {
             tracing::debug!(claim = %uid, "already prepared; answering from the checkpoint");
-            // A crash may have come between the checkpoint and the status.
-            inner.status_writes.publish(inner, claim, &entry);
+            // Its status may have been lost (a crash between the checkpoint
+            // and the write, while the API server could not be read at the
+            // start, or removed by hand).
+            let (worker, claim, kept) = (Arc::clone(inner), claim.clone(), entry.clone());
+            tokio::spawn(status::publish_if_missing(worker, claim, kept));
             return Ok(answer(&entry));
         }
         let reading = std::time::Instant::now();

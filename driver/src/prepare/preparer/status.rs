@@ -343,23 +343,7 @@ pub(crate) async fn republish_missing(inner: std::sync::Weak<Inner>) {
             name: entry.name.clone(),
             uid: uid.0.clone(),
         };
-        let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &claim.namespace);
-        let object = match bounded(REQUEST_TIMEOUT, api.get_opt(&claim.name)).await {
-            Ok(Some(o)) if o.metadata.uid.as_deref() == Some(uid.0.as_str()) => o,
-            Ok(_) => continue,
-            Err(e) => {
-                tracing::warn!(claim = %uid, error = %e, "cannot read a prepared claim to check its status.devices");
-                continue;
-            }
-        };
-        let ours = object
-            .status
-            .and_then(|s| s.devices)
-            .unwrap_or_default()
-            .iter()
-            .filter(|d| d.driver == driver && d.pool == node)
-            .count();
-        if ours < entry.devices.len() {
+        if lacks_ours(&client, &driver, &node, &claim, entry.devices.len()).await {
             let Some(inner) = inner.upgrade() else {
                 return;
             };
@@ -373,6 +357,45 @@ pub(crate) async fn republish_missing(inner: std::sync::Weak<Inner>) {
             "status.devices of prepared claims written again"
         );
     }
+}
+
+/// Publishes the devices of a claim answered again from its completed
+/// entry only if its `status.devices` lacks some of ours (a read instead
+/// of a write, and the `Ready` condition keeps the time it became true).
+pub(crate) async fn publish_if_missing(inner: Arc<Inner>, claim: ClaimRef, entry: ClaimEntry) {
+    let (driver, node) = (&inner.opts.driver_name, &inner.opts.node_name);
+    if lacks_ours(&inner.client, driver, node, &claim, entry.devices.len()).await {
+        inner.status_writes.publish(&inner, &claim, &entry);
+    }
+}
+
+/// Whether the claim (with this UID) has fewer than `expected` entries of
+/// `driver` and `node` in its `status.devices`; false when it is gone,
+/// replaced, or cannot be read (logged).
+async fn lacks_ours(
+    client: &kube::Client,
+    driver: &str,
+    node: &str,
+    claim: &ClaimRef,
+    expected: usize,
+) -> bool {
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &claim.namespace);
+    let object = match bounded(REQUEST_TIMEOUT, api.get_opt(&claim.name)).await {
+        Ok(Some(o)) if o.metadata.uid.as_deref() == Some(claim.uid.as_str()) => o,
+        Ok(_) => return false,
+        Err(e) => {
+            tracing::warn!(claim = %claim.uid, error = %e, "cannot read a prepared claim to check its status.devices");
+            return false;
+        }
+    };
+    let ours = object
+        .status
+        .and_then(|s| s.devices)
+        .unwrap_or_default()
+        .iter()
+        .filter(|d| d.driver == driver && d.pool == node)
+        .count();
+    ours < expected
 }
 
 fn completed_entries(inner: &Inner) -> Vec<(ClaimUid, ClaimEntry)> {
