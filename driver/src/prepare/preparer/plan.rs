@@ -346,15 +346,17 @@ pub fn plan(
             result.share_id.clone(),
         );
         let admin = result.admin_access.unwrap_or(false);
+        // An admin-access result (monitoring) changes nothing on the
+        // device: its config is checked, not applied.
         let resolve = |kind: config::DeviceKind| {
-            config::resolve_entry(&configs, &result.request, driver, kind).map_err(|e| {
-                PlanError::Config {
+            config::resolve_entry(&configs, &result.request, driver, kind)
+                .map(|found| found.filter(|_| !admin))
+                .map_err(|e| PlanError::Config {
                     namespace: namespace.clone(),
                     name: name.clone(),
                     request: result.request.clone(),
                     error: e.to_string(),
-                }
-            })
+                })
         };
         if let Some((i, config_from)) = index.get_mut(&key) {
             let merged = &mut devices[*i];

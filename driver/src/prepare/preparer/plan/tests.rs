@@ -317,12 +317,51 @@ fn one_device_in_two_results_keeps_a_config_given_to_either_request() {
     );
 }
 
+/// Admin access changes nothing on the device: its config is checked but
+/// neither applied nor in conflict with the one a normal request gives.
 #[test]
-fn one_device_in_two_results_with_different_configs_is_an_error_naming_both() {
+fn the_config_of_an_admin_access_result_is_checked_not_applied() {
     let mut mon = result("mon", "gpu-0");
     mon["adminAccess"] = json!(true);
+    let interval = |c: &ResourceClaim| match &run(c).unwrap().devices[0].config {
+        Some(DeviceConfig::Gpu(cfg)) => cfg.time_slice(),
+        None => None,
+        other => panic!("{other:?}"),
+    };
+    let mon_config = gpu_config("FromClaim", &["mon"], "Short");
+    for results in [
+        json!([mon.clone(), result("work", "gpu-0")]),
+        json!([result("work", "gpu-0"), mon.clone()]),
+    ] {
+        let with_work = claim(
+            results.clone(),
+            json!([
+                mon_config.clone(),
+                gpu_config("FromClaim", &["work"], "Long")
+            ]),
+        );
+        assert_eq!(
+            interval(&with_work),
+            Some(gpu_dra_api::config::TimeSliceInterval::Long),
+            "{results}"
+        );
+        let alone = claim(results.clone(), json!([mon_config.clone()]));
+        assert_eq!(interval(&alone), None, "{results}");
+    }
+    // Still checked: a wrong-kind config of the admin request fails.
+    let mut mig_mon = result("mon", "gpu-2-mig-1g10gb-19-3");
+    mig_mon["adminAccess"] = json!(true);
+    let e = run(&claim(json!([mig_mon]), json!([mon_config]))).unwrap_err();
+    assert!(
+        matches!(&e, PlanError::Config { request, .. } if request == "mon"),
+        "{e}"
+    );
+}
+
+#[test]
+fn one_device_in_two_results_with_different_configs_is_an_error_naming_both() {
     let c = claim(
-        json!([mon, result("work/fast", "gpu-0")]),
+        json!([result("mon", "gpu-0"), result("work/fast", "gpu-0")]),
         json!([
             gpu_config("FromClaim", &["mon"], "Short"),
             gpu_config("FromClaim", &["work"], "Long")
