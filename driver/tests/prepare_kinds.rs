@@ -247,17 +247,12 @@ async fn a_status_lost_in_a_crash_is_written_at_the_next_start() {
     assert_eq!(n.status_devices_eventually(&kept, 1).await.len(), 1);
     assert_eq!(n.status_devices_eventually(&gone, 1).await.len(), 1);
     // As if the plugin died between its answer and the write: no entries.
-    let api: kube::Api<k8s_openapi::api::resource::v1::ResourceClaim> =
-        kube::Api::namespaced(n.client.clone(), "default");
     for c in [&kept, &gone] {
-        let mut object = api.get(&c.name).await.unwrap();
-        object.status.as_mut().unwrap().devices = None;
-        api.replace_status(&c.name, &kube::api::PostParams::default(), &object)
-            .await
-            .unwrap();
-        assert!(n.status_devices(c).await.is_empty());
+        n.remove_status_devices(c).await;
     }
     // A claim deleted while the plugin was down is skipped.
+    let api: kube::Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+        kube::Api::namespaced(n.client.clone(), "default");
     api.delete(&gone.name, &kube::api::DeleteParams::default())
         .await
         .unwrap();
@@ -298,13 +293,7 @@ async fn a_repeated_prepare_writes_the_status_only_where_it_is_missing() {
     let now = n.status_devices(&c).await;
     assert_eq!(now, first, "{}", n.logs());
 
-    let api: kube::Api<k8s_openapi::api::resource::v1::ResourceClaim> =
-        kube::Api::namespaced(n.client.clone(), "default");
-    let mut object = api.get(&c.name).await.unwrap();
-    object.status.as_mut().unwrap().devices = None;
-    api.replace_status(&c.name, &kube::api::PostParams::default(), &object)
-        .await
-        .unwrap();
+    n.remove_status_devices(&c).await;
     n.prepare_ok(&c).await;
     let back = n.status_devices_eventually(&c, 1).await;
     assert_ne!(back[0]["conditions"][0]["lastTransitionTime"], since);

@@ -413,6 +413,18 @@ impl Node {
             .unwrap_or_default()
     }
 
+    /// Removes every entry of the claim's `status.devices` (as if the
+    /// plugin died between its answer and its write).
+    pub async fn remove_status_devices(&self, claim: &Claim) {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), "default");
+        let mut object = api.get(&claim.name).await.unwrap();
+        object.status.as_mut().unwrap().devices = None;
+        api.replace_status(&claim.name, &PostParams::default(), &object)
+            .await
+            .unwrap();
+        assert!(self.status_devices(claim).await.is_empty());
+    }
+
     /// The plugin's state directory.
     pub fn state_dir(&self) -> PathBuf {
         self.plugin.plugins_dir.join(DRIVER)
