@@ -18,6 +18,9 @@
 //! device on another GPU with a `MigDeviceConfig` MPS config (GPU instance
 //! and compute instance creation, capability nodes, a second daemon), on a
 //! DGX H100 with `--dynamic-mig`.
+//!
+//! At the end, two checkpoint writes that fail in a row (injected I/O
+//! errors, `checkpoint-fail-<step>@N`) instead of a crash.
 
 mod common;
 
@@ -379,9 +382,9 @@ async fn the_full_claim_prepare_writes_the_checkpoint_exactly_that_often() {
 
 /// The prepare's `PrepareCompleted` write fails after the new file took the
 /// checkpoint's name (its directory's fsync), then the rollback's next
-/// write (`@N+1`) fails too. The completed entry is what the file holds,
-/// and what a retry is answered from, so the hardware must stay with it.
-/// `second`: the write that fails next. Returns the prepare's error too.
+/// write (`second`) fails too. The completed entry is what the file holds,
+/// and what a retry is answered from, so the hardware may go only once the
+/// entry no longer reads completed. Returns the prepare's error too.
 async fn failed_commit_then_failed_write(second: u32) -> (Node, Claim, String, String) {
     let failpoints =
         format!("checkpoint-fail-dir-sync@{PREPARE_WRITES},checkpoint-fail-temp-write@{second}");
