@@ -23,7 +23,7 @@
 //! downgrade must come with a version bump instead, and a file of a newer
 //! version stops the plugin (see [`super::Error::NewerVersion`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::LazyLock;
 
 use regex::Regex;
@@ -230,13 +230,14 @@ pub(super) fn salvage(bytes: &[u8]) -> Option<Salvaged> {
             _ => salvaged.damaged.push(key.uid.to_owned()),
         }
     }
-    for (i, (uid, raw)) in found.iter().enumerate() {
-        // A key twice is no file this plugin wrote: neither is trusted.
-        let twice = found
-            .iter()
-            .enumerate()
-            .any(|(j, (other, _))| i != j && other == uid);
-        let decoded = if twice {
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(found.len());
+    for (uid, _) in &found {
+        *seen.entry(uid).or_default() += 1;
+    }
+    for (uid, raw) in &found {
+        // A key twice is no file this plugin wrote: neither is trusted
+        // (counted once: a hostile file may hold many keys).
+        let decoded = if seen[uid] > 1 {
             Err("the key is in the file twice".to_owned())
         } else {
             decode_entry(uid, raw)
