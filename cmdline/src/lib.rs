@@ -144,6 +144,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A duration as [`parse_duration`] reads it, between 100 ms and one hour:
+/// the range of the binaries' check and reload intervals.
+pub fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
+        return Err(format!("duration {s:?} is out of range (100ms to 1h)"));
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;

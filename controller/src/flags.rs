@@ -15,8 +15,8 @@ pub use gpu_dra_cmdline::LogFormat;
 
 use gpu_dra_api::schema::is_dns_subdomain;
 
-use crate::lifecycle::parse_duration;
 use crate::webhook::{DEFAULT_MAX_BODY_BYTES, TlsFiles, WebhookConfig};
+use gpu_dra_cmdline::parse_interval;
 
 /// All flags of `gpu-dra-controller`.
 #[derive(Debug, Clone, clap::Parser)]
@@ -123,15 +123,6 @@ fn parse_driver_name(s: &str) -> Result<String, String> {
         ));
     }
     Ok(s.to_owned())
-}
-
-/// A duration as [`parse_duration`] reads it, between 100 ms and one hour.
-fn parse_interval(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
-    if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
-        return Err(format!("duration {s:?} is out of range (100ms to 1h)"));
-    }
-    Ok(d)
 }
 
 #[cfg(test)]

@@ -105,7 +105,7 @@ pub struct Flags {
     /// How often the MPS control daemons of prepared claims (and of claims
     /// whose checkpoint entries were lost) are checked; one found dead is
     /// started again with its settings. `100ms` to `1h`.
-    #[arg(long, env = "MPS_CHECK_INTERVAL", default_value = "10s", value_parser = parse_check_interval)]
+    #[arg(long, env = "MPS_CHECK_INTERVAL", default_value = "10s", value_parser = gpu_dra_cmdline::parse_interval)]
     pub mps_check_interval: Duration,
 
     /// A DaemonSet rolling update with a surge pod (`maxSurge: 1`): when
@@ -261,17 +261,6 @@ fn parse_mps_dir(s: &str) -> Result<PathBuf, String> {
         ));
     }
     Ok(path.to_path_buf())
-}
-
-/// A duration (see [`gpu_dra_cmdline::parse_duration`]) from 100 ms to an
-/// hour: shorter checks would keep the plugin busy; longer ones leave MPS
-/// clients without a daemon for too long.
-fn parse_check_interval(s: &str) -> Result<Duration, String> {
-    let d = gpu_dra_cmdline::parse_duration(s)?;
-    if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
-        return Err(format!("duration {s:?} is out of range (100ms to 1h)"));
-    }
-    Ok(d)
 }
 
 /// An absolute path without `..` that fits a UNIX socket's `sun_path`.

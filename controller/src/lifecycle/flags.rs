@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use gpu_dra_api::schema::{is_dns_label, is_dns_subdomain};
-pub use gpu_dra_cmdline::parse_duration;
+use gpu_dra_cmdline::parse_duration;
 
 use super::Error;
 use super::claims::ClaimSettings;

@@ -37,7 +37,7 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use tokio::sync::Notify;
 
 pub use error::Error;
-pub use flags::{Flags, Settings, parse_duration, parse_positive_duration};
+pub use flags::{Flags, Settings, parse_positive_duration};
 pub use metrics::Metrics;
 
 use self::claims::{Context, error_policy, reconcile};
