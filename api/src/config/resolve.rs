@@ -116,12 +116,6 @@ pub fn resolve_entry(
     }
     let main = request.split_once('/').map(|(main, _)| main);
     for (index, requests, config) in ours.into_iter().rev() {
-        if requests.is_empty() {
-            if config.device_kind() == device_kind {
-                return Ok(Some((index, config)));
-            }
-            continue;
-        }
         if requests.iter().any(|r| r == request) {
             if config.device_kind() != device_kind {
                 return Err(ConfigError::WrongDeviceKind {
@@ -132,8 +126,10 @@ pub fn resolve_entry(
             }
             return Ok(Some((index, config)));
         }
+        // For every request, or for a main request of a prioritized list:
+        // only where the kind fits.
         let names_main = main.is_some_and(|m| requests.iter().any(|r| r == m));
-        if names_main && config.device_kind() == device_kind {
+        if (requests.is_empty() || names_main) && config.device_kind() == device_kind {
             return Ok(Some((index, config)));
         }
     }

@@ -150,7 +150,7 @@ impl NodeLocator {
     /// runtime makes from their numbers (`<proc-root>/devices` is read at
     /// most once, and only when a node is missing).
     fn cap_nodes(&self, caps: &[Cap]) -> Result<Vec<DeviceNode>, CdiError> {
-        let (mut major, mut looked) = (None, false);
+        let mut major: Option<Option<u32>> = None;
         let mut nodes = Vec::with_capacity(caps.len());
         for cap in caps {
             let path = format!("/dev/nvidia-caps/nvidia-cap{}", cap.minor);
@@ -158,11 +158,11 @@ impl NodeLocator {
                 nodes.push(node);
                 continue;
             }
-            if !looked {
-                major = self.caps_major()?;
-                looked = true;
-            }
-            let Some(major) = major else {
+            let found = match major {
+                Some(found) => found,
+                None => *major.insert(self.caps_major()?),
+            };
+            let Some(major) = found else {
                 return Err(self.missing(&path));
             };
             nodes.push(DeviceNode {
