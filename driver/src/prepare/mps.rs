@@ -1308,11 +1308,12 @@ impl MpsControl {
                 ));
                 continue;
             };
-            if self.elsewhere().get(id).is_some_and(|d| d == dir) {
+            let known = self.elsewhere().get(id).cloned();
+            if known.as_deref() == Some(dir) {
                 continue;
             }
             if keep(id) {
-                if DaemonDirs::under(&self.dir, id).root.exists() || self.is_elsewhere(id) {
+                if known.is_some() || DaemonDirs::under(&self.dir, id).root.exists() {
                     tracing::warn!(daemon = %id, dir = %root.display(), "MPS daemon named by a lost checkpoint entry runs under an earlier --mps-dir, and a daemon of that id is known already: left running, not taken over");
                 } else {
                     tracing::warn!(daemon = %id, dir = %root.display(), "MPS daemon named by a lost checkpoint entry: taken over where it runs, for its claim's pods");

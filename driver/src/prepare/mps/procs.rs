@@ -94,17 +94,25 @@ pub fn live_daemon_pid(pid_file: &Path, dir: &Path) -> Option<u32> {
     (pid > 1 && is_alive(pid) && is_control_daemon(pid) && carries_marker(pid, dir)).then_some(pid)
 }
 
+/// `<name>=<value>`, as it appears in an environment.
+fn env_entry(name: &str, value: &Path) -> Vec<u8> {
+    let mut entry = format!("{name}=").into_bytes();
+    entry.extend_from_slice(value.as_os_str().as_encoded_bytes());
+    entry
+}
+
+/// Whether `environ` (`/proc/<pid>/environ`) holds `entry`.
+fn holds(environ: &[u8], entry: &[u8]) -> bool {
+    environ.split(|b| *b == 0).any(|v| v == entry)
+}
+
 /// `GPU_DRA_MPS_DAEMON_DIR=<dir>`, as it appears in an environment.
 fn marker(dir: &Path) -> Vec<u8> {
-    let mut needle = format!("{DAEMON_MARKER_ENV}=").into_bytes();
-    needle.extend_from_slice(dir.as_os_str().as_encoded_bytes());
-    needle
+    env_entry(DAEMON_MARKER_ENV, dir)
 }
 
 fn carries_marker(pid: u32, dir: &Path) -> bool {
-    let needle = marker(dir);
-    fs::read(format!("/proc/{pid}/environ"))
-        .is_ok_and(|environ| environ.split(|b| *b == 0).any(|v| v == needle.as_slice()))
+    fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| holds(&environ, &marker(dir)))
 }
 
 /// Live processes whose environment holds `GPU_DRA_MPS_DAEMON_DIR=<dir>`.
@@ -113,9 +121,7 @@ pub fn daemon_processes(dir: &Path) -> Vec<u32> {
     // The environment first, liveness only for a match: most processes
     // are not the daemon's, and a zombie's environment reads empty.
     let mut out: Vec<u32> = environments()
-        .filter(|(pid, environ)| {
-            environ.split(|b| *b == 0).any(|v| v == needle.as_slice()) && is_alive(*pid)
-        })
+        .filter(|(pid, environ)| holds(environ, &needle) && is_alive(*pid))
         .map(|(pid, _)| pid)
         .collect();
     out.sort_unstable();
@@ -143,16 +149,16 @@ fn environments() -> impl Iterator<Item = (u32, Vec<u8>)> {
 /// by their daemon directory ([`DAEMON_MARKER_ENV`]), each list sorted. A
 /// process with the owner but no marker is skipped.
 pub fn owned_daemons(owner: &Path) -> BTreeMap<PathBuf, Vec<u32>> {
-    let mut needle = format!("{OWNER_ENV}=").into_bytes();
-    needle.extend_from_slice(owner.as_os_str().as_encoded_bytes());
+    let needle = env_entry(OWNER_ENV, owner);
     let marker = format!("{DAEMON_MARKER_ENV}=");
     let mut out: BTreeMap<PathBuf, Vec<u32>> = BTreeMap::new();
     for (pid, environ) in environments() {
-        let mut vars = environ.split(|b| *b == 0);
-        if !vars.clone().any(|v| v == needle.as_slice()) {
+        if !holds(&environ, &needle) {
             continue;
         }
-        let dir = vars.find_map(|v| v.strip_prefix(marker.as_bytes()));
+        let dir = environ
+            .split(|b| *b == 0)
+            .find_map(|v| v.strip_prefix(marker.as_bytes()));
         if let Some(dir) = dir.filter(|d| !d.is_empty())
             && is_alive(pid)
         {

@@ -28,7 +28,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// answers without it (a process in uninterruptible sleep, in a hung
 /// driver call, ends only when that call returns); it is reaped whenever
 /// it ends.
-pub(super) const KILL_GRACE: Duration = Duration::from_secs(2);
+const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long a stopping host goes on with the starts it is running, so
 /// that their replies reach the plugin.
 const STOP_GRACE: Duration = Duration::from_secs(10);
