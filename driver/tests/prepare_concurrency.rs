@@ -633,7 +633,7 @@ async fn an_unprepare_sent_while_its_claim_still_prepares_undoes_that_prepare() 
         ..Default::default()
     });
     let mark = n.log_mark();
-    let unprepare_first = n.kubelet.unprepare(std::slice::from_ref(&first));
+    let unprepare_first = n.unprepare_ok(&first);
     let late_calls = async {
         n.wait_line(mark, &["GPU locks held", &first.uid]).await;
         // The prepare waits for GPU 0; kubelet gives up on it (the call
@@ -645,18 +645,14 @@ async fn an_unprepare_sent_while_its_claim_still_prepares_undoes_that_prepare() 
             () = n.wait_line(mark, &waiting) => {}
         }
         n.fake_behaves(fake_driver_root::Behaviour::default());
-        n.kubelet.unprepare(late_ref).await
+        n.unprepare_ok(&late).await;
     };
-    let (u1, u2) = tokio::time::timeout(
+    tokio::time::timeout(
         ROUND_LIMIT,
         Box::pin(async { tokio::join!(unprepare_first, late_calls) }),
     )
     .await
     .unwrap_or_else(|_| panic!("calls still running\n{}", n.logs()));
-    let u1 = u1.unwrap_or_else(|e| panic!("unprepare call failed: {e}\n{}", n.logs()));
-    assert_eq!(u1[&first.uid].error, None, "{}", n.logs());
-    let u2 = u2.unwrap_or_else(|e| panic!("unprepare call failed: {e}\n{}", n.logs()));
-    assert_eq!(u2[&late.uid].error, None, "{}", n.logs());
     // The given-up prepare ran to its end before the unprepare undid it.
     let prepared = n.lines_after(mark, &["claim prepared", &late.uid]);
     let unprepared = n.lines_after(mark, &["claim unprepared", &late.uid]);

@@ -390,11 +390,7 @@ async fn failed_commit_then_failed_write(second: u32) -> (Node, Claim, String, S
         format!("checkpoint-fail-dir-sync@{PREPARE_WRITES},checkpoint-fail-temp-write@{second}");
     let n = node_with(PROFILE, FLAGS, DraVersion::V1, &[(FAILPOINT, &failpoints)]).await;
     let (claim, mig) = full_claim(&n).await;
-    let r = n
-        .kubelet
-        .prepare(std::slice::from_ref(&claim))
-        .await
-        .unwrap_or_else(|e| panic!("prepare call failed: {e}\n{}", n.logs()));
+    let r = n.prepare(std::slice::from_ref(&claim)).await;
     let error = r[&claim.uid].error.clone().unwrap_or_default();
     (n, claim, mig, error)
 }

@@ -488,14 +488,7 @@ async fn a_dead_mps_daemon_is_started_again_with_its_settings() {
         DraVersion::V1,
     )
     .await;
-    let c = n
-        .claim(
-            "mps",
-            json!([result("gpu", "gpu-0")]),
-            json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
-                "defaultActiveThreadPercentage": 25}}))]),
-        )
-        .await;
+    let c = n.mps_claim("mps").await;
     n.prepare_ok(&c).await;
     let applied = || {
         n.env

@@ -11,8 +11,6 @@ use common::prepare::{Node, long_time_slices, node, result, shared_claim};
 use gpu_dra_e2e::kubelet::{Claim, DraVersion};
 use serde_json::json;
 
-const LEDGER: &str = "checkpoint.lost.json";
-
 /// Drops a quote from every completed entry of the checkpoint file while
 /// the plugin is down: no longer JSON, so the next start moves it aside,
 /// and no entry can be taken back from it. (A file cut short loses the
@@ -63,9 +61,7 @@ async fn a_lost_time_slice_entry_keeps_its_spec_and_is_reset_at_its_unprepare() 
     n.prepare_ok(&kept).await;
     assert_eq!(n.env.driver_root.nvidia_smi_calls().unwrap().len(), 1);
 
-    n.stop();
-    n.tamper_entry(&c);
-    n.restart(&[]).await;
+    n.lose_entry(&c).await;
 
     let logs = n.logs();
     assert!(logs.contains("checkpoint entry quarantined"), "{logs}");
@@ -99,7 +95,7 @@ async fn a_lost_time_slice_entry_keeps_its_spec_and_is_reset_at_its_unprepare() 
         "on the GPU it was set on"
     );
     assert!(!n.spec_path(&c).exists());
-    assert!(!n.state_dir().join(LEDGER).exists(), "the ledger is empty");
+    assert!(!n.ledger_path().exists(), "the ledger is empty");
     // A second unprepare finds nothing to do.
     n.unprepare_ok(&c).await;
     assert_eq!(n.env.driver_root.nvidia_smi_calls().unwrap().len(), 2);
@@ -135,7 +131,7 @@ async fn an_mps_daemon_whose_entry_was_lost_serves_on_until_its_unprepare() {
     assert_eq!(n.mps_daemons(), 0);
     assert!(n.exclusive_gpus().is_empty(), "{:?}", n.compute_modes());
     assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
-    assert!(!n.state_dir().join(LEDGER).exists());
+    assert!(!n.ledger_path().exists());
 }
 
 /// A lost MPS claim prepared again (a restarted kubelet does this) finds
@@ -147,11 +143,7 @@ async fn a_lost_mps_claim_prepared_again_restores_the_compute_mode_at_its_unprep
     let (mut n, c, running) = lost_mps_claim(&[]).await;
 
     n.prepare_ok(&c).await;
-    assert!(
-        !n.state_dir().join(LEDGER).exists(),
-        "released\n{}",
-        n.logs()
-    );
+    assert!(!n.ledger_path().exists(), "released\n{}", n.logs());
     assert_eq!(n.live_processes(), running, "the daemon is taken over");
     assert_eq!(n.exclusive_gpus().len(), 1, "{:?}", n.compute_modes());
     // On disk: a start in between still restores it.
@@ -172,7 +164,7 @@ async fn a_lost_claims_dead_daemon_is_started_again_until_its_unprepare() {
     n.unprepare_ok(&c).await;
     assert_eq!(n.processes(), 0, "no process left");
     assert!(n.exclusive_gpus().is_empty(), "{:?}", n.compute_modes());
-    assert!(!n.state_dir().join(LEDGER).exists());
+    assert!(!n.ledger_path().exists());
 }
 
 /// An MPS claim's entry lost, and the plugin back with another --mps-dir:
@@ -252,15 +244,14 @@ async fn mig_devices_of_a_moved_aside_checkpoint_stay_until_their_claims_let_go(
         n.logs()
     );
     assert_eq!(n.mig_instances(), before, "the same device");
-    let ledger: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(n.state_dir().join(LEDGER)).unwrap()).unwrap();
+    let ledger: serde_json::Value = n.ledger();
     let names: Vec<&String> = ledger["claims"].as_object().unwrap().keys().collect();
     assert_eq!(names, [&gone.uid], "{ledger}");
 
     n.unprepare_ok(&gone).await;
     let left = n.mig_instances();
     assert_eq!(left.len(), 1, "{left:?}");
-    assert!(!n.state_dir().join(LEDGER).exists());
+    assert!(!n.ledger_path().exists());
     n.unprepare_ok(&again).await;
     assert!(n.mig_instances().is_empty());
     assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
@@ -296,8 +287,7 @@ async fn after_a_reboot_the_lost_names_of_things_gone_are_forgotten() {
         line.contains("its CDI spec") && !line.contains("MPS daemons"),
         "{line}"
     );
-    let ledger: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(n.state_dir().join(LEDGER)).unwrap()).unwrap();
+    let ledger: serde_json::Value = n.ledger();
     assert!(
         ledger["claims"][&c.uid].get("mpsDaemons").is_none(),
         "{ledger}"
@@ -307,7 +297,7 @@ async fn after_a_reboot_the_lost_names_of_things_gone_are_forgotten() {
     // done with the claim.
     n.prepare_ok(&c).await;
     assert_eq!(n.mps_daemons(), 1);
-    assert!(!n.state_dir().join(LEDGER).exists());
+    assert!(!n.ledger_path().exists());
     n.unprepare_ok(&c).await;
     assert_eq!(n.processes(), 0);
     assert!(n.cdi_files().is_empty());
@@ -337,11 +327,7 @@ async fn hostile_names_in_the_ledger_touch_nothing() {
         "computeModes": {"GPU-not-here": "Default", &before[0].0: "Bogus"},
         "timeSlices": ["GPU-not-here"],
     }}});
-    std::fs::write(
-        n.state_dir().join(LEDGER),
-        serde_json::to_vec(&ledger).unwrap(),
-    )
-    .unwrap();
+    std::fs::write(n.ledger_path(), serde_json::to_vec(&ledger).unwrap()).unwrap();
     n.restart(&[]).await;
     assert_eq!(n.mig_instances(), before);
 
@@ -349,7 +335,7 @@ async fn hostile_names_in_the_ledger_touch_nothing() {
     n.unprepare_ok(&hostile).await;
     assert_eq!(n.mig_instances(), before, "the live claim's device stays");
     assert!(n.env.driver_root.nvidia_smi_calls().unwrap().is_empty());
-    assert!(!n.state_dir().join(LEDGER).exists(), "{}", n.logs());
+    assert!(!n.ledger_path().exists(), "{}", n.logs());
     n.unprepare_ok(&live).await;
     assert!(n.mig_instances().is_empty());
 }
@@ -368,9 +354,7 @@ async fn a_shared_daemon_stays_for_a_lost_share_when_the_other_share_leaves() {
     let running = n.live_processes();
     assert!(!running.is_empty());
 
-    n.stop();
-    n.tamper_entry(&lost);
-    n.restart(&[]).await;
+    n.lose_entry(&lost).await;
     assert_eq!(n.live_processes(), running);
 
     n.unprepare_ok(&other).await;
@@ -392,9 +376,7 @@ async fn a_share_that_joins_after_the_first_was_lost_restores_the_mode_last_out(
         let mut n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
         let lost = shared_claim(&n, 'a', "4Gi").await;
         n.prepare_ok(&lost).await;
-        n.stop();
-        n.tamper_entry(&lost);
-        n.restart(&[]).await;
+        n.lose_entry(&lost).await;
         let joined = shared_claim(&n, 'b', "4Gi").await;
         n.prepare_ok(&joined).await;
         let running = n.live_processes();
@@ -433,12 +415,10 @@ async fn a_release_that_failed_after_a_second_prepare_is_done_at_the_unprepare()
     n.prepare_ok(&c).await;
     let status = n.status_devices_eventually(&c, 1).await;
     let gpu = status[0]["data"]["uuid"].as_str().unwrap().to_owned();
-    n.stop();
-    n.tamper_entry(&c);
-    n.restart(&[]).await;
+    n.lose_entry(&c).await;
     n.stop();
     // The lost entry had set a time slice (as a time-sliced claim's does).
-    let path = n.state_dir().join(LEDGER);
+    let path = n.ledger_path();
     let mut ledger: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     ledger["claims"][&c.uid]["timeSlices"] = json!([gpu]);

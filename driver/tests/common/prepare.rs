@@ -463,6 +463,29 @@ impl Node {
         std::fs::write(&path, serde_json::to_vec(&checkpoint).unwrap()).unwrap();
     }
 
+    /// Loses `claim`'s checkpoint entry: the plugin stopped, the entry
+    /// changed behind its checksum, the plugin started again (same flags).
+    pub async fn lose_entry(&mut self, claim: &Claim) {
+        self.stop();
+        self.tamper_entry(claim);
+        self.restart(&[]).await;
+    }
+
+    /// The ledger of lost checkpoint entries.
+    pub fn ledger_path(&self) -> PathBuf {
+        self.state_dir()
+            .join(gpu_kubelet_plugin::prepare::checkpoint::LOST_FILE_NAME)
+    }
+
+    /// The ledger's content (`Null` when there is no ledger file).
+    pub fn ledger(&self) -> Value {
+        match std::fs::read(self.ledger_path()) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Value::Null,
+            Err(e) => panic!("{}: {e}", self.ledger_path().display()),
+        }
+    }
+
     /// UIDs of the claims in the checkpoint.
     pub fn checkpoint_claims(&self) -> Vec<String> {
         let c = self.checkpoint();
