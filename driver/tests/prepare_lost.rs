@@ -244,7 +244,7 @@ async fn mig_devices_of_a_moved_aside_checkpoint_stay_until_their_claims_let_go(
         n.logs()
     );
     assert_eq!(n.mig_instances(), before, "the same device");
-    let ledger: serde_json::Value = n.ledger();
+    let ledger = n.ledger();
     let names: Vec<&String> = ledger["claims"].as_object().unwrap().keys().collect();
     assert_eq!(names, [&gone.uid], "{ledger}");
 
@@ -287,7 +287,7 @@ async fn after_a_reboot_the_lost_names_of_things_gone_are_forgotten() {
         line.contains("its CDI spec") && !line.contains("MPS daemons"),
         "{line}"
     );
-    let ledger: serde_json::Value = n.ledger();
+    let ledger = n.ledger();
     assert!(
         ledger["claims"][&c.uid].get("mpsDaemons").is_none(),
         "{ledger}"
