@@ -3,6 +3,7 @@
 //! it ([`checkpoint`]) that makes prepare idempotent, lets unprepare work
 //! from local state alone and survives plugin crashes.
 
+mod capped;
 pub mod cdi;
 pub mod checkpoint;
 pub mod mig;

@@ -153,6 +153,7 @@ pub use config::{
 
 use super::cdi::{ContainerEdits, HostRoot, Mount};
 use super::checkpoint::MpsDaemonRecord;
+use super::capped::{Capped, read_capped};
 use exec::{RunError, backoff, driver_env};
 
 /// Where containers (and, with [`ShmMode::PrivateMount`], the daemon) see
@@ -1587,23 +1588,17 @@ fn write_config(dirs: &DaemonDirs, cfg: &DaemonConfig) -> Result<(), MpsError> {
 }
 
 fn read_config(dirs: &DaemonDirs) -> Result<Option<DaemonConfig>, MpsError> {
-    use std::io::Read;
     let path = &dirs.config;
-    let file = match fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_err("open", path)(e)),
+    let bytes = match read_capped(path, MAX_CONFIG_BYTES).map_err(io_err("read", path))? {
+        Capped::Missing => return Ok(None),
+        Capped::TooLarge(_) => {
+            return Err(MpsError::BadRecord {
+                path: path.clone(),
+                reason: format!("larger than {MAX_CONFIG_BYTES} bytes"),
+            });
+        }
+        Capped::Bytes(bytes) => bytes,
     };
-    let mut bytes = Vec::new();
-    file.take(MAX_CONFIG_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io_err("read", path))?;
-    if bytes.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(MpsError::BadRecord {
-            path: path.clone(),
-            reason: format!("larger than {MAX_CONFIG_BYTES} bytes"),
-        });
-    }
     let cfg: DaemonConfig = serde_json::from_slice(&bytes).map_err(|e| MpsError::BadRecord {
         path: path.clone(),
         reason: e.to_string(),

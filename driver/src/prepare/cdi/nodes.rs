@@ -15,9 +15,10 @@
 //! and mode from the capability file) and the runtime makes the node in the
 //! container.
 
-use std::fs::File;
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+
+use crate::prepare::capped::{Capped, read_capped};
 
 use super::spec::DeviceNode;
 use super::{CdiError, HostRoot};
@@ -239,19 +240,13 @@ pub fn read_cap(path: &Path) -> Result<Cap, CdiError> {
 /// Reads the small text file `path`, at most `max` bytes (`None` when it
 /// does not exist); the error says what went wrong.
 fn read_small(path: &Path, max: u64) -> Result<Option<String>, String> {
-    let file = match File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.to_string()),
-    };
-    let mut text = String::new();
-    file.take(max + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| e.to_string())?;
-    if text.len() as u64 > max {
-        return Err(format!("larger than {max} bytes"));
+    match read_capped(path, max).map_err(|e| e.to_string())? {
+        Capped::Missing => Ok(None),
+        Capped::TooLarge(_) => Err(format!("larger than {max} bytes")),
+        Capped::Bytes(bytes) => String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| "not UTF-8 text".to_owned()),
     }
-    Ok(Some(text))
 }
 
 /// The trimmed value of the one `key: value` line of a capability file,

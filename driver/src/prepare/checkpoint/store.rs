@@ -48,6 +48,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{Map, Value};
 
 use super::format::{self, Decoded, MAX_FILE_BYTES, Quarantined};
+use crate::prepare::capped::Capped;
 use super::lost::{self, LOST_FILE_NAME, LostClaim};
 use super::{
     Checkpoint, ClaimEntry, ClaimUid, Error, FILE_NAME, LoadReport, PREVIOUS_BOOT_FILE_NAME,
@@ -355,8 +356,8 @@ impl Store {
 
         let mut claims = BTreeMap::new();
         let clean = match read_capped(&store.path)? {
-            FileRead::Missing => false,
-            FileRead::TooLarge(len) => {
+            Capped::Missing => false,
+            Capped::TooLarge(len) => {
                 store.move_aside(
                     format!("the file is {len} bytes, more than the {MAX_FILE_BYTES}-byte limit"),
                     &mut report,
@@ -366,7 +367,7 @@ impl Store {
                 );
                 false
             }
-            FileRead::Bytes(bytes) => match format::decode(&bytes) {
+            Capped::Bytes(bytes) => match format::decode(&bytes) {
                 Decoded::Newer(version) => {
                     return Err(Error::NewerVersion {
                         path: store.path.clone(),
@@ -545,9 +546,9 @@ impl Store {
     fn open_ledger(&self, newly_lost: Ledger) -> Result<(), Error> {
         let path = self.dir.join(LOST_FILE_NAME);
         let unusable = match read_capped(&path)? {
-            FileRead::Missing => None,
-            FileRead::TooLarge(len) => Some(format!("{len} bytes, over the limit")),
-            FileRead::Bytes(bytes) => match lost::decode_ledger(&bytes) {
+            Capped::Missing => None,
+            Capped::TooLarge(len) => Some(format!("{len} bytes, over the limit")),
+            Capped::Bytes(bytes) => match lost::decode_ledger(&bytes) {
                 Ok(ledger) => {
                     *self.lost_ledger() = ledger;
                     None
@@ -864,7 +865,7 @@ impl Store {
         let path = self.dir.join(QUARANTINE_FILE_NAME);
         // Best effort: a damaged quarantine file is replaced.
         let mut all = match read_capped(&path) {
-            Ok(FileRead::Bytes(bytes)) => match serde_json::from_slice::<Value>(&bytes) {
+            Ok(Capped::Bytes(bytes)) => match serde_json::from_slice::<Value>(&bytes) {
                 Ok(Value::Object(map)) => map,
                 _ => Map::new(),
             },
@@ -892,37 +893,12 @@ impl Store {
     }
 }
 
-/// What reading a file found.
-enum FileRead {
-    Missing,
-    TooLarge(u64),
-    Bytes(Vec<u8>),
-}
-
 /// Reads `path`, refusing files over [`MAX_FILE_BYTES`] without reading them.
-fn read_capped(path: &Path) -> Result<FileRead, Error> {
-    let read_err = |source| Error::Read {
+fn read_capped(path: &Path) -> Result<Capped, Error> {
+    crate::prepare::capped::read_capped(path, MAX_FILE_BYTES).map_err(|source| Error::Read {
         path: path.to_owned(),
         source,
-    };
-    let file = match File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(FileRead::Missing),
-        Err(e) => return Err(read_err(e)),
-    };
-    let len = file.metadata().map_err(read_err)?.len();
-    if len > MAX_FILE_BYTES {
-        return Ok(FileRead::TooLarge(len));
-    }
-    let mut bytes = Vec::with_capacity(len as usize);
-    // The cap also holds if the file grows between metadata and read.
-    file.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read_err)?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Ok(FileRead::TooLarge(bytes.len() as u64));
-    }
-    Ok(FileRead::Bytes(bytes))
+    })
 }
 
 /// Reads the kernel boot id.
