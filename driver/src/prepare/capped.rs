@@ -89,8 +89,14 @@ mod tests {
         let path = dir.path().join("fifo");
         use rustix::fs::{CWD, FileType, Mode, mknodat};
         mknodat(CWD, &path, FileType::Fifo, Mode::RWXU, 0).unwrap();
-        let err = read_capped(&path, 1 << 20).unwrap_err();
-        assert_eq!(err.to_string(), "not a regular file");
+        // On a thread, so that a read that blocks fails the test instead of
+        // hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(read_capped(&path, 1 << 20).map_err(|e| e.to_string())));
+        let read = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the read of a FIFO blocked");
+        assert_eq!(read, Err("not a regular file".to_owned()));
     }
 
     #[test]

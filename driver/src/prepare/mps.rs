@@ -151,9 +151,9 @@ pub use config::{
     validate_uuid,
 };
 
+use super::capped::{Capped, read_capped};
 use super::cdi::{ContainerEdits, HostRoot, Mount};
 use super::checkpoint::MpsDaemonRecord;
-use super::capped::{Capped, read_capped};
 use exec::{RunError, backoff, driver_env};
 
 /// Where containers (and, with [`ShmMode::PrivateMount`], the daemon) see

@@ -48,12 +48,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{Map, Value};
 
 use super::format::{self, Decoded, MAX_FILE_BYTES, Quarantined};
-use crate::prepare::capped::Capped;
 use super::lost::{self, LOST_FILE_NAME, LostClaim};
 use super::{
     Checkpoint, ClaimEntry, ClaimUid, Error, FILE_NAME, LoadReport, PREVIOUS_BOOT_FILE_NAME,
     QUARANTINE_FILE_NAME, WriteFailure,
 };
+use crate::prepare::capped::Capped;
 
 /// Lost claims by UID (see [`lost`]).
 type Ledger = BTreeMap<ClaimUid, LostClaim>;
