@@ -167,66 +167,9 @@ impl From<&ClaimRef> for v1::Claim {
     }
 }
 
-#[tonic::async_trait]
-impl v1::dra_plugin_server::DraPlugin for DraV1 {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let claims = claim_refs!(request.into_inner().claims);
-        tracing::debug!(
-            version = "v1",
-            claims = claims.len(),
-            "NodePrepareResources"
-        );
-        let answers = self.0.prepare(claims).await;
-        let claims = answers
-            .into_iter()
-            .map(|(uid, r)| {
-                let resp = match r {
-                    Ok(devices) => v1::NodePrepareResourceResponse {
-                        devices: devices.into_iter().map(v1::Device::from).collect(),
-                        error: String::new(),
-                    },
-                    Err(e) => v1::NodePrepareResourceResponse {
-                        devices: Vec::new(),
-                        error: e.to_string(),
-                    },
-                };
-                (uid, resp)
-            })
-            .collect();
-        self.0
-            .metrics
-            .request(Service::dra_v1, Method::node_prepare_resources, Outcome::ok);
-        Ok(Response::new(v1::NodePrepareResourcesResponse { claims }))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = claim_refs!(request.into_inner().claims);
-        tracing::debug!(
-            version = "v1",
-            claims = claims.len(),
-            "NodeUnprepareResources"
-        );
-        let answers = self.0.unprepare(claims).await;
-        let claims = answers
-            .into_iter()
-            .map(|(uid, r)| {
-                let error = r.err().map(|e| e.to_string()).unwrap_or_default();
-                (uid, v1::NodeUnprepareResourceResponse { error })
-            })
-            .collect();
-        self.0.metrics.request(
-            Service::dra_v1,
-            Method::node_unprepare_resources,
-            Outcome::ok,
-        );
-        Ok(Response::new(v1::NodeUnprepareResourcesResponse { claims }))
-    }
+/// For v1: every prepared device can be described.
+fn to_v1(_uid: &str, devices: Vec<PreparedDevice>) -> Result<Vec<v1::Device>, ClaimError> {
+    Ok(devices.into_iter().map(v1::Device::from).collect())
 }
 
 /// Converts prepared devices for v1beta1, which has no share ID: a device
@@ -251,73 +194,78 @@ fn to_v1beta1(uid: &str, devices: Vec<PreparedDevice>) -> Result<Vec<v1beta1::De
         .collect()
 }
 
-#[tonic::async_trait]
-impl v1beta1::dra_plugin_server::DraPlugin for DraV1beta1 {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1beta1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let claims = claim_refs!(request.into_inner().claims);
-        tracing::debug!(
-            version = "v1beta1",
-            claims = claims.len(),
-            "NodePrepareResources"
-        );
-        let answers = self.0.prepare(claims).await;
-        let claims = answers
-            .into_iter()
-            .map(|(uid, r)| {
-                let resp = match r.and_then(|devices| to_v1beta1(&uid, devices)) {
-                    Ok(devices) => v1beta1::NodePrepareResourceResponse {
-                        devices,
-                        error: String::new(),
-                    },
-                    Err(e) => v1beta1::NodePrepareResourceResponse {
-                        devices: Vec::new(),
-                        error: e.to_string(),
-                    },
-                };
-                (uid, resp)
-            })
-            .collect();
-        self.0.metrics.request(
-            Service::dra_v1beta1,
-            Method::node_prepare_resources,
-            Outcome::ok,
-        );
-        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
-            claims,
-        }))
-    }
+/// The `DRAPlugin` service of one API version (`$api`, a module of
+/// generated types) on [`DraCore`]: the two versions' messages have the
+/// same fields but are distinct types, so one body serves both through
+/// this macro; `$to_wire` converts the prepared devices.
+macro_rules! dra_plugin {
+    ($server:ty, $api:ident, $service:expr, $to_wire:path) => {
+        #[tonic::async_trait]
+        impl $api::dra_plugin_server::DraPlugin for $server {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<$api::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$api::NodePrepareResourcesResponse>, Status> {
+                let claims = claim_refs!(request.into_inner().claims);
+                tracing::debug!(
+                    version = stringify!($api),
+                    claims = claims.len(),
+                    "NodePrepareResources"
+                );
+                let answers = self.0.prepare(claims).await;
+                let claims = answers
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let resp = match r.and_then(|devices| $to_wire(&uid, devices)) {
+                            Ok(devices) => $api::NodePrepareResourceResponse {
+                                devices,
+                                error: String::new(),
+                            },
+                            Err(e) => $api::NodePrepareResourceResponse {
+                                devices: Vec::new(),
+                                error: e.to_string(),
+                            },
+                        };
+                        (uid, resp)
+                    })
+                    .collect();
+                self.0
+                    .metrics
+                    .request($service, Method::node_prepare_resources, Outcome::ok);
+                Ok(Response::new($api::NodePrepareResourcesResponse { claims }))
+            }
 
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = claim_refs!(request.into_inner().claims);
-        tracing::debug!(
-            version = "v1beta1",
-            claims = claims.len(),
-            "NodeUnprepareResources"
-        );
-        let answers = self.0.unprepare(claims).await;
-        let claims = answers
-            .into_iter()
-            .map(|(uid, r)| {
-                let error = r.err().map(|e| e.to_string()).unwrap_or_default();
-                (uid, v1beta1::NodeUnprepareResourceResponse { error })
-            })
-            .collect();
-        self.0.metrics.request(
-            Service::dra_v1beta1,
-            Method::node_unprepare_resources,
-            Outcome::ok,
-        );
-        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
-            claims,
-        }))
-    }
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<$api::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$api::NodeUnprepareResourcesResponse>, Status> {
+                let claims = claim_refs!(request.into_inner().claims);
+                tracing::debug!(
+                    version = stringify!($api),
+                    claims = claims.len(),
+                    "NodeUnprepareResources"
+                );
+                let answers = self.0.unprepare(claims).await;
+                let claims = answers
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let error = r.err().map(|e| e.to_string()).unwrap_or_default();
+                        (uid, $api::NodeUnprepareResourceResponse { error })
+                    })
+                    .collect();
+                self.0
+                    .metrics
+                    .request($service, Method::node_unprepare_resources, Outcome::ok);
+                Ok(Response::new($api::NodeUnprepareResourcesResponse {
+                    claims,
+                }))
+            }
+        }
+    };
 }
+
+dra_plugin!(DraV1, v1, Service::dra_v1, to_v1);
+dra_plugin!(DraV1beta1, v1beta1, Service::dra_v1beta1, to_v1beta1);
 
 #[cfg(test)]
 mod tests;
