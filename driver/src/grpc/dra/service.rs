@@ -167,7 +167,9 @@ impl From<&ClaimRef> for v1::Claim {
     }
 }
 
-/// For v1: every prepared device can be described.
+/// For v1: every prepared device can be described (fallible only to share
+/// [`to_v1beta1`]'s signature in [`dra_plugin!`]).
+#[allow(clippy::unnecessary_wraps)]
 fn to_v1(_uid: &str, devices: Vec<PreparedDevice>) -> Result<Vec<v1::Device>, ClaimError> {
     Ok(devices.into_iter().map(v1::Device::from).collect())
 }
