@@ -85,9 +85,9 @@ mod tests {
 
     #[test]
     fn a_fifo_in_a_files_place_is_an_error_not_a_hang() {
+        use rustix::fs::{CWD, FileType, Mode, mknodat};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fifo");
-        use rustix::fs::{CWD, FileType, Mode, mknodat};
         mknodat(CWD, &path, FileType::Fifo, Mode::RWXU, 0).unwrap();
         // On a thread, so that a read that blocks fails the test instead of
         // hanging it.
