@@ -234,4 +234,16 @@ mod tests {
             assert!(err.contains(needle), "{text:?}: {err}");
         }
     }
+
+    #[test]
+    fn intervals_parse_in_every_unit() {
+        for (text, want) in [
+            ("500ms", Duration::from_millis(500)),
+            ("10s", Duration::from_secs(10)),
+            ("2m", Duration::from_secs(120)),
+            ("1h", Duration::from_secs(3600)),
+        ] {
+            assert_eq!(parse_interval(text).unwrap(), want, "{text}");
+        }
+    }
 }

@@ -662,7 +662,8 @@ pub fn destroy_by_uuid(backend: &dyn GpuBackend, uuid: &str) -> Result<(), MigEr
                 .iter()
                 .find(|c| c.uuid.as_deref() == Some(uuid))
             {
-                return destroy_verified(backend, gpu, gi.id, ci.id, uuid);
+                // Just found by its UUID: no second look needed.
+                return destroy(backend, gpu, gi.id, ci.id);
             }
         }
     }

@@ -591,13 +591,18 @@ impl Store {
         })
     }
 
+    /// Makes the state directory's entries (a rename, a removal) durable.
+    fn sync_dir(&self) -> io::Result<()> {
+        File::open(&self.dir).and_then(|dir| dir.sync_all())
+    }
+
     /// Writes `ledger` durably, or removes its file when it is empty.
     fn write_ledger(&self, ledger: &Ledger) -> Result<(), Error> {
         let path = self.dir.join(LOST_FILE_NAME);
         if ledger.is_empty() {
             return match fs::remove_file(&path) {
-                Ok(()) => File::open(&self.dir)
-                    .and_then(|dir| dir.sync_all())
+                Ok(()) => self
+                    .sync_dir()
                     .map_err(|e| failure("fsync directory", &self.dir, e).into()),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
                 Err(e) => Err(failure("remove", &path, e).into()),
@@ -801,7 +806,7 @@ impl Store {
         let synced = if injected || failpoint == Some(Failpoint::FailDirSync) {
             Err(io::Error::other("injected directory fsync failure"))
         } else {
-            File::open(&self.dir).and_then(|dir| dir.sync_all())
+            self.sync_dir()
         };
         synced.map_err(|e| Unfinished {
             failure: failure("fsync directory", &self.dir, e),

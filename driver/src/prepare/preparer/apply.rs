@@ -1177,11 +1177,13 @@ pub(crate) fn undo(
 /// Restarts dead MPS daemons that completed claims, or claims whose entries
 /// were lost, still use.
 pub(crate) fn supervise(inner: &Inner) {
-    let snapshot = inner.store.snapshot();
-    let mut ids: Vec<String> = snapshot
-        .claims
+    // Only the entries with a daemon are copied (every period).
+    let with_daemons = inner.store.claims_where(|e| {
+        e.state == ClaimState::PrepareCompleted
+            && e.devices.iter().any(|r| r.sharing.mps_daemon.is_some())
+    });
+    let mut ids: Vec<String> = with_daemons
         .values()
-        .filter(|e| e.state == ClaimState::PrepareCompleted)
         .flat_map(|e| e.devices.iter())
         .filter_map(|r| r.sharing.mps_daemon.as_ref().map(|m| m.id.clone()))
         .collect();
