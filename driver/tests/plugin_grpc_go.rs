@@ -218,9 +218,7 @@ async fn a_grpc_go_client_watches_device_health_while_it_prepares() {
         return;
     };
     let n = node("t4-inference", &[], DraVersion::V1).await;
-    let c = n
-        .claim("go-health", json!([result("gpu", "gpu-1")]), json!([]))
-        .await;
+    let c = n.gpu_claim("go-health", "gpu-1").await;
     let mut kubelet = go
         .connect(&n.plugin.dra_socket(), Some("localhost"))
         .unwrap();

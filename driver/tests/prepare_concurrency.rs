@@ -330,12 +330,8 @@ async fn prepares_on_different_gpus_overlap() {
         )
         .await;
     // B: GPU 1. C: GPU 0 again.
-    let other = n
-        .claim("other-gpu", json!([result("gpu", "gpu-1")]), json!([]))
-        .await;
-    let same = n
-        .claim("same-gpu", json!([result("gpu", "gpu-0")]), json!([]))
-        .await;
+    let other = n.gpu_claim("other-gpu", "gpu-1").await;
+    let same = n.gpu_claim("same-gpu", "gpu-0").await;
 
     let call_a = n.kubelet.prepare(std::slice::from_ref(&slow));
     tokio::pin!(call_a);
@@ -623,9 +619,7 @@ async fn an_unprepare_sent_while_its_claim_still_prepares_undoes_that_prepare() 
     let n = node_logging_locks().await;
     let first = n.mps_claim("first").await;
     n.prepare_ok(&first).await;
-    let late = n
-        .claim("late", json!([result("gpu", "gpu-0")]), json!([]))
-        .await;
+    let late = n.gpu_claim("late", "gpu-0").await;
     let late_ref = std::slice::from_ref(&late);
     // Stopping the first claim's daemon holds GPU 0 for a while.
     n.fake_behaves(fake_driver_root::Behaviour {
@@ -660,9 +654,7 @@ async fn an_unprepare_sent_while_its_claim_still_prepares_undoes_that_prepare() 
     // Nothing of it is left: no entry, no spec, GPU 0 free for the next.
     assert!(n.checkpoint_claims().is_empty(), "{}", n.checkpoint());
     assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
-    let next = n
-        .claim("next", json!([result("gpu", "gpu-0")]), json!([]))
-        .await;
+    let next = n.gpu_claim("next", "gpu-0").await;
     n.prepare_ok(&next).await;
     n.unprepare_ok(&next).await;
 }

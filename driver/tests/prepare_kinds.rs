@@ -21,9 +21,7 @@ use serde_json::json;
 
 async fn whole_gpu(version: DraVersion, flags: &[&str]) {
     let n = node("t4-inference", flags, version).await;
-    let c = n
-        .claim("whole", json!([result("gpu", "gpu-1")]), json!([]))
-        .await;
+    let c = n.gpu_claim("whole", "gpu-1").await;
     let r = n.prepare_ok(&c).await;
     assert_eq!(r.devices.len(), 1);
     let d = &r.devices[0];
@@ -157,18 +155,14 @@ async fn uvm_nodes_that_appear_later_reach_the_next_claims() {
     for name in ["nvidia-uvm", "nvidia-uvm-tools"] {
         std::fs::rename(dev.join(name), aside.join(name)).unwrap();
     }
-    let before = n
-        .claim("before", json!([result("gpu", "gpu-0")]), json!([]))
-        .await;
+    let before = n.gpu_claim("before", "gpu-0").await;
     n.prepare_ok(&before).await;
     assert_eq!(control(&before), ["/dev/nvidiactl"]);
 
     for name in ["nvidia-uvm", "nvidia-uvm-tools"] {
         std::fs::rename(aside.join(name), dev.join(name)).unwrap();
     }
-    let after = n
-        .claim("after", json!([result("gpu", "gpu-1")]), json!([]))
-        .await;
+    let after = n.gpu_claim("after", "gpu-1").await;
     n.prepare_ok(&after).await;
     let all = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
     assert_eq!(control(&after), all);
@@ -216,9 +210,7 @@ async fn the_cdi_hook_path_flag_names_the_hook_in_the_specs() {
         DraVersion::V1,
     )
     .await;
-    let c = n
-        .claim("whole", json!([result("gpu", "gpu-0")]), json!([]))
-        .await;
+    let c = n.gpu_claim("whole", "gpu-0").await;
     n.prepare_ok(&c).await;
     let hooks = n.spec(&c)["containerEdits"]["hooks"].clone();
     let hooks = hooks.as_array().unwrap();
@@ -236,12 +228,8 @@ async fn the_cdi_hook_path_flag_names_the_hook_in_the_specs() {
 #[tokio::test]
 async fn a_status_lost_in_a_crash_is_written_at_the_next_start() {
     let mut n = node("t4-inference", &[], DraVersion::V1).await;
-    let kept = n
-        .claim("kept", json!([result("gpu", "gpu-0")]), json!([]))
-        .await;
-    let gone = n
-        .claim("gone", json!([result("gpu", "gpu-1")]), json!([]))
-        .await;
+    let kept = n.gpu_claim("kept", "gpu-0").await;
+    let gone = n.gpu_claim("gone", "gpu-1").await;
     n.prepare_ok(&kept).await;
     n.prepare_ok(&gone).await;
     assert_eq!(n.status_devices_eventually(&kept, 1).await.len(), 1);
@@ -279,9 +267,7 @@ async fn a_status_lost_in_a_crash_is_written_at_the_next_start() {
 #[tokio::test]
 async fn a_repeated_prepare_writes_the_status_only_where_it_is_missing() {
     let n = node("t4-inference", &[], DraVersion::V1).await;
-    let c = n
-        .claim("again", json!([result("gpu", "gpu-0")]), json!([]))
-        .await;
+    let c = n.gpu_claim("again", "gpu-0").await;
     n.prepare_ok(&c).await;
     let first = n.status_devices_eventually(&c, 1).await;
     let since = first[0]["conditions"][0]["lastTransitionTime"].clone();
@@ -346,9 +332,7 @@ async fn a_half_prepared_entry_on_another_gpu_is_undone_under_that_gpus_lock() {
     // What the old entry records: a time slice set on gpu-2.
     let old = long_time_slices(&n, "old").await;
     n.prepare_ok(&old).await;
-    let moved = n
-        .claim("moved", json!([result("gpu", "gpu-1")]), json!([]))
-        .await;
+    let moved = n.gpu_claim("moved", "gpu-1").await;
     n.stop();
     n.edit_checkpoint(|store| {
         let mut stale = store.get(&ClaimUid(old.uid.clone())).unwrap();
@@ -967,9 +951,7 @@ async fn a_refused_time_slice_fails_the_claim_and_leaves_the_gpu_free() {
     assert_eq!(calls.len(), 1, "{calls:?}");
     // The GPU is free for the next claim.
     n.fake_behaves(fake_driver_root::Behaviour::default());
-    let whole = n
-        .claim("whole", json!([result("gpu", "gpu-2")]), json!([]))
-        .await;
+    let whole = n.gpu_claim("whole", "gpu-2").await;
     n.prepare_ok(&whole).await;
     n.unprepare_ok(&whole).await;
     n.unprepare_ok(&ts).await;
@@ -1075,12 +1057,8 @@ async fn a_changed_mps_dir_takes_over_running_daemons_where_they_were_started() 
 #[tokio::test]
 async fn a_device_is_never_given_to_two_claims_but_admin_access_may_watch() {
     let n = node("t4-inference", &[], DraVersion::V1).await;
-    let first = n
-        .claim("first", json!([result("gpu", "gpu-0")]), json!([]))
-        .await;
-    let second = n
-        .claim("second", json!([result("gpu", "gpu-0")]), json!([]))
-        .await;
+    let first = n.gpu_claim("first", "gpu-0").await;
+    let second = n.gpu_claim("second", "gpu-0").await;
     let mut admin_result = result("mon", "gpu-0");
     admin_result["adminAccess"] = json!(true);
     let admin = n.claim("monitor", json!([admin_result]), json!([])).await;
@@ -1106,9 +1084,7 @@ async fn a_device_is_never_given_to_two_claims_but_admin_access_may_watch() {
 #[tokio::test]
 async fn unusable_claims_get_precise_per_claim_errors_and_leave_nothing() {
     let n = node("t4-inference", &[], DraVersion::V1).await;
-    let ok = n
-        .claim("ok", json!([result("gpu", "gpu-0")]), json!([]))
-        .await;
+    let ok = n.gpu_claim("ok", "gpu-0").await;
     let foreign = n
         .claim(
             "elsewhere",
@@ -1116,9 +1092,7 @@ async fn unusable_claims_get_precise_per_claim_errors_and_leave_nothing() {
             json!([]),
         )
         .await;
-    let unknown = n
-        .claim("unknown", json!([result("gpu", "gpu-9")]), json!([]))
-        .await;
+    let unknown = n.gpu_claim("unknown", "gpu-9").await;
     let bad_config = n
         .claim(
             "bad-config",

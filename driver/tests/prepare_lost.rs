@@ -55,9 +55,7 @@ async fn a_lost_time_slice_entry_keeps_its_spec_and_is_reset_at_its_unprepare() 
     let mut n = node("t4-inference", &[], DraVersion::V1).await;
     let c = long_time_slices(&n, "lost").await;
     n.prepare_ok(&c).await;
-    let kept = n
-        .claim("kept", json!([result("gpu", "gpu-1")]), json!([]))
-        .await;
+    let kept = n.gpu_claim("kept", "gpu-1").await;
     n.prepare_ok(&kept).await;
     assert_eq!(n.env.driver_root.nvidia_smi_calls().unwrap().len(), 1);
 
@@ -327,7 +325,7 @@ async fn hostile_names_in_the_ledger_touch_nothing() {
         "computeModes": {"GPU-not-here": "Default", &before[0].0: "Bogus"},
         "timeSlices": ["GPU-not-here"],
     }}});
-    std::fs::write(n.ledger_path(), serde_json::to_vec(&ledger).unwrap()).unwrap();
+    n.write_ledger(&ledger);
     n.restart(&[]).await;
     assert_eq!(n.mig_instances(), before);
 
@@ -409,20 +407,17 @@ async fn a_share_that_joins_after_the_first_was_lost_restores_the_mode_last_out(
 #[tokio::test]
 async fn a_release_that_failed_after_a_second_prepare_is_done_at_the_unprepare() {
     let mut n = node("t4-inference", &[], DraVersion::V1).await;
-    let c = n
-        .claim("whole", json!([result("gpu", "gpu-1")]), json!([]))
-        .await;
+    let c = n.gpu_claim("whole", "gpu-1").await;
     n.prepare_ok(&c).await;
     let status = n.status_devices_eventually(&c, 1).await;
     let gpu = status[0]["data"]["uuid"].as_str().unwrap().to_owned();
     n.lose_entry(&c).await;
     n.stop();
     // The lost entry had set a time slice (as a time-sliced claim's does).
-    let path = n.ledger_path();
-    let mut ledger: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let mut ledger = n.ledger();
+    assert!(ledger.is_object(), "no ledger after the lost entry");
     ledger["claims"][&c.uid]["timeSlices"] = json!([gpu]);
-    std::fs::write(&path, serde_json::to_vec(&ledger).unwrap()).unwrap();
+    n.write_ledger(&ledger);
     n.restart(&[]).await;
     n.fake_behaves(fake_driver_root::Behaviour {
         nvidia_smi_failure: Some((3, "GPU is busy".into())),
@@ -430,7 +425,10 @@ async fn a_release_that_failed_after_a_second_prepare_is_done_at_the_unprepare()
     });
 
     n.prepare_ok(&c).await;
-    assert!(path.exists(), "the failed release keeps the claim");
+    assert!(
+        n.ledger_path().exists(),
+        "the failed release keeps the claim"
+    );
     let r = n.kubelet.unprepare(std::slice::from_ref(&c)).await.unwrap();
     let error = r[&c.uid].error.clone().unwrap_or_default();
     assert!(
@@ -440,7 +438,7 @@ async fn a_release_that_failed_after_a_second_prepare_is_done_at_the_unprepare()
     );
     n.fake_behaves(fake_driver_root::Behaviour::default());
     n.unprepare_ok(&c).await;
-    assert!(!path.exists());
+    assert!(!n.ledger_path().exists());
     let calls = n.env.driver_root.nvidia_smi_calls().unwrap();
     let last = calls.last().unwrap();
     assert!(

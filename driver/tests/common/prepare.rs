@@ -312,6 +312,12 @@ impl Node {
             .collect()
     }
 
+    /// A claim for the whole GPU `device`, without configs.
+    pub async fn gpu_claim(&self, name: &str, device: &str) -> Claim {
+        self.claim(name, json!([result("gpu", device)]), json!([]))
+            .await
+    }
+
     /// A claim for `gpu-0` shared by MPS, default active thread percentage 25.
     pub async fn mps_claim(&self, name: &str) -> Claim {
         self.claim(
@@ -484,6 +490,11 @@ impl Node {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Value::Null,
             Err(e) => panic!("{}: {e}", self.ledger_path().display()),
         }
+    }
+
+    /// Writes `ledger` as the ledger's file (a hand edit).
+    pub fn write_ledger(&self, ledger: &Value) {
+        std::fs::write(self.ledger_path(), serde_json::to_vec(ledger).unwrap()).unwrap();
     }
 
     /// UIDs of the claims in the checkpoint.
