@@ -1,13 +1,16 @@
 //! The plugin's sockets against grpc-go, the gRPC library kubelet is built
-//! on (`gpu_dra_e2e::grpc_go`: Debian's grpc-go 1.33 through
-//! `hack/grpc-go-kubelet`, dialling as kubelet does): the registration
-//! service's `GetInfo`, and a claim prepared and unprepared over DRAPlugin
-//! v1 and v1beta1, with each `:authority` a kubelet sends on a Unix socket
-//! (grpc-go's own choice, the socket's path; its percent-encoded form; and
-//! `localhost`, kubelet's since 1.26), several calls on one connection, a
-//! malformed body and an unknown method among them; and kubelet's device
-//! health watch (`DRAResourceHealth`, v1alpha1 and v1) as a server stream
-//! beside those calls.
+//! on (`gpu_dra_e2e::grpc_go`: the grpc-go of Kubernetes v1.37.2 through
+//! `hack/grpc-go-kubelet`, dialling as kubelet 1.37 does and decoding each
+//! reply with kubelet's generated types): the registration service's
+//! `GetInfo` (grpc-go's own `:authority` for kubelet's plugin watcher, the
+//! socket's path percent-encoded), and a claim prepared and unprepared over
+//! DRAPlugin v1 and v1beta1, with each `:authority` a kubelet sends on a
+//! Unix socket (grpc-go's own choice for kubelet's DRA client,
+//! `localhost`; the percent-encoded path; and `localhost` set by the
+//! caller), several calls on one connection, a malformed body and an
+//! unknown method among them; and kubelet's device health watch
+//! (`DRAResourceHealth`, v1alpha1 and v1) as a server stream beside those
+//! calls.
 
 mod common;
 

@@ -1,0 +1,97 @@
+//! The driver on a real Kubernetes: `hack/cluster/up --with-driver` once, then
+//! every test against the real kube-apiserver, kube-scheduler, kubelet and
+//! containerd, each in its own namespace, then `hack/cluster/down`.
+//!
+//! A custom harness (libtest-mimic, same output and flags as the built-in
+//! one) because the cluster is brought up once before the tests and taken
+//! down after them. Tests run one at a time: some restart the plugin.
+//!
+//! When the cluster cannot run here (not root, binaries not built by
+//! `hack/cluster/build`), every test is reported ignored after a loud
+//! message, unless `GPU_DRA_E2E_REQUIRE_CLUSTER=1` (set by `.ci/run`), which
+//! makes it a failure. `GPU_DRA_E2E_KEEP_CLUSTER=1` leaves the cluster up.
+
+mod apiserver;
+mod claims;
+mod harness;
+mod restarts;
+mod security;
+mod simulate;
+mod webhook;
+
+use std::process::ExitCode;
+
+use harness::Cluster;
+use libtest_mimic::{Arguments, Failed, Trial};
+
+/// A test: runs against the cluster, `Err` with what went wrong.
+type Test = fn(&Cluster) -> Result<(), Failed>;
+/// A test of the harness itself, without a cluster.
+type Offline = fn() -> Result<(), Failed>;
+
+fn tests() -> Vec<(&'static str, Test)> {
+    let mut all: Vec<(&'static str, Test)> = Vec::new();
+    all.extend(claims::TESTS);
+    all.extend(restarts::TESTS);
+    all.extend(webhook::TESTS);
+    all.extend(security::TESTS);
+    all.extend(simulate::TESTS);
+    all.extend(apiserver::TESTS);
+    all
+}
+
+fn offline() -> Vec<(&'static str, Offline)> {
+    let mut all: Vec<(&'static str, Offline)> = Vec::new();
+    all.extend(harness::OFFLINE);
+    all.extend(claims::OFFLINE);
+    all
+}
+
+fn main() -> ExitCode {
+    let mut args = Arguments::from_args();
+    if args.test_threads.is_none() {
+        args.test_threads = Some(1);
+    }
+    let wanted = tests()
+        .into_iter()
+        .filter(|(name, _)| {
+            args.filter.as_ref().is_none_or(|f| {
+                if args.exact {
+                    name == f
+                } else {
+                    name.contains(f.as_str())
+                }
+            })
+        })
+        .count();
+    let cluster = if args.list || wanted == 0 {
+        None
+    } else {
+        match Cluster::up_or_skip("real_cluster") {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("real_cluster: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    };
+    let mut trials: Vec<Trial> = offline()
+        .into_iter()
+        .map(|(name, test)| Trial::test(name, test))
+        .collect();
+    trials.extend(tests().into_iter().map(|(name, test)| match &cluster {
+        Some(c) => {
+            let c = c.clone();
+            Trial::test(name, move || test(&c))
+        }
+        None => Trial::test(name, || Ok(())).with_ignored_flag(true),
+    }));
+    let conclusion = libtest_mimic::run(&args, trials);
+    if let Some(c) = &cluster
+        && let Err(e) = c.down()
+    {
+        eprintln!("real_cluster: {e}");
+        return ExitCode::FAILURE;
+    }
+    conclusion.exit_code()
+}
