@@ -107,7 +107,7 @@ install_driver() {
             {\"name\":\"MOCK_NVML_PROFILE\",\"value\":\"/opt/mock-nvml/profiles/$PROFILE.yaml\"},
             {\"name\":\"MOCK_NVML_PROC_ROOT\",\"value\":\"/host-proc\"},
             {\"name\":\"MOCK_NVML_STATE\",\"value\":\"/var/lib/kubelet/plugins/$DRIVER_NAME/mock-nvml-state.json\"}]" \
-        "${HELM_SETS[@]}" --wait --timeout 5m >&2
+        "${HELM_SETS[@]}" --wait=legacy --timeout 5m >&2
 
     log "waiting for the node's ResourceSlices"
     for ((i = 0; i < 120; i++)); do

@@ -424,7 +424,6 @@ fn every_example_claim(c: &Cluster) -> Result<(), Failed> {
         return Err(format!("only {} example claims ran: {ran:?}", ran.len()).into());
     }
     eprintln!("ran {} example claims: {ran:?}", ran.len());
-    c.kubectl(&["delete", "namespace", ns, "--wait=false"])?;
     Ok(())
 }
 
@@ -487,83 +486,99 @@ fn pod_on_claim(c: &Cluster, ns: &str, claim: &str) -> Result<(Seen, Value, Stri
 
 const NOT_SHARED: &str = "!device.allowMultipleAllocations";
 
+/// Switches the installed chart's `kubeletPlugin.dynamicMig` (a rolling
+/// update of the plugin) and waits until the node's pool shows the mode:
+/// dynamic placements (MIG devices without a UUID) or none.
+pub fn set_dynamic_mig(c: &Cluster, on: bool) -> Result<(), Failed> {
+    let chart = c.repo.join("deployments/helm/gpu-dra-driver");
+    let out = c
+        .command("helm")
+        .args(["upgrade", "gpu-dra-driver"])
+        .arg(&chart)
+        .args(["-n", "gpu-dra-driver", "--reuse-values", "--set", &format!("kubeletPlugin.dynamicMig={on}"), "--wait=legacy", "--timeout", "5m"])
+        .output()
+        .map_err(|e| format!("helm: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("helm upgrade: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    c.kubectl(&["rollout", "status", "-n", "gpu-dra-driver", "ds/gpu-dra-driver-kubelet-plugin", "--timeout=180s"])?;
+    let start = std::time::Instant::now();
+    loop {
+        let slices: Value = serde_json::from_str(&c.kubectl(&["get", "resourceslices", "-o", "json"])?)
+            .map_err(|e| format!("resourceslices: {e}"))?;
+        let dynamic = slices["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
+            .any(|d| d["attributes"]["type"]["string"].as_str() == Some("mig") && d["attributes"]["uuid"].is_null());
+        if dynamic == on {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            return Err(format!("the pool did not switch to dynamicMig={on}").into());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 fn static_and_dynamic_mig(c: &Cluster) -> Result<(), Failed> {
     let ns = "e2e-mig";
     c.fresh_namespace(ns)?;
-    // Static: a MIG device the profile has already (it has a UUID).
-    c.apply(
-        ns,
-        &claim_yaml(
-            "static-mig",
-            "1g.10gb.mig.nvidia.com",
-            &["'uuid' in device.attributes['gpu.nvidia.com']"],
-            "",
-            "",
-        ),
-    )?;
-    // Dynamic: a placement the plugin creates at prepare (no UUID yet).
-    c.apply(
-        ns,
-        &claim_yaml(
-            "dynamic-mig",
-            "1g.10gb.mig.nvidia.com",
-            &["!('uuid' in device.attributes['gpu.nvidia.com'])"],
-            "",
-            "",
-        ),
-    )?;
+    // Static MIG (the cluster starts in that mode): a MIG device the
+    // profile has already, published with its UUID.
+    set_dynamic_mig(c, false)?;
+    c.apply(ns, &claim_yaml("static-mig", "1g.10gb.mig.nvidia.com", &["'uuid' in device.attributes['gpu.nvidia.com']"], "", ""))?;
+    let (seen_s, json_s, uid_s) = pod_on_claim(c, ns, "static-mig")?;
+    let static_before = c.nvml_state();
+    delete_and_check_clean(c, ns, &["check-static-mig"], &[uid_s])?;
+    if c.nvml_state() != static_before {
+        return Err(format!("unpreparing static MIG device {:?} changed the hardware state", allocated(&json_s)).into());
+    }
+
+    // Dynamic MIG: a placement the plugin creates at prepare, destroys at unprepare.
+    set_dynamic_mig(c, true)?;
+    c.apply(ns, &claim_yaml("dynamic-mig", "1g.10gb.mig.nvidia.com", &["!('uuid' in device.attributes['gpu.nvidia.com'])"], "", ""))?;
     let before = c.nvml_state();
-    let (seen_s, _, uid_s) = pod_on_claim(c, ns, "static-mig")?;
     let (seen_d, json_d, uid_d) = pod_on_claim(c, ns, "dynamic-mig")?;
     for (name, seen) in [("static-mig", &seen_s), ("dynamic-mig", &seen_d)] {
         if seen.gpus().len() != 1 {
-            return Err(format!(
-                "{name}: want the parent GPU's node only, saw {:?}",
-                seen.gpus()
-            )
-            .into());
+            return Err(format!("{name}: want the parent GPU's node only, saw {:?}", seen.gpus()).into());
         }
-        if !seen
-            .dev
-            .iter()
-            .any(|d| d.starts_with("/dev/nvidia-caps/nvidia-cap"))
-        {
+        if !seen.dev.iter().any(|d| d.starts_with("/dev/nvidia-caps/nvidia-cap")) {
             return Err(format!("{name}: no MIG capability node: {:?}", seen.dev).into());
         }
     }
     let during = c.nvml_state();
     if during == before {
-        return Err(format!(
-            "the dynamic MIG device {:?} changed nothing in the NVML state",
-            allocated(&json_d)
-        )
-        .into());
+        return Err(format!("the dynamic MIG device {:?} changed nothing in the NVML state", allocated(&json_d)).into());
     }
-    delete_and_check_clean(
-        c,
-        ns,
-        &["check-static-mig", "check-dynamic-mig"],
-        &[uid_s, uid_d],
-    )?;
+    delete_and_check_clean(c, ns, &["check-dynamic-mig"], &[uid_d])?;
     let after = c.nvml_state();
-    let instances =
-        |s: &str| s.matches("\"gpuInstances\"").count() + s.matches("\"placement\"").count();
-    if instances(&after) != instances(&before) {
-        return Err(format!(
-            "MIG instances left after unprepare:\nbefore: {before}\nafter: {after}"
-        )
-        .into());
+    if after != before {
+        return Err(format!("the dynamic MIG device was not destroyed:\nbefore: {before}\nafter: {after}").into());
     }
-    c.kubectl(&["delete", "namespace", ns, "--wait=false"])?;
     Ok(())
 }
 
-/// The fake driver's call log on the node (hack/fake-driver-root).
-fn driver_calls() -> String {
-    std::fs::read_to_string(
-        "/var/lib/gpu-dra-cluster-node/driver-root/var/log/fake-driver/calls.log",
-    )
-    .unwrap_or_default()
+/// The plugin's log lines since the test started (all its containers).
+fn plugin_log(c: &Cluster) -> Result<String, Failed> {
+    Ok(c.kubectl(&[
+        "logs", "-n", "gpu-dra-driver", "-l", "app.kubernetes.io/component=kubelet-plugin",
+        "--tail=2000", "--since=10m",
+    ])?)
+}
+
+/// The host path of the folder the CDI spec mounts at `container_path`.
+fn host_path_of(spec: &Value, container_path: &str) -> Option<String> {
+    let mut edits = vec![&spec["containerEdits"]];
+    edits.extend(spec["devices"].as_array().into_iter().flatten().map(|d| &d["containerEdits"]));
+    edits
+        .into_iter()
+        .flat_map(|e| e["mounts"].as_array().into_iter().flatten())
+        .find(|m| m["containerPath"].as_str() == Some(container_path))
+        .and_then(|m| m["hostPath"].as_str())
+        .map(str::to_owned)
 }
 
 fn time_slicing_and_mps(c: &Cluster) -> Result<(), Failed> {
@@ -583,19 +598,7 @@ fn time_slicing_and_mps(c: &Cluster) -> Result<(), Failed> {
 {body}"
         )
     };
-    c.apply(
-        ns,
-        &claim_yaml(
-            "ts",
-            "gpu.nvidia.com",
-            &[NOT_SHARED],
-            "",
-            &config(
-                "TimeSlicing",
-                "            timeSlicingConfig: {interval: Long}\n",
-            ),
-        ),
-    )?;
+    c.apply(ns, &claim_yaml("ts", "gpu.nvidia.com", &[NOT_SHARED], "", &config("TimeSlicing", "            timeSlicingConfig: {interval: Long}\n")))?;
     c.apply(
         ns,
         &claim_yaml(
@@ -606,47 +609,54 @@ fn time_slicing_and_mps(c: &Cluster) -> Result<(), Failed> {
             &config("MPS", "            mpsConfig: {defaultActiveThreadPercentage: 30, defaultPinnedDeviceMemoryLimit: 7Gi}\n"),
         ),
     )?;
-    let calls_before = driver_calls().len();
     let (_, ts_json, ts_uid) = pod_on_claim(c, ns, "ts")?;
-    let (mps_seen, _, mps_uid) = pod_on_claim(c, ns, "mps")?;
-    let calls = driver_calls();
-    let new_calls = calls.get(calls_before..).unwrap_or_default();
-    if !new_calls.contains("--set-timeslice") {
-        return Err(format!(
-            "no nvidia-smi time-slice call for {:?}:\n{new_calls}",
-            allocated(&ts_json)
-        )
-        .into());
+    let (mps_seen, mps_json, mps_uid) = pod_on_claim(c, ns, "mps")?;
+    // The time slice: the plugin ran the driver's nvidia-smi for the GPU.
+    let log = plugin_log(c)?;
+    let ts_gpu = allocated(&ts_json).first().map(|r| r.1.clone()).unwrap_or_default();
+    if !log.lines().any(|l| l.contains("time-slice set") && l.contains("interval=Long")) {
+        return Err(format!("no time slice set for {ts_gpu} in the plugin's log").into());
     }
-    for want in [
-        "set_default_active_thread_percentage 30",
-        "set_default_device_pinned_mem_limit",
-    ] {
-        if !new_calls.contains(want) {
-            return Err(format!("the MPS daemon got no {want}:\n{new_calls}").into());
-        }
-    }
-    if !mps_seen
+    // MPS: the client's pipe folder is the daemon's, and the daemon holds the limits.
+    let pipe = mps_seen
         .env
         .iter()
-        .any(|e| e.starts_with("CUDA_MPS_PIPE_DIRECTORY="))
-    {
-        return Err(format!(
-            "the MPS client has no CUDA_MPS_PIPE_DIRECTORY: {:?}",
-            mps_seen.env
-        )
-        .into());
+        .find_map(|e| e.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
+        .ok_or_else(|| format!("the MPS client has no CUDA_MPS_PIPE_DIRECTORY: {:?}", mps_seen.env))?
+        .to_owned();
+    let spec = check_against_spec(c, ns, "mps", &mps_seen)?;
+    let host_pipe = host_path_of(&spec, &pipe).ok_or_else(|| format!("the CDI spec does not mount {pipe}"))?;
+    let state = fake_driver_root::FakeDriverRoot::mps_state(Path::new(&host_pipe))
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("no MPS daemon state in {host_pipe}"))?;
+    if state.active_thread_percentage.as_deref() != Some("30") {
+        return Err(format!("the daemon's thread percentage is {:?}, want 30", state.active_thread_percentage).into());
     }
-    delete_and_check_clean(c, ns, &["check-ts", "check-mps"], &[ts_uid, mps_uid])?;
-    let after = driver_calls();
-    let tail = after.get(calls.len()..).unwrap_or_default();
-    if !tail.contains("quit") {
-        return Err(format!(
-            "the MPS daemon was not stopped (no quit after the unprepare):\n{tail}"
-        )
-        .into());
+    if !state.pinned_mem_limits.values().any(|v| v == "7G" || v == "7168M") {
+        return Err(format!("the daemon's pinned memory limits are {:?}, want 7Gi", state.pinned_mem_limits).into());
     }
-    c.kubectl(&["delete", "namespace", ns, "--wait=false"])?;
+    let pid = state.daemon_pid.ok_or("the daemon wrote no pid")?;
+    if !Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(format!("the MPS daemon (pid {pid}) does not run").into());
+    }
+    let _ = mps_json;
+    delete_and_check_clean(c, ns, &["check-ts", "check-mps"], &[ts_uid.clone(), mps_uid])?;
+    // Unprepare stopped the daemon and put the GPU's time slice back.
+    for _ in 0..40 {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    if Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(format!("the MPS daemon (pid {pid}) still runs after the unprepare").into());
+    }
+    let log = plugin_log(c)?;
+    let restored = log.lines().rev().find(|l| l.contains("time-slice set")).unwrap_or_default();
+    if !restored.contains("interval=Default") {
+        return Err(format!("the time slice was not restored after the unprepare: {restored}").into());
+    }
+    let _ = ts_uid;
     Ok(())
 }
 
@@ -727,58 +737,50 @@ spec:
         ns,
         "resourceclaims",
         "{.items[*].metadata.name}",
-        "",
+        "shared",
         Duration::from_secs(60),
     )?;
-    c.kubectl(&["delete", "namespace", ns, "--wait=false"])?;
     Ok(())
+}
+
+/// A string attribute of the node's device `name`, from its ResourceSlices.
+pub fn device_attribute(c: &Cluster, name: &str, attribute: &str) -> Result<String, Failed> {
+    let slices: Value = serde_json::from_str(&c.kubectl(&["get", "resourceslices", "-o", "json"])?)
+        .map_err(|e| format!("resourceslices: {e}"))?;
+    slices["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
+        .find(|d| d["name"].as_str() == Some(name))
+        .and_then(|d| {
+            let a = &d["attributes"];
+            a[attribute]["string"].as_str().or(a[format!("gpu.nvidia.com/{attribute}")]["string"].as_str())
+        })
+        .map(str::to_owned)
+        .ok_or_else(|| format!("device {name} has no string attribute {attribute}").into())
 }
 
 fn admin_access(c: &Cluster) -> Result<(), Failed> {
     let ns = "e2e-admin";
     c.fresh_namespace(ns)?;
-    // Every GPU of the node taken by one claim...
-    c.apply(
-        ns,
-        &claim_yaml(
-            "all",
-            "gpu.nvidia.com",
-            &[NOT_SHARED],
-            "        allocationMode: All\n",
-            "",
-        ),
-    )?;
-    let (all_seen, _, all_uid) = pod_on_claim(c, ns, "all")?;
-    // ...and a monitoring claim still gets one of them.
-    c.apply(
-        ns,
-        &claim_yaml(
-            "monitor",
-            "gpu.nvidia.com",
-            &[NOT_SHARED],
-            "        adminAccess: true\n",
-            "",
-        ),
-    )?;
+    // A GPU taken by one claim...
+    c.apply(ns, &claim_yaml("taken", "gpu.nvidia.com", &[NOT_SHARED], "", ""))?;
+    let (taken_seen, taken_json, taken_uid) = pod_on_claim(c, ns, "taken")?;
+    let device = allocated(&taken_json).first().map(|r| r.1.clone()).ok_or("nothing allocated")?;
+    // ...is still given to a monitoring claim with admin access, by name.
+    let uuid = device_attribute(c, &device, "uuid")?;
+    let by_uuid = format!("device.attributes['gpu.nvidia.com'].uuid == '{uuid}'");
+    c.apply(ns, &claim_yaml("monitor", "gpu.nvidia.com", &[NOT_SHARED, &by_uuid], "        adminAccess: true\n", ""))?;
     let (mon_seen, mon_json, mon_uid) = pod_on_claim(c, ns, "monitor")?;
-    let admin = mon_json["status"]["allocation"]["devices"]["results"][0]["adminAccess"].as_bool();
-    if admin != Some(true) {
-        return Err(format!(
-            "the allocation does not say adminAccess: {}",
-            mon_json["status"]["allocation"]
-        )
-        .into());
+    let result = &mon_json["status"]["allocation"]["devices"]["results"][0];
+    if result["adminAccess"].as_bool() != Some(true) || result["device"].as_str() != Some(device.as_str()) {
+        return Err(format!("want {device} with adminAccess, the allocation is {}", mon_json["status"]["allocation"]).into());
     }
-    if mon_seen.gpus().len() != 1 || !all_seen.gpus().contains(&mon_seen.gpus()[0]) {
-        return Err(format!(
-            "admin access saw {:?}, the node's GPUs are {:?}",
-            mon_seen.gpus(),
-            all_seen.gpus()
-        )
-        .into());
+    if mon_seen.gpus() != taken_seen.gpus() {
+        return Err(format!("admin access saw {:?}, the claim holding {device} sees {:?}", mon_seen.gpus(), taken_seen.gpus()).into());
     }
-    delete_and_check_clean(c, ns, &["check-monitor", "check-all"], &[mon_uid, all_uid])?;
-    c.kubectl(&["delete", "namespace", ns, "--wait=false"])?;
+    delete_and_check_clean(c, ns, &["check-monitor", "check-taken"], &[mon_uid, taken_uid])?;
     Ok(())
 }
 
@@ -814,7 +816,6 @@ spec:
         .into());
     }
     delete_and_check_clean(c, ns, &["check-fallback"], &[uid])?;
-    c.kubectl(&["delete", "namespace", ns, "--wait=false"])?;
     Ok(())
 }
 

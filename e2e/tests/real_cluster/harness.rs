@@ -16,8 +16,8 @@ pub const REQUIRE_ENV: &str = "GPU_DRA_E2E_REQUIRE_CLUSTER";
 pub const KEEP_ENV: &str = "GPU_DRA_E2E_KEEP_CLUSTER";
 /// When set to `1`, the tests use the cluster that runs already (brought up
 /// by `hack/cluster/up --with-driver --profile dgx-a100 --set-string
-/// kubeletPlugin.memorySharing=7`), neither bringing it up nor taking it
-/// down: for iterating on one test.
+/// kubeletPlugin.memorySharing=7 --set kubeletPlugin.dynamicMig=false`),
+/// neither bringing it up nor taking it down: for iterating on one test.
 pub const USE_RUNNING_ENV: &str = "GPU_DRA_E2E_USE_RUNNING_CLUSTER";
 /// The node's name (hack/cluster/lib.sh).
 pub const NODE: &str = "gpu-dra-node";
@@ -37,6 +37,9 @@ pub const CDI_DIR: &str = "/var/run/cdi";
 pub const PROFILE: &str = "dgx-a100";
 /// The GPU the node shares by memory fraction in the tests (`--memory-sharing`).
 pub const MEMORY_SHARED_GPU: &str = "7";
+
+/// Namespaces made by the running test (see [`Cluster::delete_test_namespaces`]).
+static CREATED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
 /// Errors of the cluster harness.
 #[derive(Debug, thiserror::Error)]
@@ -159,6 +162,10 @@ impl Cluster {
             PROFILE,
             "--set-string",
             &format!("kubeletPlugin.memorySharing={MEMORY_SHARED_GPU}"),
+            // Static MIG first: the MIG test switches to dynamic MIG (which
+            // destroys the static devices no claim uses) for the tests after it.
+            "--set",
+            "kubeletPlugin.dynamicMig=false",
         ])
         .map(Some)
     }
@@ -324,6 +331,10 @@ impl Cluster {
     /// Creates namespace `ns` (deleting a leftover of an earlier run first),
     /// labelled for admin access (DRAAdminAccess needs the label).
     pub fn fresh_namespace(&self, ns: &str) -> Result<(), ClusterError> {
+        CREATED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(ns.to_owned());
         let _ = self.kubectl(&[
             "delete",
             "namespace",
@@ -340,6 +351,20 @@ impl Cluster {
             "resource.kubernetes.io/admin-access=true",
         ])?;
         Ok(())
+    }
+
+    /// Deletes the namespaces made by [`Cluster::fresh_namespace`] since the
+    /// last call and waits until they are gone, so that the next test finds
+    /// every device free (run after each test, passed or failed).
+    pub fn delete_test_namespaces(&self) -> Result<(), ClusterError> {
+        let made: Vec<String> =
+            std::mem::take(&mut *CREATED.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        if made.is_empty() {
+            return Ok(());
+        }
+        let mut args = vec!["delete", "namespace", "--ignore-not-found", "--wait=true", "--timeout=180s"];
+        args.extend(made.iter().map(String::as_str));
+        self.kubectl(&args).map(|_| ())
     }
 
     /// Waits until `kubectl get <what> -o jsonpath=<path>` prints `want`.

@@ -82,7 +82,13 @@ fn main() -> ExitCode {
     trials.extend(tests().into_iter().map(|(name, test)| match &cluster {
         Some(c) => {
             let c = c.clone();
-            Trial::test(name, move || test(&c))
+            Trial::test(name, move || {
+                let outcome = test(&c);
+                // Whatever the outcome, the next test starts with every device free.
+                let cleaned = c.delete_test_namespaces();
+                outcome?;
+                Ok(cleaned?)
+            })
         }
         None => Trial::test(name, || Ok(())).with_ignored_flag(true),
     }));

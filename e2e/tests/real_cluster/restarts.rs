@@ -186,7 +186,12 @@ fn rolling_update(c: &Cluster) -> Result<(), Failed> {
         .rsplit_once(':')
         .ok_or_else(|| format!("image {image} has no tag"))?;
     // A new tag of the same binaries: kubelet sees a new image, as in an upgrade.
-    let new_tag = format!("{}-next", tag.trim_end_matches("-next"));
+    // (The digest tag plus the time: every run rolls to a tag not seen yet.)
+    let base = tag.split("-r").next().unwrap_or(tag);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let new_tag = format!("{base}-r{now}");
     let ctr = c.bin.join("ctr");
     let out = std::process::Command::new(&ctr)
         .args([
@@ -217,7 +222,7 @@ fn rolling_update(c: &Cluster) -> Result<(), Failed> {
             "--reuse-values",
             "--set",
             &format!("kubeletPlugin.image.tag={new_tag}"),
-            "--wait",
+            "--wait=legacy",
             "--timeout",
             "5m",
         ])
