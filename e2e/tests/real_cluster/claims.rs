@@ -13,7 +13,7 @@ use std::time::Duration;
 use libtest_mimic::Failed;
 use serde_json::Value;
 
-use crate::harness::{BUSYBOX, CDI_DIR, Cluster};
+use crate::harness::{BUSYBOX, CDI_DIR, Cluster, node};
 
 pub const TESTS: [(&str, crate::Test); 6] = [
     (
@@ -95,14 +95,12 @@ pub fn parse_seen(log: &str) -> Result<Seen, String> {
 /// A pod whose one container uses `claims` (`(name, source)` where source is
 /// `resourceClaimName: x` or `resourceClaimTemplateName: y`).
 pub fn check_pod(name: &str, claims: &[(&str, &str)]) -> String {
-    let refs: String = claims
-        .iter()
-        .map(|(n, _)| format!("{{name: {n}}}, "))
-        .collect::<String>();
-    let sources: String = claims
-        .iter()
-        .map(|(n, src)| format!("    - {{name: {n}, {src}}}\n"))
-        .collect();
+    use std::fmt::Write as _;
+    let (mut refs, mut sources) = (String::new(), String::new());
+    for (n, src) in claims {
+        let _ = write!(refs, "{{name: {n}}}, ");
+        let _ = writeln!(sources, "    - {{name: {n}, {src}}}");
+    }
     format!(
         "apiVersion: v1
 kind: Pod
@@ -271,8 +269,8 @@ pub fn delete_and_check_clean(
                 ));
             }
         }
-        let specs = c.claim_cdi_specs();
-        let checkpoint = c.checkpoint();
+        let specs = node::claim_cdi_specs();
+        let checkpoint = node::checkpoint();
         for uid in claim_uids {
             if specs.iter().any(|s| s.contains(uid.as_str())) {
                 left.push(format!("CDI spec of claim {uid}"));
@@ -437,15 +435,15 @@ pub fn claim_yaml(
     request_extra: &str,
     devices_extra: &str,
 ) -> String {
-    let sel: String = selectors
-        .iter()
-        .map(|e| {
-            format!(
-                "        - cel: {{expression: {}}}\n",
-                serde_json::to_string(e).expect("a string")
-            )
-        })
-        .collect();
+    use std::fmt::Write as _;
+    let mut sel = String::new();
+    for e in selectors {
+        let _ = writeln!(
+            sel,
+            "        - cel: {{expression: {}}}",
+            serde_json::to_string(e).expect("a string")
+        );
+    }
     let selectors = if sel.is_empty() {
         String::new()
     } else {
@@ -495,23 +493,43 @@ pub fn set_dynamic_mig(c: &Cluster, on: bool) -> Result<(), Failed> {
         .command("helm")
         .args(["upgrade", "gpu-dra-driver"])
         .arg(&chart)
-        .args(["-n", "gpu-dra-driver", "--reuse-values", "--set", &format!("kubeletPlugin.dynamicMig={on}"), "--wait=legacy", "--timeout", "5m"])
+        .args([
+            "-n",
+            "gpu-dra-driver",
+            "--reuse-values",
+            "--set",
+            &format!("kubeletPlugin.dynamicMig={on}"),
+            "--wait=legacy",
+            "--timeout",
+            "5m",
+        ])
         .output()
         .map_err(|e| format!("helm: {e}"))?;
     if !out.status.success() {
         return Err(format!("helm upgrade: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
-    c.kubectl(&["rollout", "status", "-n", "gpu-dra-driver", "ds/gpu-dra-driver-kubelet-plugin", "--timeout=180s"])?;
+    c.kubectl(&[
+        "rollout",
+        "status",
+        "-n",
+        "gpu-dra-driver",
+        "ds/gpu-dra-driver-kubelet-plugin",
+        "--timeout=180s",
+    ])?;
     let start = std::time::Instant::now();
     loop {
-        let slices: Value = serde_json::from_str(&c.kubectl(&["get", "resourceslices", "-o", "json"])?)
-            .map_err(|e| format!("resourceslices: {e}"))?;
+        let slices: Value =
+            serde_json::from_str(&c.kubectl(&["get", "resourceslices", "-o", "json"])?)
+                .map_err(|e| format!("resourceslices: {e}"))?;
         let dynamic = slices["items"]
             .as_array()
             .into_iter()
             .flatten()
             .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
-            .any(|d| d["attributes"]["type"]["string"].as_str() == Some("mig") && d["attributes"]["uuid"].is_null());
+            .any(|d| {
+                d["attributes"]["type"]["string"].as_str() == Some("mig")
+                    && d["attributes"]["uuid"].is_null()
+            });
         if dynamic == on {
             return Ok(());
         }
@@ -528,35 +546,72 @@ fn static_and_dynamic_mig(c: &Cluster) -> Result<(), Failed> {
     // Static MIG (the cluster starts in that mode): a MIG device the
     // profile has already, published with its UUID.
     set_dynamic_mig(c, false)?;
-    c.apply(ns, &claim_yaml("static-mig", "1g.10gb.mig.nvidia.com", &["'uuid' in device.attributes['gpu.nvidia.com']"], "", ""))?;
+    c.apply(
+        ns,
+        &claim_yaml(
+            "static-mig",
+            "1g.10gb.mig.nvidia.com",
+            &["'uuid' in device.attributes['gpu.nvidia.com']"],
+            "",
+            "",
+        ),
+    )?;
     let (seen_s, json_s, uid_s) = pod_on_claim(c, ns, "static-mig")?;
-    let static_before = c.nvml_state();
+    let static_before = node::nvml_state();
     delete_and_check_clean(c, ns, &["check-static-mig"], &[uid_s])?;
-    if c.nvml_state() != static_before {
-        return Err(format!("unpreparing static MIG device {:?} changed the hardware state", allocated(&json_s)).into());
+    if node::nvml_state() != static_before {
+        return Err(format!(
+            "unpreparing static MIG device {:?} changed the hardware state",
+            allocated(&json_s)
+        )
+        .into());
     }
 
     // Dynamic MIG: a placement the plugin creates at prepare, destroys at unprepare.
     set_dynamic_mig(c, true)?;
-    c.apply(ns, &claim_yaml("dynamic-mig", "1g.10gb.mig.nvidia.com", &["!('uuid' in device.attributes['gpu.nvidia.com'])"], "", ""))?;
-    let before = c.nvml_state();
+    c.apply(
+        ns,
+        &claim_yaml(
+            "dynamic-mig",
+            "1g.10gb.mig.nvidia.com",
+            &["!('uuid' in device.attributes['gpu.nvidia.com'])"],
+            "",
+            "",
+        ),
+    )?;
+    let before = node::nvml_state();
     let (seen_d, json_d, uid_d) = pod_on_claim(c, ns, "dynamic-mig")?;
     for (name, seen) in [("static-mig", &seen_s), ("dynamic-mig", &seen_d)] {
         if seen.gpus().len() != 1 {
-            return Err(format!("{name}: want the parent GPU's node only, saw {:?}", seen.gpus()).into());
+            return Err(format!(
+                "{name}: want the parent GPU's node only, saw {:?}",
+                seen.gpus()
+            )
+            .into());
         }
-        if !seen.dev.iter().any(|d| d.starts_with("/dev/nvidia-caps/nvidia-cap")) {
+        if !seen
+            .dev
+            .iter()
+            .any(|d| d.starts_with("/dev/nvidia-caps/nvidia-cap"))
+        {
             return Err(format!("{name}: no MIG capability node: {:?}", seen.dev).into());
         }
     }
-    let during = c.nvml_state();
+    let during = node::nvml_state();
     if during == before {
-        return Err(format!("the dynamic MIG device {:?} changed nothing in the NVML state", allocated(&json_d)).into());
+        return Err(format!(
+            "the dynamic MIG device {:?} changed nothing in the NVML state",
+            allocated(&json_d)
+        )
+        .into());
     }
     delete_and_check_clean(c, ns, &["check-dynamic-mig"], &[uid_d])?;
-    let after = c.nvml_state();
+    let after = node::nvml_state();
     if after != before {
-        return Err(format!("the dynamic MIG device was not destroyed:\nbefore: {before}\nafter: {after}").into());
+        return Err(format!(
+            "the dynamic MIG device was not destroyed:\nbefore: {before}\nafter: {after}"
+        )
+        .into());
     }
     Ok(())
 }
@@ -564,15 +619,26 @@ fn static_and_dynamic_mig(c: &Cluster) -> Result<(), Failed> {
 /// The plugin's log lines since the test started (all its containers).
 fn plugin_log(c: &Cluster) -> Result<String, Failed> {
     Ok(c.kubectl(&[
-        "logs", "-n", "gpu-dra-driver", "-l", "app.kubernetes.io/component=kubelet-plugin",
-        "--tail=2000", "--since=10m",
+        "logs",
+        "-n",
+        "gpu-dra-driver",
+        "-l",
+        "app.kubernetes.io/component=kubelet-plugin",
+        "--tail=2000",
+        "--since=10m",
     ])?)
 }
 
 /// The host path of the folder the CDI spec mounts at `container_path`.
 fn host_path_of(spec: &Value, container_path: &str) -> Option<String> {
     let mut edits = vec![&spec["containerEdits"]];
-    edits.extend(spec["devices"].as_array().into_iter().flatten().map(|d| &d["containerEdits"]));
+    edits.extend(
+        spec["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| &d["containerEdits"]),
+    );
     edits
         .into_iter()
         .flat_map(|e| e["mounts"].as_array().into_iter().flatten())
@@ -598,7 +664,19 @@ fn time_slicing_and_mps(c: &Cluster) -> Result<(), Failed> {
 {body}"
         )
     };
-    c.apply(ns, &claim_yaml("ts", "gpu.nvidia.com", &[NOT_SHARED], "", &config("TimeSlicing", "            timeSlicingConfig: {interval: Long}\n")))?;
+    c.apply(
+        ns,
+        &claim_yaml(
+            "ts",
+            "gpu.nvidia.com",
+            &[NOT_SHARED],
+            "",
+            &config(
+                "TimeSlicing",
+                "            timeSlicingConfig: {interval: Long}\n",
+            ),
+        ),
+    )?;
     c.apply(
         ns,
         &claim_yaml(
@@ -613,8 +691,14 @@ fn time_slicing_and_mps(c: &Cluster) -> Result<(), Failed> {
     let (mps_seen, mps_json, mps_uid) = pod_on_claim(c, ns, "mps")?;
     // The time slice: the plugin ran the driver's nvidia-smi for the GPU.
     let log = plugin_log(c)?;
-    let ts_gpu = allocated(&ts_json).first().map(|r| r.1.clone()).unwrap_or_default();
-    if !log.lines().any(|l| l.contains("time-slice set") && l.contains("interval=Long")) {
+    let ts_gpu = allocated(&ts_json)
+        .first()
+        .map(|r| r.1.clone())
+        .unwrap_or_default();
+    if !log
+        .lines()
+        .any(|l| l.contains("time-slice set") && l.contains("interval=Long"))
+    {
         return Err(format!("no time slice set for {ts_gpu} in the plugin's log").into());
     }
     // MPS: the client's pipe folder is the daemon's, and the daemon holds the limits.
@@ -622,25 +706,48 @@ fn time_slicing_and_mps(c: &Cluster) -> Result<(), Failed> {
         .env
         .iter()
         .find_map(|e| e.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
-        .ok_or_else(|| format!("the MPS client has no CUDA_MPS_PIPE_DIRECTORY: {:?}", mps_seen.env))?
+        .ok_or_else(|| {
+            format!(
+                "the MPS client has no CUDA_MPS_PIPE_DIRECTORY: {:?}",
+                mps_seen.env
+            )
+        })?
         .to_owned();
     let spec = check_against_spec(c, ns, "mps", &mps_seen)?;
-    let host_pipe = host_path_of(&spec, &pipe).ok_or_else(|| format!("the CDI spec does not mount {pipe}"))?;
+    let host_pipe =
+        host_path_of(&spec, &pipe).ok_or_else(|| format!("the CDI spec does not mount {pipe}"))?;
     let state = fake_driver_root::FakeDriverRoot::mps_state(Path::new(&host_pipe))
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("no MPS daemon state in {host_pipe}"))?;
     if state.active_thread_percentage.as_deref() != Some("30") {
-        return Err(format!("the daemon's thread percentage is {:?}, want 30", state.active_thread_percentage).into());
+        return Err(format!(
+            "the daemon's thread percentage is {:?}, want 30",
+            state.active_thread_percentage
+        )
+        .into());
     }
-    if !state.pinned_mem_limits.values().any(|v| v == "7G" || v == "7168M") {
-        return Err(format!("the daemon's pinned memory limits are {:?}, want 7Gi", state.pinned_mem_limits).into());
+    if !state
+        .pinned_mem_limits
+        .values()
+        .any(|v| v == "7G" || v == "7168M")
+    {
+        return Err(format!(
+            "the daemon's pinned memory limits are {:?}, want 7Gi",
+            state.pinned_mem_limits
+        )
+        .into());
     }
     let pid = state.daemon_pid.ok_or("the daemon wrote no pid")?;
     if !Path::new(&format!("/proc/{pid}")).exists() {
         return Err(format!("the MPS daemon (pid {pid}) does not run").into());
     }
     let _ = mps_json;
-    delete_and_check_clean(c, ns, &["check-ts", "check-mps"], &[ts_uid.clone(), mps_uid])?;
+    delete_and_check_clean(
+        c,
+        ns,
+        &["check-ts", "check-mps"],
+        &[ts_uid.clone(), mps_uid],
+    )?;
     // Unprepare stopped the daemon and put the GPU's time slice back.
     for _ in 0..40 {
         if !Path::new(&format!("/proc/{pid}")).exists() {
@@ -652,9 +759,15 @@ fn time_slicing_and_mps(c: &Cluster) -> Result<(), Failed> {
         return Err(format!("the MPS daemon (pid {pid}) still runs after the unprepare").into());
     }
     let log = plugin_log(c)?;
-    let restored = log.lines().rev().find(|l| l.contains("time-slice set")).unwrap_or_default();
+    let restored = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("time-slice set"))
+        .unwrap_or_default();
     if !restored.contains("interval=Default") {
-        return Err(format!("the time slice was not restored after the unprepare: {restored}").into());
+        return Err(
+            format!("the time slice was not restored after the unprepare: {restored}").into(),
+        );
     }
     let _ = ts_uid;
     Ok(())
@@ -694,7 +807,10 @@ fn shared_and_template(c: &Cluster) -> Result<(), Failed> {
     let uid = uid_of(c, ns, "shared")?;
     // One pod gone: the claim stays prepared for the other.
     c.kubectl(&["delete", "pod", "-n", ns, "shared-a", "--wait=true"])?;
-    if !c.claim_cdi_specs().iter().any(|s| s.contains(uid.as_str())) {
+    if !node::claim_cdi_specs()
+        .iter()
+        .any(|s| s.contains(uid.as_str()))
+    {
         return Err("the CDI spec went with the first of two pods".into());
     }
     delete_and_check_clean(c, ns, &["shared-b"], std::slice::from_ref(&uid))?;
@@ -745,8 +861,9 @@ spec:
 
 /// A string attribute of the node's device `name`, from its ResourceSlices.
 pub fn device_attribute(c: &Cluster, name: &str, attribute: &str) -> Result<String, Failed> {
-    let slices: Value = serde_json::from_str(&c.kubectl(&["get", "resourceslices", "-o", "json"])?)
-        .map_err(|e| format!("resourceslices: {e}"))?;
+    let slices: Value =
+        serde_json::from_str(&c.kubectl(&["get", "resourceslices", "-o", "json"])?)
+            .map_err(|e| format!("resourceslices: {e}"))?;
     slices["items"]
         .as_array()
         .into_iter()
@@ -755,7 +872,9 @@ pub fn device_attribute(c: &Cluster, name: &str, attribute: &str) -> Result<Stri
         .find(|d| d["name"].as_str() == Some(name))
         .and_then(|d| {
             let a = &d["attributes"];
-            a[attribute]["string"].as_str().or(a[format!("gpu.nvidia.com/{attribute}")]["string"].as_str())
+            a[attribute]["string"]
+                .as_str()
+                .or(a[format!("gpu.nvidia.com/{attribute}")]["string"].as_str())
         })
         .map(str::to_owned)
         .ok_or_else(|| format!("device {name} has no string attribute {attribute}").into())
@@ -765,22 +884,53 @@ fn admin_access(c: &Cluster) -> Result<(), Failed> {
     let ns = "e2e-admin";
     c.fresh_namespace(ns)?;
     // A GPU taken by one claim...
-    c.apply(ns, &claim_yaml("taken", "gpu.nvidia.com", &[NOT_SHARED], "", ""))?;
+    c.apply(
+        ns,
+        &claim_yaml("taken", "gpu.nvidia.com", &[NOT_SHARED], "", ""),
+    )?;
     let (taken_seen, taken_json, taken_uid) = pod_on_claim(c, ns, "taken")?;
-    let device = allocated(&taken_json).first().map(|r| r.1.clone()).ok_or("nothing allocated")?;
+    let device = allocated(&taken_json)
+        .first()
+        .map(|r| r.1.clone())
+        .ok_or("nothing allocated")?;
     // ...is still given to a monitoring claim with admin access, by name.
     let uuid = device_attribute(c, &device, "uuid")?;
     let by_uuid = format!("device.attributes['gpu.nvidia.com'].uuid == '{uuid}'");
-    c.apply(ns, &claim_yaml("monitor", "gpu.nvidia.com", &[NOT_SHARED, &by_uuid], "        adminAccess: true\n", ""))?;
+    c.apply(
+        ns,
+        &claim_yaml(
+            "monitor",
+            "gpu.nvidia.com",
+            &[NOT_SHARED, &by_uuid],
+            "        adminAccess: true\n",
+            "",
+        ),
+    )?;
     let (mon_seen, mon_json, mon_uid) = pod_on_claim(c, ns, "monitor")?;
     let result = &mon_json["status"]["allocation"]["devices"]["results"][0];
-    if result["adminAccess"].as_bool() != Some(true) || result["device"].as_str() != Some(device.as_str()) {
-        return Err(format!("want {device} with adminAccess, the allocation is {}", mon_json["status"]["allocation"]).into());
+    if result["adminAccess"].as_bool() != Some(true)
+        || result["device"].as_str() != Some(device.as_str())
+    {
+        return Err(format!(
+            "want {device} with adminAccess, the allocation is {}",
+            mon_json["status"]["allocation"]
+        )
+        .into());
     }
     if mon_seen.gpus() != taken_seen.gpus() {
-        return Err(format!("admin access saw {:?}, the claim holding {device} sees {:?}", mon_seen.gpus(), taken_seen.gpus()).into());
+        return Err(format!(
+            "admin access saw {:?}, the claim holding {device} sees {:?}",
+            mon_seen.gpus(),
+            taken_seen.gpus()
+        )
+        .into());
     }
-    delete_and_check_clean(c, ns, &["check-monitor", "check-taken"], &[mon_uid, taken_uid])?;
+    delete_and_check_clean(
+        c,
+        ns,
+        &["check-monitor", "check-taken"],
+        &[mon_uid, taken_uid],
+    )?;
     Ok(())
 }
 

@@ -102,7 +102,7 @@ fn run(what: &str, cmd: &mut Command) -> Result<Output, ClusterError> {
         .stdin(Stdio::null())
         .output()
         .map_err(|source| ClusterError::Spawn {
-            program: format!("{:?}", cmd.get_program()),
+            program: cmd.get_program().to_string_lossy().into_owned(),
             source,
         })?;
     if !out.status.success() {
@@ -357,12 +357,21 @@ impl Cluster {
     /// last call and waits until they are gone, so that the next test finds
     /// every device free (run after each test, passed or failed).
     pub fn delete_test_namespaces(&self) -> Result<(), ClusterError> {
-        let made: Vec<String> =
-            std::mem::take(&mut *CREATED.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let made: Vec<String> = std::mem::take(
+            &mut *CREATED
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         if made.is_empty() {
             return Ok(());
         }
-        let mut args = vec!["delete", "namespace", "--ignore-not-found", "--wait=true", "--timeout=180s"];
+        let mut args = vec![
+            "delete",
+            "namespace",
+            "--ignore-not-found",
+            "--wait=true",
+            "--timeout=180s",
+        ];
         args.extend(made.iter().map(String::as_str));
         self.kubectl(&args).map(|_| ())
     }
@@ -413,7 +422,7 @@ impl Cluster {
                 "-o",
                 "jsonpath={.status.phase}",
             ]) {
-                last = out.trim().to_owned();
+                out.trim().clone_into(&mut last);
                 if last == phase {
                     return Ok(());
                 }
@@ -431,9 +440,16 @@ impl Cluster {
             after: limit,
         })
     }
+}
+
+/// The node's own files (this machine is the node).
+pub mod node {
+    use std::path::Path;
+
+    use super::{CDI_DIR, PLUGIN_DIR};
 
     /// The CDI spec files of the driver's claims on the node.
-    pub fn claim_cdi_specs(&self) -> Vec<String> {
+    pub fn claim_cdi_specs() -> Vec<String> {
         let mut out: Vec<String> = std::fs::read_dir(CDI_DIR)
             .into_iter()
             .flatten()
@@ -446,12 +462,12 @@ impl Cluster {
     }
 
     /// The plugin's checkpoint file on the node, as text (empty when absent).
-    pub fn checkpoint(&self) -> String {
+    pub fn checkpoint() -> String {
         std::fs::read_to_string(Path::new(PLUGIN_DIR).join("checkpoint.json")).unwrap_or_default()
     }
 
     /// The fake NVML library's saved hardware state (MIG instances...), as text.
-    pub fn nvml_state(&self) -> String {
+    pub fn nvml_state() -> String {
         std::fs::read_to_string(Path::new(PLUGIN_DIR).join("mock-nvml-state.json"))
             .unwrap_or_default()
     }

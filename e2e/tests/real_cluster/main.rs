@@ -12,6 +12,7 @@
 //! makes it a failure. `GPU_DRA_E2E_KEEP_CLUSTER=1` leaves the cluster up.
 
 mod apiserver;
+mod bench;
 mod claims;
 mod harness;
 mod restarts;
@@ -52,8 +53,11 @@ fn main() -> ExitCode {
     if args.test_threads.is_none() {
         args.test_threads = Some(1);
     }
+    let benches = args.ignored || args.include_ignored;
     let wanted = tests()
         .into_iter()
+        .filter(|_| !args.ignored)
+        .chain(bench::BENCHES.into_iter().filter(|_| benches))
         .filter(|(name, _)| {
             args.filter.as_ref().is_none_or(|f| {
                 if args.exact {
@@ -91,6 +95,22 @@ fn main() -> ExitCode {
             })
         }
         None => Trial::test(name, || Ok(())).with_ignored_flag(true),
+    }));
+    // Benchmarks: ignored unless asked for (`-- --ignored bench::`).
+    trials.extend(bench::BENCHES.into_iter().map(|(name, test)| {
+        let trial = match &cluster {
+            Some(c) => {
+                let c = c.clone();
+                Trial::test(name, move || {
+                    let outcome = test(&c);
+                    let cleaned = c.delete_test_namespaces();
+                    outcome?;
+                    Ok(cleaned?)
+                })
+            }
+            None => Trial::test(name, || Err("no cluster to measure".into())),
+        };
+        trial.with_ignored_flag(true)
     }));
     let conclusion = libtest_mimic::run(&args, trials);
     if let Some(c) = &cluster

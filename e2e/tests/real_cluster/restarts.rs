@@ -108,7 +108,7 @@ fn gpu_pod(c: &Cluster, ns: &str, name: &str) -> Result<(String, String, Vec<Str
     Ok((
         pod,
         uid.trim().to_owned(),
-        seen.gpus().iter().map(|s| s.to_string()).collect(),
+        seen.gpus().iter().map(ToString::to_string).collect(),
     ))
 }
 
