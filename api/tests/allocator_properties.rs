@@ -497,7 +497,13 @@ fn check(
             ModeSpec::Count(_) => {}
         }
         total += devices.len();
+        // a request gets a device once, also one that allows multiple
+        // allocations (kube-scheduler looks for its next device after it)
+        let mut in_request = HashSet::new();
         for &(p, i) in devices {
+            if !in_request.insert((p, i)) {
+                return Err(format!("{p}/{i} twice in request {r}"));
+            }
             let pool = &pools[p];
             let d = &pool.devices[i];
             if !on_node(pool, node) {
@@ -598,8 +604,9 @@ fn nodes(pools: &[PoolSpec]) -> Vec<Option<&'static str>> {
 
 /// Whether some assignment is valid (exhaustive).
 fn brute_force(pools: &[PoolSpec], st: &State, claim: &ClaimSpec) -> bool {
-    fn multisets(
-        devices: &[(usize, usize, bool)],
+    /// The `n`-device subsets of `devices` (a request takes a device once).
+    fn subsets(
+        devices: &[(usize, usize)],
         n: usize,
         start: usize,
         acc: &mut Vec<(usize, usize)>,
@@ -610,9 +617,8 @@ fn brute_force(pools: &[PoolSpec], st: &State, claim: &ClaimSpec) -> bool {
             return;
         }
         for k in start..devices.len() {
-            let (p, i, multi) = devices[k];
-            acc.push((p, i));
-            multisets(devices, n, if multi { k } else { k + 1 }, acc, out);
+            acc.push(devices[k]);
+            subsets(devices, n, k + 1, acc, out);
             acc.pop();
         }
     }
@@ -631,19 +637,14 @@ fn brute_force(pools: &[PoolSpec], st: &State, claim: &ClaimSpec) -> bool {
             let choices = match var.mode {
                 ModeSpec::All => vec![all_list(pools, st, node, var)],
                 ModeSpec::Count(n) => {
-                    let devices: Vec<(usize, usize, bool)> = pools
+                    let devices: Vec<(usize, usize)> = pools
                         .iter()
                         .enumerate()
                         .filter(|(_, p)| on_node(p, node))
-                        .flat_map(|(p, pool)| {
-                            pool.devices
-                                .iter()
-                                .enumerate()
-                                .map(move |(i, d)| (p, i, d.multi))
-                        })
+                        .flat_map(|(p, pool)| (0..pool.devices.len()).map(move |i| (p, i)))
                         .collect();
                     let mut out = Vec::new();
-                    multisets(&devices, n, 0, &mut Vec::new(), &mut out);
+                    subsets(&devices, n, 0, &mut Vec::new(), &mut out);
                     out
                 }
             };

@@ -768,7 +768,10 @@ fn capacity_requests_beyond_the_policy_or_missing_capacity_do_not_fit() {
 }
 
 #[test]
-fn one_request_may_take_several_shares_of_one_device() {
+fn one_request_takes_one_share_of_a_device_and_two_requests_two() {
+    // kube-scheduler resumes the search for a request's next device after
+    // the one it took: a request never gets a device twice, not even one
+    // that allows multiple allocations (checked on a real cluster)
     let slices = shared_gpu(json!({"default": "8Gi", "validRange": {"min": "8Gi", "step": "8Gi"}}));
     let c = claim(
         "c",
@@ -777,16 +780,32 @@ fn one_request_may_take_several_shares_of_one_device() {
         json!(null),
     );
     let out = simulate(&slices, &[gpu_class()], &[], &c);
+    assert!(!out.is_satisfiable(), "{out:#?}");
+    let two = claim(
+        "c",
+        json!([
+            {"name": "a", "exactly": {"deviceClassName": "gpu",
+                "capacity": {"requests": {"memory": "16Gi", "cores": "10"}}}},
+            {"name": "b", "exactly": {"deviceClassName": "gpu",
+                "capacity": {"requests": {"memory": "16Gi", "cores": "10"}}}}
+        ]),
+        json!(null),
+    );
+    let out = simulate(&slices, &[gpu_class()], &[], &two);
     let a = &out.allocations().unwrap()[0];
     assert_eq!(devices(&out), ["gpu-0", "gpu-0"]);
     assert_ne!(a.results[0].share_id, a.results[1].share_id);
-    let d = claim(
+    let too_big = claim(
         "c",
-        json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": 2,
-            "capacity": {"requests": {"memory": "16Gi", "cores": "60"}}}}]),
+        json!([
+            {"name": "a", "exactly": {"deviceClassName": "gpu",
+                "capacity": {"requests": {"memory": "16Gi", "cores": "60"}}}},
+            {"name": "b", "exactly": {"deviceClassName": "gpu",
+                "capacity": {"requests": {"memory": "16Gi", "cores": "60"}}}}
+        ]),
         json!(null),
     );
-    assert!(!simulate(&slices, &[gpu_class()], &[], &d).is_satisfiable());
+    assert!(!simulate(&slices, &[gpu_class()], &[], &too_big).is_satisfiable());
 }
 
 #[test]

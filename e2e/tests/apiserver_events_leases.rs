@@ -142,9 +142,18 @@ async fn invalid_events_are_rejected_and_notes_are_immutable() {
             .await,
     );
     assert_eq!(too_long.code, 422);
+    // Validated as the core Event it converts to, as the real server does:
+    // `note` is `message`, and the error names no group.
     assert!(
-        too_long.message.contains("note: Invalid value"),
+        too_long
+            .message
+            .starts_with("Event \"c1.abc\" is invalid: message: Invalid value"),
         "{too_long:?}"
+    );
+    let details = too_long.details.as_ref().expect("details");
+    assert_eq!(
+        (details.group.as_str(), details.kind.as_str()),
+        ("", "Event")
     );
     let mut created = events
         .create(&PostParams::default(), &event("x".repeat(1024)))

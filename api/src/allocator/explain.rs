@@ -316,7 +316,6 @@ fn variant_report(search: &mut NodeSearch<'_, '_>, v: usize) -> VariantReport {
     };
     // (selectors passed, device, distance to the failing selector's quantity)
     let mut best: Option<(usize, usize, Option<i128>)> = None;
-    let mut multi_available = false;
     let mut distances = Distances::default();
     for d in 0..search.devs.len() {
         let reached = match search.verdict(v, d) {
@@ -409,7 +408,6 @@ fn variant_report(search: &mut NodeSearch<'_, '_>, v: usize) -> VariantReport {
             continue;
         }
         report.available += 1;
-        multi_available |= dev.device.multi();
     }
     if let Some((stage, d, _)) = best {
         let dev = search.devs[d];
@@ -428,7 +426,8 @@ fn variant_report(search: &mut NodeSearch<'_, '_>, v: usize) -> VariantReport {
         });
     }
     report.fits_alone = match report.needed {
-        Needed::Count(n) => report.available >= n || (multi_available && report.available > 0),
+        // a device serves one slot of a request, shared or not
+        Needed::Count(n) => report.available >= n,
         Needed::All => {
             let taken = report.matching - report.capacity_unsuitable - report.capacity_exhausted;
             let blocked =

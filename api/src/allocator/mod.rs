@@ -33,10 +33,12 @@
 //! - **Search**: first fit in the scheduler's order with full backtracking
 //!   over requests, sub-requests and devices, so a combination that
 //!   satisfies the constraints is found whenever one exists. Devices of one
-//!   request are chosen in ascending order (the scheduler's first solution
-//!   is always such a one, so the answer is the same, with far fewer
-//!   steps). A step budget per node stands in for the scheduler's Filter
-//!   timeout: running out is an error, never a verdict.
+//!   request are chosen in ascending order, each at most once, also one
+//!   that allows multiple allocations: the scheduler resumes the search for
+//!   a request's next device after the one it took (another request of the
+//!   claim may take another share of it). A step budget per node stands in
+//!   for the scheduler's Filter timeout: running out is an error, never a
+//!   verdict.
 //! - **Constraints**: `matchAttribute` (all chosen devices of the listed
 //!   requests, or of all requests when none are listed, have the same
 //!   value; a device without the attribute fails) and `distinctAttribute`

@@ -685,13 +685,12 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
             let Some(pick) = self.try_pick(variant, device)? else {
                 continue;
             };
-            // devices of one request in ascending order; a shared device
-            // may serve the next slot too
-            let next = if self.devs[device].device.multi() {
-                position
-            } else {
-                position + 1
-            };
+            // devices of one request in ascending order, each at most
+            // once: the scheduler resumes the next slot's search after the
+            // device it just took, so a device that allows multiple
+            // allocations serves one slot of a request too (another request
+            // of the claim may take another share of it)
+            let next = position + 1;
             self.apply(pick);
             if self.slot(request, variant, count, filled + 1, next)? {
                 return Ok(true);
@@ -1261,9 +1260,7 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
                         if !self.tolerated(v, details) {
                             continue;
                         }
-                        if dev.device.multi() {
-                            return true;
-                        }
+                        // a shared device too serves one slot only
                         found += 1;
                     }
                 }

@@ -1,7 +1,8 @@
 //! Unit tests of the allocator's internals: the selector memo, the
-//! per-pool value columns, pool validation, finding devices by name, and
-//! the precheck's pruning of devices short of counters. The rules themselves are
-//! tested through the public API in `api/tests/allocator_*.rs`.
+//! per-pool value columns, pool validation, finding devices by name, the
+//! precheck's pruning of devices short of counters, and the search's order
+//! within a request (a shared device serves one slot). The rules themselves
+//! are tested through the public API in `api/tests/allocator_*.rs`.
 
 use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::Arc;
@@ -526,4 +527,71 @@ fn devices_are_found_by_name_through_their_hashes() {
     for missing in ["dev-300", "dev-", "", "dev-01", "DEV-1"] {
         assert_eq!(prepared.index_of(missing), None, "{missing}");
     }
+}
+
+/// A node with a GPU that allows multiple allocations (`shared`, memory
+/// shares of at least 1Gi) and an exclusive one (`whole`).
+fn shared_and_whole() -> ResourceSlice {
+    serde_json::from_value(json!({
+        "metadata": {"name": "node-a"},
+        "spec": {"driver": "gpu.example.com", "nodeName": "node-a",
+                 "pool": {"name": "node-a", "generation": 0, "resourceSliceCount": 1},
+                 "devices": [
+                     {"name": "shared", "allowMultipleAllocations": true,
+                      "attributes": {"type": {"string": "gpu"}},
+                      "capacity": {"memory": {"value": "80Gi", "requestPolicy": {
+                          "default": "1Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}}}},
+                     {"name": "whole", "attributes": {"type": {"string": "gpu"}},
+                      "capacity": {"memory": {"value": "80Gi"}}}
+                 ]}
+    }))
+    .unwrap()
+}
+
+fn requests(requests: Value) -> ResourceClaim {
+    serde_json::from_value(json!({"metadata": {"name": "c", "namespace": "default"},
+        "spec": {"devices": {"requests": requests}}}))
+    .unwrap()
+}
+
+#[test]
+fn a_request_takes_a_shared_device_once_like_the_scheduler() {
+    // kube-scheduler looks for a request's next device after the one it
+    // took, so one request never gets two shares of a device: count 2 is
+    // the two GPUs, count 3 does not fit (found on the real cluster: a claim
+    // for 5 GPUs of 4 was simulated as satisfiable with 2 shares of one)
+    let slices = [shared_and_whole()];
+    let classes = [type_class("gpu")];
+    let snapshot = Snapshot::new(&slices, &classes, &[]);
+    let count = |n: u32| {
+        requests(json!([{"name": "r", "exactly": {"deviceClassName": "gpu", "count": n}}]))
+    };
+    for threads in [1, 2] {
+        assert_eq!(
+            picked(&run(&snapshot, &count(2), threads)),
+            ["node-a/shared", "node-a/whole"]
+        );
+        let three = run(&snapshot, &count(3), threads);
+        assert!(!three.is_satisfiable(), "{three:#?}");
+        let explanation = three.explanation().unwrap();
+        assert!(
+            explanation.nodes[0].requests[0]
+                .variants
+                .iter()
+                .all(|v| !v.fits_alone),
+            "{explanation:#?}"
+        );
+    }
+    // Two requests of one claim may each take a share of it.
+    let shared_only = "device.allowMultipleAllocations";
+    let two = requests(json!([
+        {"name": "a", "exactly": {"deviceClassName": "gpu",
+            "selectors": [{"cel": {"expression": shared_only}}]}},
+        {"name": "b", "exactly": {"deviceClassName": "gpu",
+            "selectors": [{"cel": {"expression": shared_only}}]}}
+    ]));
+    assert_eq!(
+        picked(&run(&snapshot, &two, 1)),
+        ["node-a/shared", "node-a/shared"]
+    );
 }

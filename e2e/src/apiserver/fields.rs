@@ -24,6 +24,7 @@ use std::fmt::Write as _;
 use serde_json::{Map, Value, json};
 
 use super::resources::{ListType, Resource, list_type};
+use super::schema;
 use super::status::{ApiError, StatusCause};
 
 /// One element of a field path in `FieldsV1` notation (`f:name`, `k:{...}`, `v:...`).
@@ -164,6 +165,11 @@ fn walk<'a>(
     out: &mut FieldSet,
 ) {
     match value {
+        Value::Object(_) if schema::is_atomic(resource, schema) => {
+            out.insert(path.clone());
+        }
+        // An empty struct or map owns nothing (the real server compares it equal to absent).
+        Value::Object(map) if map.is_empty() && schema::is_granular(resource, schema) => {}
         Value::Object(map) if !map.is_empty() => {
             for (k, v) in map {
                 if v.is_null() {
@@ -404,14 +410,32 @@ pub(crate) fn read_managed(obj: &Value) -> Vec<ManagedEntry> {
         .collect()
 }
 
-/// Writes `metadata.managedFields` (removed when there are no entries).
+/// Writes `metadata.managedFields` (removed when there are no entries), in the real server's
+/// order: applies before updates, then by time, manager, subresource and API version.
 pub(crate) fn write_managed(obj: &mut Value, entries: &[ManagedEntry]) {
     let meta = super::meta::metadata_mut(obj);
     if entries.is_empty() {
         meta.remove("managedFields");
         return;
     }
-    let list = entries
+    let mut sorted: Vec<&ManagedEntry> = entries.iter().collect();
+    sorted.sort_by(|a, b| {
+        (
+            a.operation.as_str(),
+            &a.time,
+            &a.manager,
+            &a.subresource,
+            &a.api_version,
+        )
+            .cmp(&(
+                b.operation.as_str(),
+                &b.time,
+                &b.manager,
+                &b.subresource,
+                &b.api_version,
+            ))
+    });
+    let list = sorted
         .iter()
         .map(|e| {
             let mut entry = json!({
@@ -477,11 +501,31 @@ pub(crate) fn track_update(
     let old_set = old
         .map(|o| field_set(resource, o, scope))
         .unwrap_or_default();
-    let changed: FieldSet = new_set
+    let absent_before = |p: &FieldPath| match old {
+        Some(o) => lookup(resource, o, p).is_none(),
+        None => !schema::always_present(resource, &schema_of(p)),
+    };
+    // Leaves whose value changed, items that are new, and (as `.` entries) granular maps and
+    // structs that did not exist before: the real server's comparison of old and new.
+    let mut changed: FieldSet = new_set
         .iter()
-        .filter(|p| old.is_none_or(|o| lookup(resource, o, p) != lookup(resource, new, p)))
+        .filter(|p| match p.last() {
+            Some(last) if last.starts_with("k:") => absent_before(p),
+            _ => old.is_none_or(|o| lookup(resource, o, p) != lookup(resource, new, p)),
+        })
         .cloned()
         .collect();
+    let created: Vec<FieldPath> = new_set
+        .iter()
+        .flat_map(|p| (1..p.len()).map(move |n| p[..n].to_vec()))
+        .filter(|prefix| {
+            prefix.last().is_some_and(|e| e.starts_with("f:"))
+                && !(prefix.len() == 1 && prefix[0] == "f:metadata")
+                && schema::is_granular(resource, &schema_of(prefix))
+                && absent_before(prefix)
+        })
+        .collect();
+    changed.extend(created);
     let removed: FieldSet = old_set.difference(&new_set).cloned().collect();
     let sub = scope.subresource();
     for e in &mut entries {
@@ -557,10 +601,18 @@ pub(crate) fn apply(
         .flat_map(|e| e.fields.iter())
         .collect();
     let mut result = live.clone();
-    let mut removed: Vec<&FieldPath> = previously.difference(&applied).collect();
-    removed.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for p in removed {
-        if !others.iter().any(|q| q.starts_with(p)) {
+    // What this manager stopped applying and nobody else owns (or owns something below) goes;
+    // only the topmost of those paths are removed: removing a map-list item's key field first
+    // would leave the rest of the item behind.
+    let removable: Vec<&FieldPath> = previously
+        .difference(&applied)
+        .filter(|p| !others.iter().any(|q| q.starts_with(p)))
+        .collect();
+    for p in &removable {
+        let under_another = removable
+            .iter()
+            .any(|q| q.len() < p.len() && p.starts_with(q));
+        if !under_another {
             remove_path(resource, &mut result, p);
         }
     }
@@ -685,6 +737,9 @@ fn merge_into<'a>(
     schema: &mut Vec<&'a str>,
 ) {
     match (live, config) {
+        (live @ Value::Object(_), Value::Object(_)) if schema::is_atomic(resource, schema) => {
+            *live = config.clone();
+        }
         (Value::Object(live_map), Value::Object(cfg_map)) => {
             for (k, v) in cfg_map {
                 schema.push(k);
@@ -929,6 +984,145 @@ mod tests {
         assert_eq!(
             render_path(&p(&["f:metadata", "f:finalizers", "v:\"x\""])),
             ".metadata.finalizers[=\"x\"]"
+        );
+    }
+
+    /// The plugin's `status.devices` entry of one device (driver/src/prepare/preparer/status.rs).
+    fn device_entry(device: &str) -> Value {
+        json!({"driver": "gpu.nvidia.com", "pool": "node-a", "device": device,
+               "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared",
+                               "lastTransitionTime": NOW}],
+               "data": {"uuid": "GPU-1", "cdiDeviceIDs": ["x"]}})
+    }
+
+    #[test]
+    fn an_apply_that_stops_applying_a_map_list_item_removes_all_of_it() {
+        let r = Resource::ResourceClaims;
+        let first = json!({"status": {"devices": [device_entry("gpu-0")]}});
+        let live = apply(r, &json!({}), &first, "a", Scope::Status, true, NOW).unwrap();
+        let other = json!({"status": {"devices": [device_entry("gpu-1")]}});
+        let live = apply(r, &live, &other, "b", Scope::Status, true, NOW).unwrap();
+        let moved = json!({"status": {"devices": [device_entry("gpu-3")]}});
+        let live = apply(r, &live, &moved, "a", Scope::Status, true, NOW).unwrap();
+        let devices: Vec<&Value> = live["status"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .collect();
+        let names: Vec<&str> = devices
+            .iter()
+            .map(|d| d["device"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["gpu-1", "gpu-3"], "{devices:?}");
+        assert!(
+            devices
+                .iter()
+                .all(|d| d["driver"] == "gpu.nvidia.com" && d["pool"] == "node-a"),
+            "no half-removed item is left: {devices:?}"
+        );
+    }
+
+    #[test]
+    fn atomic_structs_and_raw_json_are_owned_whole() {
+        let r = Resource::ResourceClaims;
+        let config = json!({"status": {
+            "allocation": {"nodeSelector": {"nodeSelectorTerms": [{"matchFields": []}]}},
+            "devices": [device_entry("gpu-0")]
+        }});
+        let set = field_set(r, &config, Scope::Status);
+        let item = "k:{\"device\":\"gpu-0\",\"driver\":\"gpu.nvidia.com\",\"pool\":\"node-a\"}";
+        assert!(set.contains(&p(&["f:status", "f:devices", item, "f:data"])));
+        assert!(set.contains(&p(&["f:status", "f:allocation", "f:nodeSelector"])));
+        assert!(
+            !set.iter().any(|x| x.len() > 4 && x[3] == "f:data"),
+            "{set:?}"
+        );
+        // An applied atomic struct replaces the live one instead of merging into it.
+        let live = json!({"status": {"devices": [{"driver": "gpu.nvidia.com", "pool": "node-a",
+                                                  "device": "gpu-0", "data": {"old": 1}}]}});
+        let merged = apply(r, &live, &config, "a", Scope::Status, true, NOW).unwrap();
+        assert_eq!(
+            merged["status"]["devices"][0]["data"],
+            json!({"uuid": "GPU-1", "cdiDeviceIDs": ["x"]})
+        );
+    }
+
+    #[test]
+    fn updates_own_the_maps_they_create() {
+        let r = Resource::ResourceSlices;
+        let mut created = json!({"metadata": {"name": "s", "labels": {"a": "1"}},
+                                 "spec": {"driver": "d", "pool": {"name": "p"}}});
+        track_update(r, None, &mut created, Vec::new(), "m", MAIN, NOW);
+        let fields = &created["metadata"]["managedFields"][0]["fieldsV1"];
+        // labels did not exist before the create; spec and spec.pool always do.
+        assert_eq!(
+            fields["f:metadata"]["f:labels"],
+            json!({".": {}, "f:a": {}})
+        );
+        assert_eq!(
+            fields["f:spec"],
+            json!({"f:driver": {}, "f:pool": {"f:name": {}}})
+        );
+        // A later update adding an annotation map owns it, but not the existing labels map.
+        let mut updated = created.clone();
+        updated["metadata"]["annotations"] = json!({"x": "y"});
+        updated["metadata"]["labels"]["b"] = json!("2");
+        let entries = read_managed(&created);
+        track_update(r, Some(&created), &mut updated, entries, "n", MAIN, NOW);
+        let n = updated["metadata"]["managedFields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["manager"] == "n")
+            .unwrap()["fieldsV1"]
+            .clone();
+        assert_eq!(
+            n,
+            json!({"f:metadata": {"f:annotations": {".": {}, "f:x": {}}, "f:labels": {"f:b": {}}}})
+        );
+    }
+
+    #[test]
+    fn managed_fields_are_ordered_like_the_api_server() {
+        let entry = |manager: &str, operation, subresource: &str, time: &str| ManagedEntry {
+            manager: manager.into(),
+            operation,
+            subresource: subresource.into(),
+            api_version: "v1".into(),
+            time: time.into(),
+            fields: [p(&["f:spec"])].into_iter().collect(),
+        };
+        let mut obj = json!({});
+        write_managed(
+            &mut obj,
+            &[
+                entry(
+                    "unknown",
+                    Operation::Update,
+                    "status",
+                    "2026-01-01T00:00:01Z",
+                ),
+                entry("unknown", Operation::Update, "", "2026-01-01T00:00:01Z"),
+                entry("b", Operation::Apply, "status", "2026-01-01T00:00:02Z"),
+                entry("a", Operation::Apply, "status", "2026-01-01T00:00:02Z"),
+                entry("z", Operation::Update, "", "2026-01-01T00:00:00Z"),
+            ],
+        );
+        let order: Vec<String> = obj["metadata"]["managedFields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| format!("{}/{}/{}", e["operation"], e["manager"], e["subresource"]))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "\"Apply\"/\"a\"/\"status\"",
+                "\"Apply\"/\"b\"/\"status\"",
+                "\"Update\"/\"z\"/null",
+                "\"Update\"/\"unknown\"/null",
+                "\"Update\"/\"unknown\"/\"status\"",
+            ]
         );
     }
 }

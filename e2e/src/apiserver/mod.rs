@@ -10,10 +10,15 @@
 //! Errors are `metav1.Status` bodies with the real server's reasons and codes; ResourceSlices are
 //! validated with the 1.34 or 1.35+ rules ([`ValidationRules`]).
 //!
+//! Bodies are decoded as the real server decodes them into its Go types: fields the type does
+//! not declare are dropped with a `Warning` header (refused with `fieldValidation=Strict`, and
+//! failing a server-side apply), `null`s and empty lists and maps disappear, struct values (a
+//! claim's `status`) are always there.
+//!
 //! Not modelled (documented simplifications): authentication and authorization, finalizers and
-//! graceful deletion, namespace existence, CEL compilation, unknown-field pruning (unknown fields
-//! are kept), defaulting beyond ResourceClaim requests, protobuf, and lists at an old
-//! resourceVersion (lists always reflect the current state).
+//! graceful deletion, namespace existence, CEL compilation, duplicate JSON fields (the last one
+//! wins, without a warning), defaulting beyond ResourceClaim requests, protobuf, and lists at an
+//! old resourceVersion (lists always reflect the current state).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), gpu_dra_e2e::apiserver::Error> {
@@ -30,6 +35,7 @@ mod meta;
 mod patch;
 mod resources;
 mod routes;
+mod schema;
 mod selectors;
 mod status;
 mod store;

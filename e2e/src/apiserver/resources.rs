@@ -40,6 +40,10 @@ pub struct ResourceInfo {
     pub status_subresource: bool,
     /// Whether `metadata.generation` is maintained (bumped on spec changes).
     pub has_generation: bool,
+    /// Whether a delete answers with the deleted object (the resource.k8s.io types, checked
+    /// against a real server; Nodes, not checked) rather than a `Success` Status (Leases and
+    /// Events, checked).
+    pub delete_returns_object: bool,
     /// Field selectors beyond `metadata.name` / `metadata.namespace`.
     pub field_selectors: &'static [&'static str],
     /// Short names (discovery).
@@ -55,6 +59,7 @@ const RESOURCE_SLICES: ResourceInfo = ResourceInfo {
     namespaced: false,
     status_subresource: false,
     has_generation: true,
+    delete_returns_object: true,
     field_selectors: &["spec.nodeName", "spec.driver", "spec.pool.name"],
     short_names: &[],
 };
@@ -67,7 +72,8 @@ const RESOURCE_CLAIMS: ResourceInfo = ResourceInfo {
     kind: "ResourceClaim",
     namespaced: true,
     status_subresource: true,
-    has_generation: true,
+    has_generation: false,
+    delete_returns_object: true,
     field_selectors: &[],
     short_names: &[],
 };
@@ -81,6 +87,7 @@ const DEVICE_CLASSES: ResourceInfo = ResourceInfo {
     namespaced: false,
     status_subresource: false,
     has_generation: true,
+    delete_returns_object: true,
     field_selectors: &[],
     short_names: &[],
 };
@@ -94,6 +101,7 @@ const NODES: ResourceInfo = ResourceInfo {
     namespaced: false,
     status_subresource: false,
     has_generation: false,
+    delete_returns_object: true,
     field_selectors: &["spec.unschedulable"],
     short_names: &["no"],
 };
@@ -107,6 +115,7 @@ const EVENTS: ResourceInfo = ResourceInfo {
     namespaced: true,
     status_subresource: false,
     has_generation: false,
+    delete_returns_object: false,
     // The field labels the events.k8s.io/v1 API converts to the core Event's.
     field_selectors: &[
         "regarding.kind",
@@ -132,6 +141,7 @@ const LEASES: ResourceInfo = ResourceInfo {
     namespaced: true,
     status_subresource: false,
     has_generation: false,
+    delete_returns_object: false,
     field_selectors: &[],
     short_names: &[],
 };

@@ -14,8 +14,9 @@ use serde_json::{Value, json};
 use super::ServerOptions;
 use super::patch::PatchBody;
 use super::resources::{self, Resource};
+use super::schema;
 use super::selectors::{FieldSelector, LabelSelector, Selectors};
-use super::status::ApiError;
+use super::status::{self, ApiError, StatusCause};
 use super::store::{DeleteOptions, Store, WriteOptions};
 use super::watch;
 
@@ -38,6 +39,65 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
 pub(crate) fn json_response(code: StatusCode, body: &Value) -> Response {
     let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
     (code, [(header::CONTENT_TYPE, "application/json")], bytes).into_response()
+}
+
+/// A JSON response with one `Warning: 299 - "..."` header per warning.
+fn warned(code: StatusCode, body: &Value, warnings: &[String]) -> Response {
+    let mut response = json_response(code, body);
+    for warning in warnings {
+        let text = format!("299 - {}", serde_json::Value::String(warning.clone()));
+        if let Ok(value) = http::HeaderValue::from_str(&text) {
+            response.headers_mut().append(header::WARNING, value);
+        }
+    }
+    response
+}
+
+/// `fieldValidation`: what a write does with fields its type does not declare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FieldValidation {
+    /// Drop them silently.
+    Ignore,
+    /// Drop them with a warning each (the default).
+    Warn,
+    /// Refuse the request.
+    Strict,
+}
+
+impl FieldValidation {
+    /// `options` names the request's options type in the error (`CreateOptions`, ...).
+    fn parse(params: &Params, options: &str) -> Result<Self, ApiError> {
+        match params.get("fieldValidation").unwrap_or("") {
+            "Ignore" => Ok(Self::Ignore),
+            "" | "Warn" => Ok(Self::Warn),
+            "Strict" => Ok(Self::Strict),
+            other => Err(ApiError::invalid_options(
+                options,
+                StatusCause {
+                    reason: "FieldValueNotSupported".into(),
+                    message: format!(
+                        "Unsupported value: {other:?}: supported values: \"\", \"Ignore\", \"Strict\", \"Warn\""
+                    ),
+                    field: "fieldValidation".into(),
+                },
+            )),
+        }
+    }
+
+    /// The warnings for `unknown` fields, or the Strict refusal.
+    fn check(self, resource: Resource, unknown: Vec<String>) -> Result<Vec<String>, ApiError> {
+        if unknown.is_empty() {
+            return Ok(unknown);
+        }
+        match self {
+            Self::Ignore => Ok(Vec::new()),
+            Self::Warn => Ok(unknown
+                .iter()
+                .map(|f| format!("unknown field \"{f}\""))
+                .collect()),
+            Self::Strict => Err(schema::strict_error(resource, &unknown)),
+        }
+    }
 }
 
 /// What a request path addresses.
@@ -556,11 +616,17 @@ async fn collection(
         }
         "POST" if !all_namespaces => {
             let headers = req.headers().clone();
+            let validation = FieldValidation::parse(params, "CreateOptions")?;
             let body = read_body(req, app.opts.max_body_bytes).await?;
             let obj = parse_object(&body)?;
+            let warnings = validation.check(resource, schema::unknown_fields(resource, &obj))?;
             let opts = write_options(params, &headers)?;
             let created = app.store.create(resource, ns, obj, &opts)?;
-            Ok(json_response(StatusCode::CREATED, &repr.object(&created)))
+            Ok(warned(
+                StatusCode::CREATED,
+                &repr.object(&created),
+                &warnings,
+            ))
         }
         "DELETE" if !all_namespaces => {
             let selectors = params.selectors(resource)?;
@@ -595,11 +661,13 @@ async fn item(
             Ok(json_response(StatusCode::OK, &repr.object(&obj)))
         }
         "PUT" => {
+            let validation = FieldValidation::parse(params, "UpdateOptions")?;
             let body = read_body(req, app.opts.max_body_bytes).await?;
             let obj = parse_object(&body)?;
+            let warnings = validation.check(resource, schema::unknown_fields(resource, &obj))?;
             let opts = write_options(params, &headers)?;
             let updated = app.store.update(resource, ns, name, obj, status, &opts)?;
-            Ok(json_response(StatusCode::OK, &repr.object(&updated)))
+            Ok(warned(StatusCode::OK, &repr.object(&updated), &warnings))
         }
         "PATCH" => {
             let content_type = headers
@@ -611,6 +679,7 @@ async fn item(
                 .unwrap_or("")
                 .trim()
                 .to_ascii_lowercase();
+            let validation = FieldValidation::parse(params, "PatchOptions")?;
             let body = read_body(req, app.opts.max_body_bytes).await?;
             let patch = match content_type.as_str() {
                 "application/merge-patch+json" => PatchBody::Merge(parse_json(&body)?),
@@ -622,6 +691,12 @@ async fn item(
                     PatchBody::Apply(parse_apply(&body)?)
                 }
                 other => return Err(ApiError::unsupported_media_type(other)),
+            };
+            let warnings = match &patch {
+                PatchBody::Merge(p) | PatchBody::Strategic(p) => {
+                    validation.check(resource, schema::unknown_patch_fields(resource, p))?
+                }
+                PatchBody::Json(_) | PatchBody::Apply(_) => Vec::new(),
             };
             let mut opts = write_options(params, &headers)?;
             if matches!(patch, PatchBody::Apply(_)) {
@@ -640,13 +715,21 @@ async fn item(
             } else {
                 StatusCode::OK
             };
-            Ok(json_response(code, &repr.object(&obj)))
+            Ok(warned(code, &repr.object(&obj), &warnings))
         }
         "DELETE" if !status => {
             let body = read_body(req, app.opts.max_body_bytes).await?;
             let opts = delete_options(params, &body)?;
             let deleted = app.store.delete(resource, ns, name, &opts)?;
-            Ok(json_response(StatusCode::OK, &repr.object(&deleted)))
+            if resource.info().delete_returns_object {
+                Ok(json_response(StatusCode::OK, &repr.object(&deleted)))
+            } else {
+                let uid = super::meta::uid(&deleted);
+                Ok(json_response(
+                    StatusCode::OK,
+                    &status::delete_success(resource, name, uid),
+                ))
+            }
         }
         _ => Err(ApiError::method_not_allowed()),
     }

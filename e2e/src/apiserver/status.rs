@@ -106,18 +106,75 @@ impl ApiError {
         .with_resource(resource, name)
     }
 
-    /// `409 Conflict` for a failed precondition (uid or resourceVersion in DeleteOptions or in
-    /// the body of an update).
+    /// `409 Conflict` for a failed precondition of a delete (`preconditions.uid` or
+    /// `preconditions.resourceVersion`): `detail` is the real server's sentence, e.g. `the UID in
+    /// the precondition (a) does not match the UID in record (b). The object might have been
+    /// deleted and then recreated`. Unlike other conflicts, `details.kind` is the Kind.
     pub fn precondition_failed(resource: Resource, name: &str, detail: &str) -> Self {
+        let info = resource.info();
+        let mut err = Self::new(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": {detail}",
+                kind_group(resource)
+            ),
+        )
+        .with_resource(resource, name);
+        info.kind.clone_into(&mut err.details.kind);
+        err
+    }
+
+    /// `409 Conflict` for a failed storage precondition of an update (a body naming another
+    /// UID than the stored object's), worded as the real server's storage layer words it.
+    pub fn storage_precondition_failed(
+        resource: Resource,
+        namespace: &str,
+        name: &str,
+        detail: &str,
+    ) -> Self {
+        let info = resource.info();
+        // etcd keys: `/registry/<resource>/[<namespace>/]<name>`; Nodes live under `minions`.
+        let prefix = if resource == Resource::Nodes {
+            "minions"
+        } else {
+            info.plural
+        };
+        let key = if namespace.is_empty() {
+            format!("/registry/{prefix}/{name}")
+        } else {
+            format!("/registry/{prefix}/{namespace}/{name}")
+        };
         Self::new(
             StatusCode::CONFLICT,
             "Conflict",
             format!(
-                "Operation cannot be fulfilled on {} \"{name}\": Precondition failed: {detail}",
+                "Operation cannot be fulfilled on {} \"{name}\": StorageError: invalid object, \
+                 Code: 4, Key: {key}, ResourceVersion: 0, AdditionalErrorMsg: {detail}",
                 resource.qualified_plural()
             ),
         )
         .with_resource(resource, name)
+    }
+
+    /// `422 Invalid` for a request option (`kind` is `CreateOptions`, `UpdateOptions`,
+    /// `PatchOptions`): `PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value`.
+    pub fn invalid_options(kind: &str, cause: StatusCause) -> Self {
+        let mut err = Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!(
+                "{kind}.meta.k8s.io \"\" is invalid: {}: {}",
+                cause.field, cause.message
+            ),
+        );
+        err.details = Box::new(StatusDetails {
+            name: String::new(),
+            group: "meta.k8s.io".into(),
+            kind: kind.to_owned(),
+            causes: vec![cause],
+        });
+        err
     }
 
     /// `409 Conflict` for server-side apply conflicts, with one `FieldManagerConflict` cause per
@@ -136,10 +193,11 @@ impl ApiError {
         summary: &str,
     ) -> Self {
         let info = resource.info();
-        let kind_group = if info.group.is_empty() {
-            info.kind.to_owned()
+        // events.k8s.io Events are validated as core Events: no group, and `note` is `message`.
+        let (kind_group, group) = if resource == Resource::Events {
+            (info.kind.to_owned(), "")
         } else {
-            format!("{}.{}", info.kind, info.group)
+            (kind_group(resource), info.group)
         };
         let mut err = Self::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -148,7 +206,7 @@ impl ApiError {
         );
         err.details = Box::new(StatusDetails {
             name: name.to_owned(),
-            group: info.group.to_owned(),
+            group: group.to_owned(),
             kind: info.kind.to_owned(),
             causes,
         });
@@ -210,6 +268,13 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
     }
 
+    /// `500` without a reason: what the real server answers for errors that are not API
+    /// errors (a server-side apply with undeclared fields, a watch at an unparsable
+    /// resourceVersion).
+    pub fn internal_without_reason(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "", message)
+    }
+
     /// The `metav1.Status` JSON for this error.
     pub fn to_status(&self) -> Value {
         let d = &self.details;
@@ -237,12 +302,46 @@ impl ApiError {
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
             "code": self.code,
         });
-        status["details"] = Value::Object(details);
+        if !self.reason.is_empty() {
+            status["reason"] = json!(self.reason);
+        }
+        if !details.is_empty() {
+            status["details"] = Value::Object(details);
+        }
         status
     }
+}
+
+/// `Kind.group` (`Kind` for the core group), as messages name a type.
+fn kind_group(resource: Resource) -> String {
+    let info = resource.info();
+    if info.group.is_empty() {
+        info.kind.to_owned()
+    } else {
+        format!("{}.{}", info.kind, info.group)
+    }
+}
+
+/// The `metav1.Status` a delete answers with for resources that do not return the deleted
+/// object (Leases, Events).
+pub(crate) fn delete_success(resource: Resource, name: &str, uid: &str) -> Value {
+    let info = resource.info();
+    let mut details = Map::new();
+    details.insert("name".into(), json!(name));
+    if !info.group.is_empty() {
+        details.insert("group".into(), json!(info.group));
+    }
+    details.insert("kind".into(), json!(info.plural));
+    details.insert("uid".into(), json!(uid));
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": details,
+    })
 }
 
 impl IntoResponse for ApiError {

@@ -19,8 +19,9 @@ use super::fields::{self, Scope};
 use super::meta;
 use super::patch::{self, PatchBody};
 use super::resources::Resource;
+use super::schema;
 use super::selectors::Selectors;
-use super::status::ApiError;
+use super::status::{ApiError, StatusCause};
 use super::validation::{self, ValidationRules};
 
 /// Identity of a stored object.
@@ -271,6 +272,26 @@ fn set_or_remove(map: &mut Map<String, Value>, key: &str, value: Option<&Value>)
     }
 }
 
+/// A write may not change `metadata.uid`: a body naming another UID than the stored object's
+/// is invalid (`422`, `field is immutable`), as on the real server.
+fn check_uid(resource: Resource, name: &str, body_uid: &str, old: &Value) -> Result<(), ApiError> {
+    if body_uid.is_empty() || body_uid == meta::uid(old) {
+        return Ok(());
+    }
+    let message = format!("Invalid value: \"{body_uid}\": field is immutable");
+    let summary = format!("metadata.uid: {message}");
+    Err(ApiError::invalid(
+        resource,
+        name,
+        vec![StatusCause {
+            reason: "FieldValueInvalid".into(),
+            message,
+            field: "metadata.uid".into(),
+        }],
+        &summary,
+    ))
+}
+
 fn owner_uids(obj: &Value) -> Vec<String> {
     obj.pointer("/metadata/ownerReferences")
         .and_then(Value::as_array)
@@ -511,6 +532,7 @@ impl Store {
         tracking: Tracking<'_>,
     ) -> Result<Value, ApiError> {
         check_type(resource, &mut obj)?;
+        schema::prune(resource, &mut obj);
         if !meta::resource_version(&obj).is_empty() {
             return Err(ApiError::internal(
                 "resourceVersion should not be set on objects to be created",
@@ -563,6 +585,7 @@ impl Store {
             map.remove("status");
         }
         validation::apply_defaults(resource, &mut obj);
+        schema::normalize(resource, &mut obj);
         validation::validate_create(resource, &obj, self.rules)?;
 
         let name = meta::name(&obj).to_owned();
@@ -614,6 +637,23 @@ impl Store {
                 "the name of the object ({body_name}) does not match the name on the URL ({name})"
             )));
         }
+        // A PUT's body UID is a storage precondition (409), checked before anything else but
+        // the object's existence; a patch that changes it fails validation instead (422).
+        let key = key_of(resource, namespace.unwrap_or(""), name);
+        if let Some(old) = st.objects.get(&key) {
+            let body_uid = meta::uid(&obj);
+            if !body_uid.is_empty() && body_uid != meta::uid(old) {
+                return Err(ApiError::storage_precondition_failed(
+                    resource,
+                    &key.namespace,
+                    name,
+                    &format!(
+                        "Precondition failed: UID in precondition: {body_uid}, UID in object meta: {}",
+                        meta::uid(old)
+                    ),
+                ));
+            }
+        }
         let manager = opts.field_manager.as_deref().unwrap_or("unknown");
         self.update_locked(
             &mut st,
@@ -646,22 +686,13 @@ impl Store {
         let key = key_of(resource, namespace.unwrap_or(""), name);
         let old = st.existing(&key)?;
         check_type(resource, &mut body)?;
+        schema::prune(resource, &mut body);
         let old_rv = meta::resource_version(&old);
         let body_rv = meta::resource_version(&body);
         if !body_rv.is_empty() && body_rv != old_rv {
             return Err(ApiError::conflict(resource, name));
         }
-        let body_uid = meta::uid(&body);
-        if !body_uid.is_empty() && body_uid != meta::uid(&old) {
-            return Err(ApiError::precondition_failed(
-                resource,
-                name,
-                &format!(
-                    "UID in precondition: {body_uid}, UID in object meta: {}",
-                    meta::uid(&old)
-                ),
-            ));
-        }
+        check_uid(resource, name, meta::uid(&body), &old)?;
         let client_managed = if status {
             Vec::new()
         } else {
@@ -709,6 +740,7 @@ impl Store {
                 set_or_remove(m, "managedFields", managed.as_ref());
             }
         }
+        schema::normalize(resource, &mut candidate);
         if info.has_generation && candidate.get("spec") != old.get("spec") {
             let generation = old
                 .pointer("/metadata/generation")
@@ -820,8 +852,13 @@ impl Store {
         opts: &WriteOptions,
     ) -> Result<(Value, bool), ApiError> {
         let Some(manager) = opts.field_manager.as_deref().filter(|m| !m.is_empty()) else {
-            return Err(ApiError::unprocessable(
-                "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+            return Err(ApiError::invalid_options(
+                "PatchOptions",
+                StatusCause {
+                    reason: "FieldValueRequired".into(),
+                    message: "Required value: is required for apply patch".into(),
+                    field: "fieldManager".into(),
+                },
             ));
         };
         let info = resource.info();
@@ -859,6 +896,9 @@ impl Store {
                 "the namespace of the provided object does not match the namespace sent on the request",
             ));
         }
+        if let Some(err) = schema::apply_error(resource, namespace, name, &config) {
+            return Err(err);
+        }
         if let Some(m) = config.get_mut("metadata").and_then(Value::as_object_mut) {
             m.remove("managedFields");
         }
@@ -894,6 +934,7 @@ impl Store {
                 if !cfg_rv.is_empty() && cfg_rv != meta::resource_version(&live) {
                     return Err(ApiError::conflict(resource, name));
                 }
+                check_uid(resource, name, meta::uid(&config), &live)?;
                 let merged =
                     fields::apply(resource, &live, &config, manager, scope, opts.force, &now)?;
                 let updated = self.update_locked(
@@ -927,7 +968,8 @@ impl Store {
                 resource,
                 name,
                 &format!(
-                    "UID in precondition: {uid}, UID in object meta: {}",
+                    "the UID in the precondition ({uid}) does not match the UID in record ({}). \
+                     The object might have been deleted and then recreated",
                     meta::uid(&old)
                 ),
             ));
@@ -941,7 +983,8 @@ impl Store {
                 resource,
                 name,
                 &format!(
-                    "ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    "the ResourceVersion in the precondition ({rv}) does not match the \
+                     ResourceVersion in record ({}). The object might have been modified",
                     meta::resource_version(&old)
                 ),
             ));

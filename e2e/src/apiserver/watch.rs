@@ -123,10 +123,12 @@ pub(crate) fn serve(
     let from = match params.get("resourceVersion").unwrap_or("") {
         _ if send_initial => WatchFrom::Snapshot,
         "" | "0" => WatchFrom::Snapshot,
-        rv => WatchFrom::After(
-            rv.parse::<u64>()
-                .map_err(|_| ApiError::bad_request(format!("invalid resource version \"{rv}\"")))?,
-        ),
+        rv => WatchFrom::After(rv.parse::<u64>().map_err(|_| {
+            // The real server fails such a watch in its storage layer: a 500 without reason.
+            ApiError::internal_without_reason(format!(
+                "resourceVersion: Invalid value: {rv:?}: strconv.ParseUint: parsing {rv:?}: invalid syntax"
+            ))
+        })?),
     };
     let max = app.opts.max_watch_timeout;
     let timeout = params

@@ -207,22 +207,41 @@ fn update_preconditions_generation_and_no_ops() {
     }
     assert_eq!(seen, [EventType::Modified, EventType::Modified]);
 
-    // Wrong uid, wrong name, missing object.
+    // Wrong uid (a precondition of an update: 409; a patch may not change it: 422, as the real
+    // server answers), wrong name, missing object.
     let mut wrong_uid = changed.clone();
     wrong_uid["metadata"]["uid"] = json!("00000000-0000-4000-8000-000000000000");
-    assert_eq!(
-        s.update(
+    let err = s
+        .update(
             Resource::ResourceSlices,
             None,
             "a",
             wrong_uid,
             false,
-            &opts("t")
+            &opts("t"),
         )
-        .unwrap_err()
-        .code,
-        409
+        .unwrap_err();
+    assert_eq!(err.code, 409);
+    assert!(
+        err.message.contains(
+            "Key: /registry/resourceslices/a, ResourceVersion: 0, AdditionalErrorMsg: Precondition \
+             failed: UID in precondition: 00000000-0000-4000-8000-000000000000, UID in object meta: "
+        ),
+        "{}",
+        err.message
     );
+    let err = s
+        .patch(
+            Resource::ResourceSlices,
+            None,
+            "a",
+            &PatchBody::Merge(json!({"metadata": {"uid": "00000000-0000-4000-8000-000000000000"}})),
+            false,
+            &opts("t"),
+        )
+        .unwrap_err();
+    assert_eq!(err.code, 422);
+    assert_eq!(err.details.causes[0].field, "metadata.uid");
     assert_eq!(
         s.update(
             Resource::ResourceSlices,
@@ -285,9 +304,10 @@ fn claim_status_subresource_rules() {
             &opts("t"),
         )
         .unwrap();
-    assert!(
-        created.get("status").is_none(),
-        "status is dropped on create"
+    assert_eq!(
+        created["status"],
+        json!({}),
+        "status is dropped on create (an empty struct, as the real server returns it)"
     );
     assert_eq!(
         created["spec"]["devices"]["requests"][0]["exactly"]["count"], 1,
@@ -296,7 +316,7 @@ fn claim_status_subresource_rules() {
 
     // Status written through the main resource is ignored.
     let mut main = created.clone();
-    main["status"] = json!({"devices": []});
+    main["status"] = json!({"reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}]});
     main["metadata"]["labels"] = json!({"a": "b"});
     let updated = s
         .update(
@@ -308,7 +328,7 @@ fn claim_status_subresource_rules() {
             &opts("t"),
         )
         .unwrap();
-    assert!(updated.get("status").is_none());
+    assert_eq!(updated["status"], json!({}));
     assert_eq!(updated["metadata"]["labels"]["a"], "b");
 
     // Spec is immutable.
@@ -552,10 +572,11 @@ fn delete_preconditions_and_garbage_collection() {
     assert_eq!(err.code, 409);
     assert!(
         err.message
-            .contains("Precondition failed: UID in precondition: nope"),
+            .contains("the UID in the precondition (nope) does not match the UID in record"),
         "{}",
         err.message
     );
+    assert_eq!(err.details.kind, "Node");
     let stale = DeleteOptions {
         resource_version: Some("1".into()),
         ..DeleteOptions::default()
@@ -824,17 +845,19 @@ fn garbage_collection_needs_every_owner_gone() {
 #[test]
 fn status_apply_records_its_manager() {
     let s = store();
-    s.create(
-        Resource::ResourceClaims,
-        Some("default"),
-        claim("c"),
-        &opts("t"),
-    )
-    .unwrap();
+    let live_spec = s
+        .create(
+            Resource::ResourceClaims,
+            Some("default"),
+            claim("c"),
+            &opts("t"),
+        )
+        .unwrap()["spec"]
+        .clone();
     let config = json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": "c", "namespace": "default"},
-        "spec": {"ignored": true},
+        "spec": {"devices": {"requests": []}},
         "status": {"allocation": {"devices": {"results": [
             {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}
         ]}}}
@@ -850,7 +873,10 @@ fn status_apply_records_its_manager() {
         )
         .unwrap();
     assert!(!created);
-    assert!(applied["spec"].get("ignored").is_none());
+    assert_eq!(
+        applied["spec"], live_spec,
+        "a status apply leaves the spec alone"
+    );
     let entry = applied["metadata"]["managedFields"]
         .as_array()
         .unwrap()

@@ -1,14 +1,18 @@
 //! ResourceClaim and DeviceClass validation and ResourceClaim defaulting.
 //!
-//! CEL expressions are checked for presence and size only: the test API server does not compile
-//! them (the controller's admission webhook does that, as in a real cluster).
+//! CEL expressions are checked for size only, and an empty one fails like the real server's
+//! compiler fails it: the test API server does not compile them (the real server does, and the
+//! controller's admission webhook checks them against the driver's attributes).
 
 use std::collections::BTreeSet;
 
 use serde_json::{Map, Value, json};
 
+use super::event::timestamp;
 use super::names;
-use super::slice::{validate_device_name, validate_driver_name, validate_pool_name};
+use super::slice::{
+    validate_device_name, validate_driver_name, validate_pool_name, validate_qualified_name,
+};
 use super::{Errors, Path};
 
 const MAX_REQUESTS: usize = 32;
@@ -23,6 +27,13 @@ const MAX_RESERVED_FOR: usize = 256;
 const MAX_RESULTS: usize = 32;
 const MAX_DEVICE_CONDITIONS: usize = 8;
 const MAX_DEVICE_DATA: usize = 10 * 1024;
+/// Longest condition reason and message (`metav1.Condition`).
+const MAX_CONDITION_REASON: usize = 1024;
+const MAX_CONDITION_MESSAGE: usize = 32 * 1024;
+/// What the real server's CEL compiler says about an empty expression.
+const EMPTY_CEL: &str = "compilation failed: ERROR: <input>:1:0: Syntax error: mismatched input \
+     '<EOF>' expecting {'[', '{', '(', '.', '-', '!', 'true', 'false', 'null', NUM_FLOAT, NUM_INT, \
+     NUM_UINT, STRING, BYTES, IDENTIFIER}";
 
 fn default_request(request: &mut Value) {
     let Some(map) = request.as_object_mut() else {
@@ -31,7 +42,12 @@ fn default_request(request: &mut Value) {
     let mode = map
         .entry("allocationMode")
         .or_insert_with(|| json!("ExactCount"));
-    if mode == "ExactCount" && map.get("count").is_none_or(Value::is_null) {
+    // A count of 0 is the Go zero value: unset, so defaulted too.
+    if mode == "ExactCount"
+        && map
+            .get("count")
+            .is_none_or(|c| c.is_null() || *c == json!(0))
+    {
         map.insert("count".into(), json!(1));
     }
     if let Some(tolerations) = map.get_mut("tolerations").and_then(Value::as_array_mut) {
@@ -106,12 +122,13 @@ pub(super) fn validate_claim(errs: &mut Errors, obj: &Map<String, Value>, old: O
                     continue;
                 };
                 validate_request_refs(errs, constraint, &cpath.index(i), &request_names);
-                let one = errs
-                    .string(constraint, "matchAttribute", &cpath.index(i))
-                    .is_some()
-                    || errs
-                        .string(constraint, "distinctAttribute", &cpath.index(i))
-                        .is_some();
+                let mut one = false;
+                for field in ["matchAttribute", "distinctAttribute"] {
+                    if let Some(name) = errs.string(constraint, field, &cpath.index(i)) {
+                        one = true;
+                        validate_fully_qualified_name(errs, name, &cpath.index(i).child(field));
+                    }
+                }
                 if !one {
                     errs.required(&cpath.index(i).child("matchAttribute"), "");
                 }
@@ -181,6 +198,109 @@ fn validate_request(
     name
 }
 
+/// An attribute name with its domain (`gpu.nvidia.com/nvlinkDomain`), as constraints name them.
+fn validate_fully_qualified_name(errs: &mut Errors, name: &str, path: &Path) {
+    if name.contains('/') {
+        validate_qualified_name(errs, name, path);
+    } else {
+        errs.invalid_str(
+            path,
+            name,
+            "a fully qualified name must be a domain and a name separated by a slash",
+        );
+    }
+}
+
+/// Quantities of a map (capacity requests, consumed capacity): an unparsable one is a decode
+/// error.
+fn validate_quantities(errs: &mut Errors, parent: &Map<String, Value>, name: &str, path: &Path) {
+    if let Some(map) = errs.object(parent, name, path) {
+        let mpath = path.child(name);
+        for key in map.keys() {
+            let _ = errs.quantity(map, key, &mpath);
+        }
+    }
+}
+
+/// `metav1.Condition`s (`ValidateConditions`): a label-name type, unique; status `True`,
+/// `False` or `Unknown`; a transition time; a reason in CamelCase-like form; bounded lengths.
+fn validate_conditions(errs: &mut Errors, conditions: &[Value], path: &Path) {
+    let mut types = BTreeSet::new();
+    for (i, condition) in errs.objects(conditions, path) {
+        let Some(condition) = condition else { continue };
+        let cp = path.index(i);
+        let kind = errs.string(condition, "type", &cp).unwrap_or("");
+        if !types.insert(kind.to_owned()) {
+            errs.duplicate(&cp.child("type"), kind);
+        }
+        if kind.is_empty() {
+            errs.required(&cp.child("type"), "");
+        } else {
+            errs.invalid_each(&cp.child("type"), kind, names::qualified_name(kind));
+        }
+        let status = errs.string(condition, "status", &cp).unwrap_or("");
+        if !matches!(status, "True" | "False" | "Unknown") {
+            errs.not_supported(&cp.child("status"), status, &["False", "True", "Unknown"]);
+        }
+        if let Some(generation) = errs.int(condition, "observedGeneration", &cp)
+            && generation < 0
+        {
+            errs.invalid(
+                &cp.child("observedGeneration"),
+                &json!(generation),
+                "must be greater than or equal to zero",
+            );
+        }
+        if condition
+            .get("lastTransitionTime")
+            .is_none_or(Value::is_null)
+        {
+            errs.required(&cp.child("lastTransitionTime"), "must be set");
+        } else {
+            let _ = timestamp(errs, condition, "lastTransitionTime", &cp);
+        }
+        let reason = errs.string(condition, "reason", &cp).unwrap_or("");
+        if reason.is_empty() {
+            errs.required(&cp.child("reason"), "must be set");
+        } else {
+            if !is_condition_reason(reason) {
+                errs.invalid_str(
+                    &cp.child("reason"),
+                    reason,
+                    "a condition reason must start with alphabetic character, optionally followed \
+                     by a string of alphanumeric characters or '_,:', and must end with an \
+                     alphanumeric character or '_' (e.g. 'my_name',  or 'MY_NAME',  or 'MyName',  \
+                     or 'ReasonA,ReasonB',  or 'ReasonA:ReasonB', regex used for validation is \
+                     '[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?')",
+                );
+            }
+            if reason.len() > MAX_CONDITION_REASON {
+                errs.too_long(&cp.child("reason"), MAX_CONDITION_REASON);
+            }
+        }
+        if errs
+            .string(condition, "message", &cp)
+            .is_some_and(|m| m.len() > MAX_CONDITION_MESSAGE)
+        {
+            errs.too_long(&cp.child("message"), MAX_CONDITION_MESSAGE);
+        }
+    }
+}
+
+/// `[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?`
+fn is_condition_reason(s: &str) -> bool {
+    let b = s.as_bytes();
+    let inner = |c: &u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b',' | b':');
+    let last = |c: &u8| c.is_ascii_alphanumeric() || *c == b'_';
+    match b {
+        [] => false,
+        [first] => first.is_ascii_alphabetic(),
+        [first, middle @ .., end] => {
+            first.is_ascii_alphabetic() && middle.iter().all(inner) && last(end)
+        }
+    }
+}
+
 fn validate_dns_label(errs: &mut Errors, name: &str, path: &Path) {
     if name.is_empty() {
         errs.required(path, "");
@@ -201,6 +321,9 @@ fn validate_exact(errs: &mut Errors, request: &Map<String, Value>, path: &Path) 
         );
     }
     validate_selectors(errs, request, path);
+    if let Some(capacity) = errs.object(request, "capacity", path) {
+        validate_quantities(errs, capacity, "requests", &path.child("capacity"));
+    }
     let count = errs.int(request, "count", path);
     match errs.string(request, "allocationMode", path).unwrap_or("") {
         "ExactCount" => {
@@ -277,7 +400,7 @@ fn validate_selectors(errs: &mut Errors, obj: &Map<String, Value>, path: &Path) 
         };
         let cp = sp.child("cel");
         match errs.string(cel, "expression", &cp) {
-            None | Some("") => errs.required(&cp.child("expression"), ""),
+            None | Some("") => errs.invalid_str(&cp.child("expression"), "", EMPTY_CEL),
             Some(expr) if expr.len() > MAX_CEL_LEN => {
                 errs.too_long(&cp.child("expression"), MAX_CEL_LEN);
             }
@@ -438,6 +561,7 @@ pub(super) fn validate_claim_status(
                     validate_pool_name(errs, pool, &rp.child("pool"));
                     let device = errs.string(result, "device", &rp).unwrap_or("");
                     validate_device_name(errs, device, &rp.child("device"));
+                    validate_quantities(errs, result, "consumedCapacity", &rp);
                     allocated.insert(device_key(result));
                 }
             }
@@ -463,14 +587,15 @@ pub(super) fn validate_claim_status(
             if !seen.insert(key.clone()) {
                 errs.duplicate(&dp, &key);
             }
-            if let Some(conditions) = errs.array(device, "conditions", &dp)
-                && conditions.len() > MAX_DEVICE_CONDITIONS
-            {
-                errs.too_many(
-                    &dp.child("conditions"),
-                    conditions.len(),
-                    MAX_DEVICE_CONDITIONS,
-                );
+            if let Some(conditions) = errs.array(device, "conditions", &dp) {
+                if conditions.len() > MAX_DEVICE_CONDITIONS {
+                    errs.too_many(
+                        &dp.child("conditions"),
+                        conditions.len(),
+                        MAX_DEVICE_CONDITIONS,
+                    );
+                }
+                validate_conditions(errs, conditions, &dp.child("conditions"));
             }
             if device.get("data").is_some_and(|d| !d.is_null()) {
                 validate_raw_object(errs, device.get("data"), &dp.child("data"), MAX_DEVICE_DATA);
@@ -538,19 +663,104 @@ mod tests {
         let mut c = json!({"spec": {"devices": {"requests": [
             {"name": "Bad_Name"},
             {"name": "b", "exactly": {"deviceClassName": "c", "allocationMode": "Some", "selectors": [{"cel": {"expression": ""}}]}},
-            {"name": "b", "exactly": {"deviceClassName": "c", "count": 0}}
+            {"name": "b", "exactly": {"deviceClassName": "c", "count": -1}}
         ], "config": [{"requests": ["nope"], "opaque": {"driver": "d", "parameters": "x"}}]}}});
         default_claim(&mut c);
         let errs = claim_errors(&c, None, false).join("\n");
         for want in [
             "spec.devices.requests[0].name: Invalid value: \"Bad_Name\"",
             "spec.devices.requests[0]: Required value: exactly one of `exactly` or `firstAvailable` is required",
-            "spec.devices.requests[1].exactly.selectors[0].cel.expression: Required value",
+            "spec.devices.requests[1].exactly.selectors[0].cel.expression: Invalid value: \"\": compilation failed: ERROR: <input>:1:0: Syntax error",
             "spec.devices.requests[1].exactly.allocationMode: Unsupported value: \"Some\"",
-            "spec.devices.requests[2].exactly.count: Invalid value: 0: must be greater than zero",
+            "spec.devices.requests[2].exactly.count: Invalid value: -1: must be greater than zero",
             "spec.devices.requests[2]: Duplicate value: \"b\"",
             "spec.devices.config[0].requests[0]: Invalid value: \"nope\"",
             "spec.devices.config[0].opaque.parameters: Invalid value: \"<value omitted>\": must be a valid JSON object",
+        ] {
+            assert!(errs.contains(want), "missing {want} in\n{errs}");
+        }
+    }
+
+    #[test]
+    fn a_count_of_zero_is_unset_and_defaulted() {
+        let mut c = json!({"spec": {"devices": {"requests": [
+            {"name": "a", "exactly": {"deviceClassName": "c", "count": 0}},
+            {"name": "b", "firstAvailable": [{"name": "x", "deviceClassName": "c", "count": 0}]}
+        ]}}});
+        default_claim(&mut c);
+        assert_eq!(c["spec"]["devices"]["requests"][0]["exactly"]["count"], 1);
+        assert_eq!(
+            c["spec"]["devices"]["requests"][1]["firstAvailable"][0]["count"],
+            1
+        );
+        assert!(claim_errors(&c, None, false).is_empty());
+    }
+
+    #[test]
+    fn constraints_name_attributes_with_their_domain() {
+        let c = json!({"spec": {"devices": {
+            "requests": [{"name": "a", "exactly": {"deviceClassName": "c", "count": 1, "allocationMode": "ExactCount"}}],
+            "constraints": [
+                {"matchAttribute": "nvlinkDomain"},
+                {"distinctAttribute": "gpu.nvidia.com/uuid"},
+                {"matchAttribute": "Bad_Domain/x"}
+            ]
+        }}});
+        let errs = claim_errors(&c, None, false);
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert_eq!(
+            errs[0],
+            "spec.devices.constraints[0].matchAttribute: Invalid value: \"nvlinkDomain\": a fully qualified name must be a domain and a name separated by a slash"
+        );
+        assert!(
+            errs[1].starts_with(
+                "spec.devices.constraints[2].matchAttribute: Invalid value: \"Bad_Domain\""
+            ),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
+    fn capacity_requests_must_be_quantities() {
+        let c = json!({"metadata": {"name": "c"}, "spec": {"devices": {"requests": [
+            {"name": "a", "exactly": {"deviceClassName": "c", "count": 1, "allocationMode": "ExactCount",
+                                      "capacity": {"requests": {"memory": "lots", "cores": "2"}}}}
+        ]}}});
+        let mut errs = Errors::new(Resource::ResourceClaims);
+        validate_claim(&mut errs, c.as_object().unwrap(), None);
+        let err = errs.into_result("c").unwrap_err();
+        assert_eq!(err.code, 400);
+        assert_eq!(
+            err.message,
+            "ResourceClaim in version \"v1\" cannot be handled as a ResourceClaim: quantities must \
+             match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+        );
+    }
+
+    #[test]
+    fn device_conditions_are_metav1_conditions() {
+        let claim = |conditions: Value| {
+            json!({"status": {
+                "allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}]}},
+                "devices": [{"driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0", "conditions": conditions}]
+            }})
+        };
+        let good = claim(
+            json!([{"type": "Ready", "status": "True", "reason": "Prepared",
+                                 "message": "ok", "lastTransitionTime": "2026-01-02T03:04:05Z"}]),
+        );
+        assert!(claim_errors(&good, None, true).is_empty());
+        let bad = claim(json!([
+            {"type": "Ready", "status": "Maybe", "reason": "not a reason", "observedGeneration": -1},
+            {"type": "Ready", "status": "True", "reason": "R", "lastTransitionTime": "2026-01-02T03:04:05Z"}
+        ]));
+        let errs = claim_errors(&bad, None, true).join("\n");
+        for want in [
+            "status.devices[0].conditions[0].status: Unsupported value: \"Maybe\": supported values: \"False\", \"True\", \"Unknown\"",
+            "status.devices[0].conditions[0].observedGeneration: Invalid value: -1: must be greater than or equal to zero",
+            "status.devices[0].conditions[0].lastTransitionTime: Required value: must be set",
+            "status.devices[0].conditions[0].reason: Invalid value: \"not a reason\": a condition reason must start",
+            "status.devices[0].conditions[1].type: Duplicate value: \"Ready\"",
         ] {
             assert!(errs.contains(want), "missing {want} in\n{errs}");
         }

@@ -12,18 +12,21 @@ use super::{Errors, Path};
 pub(crate) const NOTE_MAX: usize = 1024;
 /// Longest `action`, `reason` and `reportingInstance`.
 const SHORT_MAX: usize = 128;
-/// Fields an update must leave as they are.
-const IMMUTABLE: [&str; 10] = [
-    "regarding",
-    "related",
-    "reason",
-    "note",
-    "type",
-    "action",
-    "eventTime",
-    "reportingController",
-    "reportingInstance",
-    "deprecatedSource",
+/// Fields an update must leave as they are, with the names the real server's errors give them
+/// (it validates the core Event these convert to: `note` is `message`, `regarding` is
+/// `involvedObject`, ...).
+const IMMUTABLE: [(&str, &str); 11] = [
+    ("regarding", "involvedObject"),
+    ("reason", "reason"),
+    ("note", "message"),
+    ("deprecatedSource", "source"),
+    ("deprecatedFirstTimestamp", "firstTimestamp"),
+    ("deprecatedLastTimestamp", "lastTimestamp"),
+    ("deprecatedCount", "count"),
+    ("action", "action"),
+    ("related", "related"),
+    ("reportingController", "reportingController"),
+    ("type", "type"),
 ];
 
 /// Whether `s` is an RFC 3339 timestamp (`2026-01-02T03:04:05Z`, optional fraction, `Z` or a
@@ -106,11 +109,11 @@ pub(super) fn validate(
     let root = Path::root("");
     let event_time = timestamp(errs, obj, "eventTime", &root);
     if let Some(old) = old.and_then(Value::as_object) {
-        for field in IMMUTABLE {
+        for (field, name) in IMMUTABLE {
             let new_value = obj.get(field).unwrap_or(&Value::Null);
             let old_value = old.get(field).unwrap_or(&Value::Null);
             if new_value != old_value {
-                errs.invalid(&Path::root(field), new_value, "field is immutable");
+                errs.invalid(&Path::root(name), new_value, "field is immutable");
             }
         }
         if obj.get("series") != old.get("series") {
@@ -118,6 +121,54 @@ pub(super) fn validate(
         }
         return;
     }
+    // The core Event's rules first (for an Event without eventTime only its namespace).
+    let regarding_ns = errs
+        .object(obj, "regarding", &root)
+        .and_then(|r| errs.string(r, "namespace", &Path::root("regarding")))
+        .unwrap_or("");
+    let involved_ns = Path::root("involvedObject").child("namespace");
+    if event_time.is_none() {
+        let mismatch = if regarding_ns.is_empty() {
+            !namespace.is_empty() && namespace != "default"
+        } else {
+            regarding_ns != namespace
+        };
+        if mismatch {
+            errs.invalid_str(&involved_ns, regarding_ns, "does not match event.namespace");
+        }
+    } else {
+        if regarding_ns.is_empty() && namespace != "default" && namespace != "kube-system" {
+            errs.invalid_str(&involved_ns, regarding_ns, "does not match event.namespace");
+        }
+        let controller = errs.string(obj, "reportingController", &root).unwrap_or("");
+        let cpath = Path::root("reportingController");
+        if controller.is_empty() {
+            errs.required(&cpath, "");
+        }
+        errs.invalid_each(&cpath, controller, names::qualified_name(controller));
+        for field in ["reportingInstance", "action", "reason"] {
+            match errs.string(obj, field, &root) {
+                None | Some("") => errs.required(&Path::root(field), ""),
+                Some(value) if value.len() > SHORT_MAX => errs.invalid_str(
+                    &Path::root(field),
+                    "",
+                    &format!("can have at most {SHORT_MAX} characters"),
+                ),
+                Some(_) => {}
+            }
+        }
+        if errs
+            .string(obj, "note", &root)
+            .is_some_and(|note| note.len() > NOTE_MAX)
+        {
+            errs.invalid_str(
+                &Path::root("message"),
+                "",
+                &format!("can have at most {NOTE_MAX} characters"),
+            );
+        }
+    }
+    // Then those of events.k8s.io.
     if event_time.is_none() {
         errs.required(&Path::root("eventTime"), "");
     }
@@ -129,53 +180,13 @@ pub(super) fn validate(
             &format!("has invalid value: {}", other.unwrap_or("")),
         ),
     }
-    match errs.string(obj, "reportingController", &root) {
-        None | Some("") => errs.required(&Path::root("reportingController"), ""),
-        Some(controller) => errs.invalid_each(
-            &Path::root("reportingController"),
-            controller,
-            names::qualified_name(controller),
-        ),
-    }
-    for field in ["reportingInstance", "action", "reason"] {
-        match errs.string(obj, field, &root) {
-            None | Some("") => errs.required(&Path::root(field), ""),
-            Some(value) if value.len() > SHORT_MAX => errs.invalid_str(
-                &Path::root(field),
-                "",
-                &format!("can have at most {SHORT_MAX} characters"),
-            ),
-            Some(_) => {}
-        }
-    }
-    if errs
-        .string(obj, "note", &root)
-        .is_some_and(|note| note.len() > NOTE_MAX)
-    {
-        errs.invalid_str(
-            &Path::root("note"),
-            "",
-            &format!("can have at most {NOTE_MAX} characters"),
-        );
-    }
-    let regarding_ns = errs
-        .object(obj, "regarding", &root)
-        .and_then(|r| errs.string(r, "namespace", &Path::root("regarding")))
-        .unwrap_or("");
-    if regarding_ns.is_empty() && namespace != "default" && namespace != "kube-system" {
-        errs.invalid_str(
-            &Path::root("regarding").child("namespace"),
-            regarding_ns,
-            "does not match event.namespace",
-        );
-    }
     let _ = timestamp(errs, obj, "deprecatedFirstTimestamp", &root);
     let _ = timestamp(errs, obj, "deprecatedLastTimestamp", &root);
-    for field in [
-        "deprecatedFirstTimestamp",
-        "deprecatedLastTimestamp",
-        "deprecatedCount",
-        "deprecatedSource",
+    for (field, name) in [
+        ("deprecatedFirstTimestamp", "firstTimestamp"),
+        ("deprecatedLastTimestamp", "lastTimestamp"),
+        ("deprecatedCount", "count"),
+        ("deprecatedSource", "source"),
     ] {
         let set = match obj.get(field) {
             None | Some(Value::Null) => false,
@@ -184,7 +195,7 @@ pub(super) fn validate(
             Some(_) => true,
         };
         if set {
-            errs.invalid_str(&Path::root(field), "", "needs to be unset");
+            errs.invalid_str(&Path::root(name), "", "needs to be unset");
         }
     }
     validate_series(errs, obj);
@@ -272,7 +283,6 @@ mod tests {
     fn required_fields_and_limits() {
         let mut bad = event();
         let map = bad.as_object_mut().unwrap();
-        map.remove("eventTime");
         map.remove("reason");
         map.insert("type".into(), json!("Error"));
         map.insert("action".into(), json!("x".repeat(129)));
@@ -282,17 +292,44 @@ mod tests {
         map.insert("regarding".into(), json!({"kind": "Node", "name": "n"}));
         let errs = errors(&bad, None).join("\n");
         for want in [
-            "eventTime: Required value",
             "type: Invalid value: \"\": has invalid value: Error",
             "reason: Required value",
             "action: Invalid value: \"\": can have at most 128 characters",
-            "note: Invalid value: \"\": can have at most 1024 characters",
+            "message: Invalid value: \"\": can have at most 1024 characters",
             "reportingController: Invalid value: \"not a name\"",
-            "deprecatedCount: Invalid value: \"\": needs to be unset",
-            "regarding.namespace: Invalid value: \"\": does not match event.namespace",
+            "count: Invalid value: \"\": needs to be unset",
+            "involvedObject.namespace: Invalid value: \"\": does not match event.namespace",
         ] {
             assert!(errs.contains(want), "missing {want:?} in\n{errs}");
         }
+    }
+
+    #[test]
+    fn an_event_without_time_gets_only_the_legacy_checks() {
+        let mut bad = event();
+        let map = bad.as_object_mut().unwrap();
+        map.remove("eventTime");
+        map.remove("reportingController");
+        map.remove("action");
+        map.insert(
+            "regarding".into(),
+            json!({"kind": "Node", "namespace": "other"}),
+        );
+        assert_eq!(
+            errors(&bad, None),
+            [
+                "involvedObject.namespace: Invalid value: \"other\": does not match event.namespace",
+                "eventTime: Required value",
+            ]
+        );
+        let mut no_controller = event();
+        no_controller
+            .as_object_mut()
+            .unwrap()
+            .remove("reportingController");
+        let errs = errors(&no_controller, None);
+        assert_eq!(errs.len(), 3, "{errs:?}");
+        assert_eq!(errs[0], "reportingController: Required value");
     }
 
     #[test]
@@ -320,7 +357,7 @@ mod tests {
         new["note"] = json!("something else");
         assert_eq!(
             errors(&new, Some(&old)),
-            ["note: Invalid value: \"something else\": field is immutable"]
+            ["message: Invalid value: \"something else\": field is immutable"]
         );
     }
 }

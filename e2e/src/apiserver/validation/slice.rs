@@ -108,7 +108,7 @@ fn validate_counter_name(errs: &mut Errors, name: &str, path: &Path) {
 
 /// Attribute and capacity names: a C identifier of at most 32 characters, optionally prefixed by
 /// a DNS subdomain domain of at most 63 characters and `/`.
-fn validate_qualified_name(errs: &mut Errors, name: &str, path: &Path) {
+pub(super) fn validate_qualified_name(errs: &mut Errors, name: &str, path: &Path) {
     let parts: Vec<&str> = name.split('/').collect();
     match parts.as_slice() {
         [id] => validate_c_identifier(errs, id, path),
@@ -558,8 +558,9 @@ fn validate_device(
     if let Some(attributes) = attributes {
         let apath = path.child("attributes");
         for (key, attribute) in attributes {
+            // Name errors name the map, value errors the entry (as the real server does).
             let kpath = apath.key(key, key_len);
-            validate_qualified_name(errs, key, &kpath);
+            validate_qualified_name(errs, key, &apath);
             match attribute {
                 Value::Object(a) => validate_attribute(errs, a, &kpath),
                 other => errs.decode(&kpath, "v1.DeviceAttribute", other),
@@ -570,7 +571,7 @@ fn validate_device(
         let cpath = path.child("capacity");
         for (key, cap) in capacity {
             let kpath = cpath.key(key, key_len);
-            validate_qualified_name(errs, key, &kpath);
+            validate_qualified_name(errs, key, &cpath);
             match cap {
                 Value::Object(c) => validate_capacity(errs, c, &kpath, multi),
                 other => errs.decode(&kpath, "v1.DeviceCapacity", other),
