@@ -29,7 +29,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use libtest_mimic::Failed;
 
-use crate::harness::{BUSYBOX, Cluster};
+use crate::harness::{BUSYBOX, Cluster, node};
 
 pub const BENCHES: [(&str, crate::Test); 1] =
     [("bench::pod_start_with_and_without_a_gpu_claim", pod_start)];
@@ -117,6 +117,22 @@ async fn clear(c: &Cluster, api: &Api<Pod>) -> Result<(), Failed> {
         "",
         Duration::from_secs(120),
     )?;
+    // And the node has unprepared them: kubelet may unprepare a claim after
+    // the API has deleted it, and the scheduler may meanwhile give its device
+    // to the next claim, whose prepare the plugin then refuses until the
+    // unprepare came (kubelet retries with a back-off; seen here: 80 s). The
+    // benchmark measures a start on a free device, not that race.
+    let start = Instant::now();
+    while !node::claim_cdi_specs().is_empty() {
+        if start.elapsed() > Duration::from_secs(120) {
+            return Err(format!(
+                "claims still prepared on the node: {:?}",
+                node::claim_cdi_specs()
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     Ok(())
 }
 

@@ -484,6 +484,23 @@ fn pod_on_claim(c: &Cluster, ns: &str, claim: &str) -> Result<(Seen, Value, Stri
 
 const NOT_SHARED: &str = "!device.allowMultipleAllocations";
 
+/// The MIG instances of each GPU in the fake NVML's saved hardware state
+/// (`(GPU UUID, its GPU instances)`), without the counters that only grow.
+fn mig_instances() -> Vec<(String, Value)> {
+    let state: Value = serde_json::from_str(&node::nvml_state()).unwrap_or(Value::Null);
+    state["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|g| {
+            (
+                g["uuid"].as_str().unwrap_or_default().to_owned(),
+                g["gpuInstances"].clone(),
+            )
+        })
+        .collect()
+}
+
 /// Switches the installed chart's `kubeletPlugin.dynamicMig` (a rolling
 /// update of the plugin) and waits until the node's pool shows the mode:
 /// dynamic placements (MIG devices without a UUID) or none.
@@ -557,9 +574,9 @@ fn static_and_dynamic_mig(c: &Cluster) -> Result<(), Failed> {
         ),
     )?;
     let (seen_s, json_s, uid_s) = pod_on_claim(c, ns, "static-mig")?;
-    let static_before = node::nvml_state();
+    let static_before = mig_instances();
     delete_and_check_clean(c, ns, &["check-static-mig"], &[uid_s])?;
-    if node::nvml_state() != static_before {
+    if mig_instances() != static_before {
         return Err(format!(
             "unpreparing static MIG device {:?} changed the hardware state",
             allocated(&json_s)
@@ -579,7 +596,7 @@ fn static_and_dynamic_mig(c: &Cluster) -> Result<(), Failed> {
             "",
         ),
     )?;
-    let before = node::nvml_state();
+    let before = mig_instances();
     let (seen_d, json_d, uid_d) = pod_on_claim(c, ns, "dynamic-mig")?;
     for (name, seen) in [("static-mig", &seen_s), ("dynamic-mig", &seen_d)] {
         if seen.gpus().len() != 1 {
@@ -597,7 +614,7 @@ fn static_and_dynamic_mig(c: &Cluster) -> Result<(), Failed> {
             return Err(format!("{name}: no MIG capability node: {:?}", seen.dev).into());
         }
     }
-    let during = node::nvml_state();
+    let during = mig_instances();
     if during == before {
         return Err(format!(
             "the dynamic MIG device {:?} changed nothing in the NVML state",
@@ -606,10 +623,10 @@ fn static_and_dynamic_mig(c: &Cluster) -> Result<(), Failed> {
         .into());
     }
     delete_and_check_clean(c, ns, &["check-dynamic-mig"], &[uid_d])?;
-    let after = node::nvml_state();
+    let after = mig_instances();
     if after != before {
         return Err(format!(
-            "the dynamic MIG device was not destroyed:\nbefore: {before}\nafter: {after}"
+            "the dynamic MIG device was not destroyed:\nbefore: {before:?}\nafter: {after:?}"
         )
         .into());
     }
