@@ -217,19 +217,8 @@ fn pod_start(c: &Cluster) -> Result<(), Failed> {
     c.fresh_namespace(NS)?;
     c.apply(
         NS,
-        "apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: whole-gpu}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: gpu.nvidia.com
-          selectors:
-          - cel: {expression: \"!device.allowMultipleAllocations\"}
----
+        &(crate::claims::whole_gpu_template("whole-gpu")
+            + "---
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata: {name: mig}
@@ -240,7 +229,7 @@ spec:
       - name: gpu
         exactly:
           deviceClassName: 1g.10gb.mig.nvidia.com
-",
+"),
     )?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

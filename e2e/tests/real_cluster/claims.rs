@@ -463,9 +463,28 @@ spec:
     )
 }
 
+/// A ResourceClaimTemplate `name` of one whole GPU (not one shared by memory).
+pub fn whole_gpu_template(name: &str) -> String {
+    format!(
+        "apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: {name}}}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpu.nvidia.com
+          selectors:
+          - cel: {{expression: \"{NOT_SHARED}\"}}
+"
+    )
+}
+
 /// Runs one pod on claim `claim` (already applied); returns what it saw,
 /// the claim's JSON and its UID.
-fn pod_on_claim(c: &Cluster, ns: &str, claim: &str) -> Result<(Seen, Value, String), Failed> {
+pub fn pod_on_claim(c: &Cluster, ns: &str, claim: &str) -> Result<(Seen, Value, String), Failed> {
     let pod = format!("check-{claim}");
     let seen = run_check_pod(
         c,
@@ -482,7 +501,7 @@ fn pod_on_claim(c: &Cluster, ns: &str, claim: &str) -> Result<(Seen, Value, Stri
     Ok((seen, json, uid))
 }
 
-const NOT_SHARED: &str = "!device.allowMultipleAllocations";
+pub const NOT_SHARED: &str = "!device.allowMultipleAllocations";
 
 /// The MIG instances of each GPU in the fake NVML's saved hardware state
 /// (`(GPU UUID, its GPU instances)`), without the counters that only grow.
@@ -832,20 +851,8 @@ fn shared_and_template(c: &Cluster) -> Result<(), Failed> {
     }
     delete_and_check_clean(c, ns, &["shared-b"], std::slice::from_ref(&uid))?;
 
-    let template = "apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: per-pod}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: gpu.nvidia.com
-          selectors:
-          - cel: {expression: \"!device.allowMultipleAllocations\"}
-";
-    c.apply(ns, template)?;
+    let template = whole_gpu_template("per-pod");
+    c.apply(ns, &template)?;
     let src = "resourceClaimTemplateName: per-pod";
     let a = run_check_pod(c, ns, "tpl-a", &check_pod("tpl-a", &[("gpus", src)]))?;
     let b = run_check_pod(c, ns, "tpl-b", &check_pod("tpl-b", &[("gpus", src)]))?;

@@ -48,6 +48,18 @@ fn offline() -> Vec<(&'static str, Offline)> {
     all
 }
 
+/// A trial of `test` on the cluster; whatever its outcome, its namespaces
+/// are deleted after it, so the next one starts with every device free.
+fn on_cluster(name: &'static str, test: Test, c: &Cluster) -> Trial {
+    let c = c.clone();
+    Trial::test(name, move || {
+        let outcome = test(&c);
+        let cleaned = c.delete_test_namespaces();
+        outcome?;
+        Ok(cleaned?)
+    })
+}
+
 fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     if args.test_threads.is_none() {
@@ -84,33 +96,16 @@ fn main() -> ExitCode {
         .map(|(name, test)| Trial::test(name, test))
         .collect();
     trials.extend(tests().into_iter().map(|(name, test)| match &cluster {
-        Some(c) => {
-            let c = c.clone();
-            Trial::test(name, move || {
-                let outcome = test(&c);
-                // Whatever the outcome, the next test starts with every device free.
-                let cleaned = c.delete_test_namespaces();
-                outcome?;
-                Ok(cleaned?)
-            })
-        }
+        Some(c) => on_cluster(name, test, c),
         None => Trial::test(name, || Ok(())).with_ignored_flag(true),
     }));
     // Benchmarks: ignored unless asked for (`-- --ignored bench::`).
     trials.extend(bench::BENCHES.into_iter().map(|(name, test)| {
-        let trial = match &cluster {
-            Some(c) => {
-                let c = c.clone();
-                Trial::test(name, move || {
-                    let outcome = test(&c);
-                    let cleaned = c.delete_test_namespaces();
-                    outcome?;
-                    Ok(cleaned?)
-                })
-            }
+        match &cluster {
+            Some(c) => on_cluster(name, test, c),
             None => Trial::test(name, || Err("no cluster to measure".into())),
-        };
-        trial.with_ignored_flag(true)
+        }
+        .with_ignored_flag(true)
     }));
     let conclusion = libtest_mimic::run(&args, trials);
     if let Some(c) = &cluster

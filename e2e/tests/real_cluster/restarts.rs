@@ -7,9 +7,7 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::Failed;
 
-use crate::claims::{
-    check_against_spec, check_pod, claim_yaml, delete_and_check_clean, run_check_pod,
-};
+use crate::claims::{NOT_SHARED, claim_yaml, delete_and_check_clean, pod_on_claim};
 use crate::harness::{Cluster, DRIVER_NS};
 
 pub const TESTS: [(&str, crate::Test); 2] = [
@@ -80,34 +78,12 @@ fn wait_new_plugin(c: &Cluster, old: &str) -> Result<String, Failed> {
 fn gpu_pod(c: &Cluster, ns: &str, name: &str) -> Result<(String, String, Vec<String>), Failed> {
     c.apply(
         ns,
-        &claim_yaml(
-            name,
-            "gpu.nvidia.com",
-            &["!device.allowMultipleAllocations"],
-            "",
-            "",
-        ),
+        &claim_yaml(name, "gpu.nvidia.com", &[NOT_SHARED], "", ""),
     )?;
-    let pod = format!("check-{name}");
-    let seen = run_check_pod(
-        c,
-        ns,
-        &pod,
-        &check_pod(&pod, &[("gpus", &format!("resourceClaimName: {name}"))]),
-    )?;
-    check_against_spec(c, ns, name, &seen)?;
-    let uid = c.kubectl(&[
-        "get",
-        "-n",
-        ns,
-        "resourceclaim",
-        name,
-        "-o",
-        "jsonpath={.metadata.uid}",
-    ])?;
+    let (seen, _, uid) = pod_on_claim(c, ns, name)?;
     Ok((
-        pod,
-        uid.trim().to_owned(),
+        format!("check-{name}"),
+        uid,
         seen.gpus().iter().map(ToString::to_string).collect(),
     ))
 }

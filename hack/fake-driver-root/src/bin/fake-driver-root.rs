@@ -96,7 +96,7 @@ mod tests {
     use super::*;
 
     fn args(list: &[&str]) -> Result<Args, String> {
-        parse(list.iter().map(|s| s.to_string()))
+        parse(list.iter().map(ToString::to_string))
     }
 
     #[test]
