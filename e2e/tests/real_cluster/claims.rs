@@ -271,12 +271,16 @@ pub fn delete_and_check_clean(
         }
         let specs = node::claim_cdi_specs();
         let checkpoint = node::checkpoint();
+        let daemons = node::mps_daemons();
         for uid in claim_uids {
             if specs.iter().any(|s| s.contains(uid.as_str())) {
                 left.push(format!("CDI spec of claim {uid}"));
             }
             if checkpoint.contains(uid.as_str()) {
                 left.push(format!("checkpoint entry of claim {uid}"));
+            }
+            if let Some(d) = daemons.iter().find(|d| d.contains(uid.as_str())) {
+                left.push(format!("MPS daemon folder {d} of claim {uid}"));
             }
         }
         if left.is_empty() {

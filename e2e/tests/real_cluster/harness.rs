@@ -29,6 +29,8 @@ pub const DRIVER_NS: &str = "gpu-dra-driver";
 pub const BUSYBOX: &str = "gpu-dra.local/busybox:1";
 /// Where the plugin keeps its state on the node (`<kubelet plugins>/<driver>`).
 pub const PLUGIN_DIR: &str = "/var/lib/kubelet/plugins/gpu.nvidia.com";
+/// The MPS daemons' folders on the node (the chart's `mpsDir` plus the driver name).
+pub const MPS_DIR: &str = "/run/gpu-dra-driver/mps/gpu.nvidia.com";
 /// Where the plugin writes transient CDI specs (the chart's `cdiRoot`).
 pub const CDI_DIR: &str = "/var/run/cdi";
 /// The machine profile the tests run the node as: MIG devices already made
@@ -446,7 +448,18 @@ impl Cluster {
 pub mod node {
     use std::path::Path;
 
-    use super::{CDI_DIR, PLUGIN_DIR};
+    use super::{CDI_DIR, MPS_DIR, PLUGIN_DIR};
+
+    /// The MPS daemons' folders on the node (one per daemon, named after
+    /// the claim: `claim-<uid>-<n>`).
+    pub fn mps_daemons() -> Vec<String> {
+        std::fs::read_dir(MPS_DIR)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    }
 
     /// The CDI spec files of the driver's claims on the node.
     pub fn claim_cdi_specs() -> Vec<String> {
