@@ -44,21 +44,6 @@ make_device_nodes() {
     for ((i = 1; i <= 3 + 135 * (max_minor + 1); i++)); do mk "/dev/nvidia-caps/nvidia-cap$i" 444; done
 }
 
-# Imports an archive unless containerd has the image already.
-import_image() { # <name> <builder function> <args...>
-    local name=$1 tar_file
-    shift
-    if ctr_k8s images ls -q | grep -qx "$name"; then
-        log "image $name is there"
-        return
-    fi
-    tar_file="$(mktemp --suffix .tar)"
-    "$@" "$tar_file" "$name"
-    ctr_k8s images import "$tar_file" >/dev/null
-    rm -f "$tar_file"
-    log "imported $name"
-}
-
 install_driver() {
     local out profile version tag plugin_image controller_image work ca slices i
     command -v cargo >/dev/null || die "cargo is not installed (the driver is built from this clone)"

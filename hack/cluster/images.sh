@@ -107,3 +107,25 @@ controller_archive() { # <out.tar> <name> <controller binary>
         '{"Entrypoint":["/usr/bin/gpu-dra-controller"],"User":"65532:65532","ExposedPorts":{"8443/tcp":{}}}'
     rm -rf "$rootfs"
 }
+
+# Imports image <name> into containerd's k8s.io namespace unless it is there,
+# from the archive <builder> writes (called with <args...> <out.tar> <name>).
+# --pinned: kubelet's image GC never removes it.
+import_image() { # [--pinned] <name> <builder> [<args>...]
+    local label=() name tar_file
+    if [ "$1" = --pinned ]; then
+        label=(--label io.cri-containerd.pinned=pinned)
+        shift
+    fi
+    name=$1
+    shift
+    if ctr_k8s images ls -q | grep -qx "$name"; then
+        log "image $name is there"
+        return
+    fi
+    tar_file="$(mktemp --suffix .tar)"
+    "$@" "$tar_file" "$name"
+    ctr_k8s images import "${label[@]}" "$tar_file" >/dev/null
+    rm -f "$tar_file"
+    log "imported $name"
+}

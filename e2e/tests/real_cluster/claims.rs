@@ -183,6 +183,14 @@ pub fn allocated(claim: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The claim's CDI spec on the node, by claim UID.
+pub fn cdi_spec(uid: &str) -> Result<Value, String> {
+    let path = Path::new(CDI_DIR).join(format!("k8s.gpu.nvidia.com-claim_{uid}.json"));
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("CDI spec {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// Checks that the container saw everything the claim's CDI spec gives:
 /// each device node, env entry and mount.
 pub fn check_against_spec(
@@ -191,20 +199,8 @@ pub fn check_against_spec(
     claim: &str,
     seen: &Seen,
 ) -> Result<Value, Failed> {
-    let uid = c.kubectl(&[
-        "get",
-        "-n",
-        ns,
-        "resourceclaim",
-        claim,
-        "-o",
-        "jsonpath={.metadata.uid}",
-    ])?;
-    let path = Path::new(CDI_DIR).join(format!("k8s.gpu.nvidia.com-claim_{}.json", uid.trim()));
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| format!("claim {claim}: CDI spec {}: {e}", path.display()))?;
-    let spec: Value =
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let uid = uid_of(c, ns, claim)?;
+    let spec = cdi_spec(&uid).map_err(|e| format!("claim {claim}: {e}"))?;
     let mut edits = vec![&spec["containerEdits"]];
     for d in spec["devices"].as_array().into_iter().flatten() {
         edits.push(&d["containerEdits"]);
@@ -728,7 +724,7 @@ fn time_slicing_and_mps(c: &Cluster) -> Result<(), Failed> {
         ),
     )?;
     let (_, ts_json, ts_uid) = pod_on_claim(c, ns, "ts")?;
-    let (mps_seen, mps_json, mps_uid) = pod_on_claim(c, ns, "mps")?;
+    let (mps_seen, _, mps_uid) = pod_on_claim(c, ns, "mps")?;
     // The time slice: the plugin ran the driver's nvidia-smi for the GPU.
     let log = plugin_log(c)?;
     let ts_gpu = allocated(&ts_json)
@@ -753,7 +749,7 @@ fn time_slicing_and_mps(c: &Cluster) -> Result<(), Failed> {
             )
         })?
         .to_owned();
-    let spec = check_against_spec(c, ns, "mps", &mps_seen)?;
+    let spec = cdi_spec(&mps_uid)?;
     let host_pipe =
         host_path_of(&spec, &pipe).ok_or_else(|| format!("the CDI spec does not mount {pipe}"))?;
     let state = fake_driver_root::FakeDriverRoot::mps_state(Path::new(&host_pipe))
@@ -781,13 +777,7 @@ fn time_slicing_and_mps(c: &Cluster) -> Result<(), Failed> {
     if !Path::new(&format!("/proc/{pid}")).exists() {
         return Err(format!("the MPS daemon (pid {pid}) does not run").into());
     }
-    let _ = mps_json;
-    delete_and_check_clean(
-        c,
-        ns,
-        &["check-ts", "check-mps"],
-        &[ts_uid.clone(), mps_uid],
-    )?;
+    delete_and_check_clean(c, ns, &["check-ts", "check-mps"], &[ts_uid, mps_uid])?;
     // Unprepare stopped the daemon and put the GPU's time slice back.
     for _ in 0..40 {
         if !Path::new(&format!("/proc/{pid}")).exists() {
@@ -809,7 +799,6 @@ fn time_slicing_and_mps(c: &Cluster) -> Result<(), Failed> {
             format!("the time slice was not restored after the unprepare: {restored}").into(),
         );
     }
-    let _ = ts_uid;
     Ok(())
 }
 

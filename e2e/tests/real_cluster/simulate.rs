@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
+use gpu_dra_api::quantity::Quantity;
 use libtest_mimic::Failed;
 use serde_json::{Value, json};
 
@@ -101,28 +102,13 @@ enum Scheduled {
     Unschedulable(String),
 }
 
-/// A quantity in its base unit (`1Gi`, `1073741824`, `500m` is refused: the
-/// capacities here are whole).
+/// A quantity in its base unit (`1Gi`, `1073741824`; `500m` is refused: the
+/// capacities here are whole), by the project's one quantity parser.
 fn quantity(q: &str) -> Option<i128> {
-    let q = q.trim();
-    let split = q
-        .find(|c: char| !(c.is_ascii_digit() || c == '-' || c == '+'))
-        .unwrap_or(q.len());
-    let (number, suffix) = q.split_at(split);
-    let n: i128 = number.parse().ok()?;
-    let factor: i128 = match suffix {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        _ => return None,
-    };
-    Some(n * factor)
+    Quantity::parse(q.trim())
+        .ok()
+        .filter(Quantity::is_whole)
+        .map(|q| q.ceil_units())
 }
 
 /// The `(request, device, consumed capacity)` of allocation results
@@ -861,10 +847,15 @@ fn unsatisfiable() -> Vec<Case> {
     ]
 }
 
+// The cases are written for the dynamic-MIG pool (the MIG test switches the
+// suite's cluster to it before these run); asked for here too, so that each
+// test also runs alone.
 fn satisfiable_claims(c: &Cluster) -> Result<(), Failed> {
+    crate::claims::set_dynamic_mig(c, true)?;
     run_cases(c, "e2e-sim-fit", &satisfiable())
 }
 
 fn unsatisfiable_claims(c: &Cluster) -> Result<(), Failed> {
+    crate::claims::set_dynamic_mig(c, true)?;
     run_cases(c, "e2e-sim-unfit", &unsatisfiable())
 }
