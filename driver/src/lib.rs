@@ -8,6 +8,8 @@
 //! - [`discovery`]: the node's GPUs through the NVML backend, plus sysfs topology;
 //! - [`devices`]: the device model (GPUs, MIG devices, dynamic MIG placements);
 //! - [`slices`]: building and publishing ResourceSlices;
+//! - [`prepare`]: claim preparation (plan, locks, the kinds of device,
+//!   checkpoint, CDI, status) and crash recovery;
 //! - [`plugin`]: the whole plugin wired together (start, orderly shutdown);
 //! - [`phase`]: how far the start has got, for the probes (rolling updates);
 //! - [`supervise`]: `--supervise`, the plugin as a restarted child process.

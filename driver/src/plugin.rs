@@ -43,7 +43,7 @@ use crate::grpc::{self, ServerHandle};
 use crate::micros;
 use crate::phase::Phase;
 use crate::prepare::cdi::{HostRoot, SpecDir};
-use crate::prepare::preparer::{self, Preparer};
+use crate::prepare::{self, Preparer};
 use crate::slices::{PublishError, PublishStatus, Publisher, PublisherOptions};
 
 /// Errors starting or stopping the plugin.
@@ -88,7 +88,7 @@ pub enum Error {
     /// The claim preparer could not start (checkpoint unreadable, bad
     /// CDI vendor).
     #[error(transparent)]
-    Prepare(#[from] preparer::Error),
+    Prepare(#[from] prepare::Error),
     /// The CDI settings are unusable.
     #[error("invalid CDI settings: {0}")]
     Cdi(#[from] crate::prepare::cdi::CdiError),
@@ -348,8 +348,8 @@ pub fn parse_kubelet_version(text: &str) -> Option<(u32, u32)> {
 
 /// The preparer's settings from the flags. The CDI vendor is `k8s.` + the
 /// driver name (NVIDIA's `k8s.gpu.nvidia.com`), the class `claim`.
-pub fn preparer_options(flags: &Flags) -> Result<preparer::Options, Error> {
-    Ok(preparer::Options {
+pub fn preparer_options(flags: &Flags) -> Result<prepare::Options, Error> {
+    Ok(prepare::Options {
         driver_name: flags.driver_name.clone(),
         node_name: flags.node_name.clone(),
         cdi: SpecDir::new(

@@ -20,7 +20,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpu_kubelet_plugin::prepare::preparer::Preparer;
+use gpu_kubelet_plugin::prepare::Preparer;
 use gpu_nvml::GpuBackend;
 use rustix::fs::{FlockOperation, flock};
 use serde_json::{Value, json};

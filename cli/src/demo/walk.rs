@@ -7,8 +7,8 @@
 
 use anyhow::{Context as _, bail};
 use gpu_dra_e2e::kubelet::{Claim, Plugin as KubeletPlugin};
+use gpu_kubelet_plugin::prepare::Preparer;
 use gpu_kubelet_plugin::prepare::checkpoint::ClaimUid;
-use gpu_kubelet_plugin::prepare::preparer::Preparer;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};

@@ -37,7 +37,7 @@ use tokio::net::UnixStream;
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use super::dra::{ClaimError, ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
+use crate::prepare::claim::{ClaimError, ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
 
 /// Passes calls on to the serving instance until this one has taken over.
 pub(super) struct Handover {

@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::authority;
-use super::dra::{ClaimPreparer, DraCore, DraV1, DraV1beta1, NotImplementedPreparer};
+use super::dra::{DraCore, DraV1, DraV1beta1};
 use super::handover::Handover;
 use super::health::{self, HealthReceiver, HealthService};
 use super::instance;
@@ -39,6 +39,7 @@ use super::metrics::GrpcMetrics;
 use super::registration::{RegistrationService, RegistrationStatus};
 use super::sockets::{self, SocketLock};
 use super::{Error, SUPPORTED_VERSIONS};
+use crate::prepare::claim::{ClaimPreparer, NotReady};
 
 /// Where and as whom the plugin serves.
 #[derive(Clone, Debug)]
@@ -130,12 +131,14 @@ pub struct Services {
 }
 
 impl Default for Services {
-    /// [`NotImplementedPreparer`], an empty health list, unregistered
-    /// metrics, a registration status of its own.
+    /// A preparer that answers that the plugin is still starting
+    /// ([`NotReady`], until [`crate::plugin::Plugin`] puts the real one
+    /// in), an empty health list, unregistered metrics, a registration
+    /// status of its own.
     fn default() -> Self {
         let (_, health) = health::channel();
         Self {
-            preparer: Arc::new(NotImplementedPreparer),
+            preparer: Arc::new(NotReady),
             health,
             metrics: GrpcMetrics::default(),
             registration: watch::channel(RegistrationStatus::Pending).0,

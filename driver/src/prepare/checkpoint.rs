@@ -132,6 +132,25 @@ pub struct PreparedDeviceRecord {
     pub admin: bool,
 }
 
+impl PreparedDeviceRecord {
+    /// Minor of the physical GPU the device is on (a MIG device's parent):
+    /// the unit of locking.
+    pub fn gpu_minor(&self) -> u32 {
+        match &self.kind {
+            DeviceKind::Gpu { minor, .. } => *minor,
+            DeviceKind::Mig { parent_minor, .. } => *parent_minor,
+        }
+    }
+
+    /// UUID of the physical GPU the device is on (a MIG device's parent).
+    pub fn gpu_uuid(&self) -> &str {
+        match &self.kind {
+            DeviceKind::Gpu { uuid, .. } => uuid,
+            DeviceKind::Mig { parent_uuid, .. } => parent_uuid,
+        }
+    }
+}
+
 /// The hardware a prepared device stands for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(

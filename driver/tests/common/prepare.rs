@@ -21,10 +21,7 @@ use super::{DRIVER, NODE, Plugin, TestEnv, short_dir};
 
 /// The plugin's environment for debug lines of the GPU locks (which claim
 /// waits for which GPU, and when it holds its locks).
-pub const LOCK_LOGS: (&str, &str) = (
-    "RUST_LOG",
-    "info,gpu_kubelet_plugin::prepare::preparer::locks=debug",
-);
+pub const LOCK_LOGS: (&str, &str) = ("RUST_LOG", "info,gpu_kubelet_plugin::prepare::locks=debug");
 
 /// The CDI kind of the plugin's claim specs.
 pub const VENDOR_KIND: &str = "k8s.gpu.nvidia.com/claim";
@@ -453,7 +450,7 @@ impl Node {
         &self,
         edit: impl FnOnce(&gpu_kubelet_plugin::prepare::checkpoint::Store),
     ) {
-        let boot_id = std::path::Path::new(gpu_kubelet_plugin::prepare::preparer::BOOT_ID);
+        let boot_id = std::path::Path::new(gpu_kubelet_plugin::prepare::BOOT_ID);
         let (store, _) =
             gpu_kubelet_plugin::prepare::checkpoint::Store::open(&self.state_dir(), boot_id)
                 .unwrap();

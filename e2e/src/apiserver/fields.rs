@@ -987,7 +987,7 @@ mod tests {
         );
     }
 
-    /// The plugin's `status.devices` entry of one device (driver/src/prepare/preparer/status.rs).
+    /// The plugin's `status.devices` entry of one device (driver/src/prepare/status.rs).
     fn device_entry(device: &str) -> Value {
         json!({"driver": "gpu.nvidia.com", "pool": "node-a", "device": device,
                "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared",

@@ -837,7 +837,7 @@ fn claim(ns: &str, name: &str) -> Value {
     })
 }
 
-/// The plugin's `status.devices` apply body (driver/src/prepare/preparer/status.rs).
+/// The plugin's `status.devices` apply body (driver/src/prepare/status.rs).
 fn status_body(ns: &str, name: &str, uid: &str, pool: &str, device: &str, now: &str) -> Value {
     json!({
         "apiVersion": "resource.k8s.io/v1",

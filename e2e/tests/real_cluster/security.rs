@@ -558,7 +558,7 @@ const PLUGIN_USES: &[Use] = &[
         "resourceclaims",
         "",
         &["get"],
-        "driver/src/prepare/preparer.rs",
+        "driver/src/prepare.rs",
         "status::bounded(limit, api.get_opt(&claim.name))",
     ),
     // status.devices: applied (patch), and cleared by read-modify-write (update).
@@ -568,7 +568,7 @@ const PLUGIN_USES: &[Use] = &[
         "resourceclaims/status",
         "",
         &["patch"],
-        "driver/src/prepare/preparer/status.rs",
+        "driver/src/prepare/status.rs",
         "api.patch_status(&claim.name, &params, &patch)",
     ),
     used(
@@ -577,7 +577,7 @@ const PLUGIN_USES: &[Use] = &[
         "resourceclaims/status",
         "",
         &["update"],
-        "driver/src/prepare/preparer/status.rs",
+        "driver/src/prepare/status.rs",
         "api.replace_status(&claim.name, &params, &object)",
     ),
     // The same two writes, as the API server authorizes status.devices of
@@ -588,7 +588,7 @@ const PLUGIN_USES: &[Use] = &[
         "resourceclaims/driver",
         DRIVER,
         &["associated-node:patch"],
-        "driver/src/prepare/preparer/status.rs",
+        "driver/src/prepare/status.rs",
         "api.patch_status(&claim.name, &params, &patch)",
     ),
     used(
@@ -597,7 +597,7 @@ const PLUGIN_USES: &[Use] = &[
         "resourceclaims/driver",
         DRIVER,
         &["associated-node:update"],
-        "driver/src/prepare/preparer/status.rs",
+        "driver/src/prepare/status.rs",
         "api.replace_status(&claim.name, &params, &object)",
     ),
 ];

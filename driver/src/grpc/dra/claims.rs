@@ -10,7 +10,7 @@
 //!   `[a-z0-9.-]`, alphanumeric at both ends). Unprepare works from the UID
 //!   alone, since the claim may be gone from the API by then.
 
-use super::{ClaimError, ClaimRef};
+use crate::prepare::claim::{ClaimError, ClaimRef};
 
 /// Longest accepted claim UID.
 pub const MAX_UID: usize = 128;

@@ -9,8 +9,8 @@ use dra_proto::dra::{v1, v1beta1};
 use tonic::{Request, Response, Status};
 
 use super::claims::{self, Purpose};
-use super::{ClaimError, ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
 use crate::grpc::metrics::{GrpcMetrics, Method, Operation, Outcome, Service};
+use crate::prepare::claim::{ClaimError, ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
 
 /// Per-claim outcomes of one call, keyed by UID.
 pub(crate) type Answers<T> = BTreeMap<String, Result<T, ClaimError>>;

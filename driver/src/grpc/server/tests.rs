@@ -7,8 +7,17 @@ use dra_proto::registration::{InfoRequest, RegistrationStatus as WireStatus};
 use tonic::transport::Channel;
 
 use super::*;
-use crate::grpc::dra::{ClaimRef, ClaimResults, PreparedDevice};
+use crate::grpc::dra::NotImplementedPreparer;
 use crate::grpc::handover::Handover;
+use crate::prepare::claim::{ClaimRef, ClaimResults, PreparedDevice};
+
+/// The services of these tests: a preparer that prepares nothing.
+fn test_services() -> Services {
+    Services {
+        preparer: Arc::new(NotImplementedPreparer),
+        ..Services::default()
+    }
+}
 
 fn short_tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
@@ -57,7 +66,7 @@ fn socket_paths_follow_the_kubelet_conventions() {
 #[tokio::test]
 async fn registration_info_and_status_round_trip() {
     let t = short_tempdir();
-    let handle = Server::start(config(t.path()), Services::default())
+    let handle = Server::start(config(t.path()), test_services())
         .await
         .unwrap();
     let mut reg = RegistrationClient::new(channel(handle.registration_socket()).await);
@@ -87,7 +96,7 @@ async fn registration_info_and_status_round_trip() {
 #[tokio::test]
 async fn shutdown_removes_both_sockets_and_ends_health_streams() {
     let t = short_tempdir();
-    let handle = Server::start(config(t.path()), Services::default())
+    let handle = Server::start(config(t.path()), test_services())
         .await
         .unwrap();
     let reg_path = handle.registration_socket().to_owned();
@@ -123,9 +132,7 @@ async fn a_failed_start_leaves_nothing_behind() {
     let c = config(t.path());
     std::fs::create_dir_all(&c.registrar_dir).unwrap();
     std::fs::write(c.registration_socket(), b"not a socket").unwrap();
-    let e = Server::start(c.clone(), Services::default())
-        .await
-        .unwrap_err();
+    let e = Server::start(c.clone(), test_services()).await.unwrap_err();
     assert!(matches!(e, Error::NotASocket { .. }), "{e}");
     assert!(!c.dra_socket().exists());
     // The file in the way is untouched.
@@ -138,10 +145,10 @@ async fn a_failed_start_leaves_nothing_behind() {
 #[tokio::test]
 async fn a_second_instance_is_refused_and_dropping_cleans_up() {
     let t = short_tempdir();
-    let first = Server::start(config(t.path()), Services::default())
+    let first = Server::start(config(t.path()), test_services())
         .await
         .unwrap();
-    let e = Server::start(config(t.path()), Services::default())
+    let e = Server::start(config(t.path()), test_services())
         .await
         .unwrap_err();
     assert!(matches!(e, Error::Locked { .. }), "{e}");
@@ -153,7 +160,7 @@ async fn a_second_instance_is_refused_and_dropping_cleans_up() {
     // meanwhile has exec'd and closed its copy of the lock's file).
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let again = loop {
-        match Server::start(config(t.path()), Services::default()).await {
+        match Server::start(config(t.path()), test_services()).await {
             Err(Error::Locked { .. }) if std::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
@@ -166,7 +173,7 @@ async fn a_second_instance_is_refused_and_dropping_cleans_up() {
 #[tokio::test]
 async fn prepare_through_the_socket_answers_every_claim() {
     let t = short_tempdir();
-    let handle = Server::start(config(t.path()), Services::default())
+    let handle = Server::start(config(t.path()), test_services())
         .await
         .unwrap();
     let mut dra = DraPluginClient::new(channel(handle.dra_socket()).await);
@@ -247,7 +254,7 @@ async fn shutdown_drains_in_flight_calls_after_deregistering() {
     let slow = Arc::new(Slow::default());
     let services = Services {
         preparer: slow.clone(),
-        ..Services::default()
+        ..test_services()
     };
     let handle = Server::start(config(t.path()), services).await.unwrap();
     let reg_path = handle.registration_socket().to_owned();
@@ -275,7 +282,7 @@ async fn the_drain_gives_up_at_its_timeout() {
     let slow = Arc::new(Slow::default());
     let services = Services {
         preparer: slow.clone(),
-        ..Services::default()
+        ..test_services()
     };
     let handle = Server::start(c, services).await.unwrap();
     let dra_path = handle.dra_socket().to_owned();
@@ -320,7 +327,7 @@ impl ClaimPreparer for Named {
 fn named(name: &'static str) -> Services {
     Services {
         preparer: Arc::new(Named(name)),
-        ..Services::default()
+        ..test_services()
     }
 }
 
@@ -371,7 +378,7 @@ async fn a_waiting_instance_forwards_to_the_serving_one_then_serves_itself() {
     // per-instance sockets runs.
     let old = Server::start(config(t.path()), named("old")).await.unwrap();
     let new_config = tagged(t.path(), "0a1b2c3d");
-    let bound = Server::bind(new_config.clone(), Services::default())
+    let bound = Server::bind(new_config.clone(), test_services())
         .await
         .unwrap();
     let new_dra = bound.handle().dra_socket().to_owned();
@@ -437,7 +444,7 @@ async fn a_successor_forwards_through_the_serving_link_of_a_tagged_instance() {
     let first = Server::start(tagged(t.path(), "11111111"), named("first"))
         .await
         .unwrap();
-    let second = Server::bind(tagged(t.path(), "22222222"), Services::default())
+    let second = Server::bind(tagged(t.path(), "22222222"), test_services())
         .await
         .unwrap();
     // No dra.sock anywhere: only the link leads to the first instance.
@@ -614,12 +621,12 @@ async fn a_late_failure_on_an_old_connection_keeps_the_new_one() {
 #[tokio::test]
 async fn binding_removes_the_sockets_of_dead_instances_only() {
     let t = short_tempdir();
-    let live = Server::start(tagged(t.path(), "aaaaaaaa"), Services::default())
+    let live = Server::start(tagged(t.path(), "aaaaaaaa"), test_services())
         .await
         .unwrap();
     let dead = dead_instance(t.path(), "dddddddd");
 
-    let bound = Server::bind(tagged(t.path(), "bbbbbbbb"), Services::default())
+    let bound = Server::bind(tagged(t.path(), "bbbbbbbb"), test_services())
         .await
         .unwrap();
     for gone in [
@@ -638,10 +645,10 @@ async fn binding_removes_the_sockets_of_dead_instances_only() {
 #[tokio::test]
 async fn the_serving_instances_claim_errors_reach_kubelet_as_they_are() {
     let t = short_tempdir();
-    let old = Server::start(config(t.path()), Services::default())
+    let old = Server::start(config(t.path()), test_services())
         .await
         .unwrap();
-    let bound = Server::bind(tagged(t.path(), "0a1b2c3d"), Services::default())
+    let bound = Server::bind(tagged(t.path(), "0a1b2c3d"), test_services())
         .await
         .unwrap();
     let resp = prepare_over(channel(bound.handle().dra_socket()).await, "u")
@@ -661,7 +668,7 @@ async fn the_serving_instances_claim_errors_reach_kubelet_as_they_are() {
 async fn an_instance_with_the_shared_names_clears_dead_tagged_ones_too() {
     let t = short_tempdir();
     let dead = dead_instance(t.path(), "dddddddd");
-    let shared = Server::start(config(t.path()), Services::default())
+    let shared = Server::start(config(t.path()), test_services())
         .await
         .unwrap();
     assert!(!dead.dra_socket().exists());

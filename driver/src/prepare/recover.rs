@@ -1,24 +1,22 @@
 //! Startup recovery: bring the node back to what the checkpoint says, after
 //! a crash at any step of a prepare or unprepare.
 //!
-//! 0. MPS daemons recorded under another MPS directory (the plugin ran with
-//!    another `--mps-dir` when they were started) are taken over there.
+//! 0. Each kind takes over what it runs where the plugin's flags no longer
+//!    point ([`super::kinds::Kind::take_over`]: MPS daemons started under
+//!    another `--mps-dir` are taken over there).
 //! 1. Entries still `PrepareStarted` were cut off half-way: undo what they
 //!    record and drop them (kubelet retries the prepare, which then starts
 //!    from scratch). An entry whose undo fails stays, and the next prepare
 //!    of that claim undoes it first.
-//! 2. With dynamic MIG, MIG devices no remaining entry references are
-//!    destroyed (a crash between creating an instance and recording it).
-//! 3. MPS daemons no remaining entry references are stopped: those under
-//!    `--mps-dir`, and, when entries were lost (quarantined, or the file
-//!    moved aside or kept as an earlier boot's) or the ledger names
-//!    daemons, this plugin's daemons under an earlier `--mps-dir`, found by
-//!    process and killed (their directories are left: see
-//!    `MpsControl::stop_orphans_elsewhere`). When entries were lost, the
-//!    compute modes of GPUs no remaining entry or lost record uses are read,
-//!    and one other than `Default` is reported; their time slices, which
-//!    cannot be read, are reported as unknown (neither is changed: nothing
-//!    records who set it).
+//! 2. Each kind sweeps what it left that no remaining entry references
+//!    ([`super::kinds::Kind::sweep`]): with dynamic MIG, MIG devices (a
+//!    crash between creating an instance and recording it); MPS daemons,
+//!    under `--mps-dir` and, when entries were lost or the ledger names
+//!    daemons, this plugin's daemons under an earlier `--mps-dir`.
+//! 3. When entries were lost, the compute modes of GPUs no remaining entry
+//!    or lost record uses are read, and one other than `Default` is
+//!    reported; their time slices, which cannot be read, are reported as
+//!    unknown (neither is changed: nothing records who set it).
 //! 4. CDI specs of claims without an entry, and temp files of interrupted
 //!    writes, are deleted.
 //!
@@ -32,17 +30,16 @@
 //! Problems are reported and logged; none stops the plugin.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::PathBuf;
 
 use gpu_nvml::ComputeMode;
 
 use super::Inner;
-use super::apply::{mode_name, undo};
-use super::plan::{GpuTarget, Target};
-use crate::prepare::checkpoint::{
-    Batch, Checkpoint, ClaimState, ClaimUid, DeviceKind, LoadReport, LostClaim, MpsDaemonRecord,
+use super::checkpoint::{
+    Batch, Checkpoint, ClaimState, ClaimUid, LoadReport, LostClaim, PreparedDeviceRecord,
 };
-use crate::prepare::mig;
+use super::compute_mode::mode_name;
+use super::kinds::{KINDS, Recovery, undo};
+use super::plan::{GpuTarget, Target};
 
 /// What recovery found and did.
 #[derive(Clone, Debug, Default)]
@@ -144,7 +141,9 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
         ..RecoveryReport::default()
     };
     let snapshot = inner.store.snapshot();
-    adopt_daemons_elsewhere(inner, &snapshot, &mut report);
+    for kind in KINDS {
+        kind.take_over(inner, &snapshot, &mut report);
+    }
     let mut drop_batch = Batch::new();
     for (uid, entry) in &snapshot.claims {
         if entry.state != ClaimState::PrepareStarted {
@@ -174,72 +173,16 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
     let remaining = inner.store.snapshot();
     let lost = inner.store.lost();
     let mut found = Found::default();
-    if inner.opts.build.dynamic_mig {
-        let keep: HashSet<String> = remaining
-            .claims
-            .values()
-            .flat_map(|e| e.devices.iter())
-            .filter_map(|d| match &d.kind {
-                DeviceKind::Mig {
-                    mig_uuid: Some(u), ..
-                } => Some(u.clone()),
-                _ => None,
-            })
-            .chain(lost.values().flat_map(|l| l.mig_uuids.iter().cloned()))
-            .collect();
-        let swept = mig::sweep(&*inner.backend, &keep);
-        found.mig.extend(swept.kept);
-        for instance in swept.destroyed {
-            if instance.uuids.is_empty() {
-                report.mig_destroyed.push(format!(
-                    "{} GPU instance {} (no compute instance)",
-                    instance.gpu_uuid, instance.gpu_instance_id
-                ));
-            }
-            report.mig_destroyed.extend(instance.uuids);
-        }
-        report
-            .errors
-            .extend(swept.failures.iter().map(|f| format!("MIG sweep: {f}")));
+    let mut cx = Recovery {
+        inner,
+        remaining: &remaining,
+        lost: &lost,
+        report: &mut report,
+        found: &mut found,
+    };
+    for kind in KINDS {
+        kind.sweep(&mut cx);
     }
-
-    let daemons: HashSet<String> = remaining
-        .claims
-        .values()
-        .flat_map(|e| e.devices.iter())
-        .filter_map(|d| d.sharing.mps_daemon.as_ref().map(|m| m.id.clone()))
-        .collect();
-    let lost_daemons: HashSet<&str> = lost
-        .values()
-        .flat_map(|l| l.mps_daemons.iter().map(String::as_str))
-        .collect();
-    match inner.mps.list() {
-        Ok(ids) => {
-            for id in ids.into_iter().filter(|id| !daemons.contains(id)) {
-                // A lost entry's daemon that still runs serves its pods.
-                if lost_daemons.contains(id.as_str()) && inner.mps.is_running(&id) {
-                    continue;
-                }
-                match inner.mps.stop(&id) {
-                    Ok(()) => report.mps_stopped.push(id),
-                    Err(e) => report.errors.push(format!("stop MPS daemon {id}: {e}")),
-                }
-            }
-        }
-        Err(e) => report.errors.push(format!("list MPS daemons: {e}")),
-    }
-    if report.load.lost_entries() || !lost_daemons.is_empty() {
-        let keep = |id: &str| lost_daemons.contains(id);
-        let (stopped, errors) = inner.mps.stop_orphans_elsewhere(&keep);
-        report.mps_stopped.extend(stopped);
-        report.errors.extend(errors);
-    }
-    found.daemons.extend(
-        lost_daemons
-            .iter()
-            .filter(|id| inner.mps.is_running(id))
-            .map(|id| (*id).to_owned()),
-    );
     if report.load.lost_entries() {
         unrecorded_gpu_settings(inner, &remaining, &lost, &mut report);
     }
@@ -272,14 +215,14 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
 
 /// What recovery found on the node of what lost entries name.
 #[derive(Default)]
-struct Found {
+pub(crate) struct Found {
     /// MIG devices (UUIDs), with dynamic MIG.
-    mig: HashSet<String>,
+    pub(crate) mig: HashSet<String>,
     /// MPS daemons running (those an entry names too among them: a
     /// memory-shared GPU's daemon serves several claims).
-    daemons: HashSet<String>,
+    pub(crate) daemons: HashSet<String>,
     /// CDI specs of claims without an entry (UIDs).
-    cdi: HashSet<String>,
+    pub(crate) cdi: HashSet<String>,
 }
 
 /// Forgets the names of lost claims whose things are gone, drops claims
@@ -338,10 +281,7 @@ fn unrecorded_gpu_settings(
         .claims
         .values()
         .flat_map(|e| e.devices.iter())
-        .map(|d| match &d.kind {
-            DeviceKind::Gpu { uuid, .. } => uuid.as_str(),
-            DeviceKind::Mig { parent_uuid, .. } => parent_uuid.as_str(),
-        })
+        .map(PreparedDeviceRecord::gpu_uuid)
         .chain(lost.values().flat_map(|l| {
             l.compute_modes
                 .keys()
@@ -378,110 +318,5 @@ fn unrecorded_gpu_settings(
                 gpu.uuid, gpu.index
             )),
         }
-    }
-}
-
-/// Step 0: every MPS daemon whose records name another MPS directory than
-/// `--mps-dir` is taken over there.
-fn adopt_daemons_elsewhere(inner: &Inner, snapshot: &Checkpoint, report: &mut RecoveryReport) {
-    let records = snapshot
-        .claims
-        .values()
-        .flat_map(|e| e.devices.iter())
-        .filter_map(|d| d.sharing.mps_daemon.as_ref());
-    let (adopt, errors) = daemons_elsewhere(records, |r| inner.mps.recorded_elsewhere(r));
-    report.errors.extend(errors);
-    for (id, dir) in adopt {
-        report
-            .mps_elsewhere
-            .push(format!("{id} in {}", dir.join(&id).display()));
-        inner.mps.adopt_elsewhere(&id, dir);
-    }
-}
-
-/// The daemons of `records` to take over under another directory, by id,
-/// and what was wrong. `recorded` says where a record's daemon lives
-/// (`None`: `--mps-dir`). An id recorded under `--mps-dir` too stays there
-/// (a daemon started afresh after the earlier one was gone); one recorded
-/// under two other directories is taken over under the first, with an error.
-fn daemons_elsewhere<'a, E: std::fmt::Display>(
-    records: impl Iterator<Item = &'a MpsDaemonRecord>,
-    recorded: impl Fn(&MpsDaemonRecord) -> Result<Option<PathBuf>, E>,
-) -> (BTreeMap<String, PathBuf>, Vec<String>) {
-    let mut here = HashSet::new();
-    let mut elsewhere: BTreeMap<String, PathBuf> = BTreeMap::new();
-    let mut errors = Vec::new();
-    for record in records {
-        match recorded(record) {
-            Ok(None) => {
-                here.insert(record.id.clone());
-            }
-            Ok(Some(dir)) => match elsewhere.get(&record.id) {
-                Some(first) if *first != dir => errors.push(format!(
-                    "MPS daemon {} is recorded under both {} and {}; taken over under the first",
-                    record.id,
-                    first.display(),
-                    dir.display()
-                )),
-                Some(_) => {}
-                None => {
-                    elsewhere.insert(record.id.clone(), dir);
-                }
-            },
-            Err(e) => errors.push(e.to_string()),
-        }
-    }
-    elsewhere.retain(|id, _| !here.contains(id));
-    (elsewhere, errors)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    use super::*;
-
-    #[test]
-    fn daemons_elsewhere_are_taken_over_once_and_never_over_the_current_dir() {
-        let record = |id: &str, dir: &str| MpsDaemonRecord {
-            id: id.into(),
-            pipe_dir: PathBuf::from(dir).join(id).join("pipe"),
-            ..MpsDaemonRecord::default()
-        };
-        let records = [
-            // Two claims of one memory-shared GPU, both under the old dir.
-            record("shared-gpu0", "/old"),
-            record("shared-gpu0", "/old"),
-            // Started afresh under --mps-dir after the old one was gone.
-            record("shared-gpu1", "/old"),
-            record("shared-gpu1", "/current"),
-            // Under two old directories.
-            record("shared-gpu2", "/old"),
-            record("shared-gpu2", "/older"),
-            record("claim-x-0", "/current"),
-            record("bad", "/old"),
-        ];
-        let (adopt, errors) = daemons_elsewhere(records.iter(), |r| {
-            let dir = r.pipe_dir.parent().and_then(Path::parent).unwrap();
-            match r.id.as_str() {
-                "bad" => Err("a bad record"),
-                _ if dir == Path::new("/current") => Ok(None),
-                _ => Ok(Some(dir.to_path_buf())),
-            }
-        });
-        assert_eq!(
-            adopt,
-            BTreeMap::from([
-                ("shared-gpu0".to_owned(), PathBuf::from("/old")),
-                ("shared-gpu2".to_owned(), PathBuf::from("/old")),
-            ])
-        );
-        assert_eq!(
-            errors,
-            [
-                "MPS daemon shared-gpu2 is recorded under both /old and /older; taken over under the first",
-                "a bad record",
-            ]
-        );
     }
 }

@@ -37,8 +37,8 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams
 use serde_json::{Value, json};
 
 use super::Inner;
-use crate::grpc::dra::ClaimRef;
 use crate::prepare::checkpoint::{ClaimEntry, ClaimState, ClaimUid, DeviceKind};
+use crate::prepare::claim::ClaimRef;
 
 /// Attempts of one background write (transport errors, timeouts and
 /// 5xx/429 only).

@@ -13,16 +13,15 @@
 
 use std::collections::HashSet;
 
-use gpu_dra_api::config::TimeSliceInterval;
 use gpu_nvml::ComputeMode;
 
 use super::Inner;
-use super::apply::{index_of, mode_name, mode_needed_by_others, parse_mode};
-use super::plan::Target;
-use crate::prepare::checkpoint::{
+use super::checkpoint::{
     Batch, ClaimEntry, ClaimUid, ComputeModeChange, DeviceKind, LostClaim, PreparedDeviceRecord,
 };
-use crate::prepare::{mig, timeslice};
+use super::compute_mode::{index_of, mode_name, needed_by_others, parse_mode};
+use super::kinds::{KINDS, Release};
+use super::plan::Target;
 
 /// Every GPU minor of the node (the locks a release takes; the lock table
 /// sorts them and drops repeats).
@@ -40,21 +39,7 @@ pub(super) fn release(inner: &Inner, uid: &ClaimUid) -> Result<(), Vec<String>> 
     };
     let checkpoint = inner.store.snapshot();
     let entries: Vec<_> = checkpoint.claims.iter().collect();
-    let records = || checkpoint.claims.values().flat_map(|e| e.devices.iter());
     let other_lost = || ledger.iter().filter(|(u, _)| *u != uid).map(|(_, l)| l);
-    let named_mig: HashSet<&str> = records()
-        .filter_map(|r| match &r.kind {
-            DeviceKind::Mig {
-                mig_uuid: Some(u), ..
-            } => Some(u.as_str()),
-            DeviceKind::Mig { .. } | DeviceKind::Gpu { .. } => None,
-        })
-        .chain(other_lost().flat_map(|l| l.mig_uuids.iter().map(String::as_str)))
-        .collect();
-    let named_daemons: HashSet<&str> = records()
-        .filter_map(|r| r.sharing.mps_daemon.as_ref().map(|m| m.id.as_str()))
-        .chain(other_lost().flat_map(|l| l.mps_daemons.iter().map(String::as_str)))
-        .collect();
     let mut errors = Vec::new();
     // GPUs whose mode the claim's new entry now restores.
     let mut adopted = HashSet::new();
@@ -68,40 +53,23 @@ pub(super) fn release(inner: &Inner, uid: &ClaimUid) -> Result<(), Vec<String>> 
             )),
         }
     }
-
-    for id in claim
-        .mps_daemons
-        .iter()
-        .filter(|id| !named_daemons.contains(id.as_str()))
-    {
-        if let Err(e) = inner.mps.stop(id) {
-            errors.push(format!("stop MPS daemon {id}: {e}"));
-        }
+    let mut cx = Release {
+        inner,
+        claim,
+        checkpoint: &checkpoint,
+        other_lost: other_lost().collect(),
+        errors,
+    };
+    for kind in KINDS.iter().rev() {
+        kind.release_lost(&mut cx);
     }
-    for gpu in &claim.time_slices {
-        let set_since = records().any(|r| {
-            matches!(&r.kind, DeviceKind::Gpu { uuid, .. } if uuid == gpu)
-                && r.sharing
-                    .time_slice_interval
-                    .as_deref()
-                    .is_some_and(|i| i != "Default")
-        });
-        // A GPU this plugin does not know is no name to hand nvidia-smi.
-        if set_since || index_of(inner, gpu).is_none() {
-            continue;
-        }
-        if let Err(e) =
-            timeslice::set_timeslice(&inner.opts.driver_root, gpu, TimeSliceInterval::Default)
-        {
-            errors.push(format!("reset the time slice of GPU {gpu}: {e}"));
-        }
-    }
+    let mut errors = cx.errors;
     for (gpu, previous) in claim
         .compute_modes
         .iter()
         .filter(|(gpu, _)| !adopted.contains(gpu.as_str()))
     {
-        let needed = mode_needed_by_others(gpu, &entries)
+        let needed = needed_by_others(gpu, &entries)
             || other_lost().any(|l| l.compute_modes.contains_key(gpu));
         let (Some(index), Some(mode)) = (index_of(inner, gpu), parse_mode(previous)) else {
             tracing::warn!(claim = %uid, gpu = %gpu, mode = %previous, "compute mode of a lost entry not restored: unknown GPU or mode");
@@ -109,17 +77,6 @@ pub(super) fn release(inner: &Inner, uid: &ClaimUid) -> Result<(), Vec<String>> 
         };
         if !needed && let Err(e) = inner.backend.set_compute_mode(index, mode) {
             errors.push(format!("restore the compute mode of GPU {gpu}: {e}"));
-        }
-    }
-    if inner.opts.build.dynamic_mig {
-        for uuid in claim
-            .mig_uuids
-            .iter()
-            .filter(|u| !named_mig.contains(u.as_str()))
-        {
-            if let Err(e) = mig::destroy_by_uuid(&*inner.backend, uuid) {
-                errors.push(format!("destroy MIG device {uuid}: {e}"));
-            }
         }
     }
     if !checkpoint.claims.contains_key(uid)

@@ -1,0 +1,175 @@
+//! A share of a memory-shared GPU (`--memory-sharing`): one MPS daemon per
+//! GPU, shared by every claim on it (started with the first, stopped after
+//! the last), compute mode `ExclusiveProcess` while it runs, and per-client
+//! limits derived from the `memory` the allocation consumed.
+
+use std::collections::BTreeMap;
+
+use gpu_dra_api::config::{DeviceConfig, TimeSliceInterval};
+use gpu_nvml::ComputeMode;
+
+use super::{Kind, Setup, Undo, mps};
+use crate::prepare::apply::failpoint;
+use crate::prepare::cdi::ContainerEdits;
+use crate::prepare::checkpoint::{ComputeModeChange, PreparedDeviceRecord};
+use crate::prepare::compute_mode;
+use crate::prepare::error::PrepareError;
+use crate::prepare::mps::{DaemonConfig, client_limit_edits};
+use crate::prepare::plan::{ClaimPlan, GpuTarget, PlannedDevice, Target};
+
+const MIB: u64 = 1024 * 1024;
+
+/// The memory-share kind.
+pub(crate) struct MemoryShare;
+
+impl Kind for MemoryShare {
+    fn setup(&self, claim: &mut Setup<'_>, i: usize) -> Result<(), PrepareError> {
+        if !claim.is_memory_share(i) {
+            return Ok(());
+        }
+        let (Target::Gpu(g), Some((_, total))) = (&claim.device(i).target, claim.memory_share)
+        else {
+            return Ok(());
+        };
+        let edits = shared_gpu(claim, i, g, total)?;
+        claim.spec.add_edits(&claim.names[i], edits)?;
+        Ok(())
+    }
+
+    fn undo(&self, cx: &mut Undo<'_>, record: &PreparedDeviceRecord) {
+        if let Some(daemon) = &record.sharing.mps_daemon
+            && is_shared_daemon(&daemon.id)
+        {
+            mps::stop_unless_in_use(cx, &daemon.id);
+        }
+    }
+}
+
+/// Whether `id` names the MPS daemon of a memory-shared GPU.
+pub(crate) fn is_shared_daemon(id: &str) -> bool {
+    id.strip_prefix("shared-gpu")
+        .is_some_and(|minor| minor.parse::<u32>().is_ok())
+}
+
+/// The memory-shared GPU of the claim's shares (its index) and what they
+/// consumed together (admin requests change nothing and are left out).
+/// Every share of one GPU in the claim is served by that GPU's one MPS
+/// daemon, and all its containers see the sum as their limit: the runtime
+/// merges the devices' environments, so each device carries the same
+/// values. Shares of two GPUs are refused: the containers would need two
+/// daemons at one `CUDA_MPS_PIPE_DIRECTORY`.
+pub(crate) fn of_claim(plan: &ClaimPlan) -> Result<Option<(u32, u64)>, PrepareError> {
+    let mut share: Option<(&PlannedDevice, u32, u64)> = None;
+    for d in plan.devices.iter().filter(|d| !d.admin) {
+        let Target::Gpu(g) = &d.target else { continue };
+        if !(g.memory_shared || d.consumed_memory.is_some()) {
+            continue;
+        }
+        let consumed = d.consumed_memory.unwrap_or(0);
+        share = match share {
+            None => Some((d, g.index, consumed)),
+            Some((first, index, total)) if first.device == d.device => {
+                Some((first, index, total.saturating_add(consumed)))
+            }
+            Some((first, ..)) => {
+                return Err(PrepareError::Unsupported {
+                    device: d.device.clone(),
+                    reason: format!(
+                        "the claim holds memory shares of two GPUs ({} and {}); a container reaches one MPS daemon, which serves one memory-shared GPU: put the shares in separate claims",
+                        first.device, d.device
+                    ),
+                });
+            }
+        };
+    }
+    Ok(share.map(|(_, index, total)| (index, total)))
+}
+
+/// Id of the MPS daemon shared by the claims of a memory-shared GPU.
+fn shared_daemon_id(minor: u32) -> String {
+    format!("shared-gpu{minor}")
+}
+
+/// A share of a memory-shared GPU: the GPU's daemon (started by the first
+/// claim) and the claim's per-client limits, from `total`, what all the
+/// claim's shares of the GPU consumed (see [`of_claim`]).
+fn shared_gpu(
+    claim: &mut Setup<'_>,
+    i: usize,
+    g: &GpuTarget,
+    total: u64,
+) -> Result<ContainerEdits, PrepareError> {
+    let (inner, uid, others) = (claim.inner, &claim.plan.uid, claim.others);
+    let (d, entry) = (claim.device(i), &mut *claim.entry);
+    let unsupported = |reason: String| PrepareError::Unsupported {
+        device: d.device.clone(),
+        reason,
+    };
+    let consumed = d.consumed_memory.ok_or_else(|| {
+        unsupported("the GPU is shared by memory fraction but the allocation consumed no memory (allocated by a scheduler without DRAConsumableCapacity?)".to_owned())
+    })?;
+    // Resolved configs are normalized: a `GpuConfig` without sharing
+    // reads as time-slicing at the default interval, which changes
+    // nothing and is no reason to refuse.
+    if let Some(DeviceConfig::Gpu(cfg)) = &d.config
+        && cfg.sharing.is_some()
+        && cfg.time_slice() != Some(TimeSliceInterval::Default)
+    {
+        return Err(unsupported(
+            "a memory-shared GPU always runs MPS with limits derived from the consumed memory; remove the sharing config from the claim or class".to_owned(),
+        ));
+    }
+    if g.memory_bytes == 0 || consumed == 0 || total > g.memory_bytes {
+        return Err(unsupported(format!(
+            "consumed memory {total} bytes does not fit the GPU's {} bytes",
+            g.memory_bytes
+        )));
+    }
+    let id = shared_daemon_id(g.minor);
+    // The compute mode to restore after the last claim: recorded by the
+    // first claim, copied by every later one. If the first claim's entry
+    // was lost, the ledger kept it (else a claim joining now, last out,
+    // would leave the GPU in the mode).
+    let inherited = others
+        .iter()
+        .flat_map(|(_, e)| e.devices.iter())
+        .filter(|r| r.sharing.mps_daemon.as_ref().is_some_and(|m| m.id == id))
+        .find_map(|r| r.sharing.compute_mode.clone())
+        .or_else(|| {
+            inner.store.find_lost(|l| {
+                let previous = l.compute_modes.get(&g.uuid)?;
+                l.mps_daemons.contains(&id).then(|| ComputeModeChange {
+                    set: compute_mode::mode_name(ComputeMode::ExclusiveProcess).to_owned(),
+                    previous: previous.clone(),
+                })
+            })
+        });
+    if inherited.is_none() {
+        compute_mode::set(inner, uid, entry, i, g.index, ComputeMode::ExclusiveProcess)?;
+    }
+    let daemon = inner.mps.start(&DaemonConfig {
+        id: id.clone(),
+        gpu_uuids: vec![g.uuid.clone()],
+        active_thread_percentage: None,
+        pinned_memory_limits: BTreeMap::new(),
+    })?;
+    // A joining claim copies the change only now, together with the
+    // daemon: the undo restores the mode only for a record that names the
+    // daemon and only when no other claim uses it. A copy recorded before
+    // a failed start would have the rollback restore the mode under the
+    // claims that still share the GPU.
+    if let Some(change) = inherited {
+        entry.devices[i].sharing.compute_mode = Some(change);
+    }
+    entry.devices[i].sharing.mps_daemon = Some(daemon);
+    failpoint("prepare-after-mps");
+    let pinned_mib = (total / MIB).max(1);
+    // Rounded down (at least 1): the claims' shares of the GPU's threads
+    // add up to no more than their shares of its memory.
+    let percent = (u128::from(total) * 100 / u128::from(g.memory_bytes)).clamp(1, 100);
+    let mut edits = inner.mps.container_edits(&id);
+    let limits = client_limit_edits(&g.uuid, pinned_mib, u8::try_from(percent).unwrap_or(100));
+    edits.env.extend(limits.env);
+    edits.mounts.extend(limits.mounts);
+    Ok(edits)
+}
