@@ -10,7 +10,8 @@
 //! names, so the temp file keeps the previous version and is overwritten in
 //! place by the next write. No inode is made or freed per write, and the
 //! fsync flushes only the data and the size: on ext4 the whole write costs
-//! about half of a new file renamed over the old one (see BENCHMARKS.md).
+//! about half of a new file renamed over the old one (measured by the
+//! bench's durable-write rows, `e2e/src/bin/bench/prepare.rs`).
 //! Where the filesystem cannot exchange, a plain rename does the same job
 //! and the next write makes the temp file anew. The temp file is never
 //! read: its content after a crash mid-write does not matter.
