@@ -116,7 +116,8 @@ impl Config {
     }
 }
 
-/// The parts later issues plug in.
+/// What the gRPC services serve: the claim preparer, the health list, the
+/// metrics and the registration verdict.
 #[derive(Clone)]
 pub struct Services {
     /// Prepares and unprepares claims.

@@ -892,68 +892,6 @@ fn crash_at_every_step_leaves_old_or_new_state() {
     }
 }
 
-/// Commit cost against a bare write+fsync+rename+directory fsync of a small
-/// file in the same directory. Run with
-/// `cargo test -p gpu-kubelet-plugin --lib checkpoint_commit_cost -- --ignored --nocapture`.
-#[test]
-#[ignore = "benchmark: prints numbers"]
-fn checkpoint_commit_cost() {
-    const ROUNDS: u32 = 200;
-    let env = Env::new();
-    fs::create_dir_all(&env.state).unwrap();
-    let bare = || {
-        let path = env.state.join("bare");
-        let temp = env.state.join("bare.tmp");
-        let start = Instant::now();
-        for i in 0..ROUNDS {
-            let mut f = fs::File::create(&temp).unwrap();
-            std::io::Write::write_all(&mut f, format!("{{\"round\": {i}}}\n").as_bytes()).unwrap();
-            f.sync_all().unwrap();
-            fs::rename(&temp, &path).unwrap();
-            fs::File::open(&env.state).unwrap().sync_all().unwrap();
-        }
-        start.elapsed() / ROUNDS
-    };
-    let baseline = bare();
-    let (store, _) = env.open();
-    let cost = |claims: usize| {
-        let mut batch = Batch::new();
-        for i in 0..claims {
-            batch = batch.put(uid(&format!("pre-{i}")), mig_entry());
-        }
-        store.commit(Batch::new().remove(uid("x"))).unwrap();
-        let keep: Vec<ClaimUid> = store.snapshot().claims.into_keys().collect();
-        let mut clear = Batch::new();
-        for k in keep {
-            clear = clear.remove(k);
-        }
-        store.commit(clear).unwrap();
-        if claims > 1 {
-            store.commit(batch).unwrap();
-        }
-        let start = Instant::now();
-        for i in 0..ROUNDS {
-            let state = if i % 2 == 0 {
-                ClaimState::PrepareStarted
-            } else {
-                ClaimState::PrepareCompleted
-            };
-            store
-                .commit(Batch::new().put(uid("x"), gpu_entry(state, "x")))
-                .unwrap();
-        }
-        (
-            start.elapsed() / ROUNDS,
-            fs::metadata(env.file()).unwrap().len(),
-        )
-    };
-    let (one, one_size) = cost(1);
-    let (hundred, hundred_size) = cost(100);
-    println!("bare write+fsync+rename+dir fsync: {baseline:?} per write");
-    println!("commit, 1 claim ({one_size} bytes): {one:?} per commit");
-    println!("commit, 101 claims ({hundred_size} bytes): {hundred:?} per commit");
-}
-
 #[test]
 fn entries_count_as_lost_when_quarantined_moved_aside_or_kept_as_an_earlier_boots() {
     let clean = LoadReport {
