@@ -8,34 +8,12 @@ use std::fmt::Write as _;
 use cel::common::ast::{Expr, IdedExpr, LiteralValue, SelectExpr, operators};
 
 use super::refs::Ref;
-use super::types::{Cat, Ty, literal_str, normalize_version};
+use super::types::{Cat, Ty, literal_str, normalize_version, symbol};
 use super::{Analysis, Hint};
 use crate::validate::unparse::{call, int, node, string};
 use crate::validate::{Check, Severity};
 use gpu_dra_api::quantity::Quantity;
 use gpu_dra_api::schema::{self, device_types};
-
-/// The operator as written.
-pub(super) fn symbol(op: &str) -> &str {
-    match op {
-        operators::EQUALS => "==",
-        operators::NOT_EQUALS => "!=",
-        operators::LESS => "<",
-        operators::LESS_EQUALS => "<=",
-        operators::GREATER => ">",
-        operators::GREATER_EQUALS => ">=",
-        operators::ADD => "+",
-        operators::SUBSTRACT => "-",
-        operators::MULTIPLY => "*",
-        operators::DIVIDE => "/",
-        operators::MODULO => "%",
-        operators::LOGICAL_AND => "&&",
-        operators::LOGICAL_OR => "||",
-        operators::LOGICAL_NOT => "!",
-        operators::CONDITIONAL => "?:",
-        other => other,
-    }
-}
 
 /// `a OP b` read as `b OP' a`.
 fn flip(op: &str) -> &'static str {

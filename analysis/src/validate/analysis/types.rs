@@ -9,7 +9,6 @@ use cel::common::ast::{CallExpr, ComprehensionExpr, EntryExpr, Expr, IdedExpr, L
 use cel::common::ast::{SelectExpr, operators};
 
 use super::Analysis;
-use super::operators::symbol;
 use super::refs::{
     Access, Dom, Read, Ref, all_entries, domain_entries, field, lookup, read_node, read_text,
 };
@@ -131,6 +130,28 @@ fn literal_ty(literal: &LiteralValue) -> Ty {
         LiteralValue::Null => Ty::Null,
         LiteralValue::String(_) => Ty::String,
         LiteralValue::UInt(_) => Ty::Uint,
+    }
+}
+
+/// The operator as written.
+pub(super) fn symbol(op: &str) -> &str {
+    match op {
+        operators::EQUALS => "==",
+        operators::NOT_EQUALS => "!=",
+        operators::LESS => "<",
+        operators::LESS_EQUALS => "<=",
+        operators::GREATER => ">",
+        operators::GREATER_EQUALS => ">=",
+        operators::ADD => "+",
+        operators::SUBSTRACT => "-",
+        operators::MULTIPLY => "*",
+        operators::DIVIDE => "/",
+        operators::MODULO => "%",
+        operators::LOGICAL_AND => "&&",
+        operators::LOGICAL_OR => "||",
+        operators::LOGICAL_NOT => "!",
+        operators::CONDITIONAL => "?:",
+        other => other,
     }
 }
 
