@@ -526,7 +526,7 @@ mod tests {
         assert_ne!(RawValue::Str("gpu"), RawValue::Str("mig"));
         assert_eq!(RawValue::Int(3), RawValue::Int(3));
         assert_ne!(RawValue::Missing, RawValue::Malformed);
-        let build = std::hash::BuildHasherDefault::<super::super::selectors::FastHasher>::default();
+        let build = std::hash::BuildHasherDefault::<super::super::intern::FastHasher>::default();
         use std::hash::BuildHasher;
         assert_eq!(
             build.hash_one(RawValue::Str("gpu")),

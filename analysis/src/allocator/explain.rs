@@ -9,9 +9,9 @@ use std::fmt::Write as _;
 use super::capacity::Fit;
 use super::claim::{Mode, Plan};
 use super::device::RawValue;
-use super::search::{Failure, Match, NodeSearch, Slot};
 use super::selectors::Read;
 pub use super::selectors::SelectorSource;
+use super::state::{Failure, Match, NodeSearch, Slot};
 
 /// Why no node fits.
 #[derive(Debug, Clone, PartialEq)]

@@ -87,18 +87,28 @@
 //! fit, helper threads ([`SimulateOptions::threads`]) prepare the pools of
 //! the last nodes while the search walks from the first, and the nodes
 //! that do not fit are explained in parallel; the answer never depends on
-//! them. The benchmark in `analysis/tests/allocator_bench.rs` measures one claim
-//! against 1,000 nodes with 8 dynamically partitioned GPUs each.
+//! them. The benchmark in `analysis/tests/allocator_bench.rs` measures one
+//! claim against 1,000 nodes with 8 dynamically partitioned GPUs each.
+//!
+//! The modules, each using only those listed before it: `intern` (value
+//! ids, the fast hasher), `parallel`, `device`, `selectors` (compiled
+//! selectors, the memo), `snapshot`, `capacity`, `claim` (the plan of a
+//! claim), `state` (a node's search: its types), `search` (running one
+//! node), `explain` and `output` (reading a finished search), and `run`
+//! (one simulation over the nodes, calling the three before it).
 
 mod capacity;
 mod claim;
 mod device;
 mod explain;
+mod intern;
 mod output;
 mod parallel;
+mod run;
 mod search;
 mod selectors;
 mod snapshot;
+mod state;
 
 #[cfg(test)]
 mod tests;
@@ -351,6 +361,6 @@ impl Allocator {
         claim: &ResourceClaim,
         options: &SimulateOptions,
     ) -> Result<Outcome, AllocError> {
-        search::simulate(&self.compiler, snapshot, claim, options)
+        run::simulate(&self.compiler, snapshot, claim, options)
     }
 }

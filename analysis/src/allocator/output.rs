@@ -12,7 +12,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 
 use super::device::Scope;
-use super::search::NodeSearch;
+use super::state::NodeSearch;
 use gpu_dra_api::quantity::Quantity;
 
 /// One allocated device, like a `DeviceRequestAllocationResult`.

@@ -1,85 +1,24 @@
-//! The search: the nodes in order (with helper threads preparing the pools
-//! of the nodes ahead, and explaining the nodes that do not fit in
-//! parallel), and for one node its devices in the scheduler's order,
-//! cached selector results, the tentative allocation state (devices taken,
+//! The search of one node: its devices in the scheduler's order, cached
+//! selector results, the tentative allocation state (devices taken,
 //! counters and capacity consumed, constraint values), and the
-//! backtracking first-fit over requests, sub-requests and devices.
+//! backtracking first-fit over requests, sub-requests and devices. The
+//! state it works on is [`super::state`]'s; [`super::run`] drives it over
+//! the nodes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-
-use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::capacity::{self, Fit};
-use super::claim::{self, ConstraintKind, Mode, Plan};
-use super::device::{Details, PoolDevice, RawValue, Scope, lookup, raw_attribute, tolerates};
-use super::explain::{self, NodeExplanation};
-use super::output::{self, NodeAllocation};
-use super::parallel::{self, Ahead, StopOnDrop};
-use super::selectors::{FastMap, Memo, Read, Recall, SelectorTable};
-use super::snapshot::{Column, CountersLeft, Existing, Pool, PoolUse, PreparedPool, Snapshot};
-use super::{AllocError, MAX_RESULTS_PER_CLAIM, NodeFilter, Outcome, SimulateOptions};
-use crate::cel::{Compiler, EvalError, Evaluator};
-
-pub(crate) fn simulate(
-    compiler: &Compiler,
-    snapshot: &Snapshot<'_>,
-    claim: &ResourceClaim,
-    options: &SimulateOptions,
-) -> Result<Outcome, AllocError> {
-    let mut table = SelectorTable::default();
-    let plan = claim::plan(claim, snapshot.classes(), &mut table, compiler)?;
-    if plan.requests.is_empty() {
-        return Ok(Outcome::Satisfiable(vec![NodeAllocation {
-            node: None,
-            results: Vec::new(),
-        }]));
-    }
-    let nodes: Vec<Option<&str>> = match &options.nodes {
-        NodeFilter::All if snapshot.nodes().is_empty() => {
-            if snapshot.has_cluster_wide_devices() {
-                vec![None]
-            } else {
-                Vec::new()
-            }
-        }
-        NodeFilter::All => snapshot.nodes().iter().map(|n| Some(*n)).collect(),
-        NodeFilter::Node(n) => vec![Some(n.as_str())],
-        NodeFilter::Nodes(list) => list.iter().map(|n| Some(n.as_str())).collect(),
-    };
-    let threads = parallel::threads(options.threads, nodes.len());
-    let ctx = Context::new(compiler, snapshot, &plan, &table, options.max_search_steps);
-    let mut memo = Memo::default();
-    let (found, verdicts) = scan(&ctx, &mut memo, &nodes, options, threads)?;
-    if !found.is_empty() {
-        return Ok(Outcome::Satisfiable(found));
-    }
-    let reports = explain_nodes(&ctx, &mut memo, &nodes, verdicts, threads);
-    Ok(Outcome::Unsatisfiable(explain::explanation(reports, &plan)))
-}
-
-/// What the searches of every node of one simulation share.
-pub(crate) struct Context<'r, 'a> {
-    compiler: &'r Compiler,
-    snapshot: &'r Snapshot<'a>,
-    plan: &'r Plan,
-    table: &'r SelectorTable,
-    /// Per selector: the numbers of the reads of its projection (see
-    /// [`SliceIndex::read_number`](super::snapshot::SliceIndex::read_number)).
-    reads: Vec<Vec<usize>>,
-    /// Per selector: whether it is the first of a variant (it sees every
-    /// device the variant considers, so its columns are filled for whole
-    /// pools at once).
-    first: Vec<bool>,
-    /// What the first selectors read, with the reads' numbers: what is
-    /// read of every device.
-    eager: Vec<(usize, &'r Read)>,
-    budget: u64,
-    /// Set once a precheck parses a device: from then on helper threads
-    /// run the prechecks of the nodes they prepare, so that the parsing
-    /// (kept in the snapshot) is shared between cores.
-    parsing: AtomicBool,
-}
+use super::claim::{ConstraintKind, Mode, Plan};
+use super::device::{Details, RawValue, Scope, lookup, raw_attribute, tolerates};
+use super::intern::FastMap;
+use super::selectors::{Memo, Read, Recall, SelectorTable};
+use super::snapshot::{CountersLeft, Snapshot};
+use super::state::{
+    ConstraintState, Context, Dev, Failure, Match, NodePool, NodeSearch, NodeVerdicts, Pick,
+    Scratch, Slot,
+};
+use super::{AllocError, MAX_RESULTS_PER_CLAIM};
+use crate::cel::{Compiler, EvalError};
 
 impl<'r, 'a> Context<'r, 'a> {
     pub(crate) fn new(
@@ -124,265 +63,6 @@ impl<'r, 'a> Context<'r, 'a> {
         }
     }
 }
-
-/// The selector verdicts of one node: per variant, per device.
-pub(crate) type NodeVerdicts = Vec<Vec<Match>>;
-
-/// What a scan found: the nodes that fit, and the selector verdicts of the
-/// nodes that do not (in order, until the first fit), for explaining.
-type Scan = (Vec<NodeAllocation>, Vec<NodeVerdicts>);
-
-/// Searches the nodes in order. Once the first node does not fit, helper
-/// threads prepare the pools of the last nodes, walking back towards the
-/// search; once a precheck has had to parse devices, they run the
-/// prechecks of those nodes too (what they parse and learn is kept in the
-/// snapshot, the answer is the walk's).
-fn scan<'r, 'a>(
-    ctx: &'r Context<'r, 'a>,
-    memo: &mut Memo,
-    nodes: &[Option<&'r str>],
-    options: &SimulateOptions,
-    threads: usize,
-) -> Result<Scan, AllocError> {
-    let ahead = Ahead::new(nodes.len());
-    // a helper's memo and buffers, kept from node to node
-    let warm = |state: &mut (Memo, Scratch<'r, 'a>), i: usize| {
-        ctx.snapshot.warm(nodes[i], &ctx.eager);
-        if ctx.parsing.load(Ordering::Relaxed) {
-            let (memo, scratch) = std::mem::take(state);
-            let mut search = NodeSearch::new(ctx, nodes[i], memo, scratch);
-            search.precheck_all();
-            let (_, memo, scratch) = search.finish();
-            *state = (memo, scratch);
-        }
-    };
-    std::thread::scope(|scope| {
-        let _stop = StopOnDrop(&ahead);
-        let mut found = Vec::new();
-        let mut verdicts = Vec::new();
-        let mut scratch = Scratch::default();
-        for (i, node) in nodes.iter().enumerate() {
-            ahead.reached(i);
-            if i == 1 && threads > 1 {
-                parallel::spawn_helpers_with(scope, &ahead, threads - 1, warm);
-            }
-            let mut search = NodeSearch::new(ctx, *node, std::mem::take(memo), scratch);
-            let fits = search.run();
-            if matches!(fits, Ok(true)) {
-                found.push(output::node_allocation(&search));
-            }
-            let node_verdicts;
-            (node_verdicts, *memo, scratch) = search.finish();
-            if fits? {
-                if !options.all_fitting_nodes {
-                    break;
-                }
-            } else if found.is_empty() {
-                verdicts.push(node_verdicts);
-            }
-        }
-        Ok((found, verdicts))
-    })
-}
-
-/// Explains every node (seeded with its verdicts), in `threads` runs of
-/// consecutive nodes, each with its own copy of the memo.
-fn explain_nodes(
-    ctx: &Context<'_, '_>,
-    memo: &mut Memo,
-    nodes: &[Option<&str>],
-    verdicts: Vec<NodeVerdicts>,
-    threads: usize,
-) -> Vec<NodeExplanation> {
-    let explain_run = |memo: &mut Memo, nodes: &[Option<&str>], verdicts: Vec<NodeVerdicts>| {
-        let mut scratch = Scratch::default();
-        let mut reports = Vec::with_capacity(verdicts.len());
-        for (node, verdicts) in nodes.iter().zip(verdicts) {
-            let mut search =
-                NodeSearch::with_verdicts(ctx, *node, std::mem::take(memo), scratch, verdicts);
-            reports.push(explain::explain_node(&mut search));
-            (_, *memo, scratch) = search.finish();
-        }
-        reports
-    };
-    let runs = threads.min(verdicts.len());
-    if runs <= 1 {
-        return explain_run(memo, nodes, verdicts);
-    }
-    let size = verdicts.len().div_ceil(runs);
-    let mut rest = verdicts.into_iter();
-    // each run's verdicts, taken by the thread that explains it (or by
-    // this one, when a thread cannot be started)
-    let slots: Vec<Mutex<Option<Vec<NodeVerdicts>>>> = (0..runs)
-        .map(|_| Mutex::new(Some(rest.by_ref().take(size).collect())))
-        .collect();
-    let take = |k: usize| {
-        slots[k]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-            .unwrap_or_default()
-    };
-    std::thread::scope(|scope| {
-        let (explain_run, take) = (&explain_run, &take);
-        let handles: Vec<_> = (1..runs)
-            .map(|k| {
-                let mut own = memo.clone();
-                std::thread::Builder::new()
-                    .name("allocator-explain".to_owned())
-                    .spawn_scoped(scope, move || {
-                        explain_run(&mut own, &nodes[k * size..], take(k))
-                    })
-            })
-            .collect();
-        let mut reports = explain_run(memo, nodes, take(0));
-        for (k, handle) in (1..runs).zip(handles) {
-            let part = match handle {
-                Ok(handle) => handle
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                Err(_) => explain_run(memo, &nodes[k * size..], take(k)),
-            };
-            reports.extend(part);
-        }
-        reports
-    })
-}
-
-/// The buffers of a node's search, handed from one node to the next so
-/// that a scan allocates them once.
-#[derive(Default)]
-pub(crate) struct Scratch<'r, 'a> {
-    pools: Vec<NodePool<'r, 'a>>,
-    devs: Vec<Dev<'r, 'a>>,
-    order: Vec<Slot>,
-    columns: Vec<Option<Vec<Arc<Column>>>>,
-    taken: Vec<bool>,
-    active: Vec<u32>,
-    counters: Vec<Vec<i128>>,
-}
-
-/// A relevant pool of the node.
-pub(crate) struct NodePool<'r, 'a> {
-    pub pool: &'r Pool<'a>,
-    /// `None` for an incomplete pool.
-    pub prepared: Option<&'r PreparedPool<'a>>,
-    /// Why the pool cannot be used.
-    pub invalid: Option<String>,
-    /// Counters left by the allocated claims.
-    pub base: &'r [i128],
-    /// What the allocated claims use of the pool (complete, valid pools).
-    pub uses: Option<&'r PoolUse>,
-}
-
-/// A device of the node.
-#[derive(Clone, Copy)]
-pub(crate) struct Dev<'r, 'a> {
-    /// Index into `NodeSearch::pools`.
-    pub pool: usize,
-    /// Index into the pool's devices.
-    pub index: usize,
-    pub device: &'r PoolDevice<'a>,
-    pub existing: Option<&'r Existing>,
-}
-
-impl Dev<'_, '_> {
-    pub(crate) fn in_use(&self) -> bool {
-        self.existing.is_some_and(|e| e.exclusive)
-    }
-
-    pub(crate) fn counters_consumed(&self) -> bool {
-        self.existing.is_some_and(Existing::active)
-    }
-}
-
-/// The node's devices in allocation order; reaching an invalid pool is an
-/// error.
-#[derive(Clone, Copy)]
-pub(crate) enum Slot {
-    Device(usize),
-    InvalidPool(usize),
-}
-
-/// Cached selector verdict of a variant for a device (two words: a node
-/// keeps one per device and variant).
-#[derive(Debug, Clone)]
-pub(crate) enum Match {
-    Unknown,
-    Yes,
-    /// Failed selector (index into the variant's selectors).
-    No(usize),
-    /// The selectors could not judge the device (rare, so boxed).
-    Failed(Box<Failure>),
-}
-
-/// Why selectors could not judge a device.
-#[derive(Debug, Clone)]
-pub(crate) enum Failure {
-    /// Selector `stage` (index into the variant's selectors) failed at run
-    /// time.
-    Error(usize, EvalError),
-    /// The device could not be converted for CEL.
-    Malformed(String),
-}
-
-/// A device tentatively allocated.
-#[derive(Debug, Clone)]
-pub(crate) struct Pick {
-    pub dev: usize,
-    pub variant: usize,
-    /// Whether this pick consumed the device's counters.
-    counters: bool,
-    /// An admin-access pick (consumes nothing).
-    admin: bool,
-    /// Capacity consumed (multi-allocatable devices only).
-    pub capacity: Option<Vec<i128>>,
-    /// Constraints that counted this device.
-    constrained: u64,
-}
-
-enum ConstraintState<'a> {
-    Match {
-        value: Option<RawValue<'a>>,
-        count: usize,
-    },
-    Distinct(Vec<RawValue<'a>>),
-}
-
-pub(crate) struct NodeSearch<'r, 'a> {
-    ctx: &'r Context<'r, 'a>,
-    snapshot: &'r Snapshot<'a>,
-    pub plan: &'r Plan,
-    pub table: &'r SelectorTable,
-    memo: Memo,
-    pub node: Option<&'r str>,
-    pub pools: Vec<NodePool<'r, 'a>>,
-    pub devs: Vec<Dev<'r, 'a>>,
-    pub order: Vec<Slot>,
-    /// Selector verdicts per variant and device.
-    pub matches: Vec<Vec<Match>>,
-    evaluators: FastMap<usize, Evaluator>,
-    unmemoised: FastMap<(usize, usize), Result<bool, EvalError>>,
-    /// Per node pool and selector (`pool * selectors + selector`): the
-    /// columns of the values it reads.
-    columns: Vec<Option<Vec<Arc<Column>>>>,
-    prechecked: Vec<Option<bool>>,
-    all_lists: Vec<Option<Vec<usize>>>,
-    // tentative state
-    /// Non-shareable devices allocated in this attempt.
-    taken: Vec<bool>,
-    /// Non-admin allocations per device in this attempt (counters are
-    /// consumed by the first).
-    active: Vec<u32>,
-    counters: Vec<Vec<i128>>,
-    cap_used: FastMap<usize, Vec<i128>>,
-    constraints: Vec<ConstraintState<'a>>,
-    pub picks: Vec<Pick>,
-    /// Constraints ignored (bit per constraint), for diagnosis.
-    pub disabled: u64,
-    steps: u64,
-}
-
 impl<'r, 'a> NodeSearch<'r, 'a> {
     /// A search of `node`, with the memo of the simulation so far and
     /// buffers to fill (see [`finish`](Self::finish)).
@@ -1177,7 +857,7 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
 
     /// Runs the precheck of every variant (a helper thread's preparation
     /// of a node: what it parses and learns is kept in the snapshot).
-    fn precheck_all(&mut self) {
+    pub(crate) fn precheck_all(&mut self) {
         for v in 0..self.plan.variants.len() {
             self.precheck(v);
         }

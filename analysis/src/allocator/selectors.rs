@@ -14,14 +14,13 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use cel::common::ast::{Expr, IdedExpr, LiteralValue, operators};
 use k8s_openapi::api::resource::v1::Device;
 
 use super::device::{RawValue, lookup, raw_attribute, raw_capacity};
-use super::snapshot::OVERFLOW_ID;
+use super::intern::{FastMap, OVERFLOW_ID};
 use crate::cel::{EvalError, Selector};
 
 /// Where a selector comes from.
@@ -176,54 +175,6 @@ impl SelectorTable {
         self.by_class.insert(class.to_owned(), indices);
     }
 }
-
-/// A fast, non-cryptographic hasher for the memo and the allocator's
-/// indexes. Keys come from ResourceSlices, which drivers publish; a crafted
-/// collision can only slow a simulation down.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct FastHasher(u64);
-
-impl FastHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
-impl Hasher for FastHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(word));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            word[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// A `HashMap` with [`FastHasher`].
-pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
 /// What the memo knows about a selector on a device.
 pub(crate) enum Recall {

@@ -23,8 +23,9 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceClaim, ResourceSlice};
 
 use super::device::{Details, Parsed, PoolDevice, RawValue, Scope, same};
+use super::intern::{FastHasher, FastMap, OVERFLOW_ID, UNKNOWN_ID};
 use super::parallel::{self, Ahead, StopOnDrop};
-use super::selectors::{FastHasher, FastMap, Read};
+use super::selectors::Read;
 use crate::cel::CelDevice;
 use gpu_dra_api::quantity::Quantity;
 
@@ -654,13 +655,6 @@ impl<'a> Distinct<'a> {
 fn index_u32(i: usize) -> u32 {
     u32::try_from(i).unwrap_or(UNKNOWN_ID)
 }
-
-/// A column id not computed yet.
-const UNKNOWN_ID: u32 = u32::MAX;
-
-/// The id every value gets once `u32` ids run out (never in practice):
-/// values with it must not share memoised results.
-pub(crate) const OVERFLOW_ID: u32 = UNKNOWN_ID - 1;
 
 /// What a selector reads of the devices of one pool, as value ids, filled
 /// on first need.

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
 
-use super::search::{Context, Match, NodeSearch, Scratch};
-use super::selectors::{FastHasher, Memo, Read, SelectorTable};
+use super::intern::FastHasher;
+use super::selectors::{Memo, Read, SelectorTable};
 use super::snapshot::Snapshot;
+use super::state::{Context, Match, NodeSearch, Scratch};
 use super::{AllocError, Allocator, Outcome, SimulateOptions, claim};
 use crate::cel::Compiler;
 
