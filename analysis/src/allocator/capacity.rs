@@ -32,6 +32,29 @@ pub(crate) enum Fit {
     Exhausted(String),
 }
 
+/// Why a claim's capacity request cannot be applied to a device: the
+/// scheduler fails the attempt rather than skip the device
+/// ([`AllocError::CapacityRequest`](super::AllocError)).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CapacityError {
+    /// The request names one capacity twice, once with the driver's domain
+    /// and once without.
+    #[error("capacity {domain}/{id} is requested twice (with and without its domain)")]
+    RequestedTwice {
+        /// The capacity's domain.
+        domain: String,
+        /// The capacity's id.
+        id: String,
+    },
+    /// Rounding the request up to the policy's next step overflows.
+    #[error("capacity {capacity}: rounding the request up to the next step is out of range")]
+    RoundingOutOfRange {
+        /// The capacity as published.
+        capacity: String,
+    },
+}
+
 /// Checks `requests` against `caps`, `used(i)` being what other
 /// allocations already consume of capacity `i`. Errors (a capacity named
 /// twice, a rounded value out of range) abort the allocation attempt.
@@ -40,7 +63,7 @@ pub(crate) fn fit(
     driver: &str,
     caps: &[Capacity<'_>],
     used: &dyn Fn(usize) -> i128,
-) -> Result<Fit, String> {
+) -> Result<Fit, CapacityError> {
     let mut requested: Vec<Option<i128>> = vec![None; caps.len()];
     for r in requests {
         let Ok((domain, id)) = split_qualified_name(driver, &r.name) else {
@@ -50,9 +73,10 @@ pub(crate) fn fit(
             return Ok(Fit::Missing(r.name.clone()));
         };
         if requested[i].is_some() {
-            return Err(format!(
-                "capacity {domain}/{id} is requested twice (with and without its domain)"
-            ));
+            return Err(CapacityError::RequestedTwice {
+                domain: domain.to_owned(),
+                id: id.to_owned(),
+            });
         }
         requested[i] = Some(r.amount);
     }
@@ -84,7 +108,7 @@ pub(crate) fn fit(
 }
 
 /// What one allocation consumes of `cap` for the request `req`.
-pub(crate) fn consumed(req: Option<i128>, cap: &Capacity<'_>) -> Result<i128, String> {
+pub(crate) fn consumed(req: Option<i128>, cap: &Capacity<'_>) -> Result<i128, CapacityError> {
     let policy = cap.policy.as_deref();
     let Some(r) = req else {
         return Ok(policy.and_then(|p| p.default).unwrap_or(cap.value()));
@@ -104,11 +128,8 @@ pub(crate) fn consumed(req: Option<i128>, cap: &Capacity<'_>) -> Result<i128, St
         return steps
             .checked_mul(step)
             .and_then(|s| s.checked_add(range.min))
-            .ok_or_else(|| {
-                format!(
-                    "capacity {}: rounding the request up to the next step is out of range",
-                    cap.published
-                )
+            .ok_or_else(|| CapacityError::RoundingOutOfRange {
+                capacity: cap.published.to_owned(),
             });
     }
     Ok(p.valid_values
@@ -269,7 +290,8 @@ mod tests {
             &caps,
             &none,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("requested twice"), "{err}");
     }
 

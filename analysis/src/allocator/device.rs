@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity};
 
-use crate::cel::{AttrValue, CelDevice, split_qualified_name};
-use gpu_dra_api::quantity::Quantity;
+use crate::cel::{AttrValue, CelDevice, DeviceError, split_qualified_name};
+use gpu_dra_api::quantity::{Quantity, QuantityError};
 
 /// Where a device can be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,16 +240,16 @@ impl<'a> PoolDevice<'a> {
 #[derive(Debug, Default)]
 pub(crate) struct Parsed<'a> {
     // boxed: most stay empty
-    details: OnceLock<Box<Result<Details<'a>, String>>>,
-    cel: OnceLock<Box<Result<CelDevice, String>>>,
+    details: OnceLock<Box<Result<Details<'a>, Malformed>>>,
+    cel: OnceLock<Box<Result<CelDevice, Malformed>>>,
 }
 
 impl<'a> Parsed<'a> {
     /// The device as CEL selectors see it (converted on first need).
-    pub(crate) fn cel(&self, raw: &Device, driver: &str) -> Result<&CelDevice, &str> {
-        let cel: &Result<CelDevice, String> =
+    pub(crate) fn cel(&self, raw: &Device, driver: &str) -> Result<&CelDevice, &Malformed> {
+        let cel: &Result<CelDevice, Malformed> =
             self.cel.get_or_init(|| Box::new(parse_cel(raw, driver)));
-        cel.as_ref().map_err(String::as_str)
+        cel.as_ref()
     }
 
     /// Whether [`details`](Self::details) has been called.
@@ -264,20 +264,125 @@ impl<'a> Parsed<'a> {
         raw: &'a Device,
         driver: &'a str,
         counters: &dyn Fn(&str, &str) -> Option<usize>,
-    ) -> Result<&Details<'a>, &str> {
-        let details: &Result<Details<'a>, String> = self
+    ) -> Result<&Details<'a>, &Malformed> {
+        let details: &Result<Details<'a>, Malformed> = self
             .details
             .get_or_init(|| Box::new(parse_details(raw, driver, counters)));
-        details.as_ref().map_err(String::as_str)
+        details.as_ref()
     }
 }
 
-/// Parses a quantity; `what` names it in the error (built only then).
-fn quantity(text: &str, what: impl FnOnce() -> String) -> Result<Quantity, String> {
-    Quantity::parse(text).map_err(|e| format!("{}: {e}", what()))
+/// Why a published device cannot be read: an attribute, capacity, request
+/// policy or counter consumption the API server would have refused. The
+/// allocator treats such a device like the scheduler does: reaching it
+/// aborts the attempt ([`AllocError::MalformedDevice`](super::AllocError)),
+/// and an explanation counts it as malformed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Malformed {
+    /// An attribute sets more than one of its value fields.
+    #[error("attribute {name}: more than one of int, bool, string, version is set")]
+    AmbiguousAttribute {
+        /// The attribute as published.
+        name: String,
+    },
+    /// A `version` attribute that is not a semantic version.
+    #[error("attribute {name}: {source}")]
+    Version {
+        /// The attribute as published.
+        name: String,
+        /// The CEL environment's error.
+        source: DeviceError,
+    },
+    /// A name that is not a (qualified) attribute or capacity name, or two
+    /// names for the same attribute or capacity.
+    #[error(transparent)]
+    Name(#[from] DeviceError),
+    /// A capacity whose value is not a quantity.
+    #[error("capacity {name}: {source}")]
+    CapacityQuantity {
+        /// The capacity as published.
+        name: String,
+        /// The parser's error.
+        source: QuantityError,
+    },
+    /// A negative capacity.
+    #[error("capacity {name} is negative ({value})")]
+    NegativeCapacity {
+        /// The capacity as published.
+        name: String,
+        /// Its value as published.
+        value: String,
+    },
+    /// A value of a capacity's request policy that is not a quantity.
+    #[error("capacity {name} request policy {field}: {source}")]
+    PolicyQuantity {
+        /// The capacity as published.
+        name: String,
+        /// The policy's field: `default`, `validValues`, `validRange.min`, ...
+        field: &'static str,
+        /// The parser's error.
+        source: QuantityError,
+    },
+    /// A negative value in a capacity's request policy.
+    #[error("capacity {name} request policy {field} is negative ({value})")]
+    NegativePolicyValue {
+        /// The capacity as published.
+        name: String,
+        /// The policy's field.
+        field: &'static str,
+        /// The value as published.
+        value: String,
+    },
+    /// `validValues` of a request policy out of order or repeated.
+    #[error("capacity {name} request policy validValues are not strictly ascending")]
+    PolicyValuesNotAscending {
+        /// The capacity as published.
+        name: String,
+    },
+    /// A request policy's `validRange.step` of zero.
+    #[error("capacity {name} request policy validRange.step is zero")]
+    PolicyZeroStep {
+        /// The capacity as published.
+        name: String,
+    },
+    /// A request policy's `validRange.max` below its `min`.
+    #[error("capacity {name} request policy validRange.max is below min")]
+    PolicyMaxBelowMin {
+        /// The capacity as published.
+        name: String,
+    },
+    /// A counter consumed from a counter set the pool does not have.
+    #[error("consumes counter {counter} of unknown counter set {set}")]
+    UnknownCounterSet {
+        /// The counter.
+        counter: String,
+        /// The counter set named.
+        set: String,
+    },
+    /// A consumed amount that is not a quantity.
+    #[error("counter {set}/{counter}: {source}")]
+    CounterQuantity {
+        /// The counter set.
+        set: String,
+        /// The counter.
+        counter: String,
+        /// The parser's error.
+        source: QuantityError,
+    },
+    /// A negative consumed amount.
+    #[error("consumes a negative amount of counter {set}/{counter} ({value})")]
+    NegativeCounter {
+        /// The counter set.
+        set: String,
+        /// The counter.
+        counter: String,
+        /// The amount as published.
+        value: String,
+    },
 }
 
-fn parse_cel(raw: &Device, driver: &str) -> Result<CelDevice, String> {
+fn parse_cel(raw: &Device, driver: &str) -> Result<CelDevice, Malformed> {
     let mut cel = CelDevice::new(driver);
     cel.allow_multiple_allocations = raw.allow_multiple_allocations.unwrap_or(false);
     if let Some(attributes) = &raw.attributes {
@@ -291,16 +396,17 @@ fn parse_cel(raw: &Device, driver: &str) -> Result<CelDevice, String> {
                 RawValue::Bool(b) => AttrValue::Bool(b),
                 RawValue::Str(s) => AttrValue::String(s.to_owned()),
                 RawValue::Version(v) => {
-                    AttrValue::version(v).map_err(|e| format!("attribute {name}: {e}"))?
+                    AttrValue::version(v).map_err(|source| Malformed::Version {
+                        name: name.clone(),
+                        source,
+                    })?
                 }
                 RawValue::Missing => continue,
                 _ => {
-                    return Err(format!(
-                        "attribute {name}: more than one of int, bool, string, version is set"
-                    ));
+                    return Err(Malformed::AmbiguousAttribute { name: name.clone() });
                 }
             };
-            let (domain, id) = split_qualified_name(driver, name).map_err(|e| e.to_string())?;
+            let (domain, id) = split_qualified_name(driver, name)?;
             if cel
                 .attributes
                 .get(domain)
@@ -308,17 +414,16 @@ fn parse_cel(raw: &Device, driver: &str) -> Result<CelDevice, String> {
             {
                 continue;
             }
-            cel.add_attribute(name, value).map_err(|e| e.to_string())?;
+            cel.add_attribute(name, value)?;
         }
     }
     for cap in parse_capacities(raw, driver)? {
-        cel.add_capacity(cap.published, cap.quantity)
-            .map_err(|e| e.to_string())?;
+        cel.add_capacity(cap.published, cap.quantity)?;
     }
     Ok(cel)
 }
 
-fn parse_capacities<'a>(raw: &'a Device, driver: &'a str) -> Result<Vec<Capacity<'a>>, String> {
+fn parse_capacities<'a>(raw: &'a Device, driver: &'a str) -> Result<Vec<Capacity<'a>>, Malformed> {
     let Some(caps) = &raw.capacity else {
         return Ok(Vec::new());
     };
@@ -332,7 +437,7 @@ fn parse_capacities<'a>(raw: &'a Device, driver: &'a str) -> Result<Vec<Capacity
             if name.contains('/') != qualified {
                 continue;
             }
-            let (domain, id) = split_qualified_name(driver, name).map_err(|e| e.to_string())?;
+            let (domain, id) = split_qualified_name(driver, name)?;
             if qualified {
                 driver_domain += usize::from(domain == driver);
             } else if driver_domain > 0
@@ -340,9 +445,16 @@ fn parse_capacities<'a>(raw: &'a Device, driver: &'a str) -> Result<Vec<Capacity
             {
                 continue;
             }
-            let value = quantity(&cap.value.0, || format!("capacity {name}"))?;
+            let value =
+                Quantity::parse(&cap.value.0).map_err(|source| Malformed::CapacityQuantity {
+                    name: name.clone(),
+                    source,
+                })?;
             if value.signum() < 0 {
-                return Err(format!("capacity {name} is negative ({})", cap.value.0));
+                return Err(Malformed::NegativeCapacity {
+                    name: name.clone(),
+                    value: cap.value.0.clone(),
+                });
             }
             let policy = cap
                 .request_policy
@@ -365,7 +477,7 @@ fn parse_details<'a>(
     raw: &'a Device,
     driver: &'a str,
     counters: &dyn Fn(&str, &str) -> Option<usize>,
-) -> Result<Details<'a>, String> {
+) -> Result<Details<'a>, Malformed> {
     let capacities = parse_capacities(raw, driver)?;
     let mut consumes: Vec<(usize, i128)> = Vec::with_capacity(
         raw.consumes_counters
@@ -377,20 +489,24 @@ fn parse_details<'a>(
     for consumption in raw.consumes_counters.iter().flatten() {
         for (name, counter) in &consumption.counters {
             let index = counters(&consumption.counter_set, name).ok_or_else(|| {
-                format!(
-                    "consumes counter {name} of unknown counter set {}",
-                    consumption.counter_set
-                )
+                Malformed::UnknownCounterSet {
+                    counter: name.clone(),
+                    set: consumption.counter_set.clone(),
+                }
             })?;
-            let amount = quantity(&counter.value.0, || {
-                format!("counter {}/{name}", consumption.counter_set)
-            })?
-            .nanos();
+            let amount = Quantity::parse(&counter.value.0)
+                .map_err(|source| Malformed::CounterQuantity {
+                    set: consumption.counter_set.clone(),
+                    counter: name.clone(),
+                    source,
+                })?
+                .nanos();
             if amount < 0 {
-                return Err(format!(
-                    "consumes a negative amount of counter {}/{name} ({})",
-                    consumption.counter_set, counter.value.0
-                ));
+                return Err(Malformed::NegativeCounter {
+                    set: consumption.counter_set.clone(),
+                    counter: name.clone(),
+                    value: counter.value.0.clone(),
+                });
             }
             match consumes.iter_mut().find(|(i, _)| *i == index) {
                 Some((_, a)) => *a = a.saturating_add(amount),
@@ -419,13 +535,21 @@ fn parse_details<'a>(
 fn parse_policy(
     p: &k8s_openapi::api::resource::v1::CapacityRequestPolicy,
     name: &str,
-) -> Result<Policy, String> {
-    let q = |text: &str, what: &str| -> Result<i128, String> {
-        let v = quantity(text, || format!("capacity {name} request policy {what}"))?.nanos();
+) -> Result<Policy, Malformed> {
+    let q = |text: &str, field: &'static str| -> Result<i128, Malformed> {
+        let v = Quantity::parse(text)
+            .map_err(|source| Malformed::PolicyQuantity {
+                name: name.to_owned(),
+                field,
+                source,
+            })?
+            .nanos();
         if v < 0 {
-            return Err(format!(
-                "capacity {name} request policy {what} is negative ({text})"
-            ));
+            return Err(Malformed::NegativePolicyValue {
+                name: name.to_owned(),
+                field,
+                value: text.to_owned(),
+            });
         }
         Ok(v)
     };
@@ -437,9 +561,9 @@ fn parse_policy(
         .map(|v| q(&v.0, "validValues"))
         .collect::<Result<Vec<_>, _>>()?;
     if valid_values.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(format!(
-            "capacity {name} request policy validValues are not strictly ascending"
-        ));
+        return Err(Malformed::PolicyValuesNotAscending {
+            name: name.to_owned(),
+        });
     }
     let range = match &p.valid_range {
         None => None,
@@ -456,14 +580,14 @@ fn parse_policy(
                 .map(|s| q(&s.0, "validRange.step"))
                 .transpose()?;
             if step == Some(0) {
-                return Err(format!(
-                    "capacity {name} request policy validRange.step is zero"
-                ));
+                return Err(Malformed::PolicyZeroStep {
+                    name: name.to_owned(),
+                });
             }
             if max.is_some_and(|m| m < min) {
-                return Err(format!(
-                    "capacity {name} request policy validRange.max is below min"
-                ));
+                return Err(Malformed::PolicyMaxBelowMin {
+                    name: name.to_owned(),
+                });
             }
             Some(Range { min, max, step })
         }

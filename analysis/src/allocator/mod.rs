@@ -119,6 +119,8 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use crate::cel::{CompileError, Compiler, EvalError};
 
+pub use capacity::CapacityError;
+pub use device::Malformed;
 pub use explain::{
     ClosestDevice, Explanation, FailureReason, Needed, NodeExplanation, RequestReport,
     SelectorSource, StageReport, VariantReport,
@@ -292,7 +294,7 @@ pub enum AllocError {
         /// `<driver>/<pool>/<device>`.
         device: String,
         /// What is wrong.
-        reason: String,
+        reason: Malformed,
     },
     /// A capacity request cannot be applied to a device (names the same
     /// capacity twice, or the rounded value is out of range).
@@ -303,7 +305,7 @@ pub enum AllocError {
         /// `<driver>/<pool>/<device>`.
         device: String,
         /// What is wrong.
-        reason: String,
+        reason: CapacityError,
     },
     /// The claim asks for more devices than a claim can hold.
     #[error("claim asks for at least {requested} devices, more than the {max} a claim can hold")]

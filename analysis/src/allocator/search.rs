@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::capacity::{self, Fit};
 use super::claim::{ConstraintKind, Mode, Plan};
-use super::device::{Details, RawValue, Scope, lookup, raw_attribute, tolerates};
+use super::device::{Details, Malformed, RawValue, Scope, lookup, raw_attribute, tolerates};
 use super::intern::FastMap;
 use super::selectors::{Memo, Read, Recall, SelectorTable};
 use super::snapshot::{CountersLeft, Snapshot};
@@ -137,12 +137,12 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
             }
             let prepared = pool.prepared_reading(ctx.eager.iter().map(|(_, r)| *r));
             let p = pools.len();
-            let pool_use = match (prepared.invalid.as_deref(), snapshot.pool_use(index)) {
+            let pool_use = match (prepared.invalid.as_ref(), snapshot.pool_use(index)) {
                 (Some(reason), _) | (None, Err(reason)) => {
                     pools.push(NodePool {
                         pool,
                         prepared: Some(prepared),
-                        invalid: Some(reason.to_owned()),
+                        invalid: Some(reason),
                         base: &[],
                         uses: None,
                     });
@@ -251,19 +251,17 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
     }
 
     /// The parsed device.
-    pub(crate) fn details(&self, d: usize) -> Result<&'r Details<'a>, String> {
+    pub(crate) fn details(&self, d: usize) -> Result<&'r Details<'a>, &'r Malformed> {
         let dev = self.devs[d];
         let pool = &self.pools[dev.pool];
         let prepared = pool.prepared.expect("devices come from prepared pools");
-        prepared
-            .details(dev.index, pool.pool.driver)
-            .map_err(str::to_owned)
+        prepared.details(dev.index, pool.pool.driver)
     }
 
-    fn malformed(&self, d: usize, reason: String) -> AllocError {
+    fn malformed(&self, d: usize, reason: &Malformed) -> AllocError {
         AllocError::MalformedDevice {
             device: self.device_id(d),
-            reason,
+            reason: reason.clone(),
         }
     }
 
@@ -407,7 +405,7 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
         AllocError::InvalidPool {
             node: self.node_label(),
             pool: pool.pool.id(),
-            reason: pool.invalid.clone().unwrap_or_default(),
+            reason: pool.invalid.map(ToString::to_string).unwrap_or_default(),
         }
     }
 
@@ -487,7 +485,7 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
                         source,
                     })
                 }
-                Failure::Malformed(reason) => Err(self.malformed(d, reason)),
+                Failure::Malformed(reason) => Err(self.malformed(d, &reason)),
             },
         }
     }
@@ -543,7 +541,7 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
     }
 
     /// One selector on one device: memoised by the values it reads.
-    fn evaluate(&mut self, sel: usize, d: usize) -> Result<Result<bool, EvalError>, String> {
+    fn evaluate(&mut self, sel: usize, d: usize) -> Result<Result<bool, EvalError>, Malformed> {
         let table = self.table;
         let entry = &table.entries[sel];
         let dev = self.devs[d];
@@ -570,7 +568,7 @@ impl<'r, 'a> NodeSearch<'r, 'a> {
                 .expect("devices come from prepared pools");
             let cel = prepared
                 .cel(dev.index, self.driver(d))
-                .map_err(str::to_owned)?;
+                .map_err(Malformed::clone)?;
             self.evaluators.insert(d, self.ctx.compiler.evaluator(cel));
         }
         let result = self.evaluators[&d].matches(&entry.selector);

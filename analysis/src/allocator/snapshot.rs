@@ -22,12 +22,12 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceClaim, ResourceSlice};
 
-use super::device::{Details, Parsed, PoolDevice, RawValue, Scope, same};
+use super::device::{Details, Malformed, Parsed, PoolDevice, RawValue, Scope, same};
 use super::intern::{FastHasher, FastMap, OVERFLOW_ID, UNKNOWN_ID};
 use super::parallel::{self, Ahead, StopOnDrop};
 use super::selectors::Read;
 use crate::cel::CelDevice;
-use gpu_dra_api::quantity::Quantity;
+use gpu_dra_api::quantity::{Quantity, QuantityError};
 
 /// Devices of one pool used by allocated claims: `(driver, pool)` → device
 /// name → use.
@@ -41,7 +41,7 @@ pub struct Snapshot<'a> {
     allocated: AllocatedByPool<'a>,
     /// Per pool: what the allocated claims use of it, computed on first
     /// visit.
-    uses: Vec<OnceLock<Result<PoolUse, String>>>,
+    uses: Vec<OnceLock<Result<PoolUse, PoolError>>>,
     allocation_issues: Vec<String>,
 }
 
@@ -93,6 +93,74 @@ struct AllocatedUse<'a> {
     shares: usize,
     /// Their consumed capacity, by the name in the result.
     consumed: Vec<(&'a str, Quantity)>,
+}
+
+/// Why a complete pool is invalid: what the scheduler refuses in its slices
+/// (duplicate names, counters that do not add up), or an allocated device
+/// of it that cannot be read. Reaching such a pool aborts a search
+/// ([`AllocError::InvalidPool`](super::AllocError)); the snapshot lists it
+/// in [`Snapshot::pool_issues`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PoolError {
+    /// Two counter sets of the pool have the same name.
+    #[error("duplicate counter set name {set}")]
+    DuplicateCounterSet {
+        /// The name.
+        set: String,
+    },
+    /// A shared counter whose value is not a quantity.
+    #[error("counter {set}/{counter}: {source}")]
+    CounterQuantity {
+        /// The counter set.
+        set: String,
+        /// The counter.
+        counter: String,
+        /// The parser's error.
+        source: QuantityError,
+    },
+    /// A negative shared counter.
+    #[error("counter {set}/{counter} is negative ({value})")]
+    NegativeCounter {
+        /// The counter set.
+        set: String,
+        /// The counter.
+        counter: String,
+        /// Its value as published.
+        value: String,
+    },
+    /// Two devices of the pool have the same name.
+    #[error("duplicate device name {device}")]
+    DuplicateDevice {
+        /// The name.
+        device: String,
+    },
+    /// A device consumes counters of a set the pool does not have.
+    #[error("device {device} consumes counters of unknown counter set {set}")]
+    UnknownCounterSet {
+        /// The device.
+        device: String,
+        /// The counter set named.
+        set: String,
+    },
+    /// A device consumes a counter its counter set does not have.
+    #[error("device {device} consumes unknown counter {counter} of counter set {set}")]
+    UnknownCounter {
+        /// The device.
+        device: String,
+        /// The counter named.
+        counter: String,
+        /// The counter set.
+        set: String,
+    },
+    /// A device an allocated claim uses cannot be read, so what the
+    /// allocated claims leave of the pool is unknown.
+    #[error("device {device}: {source}")]
+    UsedDevice {
+        /// The device.
+        device: String,
+        /// Why it cannot be read.
+        source: Malformed,
+    },
 }
 
 /// A problem with a pool that makes its devices unusable.
@@ -261,7 +329,7 @@ impl PoolUse {
 /// A validated, indexed pool.
 #[derive(Debug)]
 pub(crate) struct PreparedPool<'a> {
-    pub invalid: Option<String>,
+    pub invalid: Option<PoolError>,
     pub devices: Vec<PoolDevice<'a>>,
     /// The devices in runs of one scope (a slice's devices share theirs),
     /// so that finding a node's devices reads no device.
@@ -312,7 +380,7 @@ impl<'a> PreparedPool<'a> {
     }
 
     /// Device `i` parsed (on first need).
-    pub(crate) fn details(&self, i: usize, driver: &'a str) -> Result<&Details<'a>, &str> {
+    pub(crate) fn details(&self, i: usize, driver: &'a str) -> Result<&Details<'a>, &Malformed> {
         let counters = |set: &str, name: &str| self.counter(set, name);
         self.parsed(i)
             .details(self.devices[i].raw, driver, &counters)
@@ -331,11 +399,11 @@ impl<'a> PreparedPool<'a> {
     }
 
     /// Device `i` as CEL selectors see it (converted on first need).
-    pub(crate) fn cel(&self, i: usize, driver: &str) -> Result<&CelDevice, &str> {
+    pub(crate) fn cel(&self, i: usize, driver: &str) -> Result<&CelDevice, &Malformed> {
         self.parsed(i).cel(self.devices[i].raw, driver)
     }
 
-    fn invalid(reason: String) -> Self {
+    fn invalid(reason: PoolError) -> Self {
         PreparedPool {
             invalid: Some(reason),
             devices: Vec::new(),
@@ -683,7 +751,7 @@ impl Column {
 /// Validates and indexes a pool (slices only). Every device of the pool is
 /// touched here, so this is the cold cost of a full scan: it allocates
 /// little and compares names by merging sorted maps rather than hashing.
-fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
+fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, PoolError> {
     let shared = || {
         pool.slices
             .iter()
@@ -699,7 +767,9 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
     for slice in &pool.slices {
         for set in slice.spec.shared_counters.iter().flatten() {
             if set_index.insert(set.name.as_str(), sets.len()).is_some() {
-                return Err(format!("duplicate counter set name {}", set.name));
+                return Err(PoolError::DuplicateCounterSet {
+                    set: set.name.clone(),
+                });
             }
             sets.push(CounterSet {
                 first: counters.len(),
@@ -711,7 +781,11 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
                     total
                 } else {
                     let total = Quantity::parse(text)
-                        .map_err(|e| format!("counter {}/{name}: {e}", set.name))?
+                        .map_err(|source| PoolError::CounterQuantity {
+                            set: set.name.clone(),
+                            counter: name.clone(),
+                            source,
+                        })?
                         .nanos();
                     if parsed.len() < 8 {
                         parsed.push((text, total));
@@ -719,10 +793,11 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
                     total
                 };
                 if total < 0 {
-                    return Err(format!(
-                        "counter {}/{name} is negative ({})",
-                        set.name, counter.value.0
-                    ));
+                    return Err(PoolError::NegativeCounter {
+                        set: set.name.clone(),
+                        counter: name.clone(),
+                        value: counter.value.0.clone(),
+                    });
                 }
                 counters.push(Counter {
                     set: &set.name,
@@ -756,7 +831,9 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
         let per_device = per_device(slice);
         for d in slice.spec.devices.iter().flatten() {
             if duplicate == Some(index) {
-                return Err(format!("duplicate device name {}", d.name));
+                return Err(PoolError::DuplicateDevice {
+                    device: d.name.clone(),
+                });
             }
             for consumption in d.consumes_counters.iter().flatten() {
                 let wanted = consumption.counter_set.as_str();
@@ -764,10 +841,10 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
                     Some((name, i)) if same(name.as_bytes(), wanted.as_bytes()) => i,
                     _ => {
                         let Some(&i) = set_index.get(wanted) else {
-                            return Err(format!(
-                                "device {} consumes counters of unknown counter set {}",
-                                d.name, consumption.counter_set
-                            ));
+                            return Err(PoolError::UnknownCounterSet {
+                                device: d.name.clone(),
+                                set: consumption.counter_set.clone(),
+                            });
                         };
                         last_set = Some((&consumption.counter_set, i));
                         i
@@ -775,10 +852,11 @@ fn prepare<'a>(pool: &Pool<'a>) -> Result<PreparedPool<'a>, String> {
                 };
                 let known = &counters[sets[set].first..sets[set].first + sets[set].len];
                 if let Some(name) = first_unknown(consumption.counters.keys(), known) {
-                    return Err(format!(
-                        "device {} consumes unknown counter {name} of counter set {}",
-                        d.name, consumption.counter_set
-                    ));
+                    return Err(PoolError::UnknownCounter {
+                        device: d.name.clone(),
+                        counter: name.clone(),
+                        set: consumption.counter_set.clone(),
+                    });
                 }
             }
             let s = if per_device {
@@ -1105,7 +1183,7 @@ impl<'a> Snapshot<'a> {
         for (i, pool) in self.index.pools.iter().enumerate() {
             ahead.reached(i);
             let reason = if pool.complete() {
-                match (pool.prepared().invalid.as_deref(), self.pool_use(i)) {
+                match (pool.prepared().invalid.as_ref(), self.pool_use(i)) {
                     (Some(reason), _) | (None, Err(reason)) => format!("invalid: {reason}"),
                     (None, Ok(_)) => continue,
                 }
@@ -1176,14 +1254,11 @@ impl<'a> Snapshot<'a> {
 
     /// What the allocated claims use of pool `i` (complete and valid);
     /// an error when a used device cannot be read.
-    pub(crate) fn pool_use(&self, i: usize) -> Result<&PoolUse, &str> {
-        self.uses[i]
-            .get_or_init(|| self.compute_use(i))
-            .as_ref()
-            .map_err(String::as_str)
+    pub(crate) fn pool_use(&self, i: usize) -> Result<&PoolUse, &PoolError> {
+        self.uses[i].get_or_init(|| self.compute_use(i)).as_ref()
     }
 
-    fn compute_use(&self, i: usize) -> Result<PoolUse, String> {
+    fn compute_use(&self, i: usize) -> Result<PoolUse, PoolError> {
         let pool = &self.index.pools[i];
         let prepared = pool.prepared();
         let mut result = PoolUse {
@@ -1210,9 +1285,13 @@ impl<'a> Snapshot<'a> {
             let Some(index) = prepared.index_of(name) else {
                 continue;
             };
-            let details = prepared
-                .details(index, pool.driver)
-                .map_err(|e| format!("device {name}: {e}"))?;
+            let details =
+                prepared
+                    .details(index, pool.driver)
+                    .map_err(|e| PoolError::UsedDevice {
+                        device: (*name).to_owned(),
+                        source: e.clone(),
+                    })?;
             let mut capacity = vec![0i128; details.capacities.len()];
             for (cname, q) in &u.consumed {
                 let Ok((domain, id)) = crate::cel::split_qualified_name(pool.driver, cname) else {

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::claim::Plan;
-use super::device::{PoolDevice, RawValue};
+use super::device::{Malformed, PoolDevice, RawValue};
 use super::intern::FastMap;
 use super::selectors::{Memo, Read, SelectorTable};
-use super::snapshot::{Column, Existing, Pool, PoolUse, PreparedPool, Snapshot};
+use super::snapshot::{Column, Existing, Pool, PoolError, PoolUse, PreparedPool, Snapshot};
 use crate::cel::{Compiler, EvalError, Evaluator};
 
 /// What the searches of every node of one simulation share.
@@ -59,7 +59,7 @@ pub(crate) struct NodePool<'r, 'a> {
     /// `None` for an incomplete pool.
     pub prepared: Option<&'r PreparedPool<'a>>,
     /// Why the pool cannot be used.
-    pub invalid: Option<String>,
+    pub invalid: Option<&'r PoolError>,
     /// Counters left by the allocated claims.
     pub base: &'r [i128],
     /// What the allocated claims use of the pool (complete, valid pools).
@@ -114,7 +114,7 @@ pub(crate) enum Failure {
     /// time.
     Error(usize, EvalError),
     /// The device could not be converted for CEL.
-    Malformed(String),
+    Malformed(Malformed),
 }
 
 /// A device tentatively allocated.

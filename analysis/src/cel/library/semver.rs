@@ -48,24 +48,49 @@ pub(super) fn register(env: &mut Env) -> Result<(), DeclarationError> {
     Ok(())
 }
 
+/// Why a text is not a semantic version (the end of the CEL error
+/// `invalid semantic version "...": ...`).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum VersionError {
+    /// Normalised: more than major, minor and patch.
+    #[error("{text:?} has more than three version numbers")]
+    TooManyNumbers {
+        /// The text without its leading `v`.
+        text: String,
+    },
+    /// Normalised: a part of the core version that is not a number.
+    #[error("{part:?} is not a version number")]
+    NotANumber {
+        /// The part.
+        part: String,
+    },
+    /// Not SemVer 2.0.0, as the `semver` crate reads it.
+    #[error(transparent)]
+    Semver(#[from] semver::Error),
+}
+
 /// Parses a SemVer 2.0.0 version. With `normalize`, as Kubernetes does: a
 /// leading `v` is dropped, missing minor and patch numbers are zero, and
 /// leading zeros are removed (`v1.02` is `1.2.0`).
-pub(crate) fn parse_semver(text: &str, normalize: bool) -> Result<semver::Version, String> {
+pub(crate) fn parse_semver(text: &str, normalize: bool) -> Result<semver::Version, VersionError> {
     if !normalize {
-        return semver::Version::parse(text).map_err(|e| e.to_string());
+        return Ok(semver::Version::parse(text)?);
     }
     let text = text.strip_prefix('v').unwrap_or(text);
     let split = text.find(['-', '+']).unwrap_or(text.len());
     let (core, rest) = text.split_at(split);
     let parts: Vec<&str> = core.split('.').collect();
     if parts.len() > 3 {
-        return Err(format!("{text:?} has more than three version numbers"));
+        return Err(VersionError::TooManyNumbers {
+            text: text.to_owned(),
+        });
     }
     let mut numbers = Vec::with_capacity(3);
     for part in &parts {
         if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!("{part:?} is not a version number"));
+            return Err(VersionError::NotANumber {
+                part: (*part).to_owned(),
+            });
         }
         let trimmed = part.trim_start_matches('0');
         numbers.push(if trimmed.is_empty() { "0" } else { trimmed });
@@ -73,7 +98,10 @@ pub(crate) fn parse_semver(text: &str, normalize: bool) -> Result<semver::Versio
     while numbers.len() < 3 {
         numbers.push("0");
     }
-    semver::Version::parse(&format!("{}{rest}", numbers.join("."))).map_err(|e| e.to_string())
+    Ok(semver::Version::parse(&format!(
+        "{}{rest}",
+        numbers.join(".")
+    ))?)
 }
 
 fn semver_from_args(
