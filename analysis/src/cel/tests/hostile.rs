@@ -1,3 +1,6 @@
+//! Hostile expressions: the length, nesting, size and cost limits hold
+//! before and while an expression runs, without panics or runaway work.
+
 use super::*;
 
 /// `[1, 2, ..., n]`

@@ -1,3 +1,6 @@
+//! The Kubernetes CEL libraries (quantity, semver, strings, regex, sets,
+//! `cel.bind`): results and run-time errors.
+
 use super::*;
 
 /// Each expression must evaluate to true against an H100.

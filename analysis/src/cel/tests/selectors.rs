@@ -1,3 +1,6 @@
+//! The real selectors (classes, MIG profiles, memory, product names,
+//! driver versions) against realistic devices.
+
 use std::sync::Arc;
 
 use super::*;
