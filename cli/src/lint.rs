@@ -1,6 +1,6 @@
 //! `gpu-dra lint`: checks DeviceClass, ResourceClaim and
 //! ResourceClaimTemplate manifests offline with the same validation engine
-//! as the admission webhook ([`gpu_dra_api::validate`]), and reports like a
+//! as the admission webhook ([`gpu_dra_analysis::validate`]), and reports like a
 //! compiler (`file:line: error: ...`) or as JSON.
 //!
 //! Class references resolve against the classes in the linted files and the
@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use gpu_dra_api::validate::{Finding, StaticClasses, Validator};
+use gpu_dra_analysis::validate::{Finding, StaticClasses, Validator};
 use serde::Serialize;
 use serde_json::Value;
 

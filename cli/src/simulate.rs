@@ -1,6 +1,6 @@
 //! `gpu-dra simulate`: would this claim be allocated, on which node, with
 //! which devices, and if not, why not. Runs the allocator simulation of
-//! [`gpu_dra_api::allocator`] against ResourceSlices read from files (e.g.
+//! [`gpu_dra_analysis::allocator`] against ResourceSlices read from files (e.g.
 //! `kubectl get resourceslices -o yaml`) or listed from a live cluster.
 //!
 //! The cluster state: from files, every ResourceSlice (also inside a
@@ -23,7 +23,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use gpu_dra_api::allocator::{
+use gpu_dra_analysis::allocator::{
     AllocError, Allocator, Explanation, FailureReason, Needed, NodeAllocation, NodeFilter, Outcome,
     SimulateOptions, Snapshot, VariantReport,
 };

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use futures::StreamExt as _;
-use gpu_dra_api::validate::ClassLookup;
+use gpu_dra_analysis::validate::ClassLookup;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use gpu_dra_api::validate::{ClassLookup, StaticClasses, Validator};
+use gpu_dra_analysis::validate::{ClassLookup, StaticClasses, Validator};
 use gpu_dra_controller::classes::ClusterClasses;
 use gpu_dra_controller::flags::Flags;
 use gpu_dra_controller::metrics::SharedRegistry;

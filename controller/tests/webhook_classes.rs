@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Harness, eventually, nvidia_classes, review};
-use gpu_dra_api::validate::ClassLookup as _;
+use gpu_dra_analysis::validate::ClassLookup as _;
 use gpu_dra_controller::classes::ClusterClasses;
 use gpu_dra_controller::webhook::WebhookConfig;
 use gpu_dra_e2e::apiserver::{ServerOptions, TestApiServer};

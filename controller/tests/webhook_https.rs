@@ -101,7 +101,7 @@ async fn malformed_reviews_get_400_with_a_message_and_the_server_keeps_serving()
 #[tokio::test]
 async fn oversized_bodies_get_413_whether_declared_or_streamed() {
     let h = Harness::start_with(
-        std::sync::Arc::new(gpu_dra_api::validate::StaticClasses::default()),
+        std::sync::Arc::new(gpu_dra_analysis::validate::StaticClasses::default()),
         gpu_dra_controller::webhook::WebhookConfig {
             max_body_bytes: 64 * 1024,
             ..Default::default()
@@ -277,7 +277,7 @@ async fn graceful_shutdown_closes_the_listener() {
 /// engine.
 struct PanickingClasses;
 
-impl gpu_dra_api::validate::ClassLookup for PanickingClasses {
+impl gpu_dra_analysis::validate::ClassLookup for PanickingClasses {
     fn device_class(&self, name: &str) -> Option<serde_json::Value> {
         panic!("lookup of {name} exploded");
     }
@@ -322,7 +322,7 @@ async fn a_panic_while_judging_is_a_500_and_the_server_keeps_serving() {
 #[tokio::test]
 async fn a_body_that_stops_arriving_gets_408() {
     let h = Harness::start_with(
-        std::sync::Arc::new(gpu_dra_api::validate::StaticClasses::default()),
+        std::sync::Arc::new(gpu_dra_analysis::validate::StaticClasses::default()),
         gpu_dra_controller::webhook::WebhookConfig {
             client_timeout: std::time::Duration::from_millis(300),
             ..Default::default()

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Client, Harness, TestCa, eventually, metric, write_leaf};
-use gpu_dra_api::validate::{StaticClasses, Validator};
+use gpu_dra_analysis::validate::{StaticClasses, Validator};
 use gpu_dra_controller::metrics::SharedRegistry;
 use gpu_dra_controller::webhook::{Reviewer, TlsFiles, WebhookConfig, WebhookServer};
 

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
-use gpu_dra_api::validate::{StaticClasses, Validator};
+use gpu_dra_analysis::validate::{StaticClasses, Validator};
 use gpu_dra_controller::webhook::Reviewer;
 use serde_json::{Value, json};
 

@@ -1,5 +1,5 @@
 //! kube-scheduler's part in the demo: the allocator simulation of
-//! [`gpu_dra_api::allocator`] places a claim on the demo node from what the
+//! [`gpu_dra_analysis::allocator`] places a claim on the demo node from what the
 //! API server holds (ResourceSlices, DeviceClasses, claims already
 //! allocated), and the result becomes the claim's `status.allocation` as
 //! the scheduler writes it: the devices, a node selector, and the
@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 
 use anyhow::Context as _;
-use gpu_dra_api::allocator::{
+use gpu_dra_analysis::allocator::{
     Allocator, Explanation, Needed, NodeAllocation, NodeFilter, Outcome, SimulateOptions, Snapshot,
     VariantReport,
 };

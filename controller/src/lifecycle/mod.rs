@@ -26,7 +26,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use gpu_dra_api::allocator::Allocator;
+use gpu_dra_analysis::allocator::Allocator;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::Client;

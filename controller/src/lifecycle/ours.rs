@@ -4,7 +4,7 @@
 //! it carries an opaque config for the driver; a claim is ours when one of
 //! its requests (or sub-requests) names such a class.
 //!
-//! This is close to, but deliberately not, `gpu_dra_api::validate`'s
+//! This is close to, but deliberately not, `gpu_dra_analysis::validate`'s
 //! `Report::ours` (the webhook's notion): that one also counts
 //! `device.driver != '<driver>'`, misspelt domains (`gpu.nvida.com`) and
 //! claim-level opaque configs as ours, and has no "class not there yet"

@@ -19,7 +19,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::mpsc;
 
-use gpu_dra_api::allocator::{Allocator, Outcome, SimulateOptions, Snapshot};
+use gpu_dra_analysis::allocator::{Allocator, Outcome, SimulateOptions, Snapshot};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::runtime::reflector::Store;
 use tokio::sync::oneshot;
@@ -44,7 +44,7 @@ pub enum Verdict {
     },
     /// No node fits; the explanation, at most 1 KiB.
     Unsatisfiable {
-        /// [`gpu_dra_api::allocator::Explanation::event_note`].
+        /// [`gpu_dra_analysis::allocator::Explanation::event_note`].
         note: String,
     },
     /// The simulation met an error the scheduler would meet too (a CEL
@@ -194,7 +194,7 @@ fn intern<'a>(
     Some(refs)
 }
 
-fn verdict(outcome: Result<Outcome, gpu_dra_api::allocator::AllocError>) -> Verdict {
+fn verdict(outcome: Result<Outcome, gpu_dra_analysis::allocator::AllocError>) -> Verdict {
     match outcome {
         Ok(Outcome::Satisfiable(allocations)) => Verdict::Satisfiable {
             node: allocations.first().and_then(|a| a.node.clone()),

@@ -5,7 +5,7 @@
 //!
 //! - [`tls`]: the certificate and key, re-read when the files change.
 //! - [`review`]: AdmissionReview in, decision out (no I/O; the shared
-//!   validation engine of `gpu_dra_api::validate` does the judging).
+//!   validation engine of `gpu_dra_analysis::validate` does the judging).
 //! - [`server`]: the listener, the routes, body limits and metrics.
 //! - [`metrics`]: the webhook's Prometheus metrics.
 

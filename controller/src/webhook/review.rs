@@ -1,6 +1,6 @@
 //! One admission review, from the AdmissionReview JSON the API server sends
 //! to the AdmissionReview it gets back. No I/O: the judging is done by the
-//! shared engine, [`gpu_dra_api::validate::Validator`], the same code the
+//! shared engine, [`gpu_dra_analysis::validate::Validator`], the same code the
 //! plugin runs at prepare time and `gpu-dra lint` runs offline.
 //!
 //! Rules:
@@ -23,7 +23,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use gpu_dra_api::validate::{ClassLookup, Finding, Report, Validator};
+use gpu_dra_analysis::validate::{ClassLookup, Finding, Report, Validator};
 use kube::core::DynamicObject;
 use kube::core::admission::{
     AdmissionRequest, AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND, Operation,

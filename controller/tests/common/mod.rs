@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_dra_api::validate::{ClassLookup, StaticClasses, Validator};
+use gpu_dra_analysis::validate::{ClassLookup, StaticClasses, Validator};
 use gpu_dra_controller::metrics::SharedRegistry;
 use gpu_dra_controller::webhook::{Reviewer, TlsFiles, WebhookConfig, WebhookServer};
 use http::{HeaderMap, Request, StatusCode};

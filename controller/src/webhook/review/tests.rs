@@ -1,4 +1,4 @@
-use gpu_dra_api::validate::StaticClasses;
+use gpu_dra_analysis::validate::StaticClasses;
 use serde_json::{Value, json};
 
 use super::*;

@@ -2,7 +2,7 @@
 //! builds through cargo) and read back from what they print: the admission
 //! webhook's review latency (`gpu-dra-controller`'s `webhook_bench`
 //! example), CEL selector evaluations per second and the allocator against
-//! 1,000 nodes (`gpu-dra-api`'s ignored benchmark tests). Their output is
+//! 1,000 nodes (`gpu-dra-analysis`'s ignored benchmark tests). Their output is
 //! echoed to stderr; a command that fails, or prints nothing this module
 //! recognises, leaves a row that says so instead of a number.
 
@@ -56,7 +56,7 @@ const WEBHOOK: Cargo = Cargo(&[
 const CEL: Cargo = Cargo(&[
     "test",
     "-p",
-    "gpu-dra-api",
+    "gpu-dra-analysis",
     "--release",
     "--lib",
     "--",
@@ -68,7 +68,7 @@ const CEL: Cargo = Cargo(&[
 const ALLOCATOR: Cargo = Cargo(&[
     "test",
     "-p",
-    "gpu-dra-api",
+    "gpu-dra-analysis",
     "--release",
     "--test",
     "allocator_bench",

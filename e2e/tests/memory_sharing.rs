@@ -1,0 +1,242 @@
+//! Memory-fraction sharing from publication to allocation: the real plugin
+//! (`gpu-kubelet-plugin`, started in-process from its command line, as
+//! `gpu-dra demo` starts it) publishes a pool with `--memory-sharing` to the
+//! test API server (which validates every slice), and the project's allocator
+//! (`gpu_dra_analysis::allocator`, the scheduler's rules) allocates claims asking
+//! for `capacity.requests.memory` on the slices as stored: several claims
+//! share one GPU, each consuming its request rounded up to the policy's
+//! step, until its memory is used up.
+//!
+//! Here and not among the plugin's tests: the plugin does not depend on the
+//! analysis crate, not even as a dev-dependency (no CEL in its build).
+
+use std::path::Path;
+use std::time::Duration;
+
+use clap::Parser as _;
+use gpu_dra_analysis::allocator::{Allocator, NodeAllocation, Outcome, SimulateOptions, Snapshot};
+use gpu_dra_e2e::apiserver::{Resource, ServerOptions, TestApiServer, ValidationRules};
+use gpu_dra_e2e::pool;
+use gpu_kubelet_plugin::flags::Flags;
+use gpu_kubelet_plugin::grpc;
+use gpu_kubelet_plugin::plugin::{Plugin, PluginHandle, kube_client};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(30);
+const DRIVER: &str = "gpu.nvidia.com";
+const NODE: &str = "node-a";
+
+/// The shipped `gpu.nvidia.com` class's selector (deviceclasses/).
+fn gpu_class() -> DeviceClass {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression":
+            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}
+    }))
+    .unwrap()
+}
+
+/// A claim for one GPU with `memory` of its memory (none: no capacity
+/// request), optionally restricted to multi-allocatable devices.
+fn claim(name: &str, memory: Option<&str>, shared_only: bool) -> ResourceClaim {
+    let mut exactly = json!({"deviceClassName": "gpu.nvidia.com"});
+    if let Some(memory) = memory {
+        exactly["capacity"] = json!({"requests": {"memory": memory}});
+    }
+    if shared_only {
+        exactly["selectors"] = json!([{"cel": {"expression": "device.allowMultipleAllocations"}}]);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    }))
+    .unwrap()
+}
+
+/// `claim` with `allocation` recorded in its status.
+fn allocated(mut claim: ResourceClaim, allocation: &NodeAllocation) -> ResourceClaim {
+    claim.status = Some(k8s_openapi::api::resource::v1::ResourceClaimStatus {
+        allocation: Some(allocation.allocation_result()),
+        ..Default::default()
+    });
+    claim
+}
+
+fn simulate(slices: &[ResourceSlice], allocated: &[ResourceClaim], c: &ResourceClaim) -> Outcome {
+    let classes = [gpu_class()];
+    let snapshot = Snapshot::new(slices, &classes, allocated);
+    Allocator::new()
+        .simulate(&snapshot, c, &SimulateOptions::default())
+        .expect("the allocator gives a verdict")
+}
+
+/// A running plugin on its fake machine, with its API server; all stopped
+/// and removed on drop.
+struct Node {
+    _plugin: PluginHandle,
+    _server: TestApiServer,
+    _processes: fake_driver_root::ProcessGuard,
+    _dir: tempfile::TempDir,
+}
+
+/// The fake t4-inference machine in `root` (fake NVML with its state and
+/// MIG files, sysfs tree, device nodes, NVIDIA proc tree, driver root) and
+/// the flags that point the plugin at it and at `kubeconfig`.
+fn machine(root: &Path, kubeconfig: &Path) -> (Vec<String>, fake_driver_root::ProcessGuard) {
+    let profile = nvidia_ml::fixture::bundled_profile("t4-inference");
+    let machine = nvidia_ml::Profile::load(&profile).expect("the bundled profile loads");
+    let minors: Vec<u32> = machine.gpus.iter().map(|g| g.minor).collect();
+    let dev_root = root.join("devroot");
+    fake_driver_root::create_dev_root(&dev_root, &minors).expect("create the dev root");
+    let proc_root =
+        fake_driver_root::create_proc_root(&root.join("proc")).expect("create the proc root");
+    let driver_root =
+        fake_driver_root::FakeDriverRoot::create(&root.join("driver")).expect("driver root");
+    let options = nvidia_ml::fixture::InstallOptions {
+        state: Some(root.join("nvml-state.json")),
+        proc_root: Some(proc_root.clone()),
+        dev_root: Some(dev_root.clone()),
+    };
+    let library = nvidia_ml::fixture::install_with(&root.join("nvml"), &profile, &options)
+        .expect("install the fake NVML");
+    let sysfs = root.join("sys");
+    machine.write_sysfs(&sysfs).expect("write the fake sysfs");
+    let path = |p: &Path| p.to_str().unwrap().to_owned();
+    let argv = vec![
+        "gpu-kubelet-plugin".to_owned(),
+        format!("--node-name={NODE}"),
+        format!("--driver-name={DRIVER}"),
+        format!("--kubelet-registrar-dir={}", path(&root.join("reg"))),
+        format!("--kubelet-plugins-dir={}", path(&root.join("plugins"))),
+        format!("--nvml-lib={}", path(&library)),
+        format!("--sysfs-root={}", path(&sysfs)),
+        format!("--kubeconfig={}", path(kubeconfig)),
+        format!("--dev-root={}", path(&dev_root)),
+        format!("--proc-root={}", path(&proc_root)),
+        format!("--driver-root={}", path(driver_root.path())),
+        format!("--cdi-root={}", path(&root.join("cdi"))),
+    ];
+    (argv, driver_root.guard())
+}
+
+/// Starts the plugin on t4-inference with `flags` and returns the stored
+/// slices of its (complete) pool.
+async fn published(flags: &[&str]) -> (Node, Vec<ResourceSlice>) {
+    // Short: the plugin's socket paths must stay under 108 bytes.
+    let dir = tempfile::Builder::new()
+        .prefix("p")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let server = TestApiServer::start(ServerOptions {
+        rules: ValidationRules::V1_35,
+        ..ServerOptions::default()
+    })
+    .await
+    .expect("the test API server starts");
+    server.store().create_node(NODE).expect("create the Node");
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let (mut argv, processes) = machine(dir.path(), &kubeconfig);
+    argv.extend(flags.iter().map(|f| (*f).to_owned()));
+    let flags = Flags::try_parse_from(&argv).expect("plugin flags");
+    let client = kube_client(Some(&kubeconfig)).await.unwrap();
+    let (phase, _) = gpu_kubelet_plugin::phase::channel();
+    let plugin = Plugin::start(&flags, client, grpc::Services::default(), phase)
+        .await
+        .expect("the plugin starts");
+    let pool: Vec<Value> = server
+        .store()
+        .wait_for(Resource::ResourceSlices, WAIT, |items| {
+            // Complete, and no slice of an older generation left.
+            pool::complete(pool::of(items, DRIVER, NODE)).is_some_and(|p| p.stale == 0)
+        })
+        .await
+        .unwrap_or_else(|last| panic!("the pool never completed; last: {last:#?}"));
+    let slices = pool::of(&pool, DRIVER, NODE)
+        .map(|s| serde_json::from_value(s.clone()).expect("a ResourceSlice"))
+        .collect();
+    let node = Node {
+        _plugin: plugin,
+        _server: server,
+        _processes: processes,
+        _dir: dir,
+    };
+    (node, slices)
+}
+
+const MIB: i128 = 1 << 20;
+
+/// The first (and only) result of a satisfiable outcome: (device, share id,
+/// consumed memory in MiB).
+fn result(outcome: &Outcome) -> (String, Option<String>, Option<i128>) {
+    let Some(allocations) = outcome.allocations() else {
+        panic!("not allocated: {outcome:#?}");
+    };
+    let r = &allocations[0].results[0];
+    (
+        r.device.clone(),
+        r.share_id.clone(),
+        r.consumed_capacity.get("memory").map(|q| {
+            gpu_kubelet_plugin::devices::k8s::quantity_nanos(&q.canonical()).unwrap()
+                / 1_000_000_000
+                / MIB
+        }),
+    )
+}
+
+#[tokio::test]
+async fn claims_share_a_published_gpu_by_memory() {
+    // T4: 15360 MiB; GPU 2 is shared.
+    let (_node, slices) = published(&["--memory-sharing", "2"]).await;
+
+    let mut taken: Vec<ResourceClaim> = Vec::new();
+    let mut shares = Vec::new();
+    // 7000Mi rounds up to 7168Mi (28 x 256Mi): two fit in 15360Mi.
+    for name in ["a", "b"] {
+        let c = claim(name, Some("7000Mi"), true);
+        let out = simulate(&slices, &taken, &c);
+        let (device, share, consumed) = result(&out);
+        assert_eq!(device, "gpu-2");
+        assert_eq!(consumed, Some(7168));
+        shares.push(share.expect("a share id for a multi-allocatable device"));
+        taken.push(allocated(c, &out.allocations().unwrap()[0]));
+    }
+    assert_ne!(shares[0], shares[1], "each allocation is its own share");
+
+    // 1024Mi more fits (15360 - 2 x 7168 = 1024); then nothing is left.
+    let c = claim("c", Some("1Gi"), true);
+    let out = simulate(&slices, &taken, &c);
+    assert_eq!(result(&out).2, Some(1024));
+    taken.push(allocated(c, &out.allocations().unwrap()[0]));
+    let out = simulate(&slices, &taken, &claim("d", Some("256Mi"), true));
+    assert!(!out.is_satisfiable(), "{out:#?}");
+
+    // A claim that names no memory on a fresh copy consumes the default 1Gi.
+    let out = simulate(&slices, &[], &claim("e", None, true));
+    assert_eq!(result(&out).2, Some(1024));
+
+    // More than the GPU: the policy's max refuses it.
+    let out = simulate(&slices, &[], &claim("f", Some("15361Mi"), true));
+    assert!(!out.is_satisfiable(), "{out:#?}");
+
+    // Unshared GPUs are still allocated whole, without a share.
+    let out = simulate(&slices, &taken, &claim("g", None, false));
+    let (device, share, consumed) = result(&out);
+    assert_eq!(device, "gpu-0");
+    assert_eq!((share, consumed), (None, None));
+}
+
+#[tokio::test]
+async fn a_memory_request_on_an_unshared_pool_is_refused() {
+    let (_node, slices) = published(&[]).await;
+    let out = simulate(&slices, &[], &claim("a", Some("1Gi"), true));
+    assert!(!out.is_satisfiable(), "{out:#?}");
+    // Without the selector, a whole GPU is still allocated.
+    let out = simulate(&slices, &[], &claim("b", None, false));
+    assert_eq!(result(&out).0, "gpu-0");
+}
