@@ -87,7 +87,7 @@
 //! fit, helper threads ([`SimulateOptions::threads`]) prepare the pools of
 //! the last nodes while the search walks from the first, and the nodes
 //! that do not fit are explained in parallel; the answer never depends on
-//! them. The benchmark in `analysis/tests/allocator_bench.rs` measures one
+//! them. The benchmark in `analysis/benches/allocator.rs` measures one
 //! claim against 1,000 nodes with 8 dynamically partitioned GPUs each.
 //!
 //! The modules, each using only those listed before it: `intern` (value

@@ -13,7 +13,7 @@
 //! (`10i128.pow(diff)`) overflows on exponents such as `1e30` vs `1e-30`
 //! (a panic in debug builds). `cel` 0.15 has an `Env` with typed overloads
 //! for our own value types, custom macros (used for `cel.bind`), optional
-//! types, and a fast interpreter: measured with the `cel_eval_rate`
+//! types, and a fast interpreter: measured with the `cel`
 //! benchmark (release build, 2 shared cores), the five real selectors
 //! evaluate at 1.5 to 1.8 million evaluations per second each against a
 //! converted device; converting a device takes about 2 µs, compiling an

@@ -1,7 +1,6 @@
 //! Tests of the selector environment: realistic devices, the real
 //! selectors, the libraries, errors, limits and hostile expressions.
 
-mod bench;
 mod hostile;
 mod library;
 mod selectors;

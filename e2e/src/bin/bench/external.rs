@@ -1,8 +1,9 @@
 //! The benchmarks other crates own, run by their own commands (release
 //! builds through cargo) and read back from what they print: the admission
-//! webhook's review latency (`gpu-dra-controller`'s `webhook_bench`
-//! example), CEL selector evaluations per second and the allocator against
-//! 1,000 nodes (`gpu-dra-analysis`'s ignored benchmark tests). Their output is
+//! webhook's review latency (`gpu-dra-controller`'s `webhook` bench), CEL
+//! selector evaluations per second and the allocator against 1,000 nodes
+//! (`gpu-dra-analysis`'s `cel` and `allocator` benches): `cargo bench`
+//! targets, release builds. Their output is
 //! echoed to stderr; a command that fails, or prints nothing this module
 //! recognises, leaves a row that says so instead of a number.
 
@@ -42,40 +43,19 @@ impl Cargo {
 }
 
 const WEBHOOK: Cargo = Cargo(&[
-    "run",
-    "--release",
+    "bench",
     "-p",
     "gpu-dra-controller",
-    "--example",
-    "webhook_bench",
+    "--bench",
+    "webhook",
     "--",
     "10000",
     "1",
 ]);
 
-const CEL: Cargo = Cargo(&[
-    "test",
-    "-p",
-    "gpu-dra-analysis",
-    "--release",
-    "--lib",
-    "--",
-    "--ignored",
-    "--nocapture",
-    "cel_eval_rate",
-]);
+const CEL: Cargo = Cargo(&["bench", "-p", "gpu-dra-analysis", "--bench", "cel"]);
 
-const ALLOCATOR: Cargo = Cargo(&[
-    "test",
-    "-p",
-    "gpu-dra-analysis",
-    "--release",
-    "--test",
-    "allocator_bench",
-    "--",
-    "--ignored",
-    "--nocapture",
-]);
+const ALLOCATOR: Cargo = Cargo(&["bench", "-p", "gpu-dra-analysis", "--bench", "allocator"]);
 
 /// A row saying why `metric` has no number.
 fn missing(name: &str, metric: &str, unit: &'static str, why: String) -> Row {
@@ -229,7 +209,7 @@ pub fn allocator(ctx: &Ctx, name: &str) -> Vec<Row> {
     rows
 }
 
-/// `(n, p50, p99, max)` in ms from `webhook_bench`'s `all` line.
+/// `(n, p50, p99, max)` in ms from the webhook bench's `all` line.
 fn parse_webhook(out: &str) -> Option<(usize, f64, f64, f64)> {
     let line = out.lines().find(|l| l.trim_start().starts_with("all "))?;
     let n = value_after(line, "n=")?.parse().ok()?;

@@ -3,7 +3,7 @@
 //! shared counters: 152 devices and 8 counter sets per node, in 4 slices).
 //! Prints timings, asserts only the verdicts:
 //!
-//! `cargo test -p gpu-dra-analysis --release --test allocator_bench -- --ignored --nocapture`
+//! `cargo bench -p gpu-dra-analysis --bench allocator`
 //!
 //! "Cold" means everything from the slices as Kubernetes objects (already
 //! deserialized, as a controller's watch cache holds them) to the answer:
@@ -11,6 +11,7 @@
 //! claims) is inside the timing, so every pool is validated and every
 //! device read during the run. Only dropping the snapshot is left out.
 
+#[path = "../tests/allocator_support/mod.rs"]
 mod allocator_support;
 
 use std::time::{Duration, Instant};
@@ -251,9 +252,7 @@ fn simulate_alone(snapshot: &Snapshot<'_>, allocator: &Allocator, c: &ResourceCl
     allocator.simulate(snapshot, c, &options).unwrap()
 }
 
-#[test]
-#[ignore = "benchmark: run with --release --ignored --nocapture"]
-fn one_claim_against_1000_nodes_with_dynamic_mig() {
+fn main() {
     let slices: Vec<ResourceSlice> = (0..NODES).flat_map(node_slices).collect();
     let classes = classes();
     let devices: usize = slices

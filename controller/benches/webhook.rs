@@ -4,7 +4,7 @@
 //! p50/p90/p99/max per kind of review.
 //!
 //! ```text
-//! cargo run --release -p gpu-dra-controller --example webhook_bench -- [reviews] [connections]
+//! cargo bench -p gpu-dra-controller --bench webhook -- [reviews] [connections]
 //! ```
 
 #[path = "../tests/common/mod.rs"]
@@ -66,7 +66,8 @@ fn line(name: &str, samples: &mut [Duration]) {
 
 #[tokio::main]
 async fn main() {
-    let mut args = std::env::args().skip(1);
+    // `cargo bench` adds `--bench` to the arguments.
+    let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
     let total: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5000);
     let connections: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1).max(1);
     let harness = Harness::start().await;
