@@ -3,7 +3,9 @@
 //! [`crate::slices::Flags`]), flattened here.
 
 use std::net::SocketAddr;
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
+
+use crate::paths::{absolute_without_dotdot, parse_socket_path};
 use std::time::Duration;
 
 pub use gpu_dra_cmdline::LogFormat;
@@ -227,19 +229,6 @@ fn parse_driver_name(s: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-/// `s` as a path, if it is absolute (else an error saying `why` it must
-/// be) and has no `..`.
-pub(crate) fn absolute_without_dotdot<'s>(s: &'s str, why: &str) -> Result<&'s Path, String> {
-    let path = Path::new(s);
-    if !path.is_absolute() {
-        return Err(format!("{s:?} is not an absolute path ({why})"));
-    }
-    if path.components().any(|c| c == Component::ParentDir) {
-        return Err(format!("{s:?} contains `..`; give the path itself"));
-    }
-    Ok(path)
-}
-
 /// An absolute path without `..` that names a file: CDI specs carry it as
 /// the hooks' program.
 fn parse_hook_path(s: &str) -> Result<String, String> {
@@ -260,16 +249,6 @@ fn parse_mps_dir(s: &str) -> Result<PathBuf, String> {
             "{s:?} is under /dev/shm, which each MPS daemon gets replaced by its own shm directory"
         ));
     }
-    Ok(path.to_path_buf())
-}
-
-/// An absolute path without `..` that fits a UNIX socket's `sun_path`.
-pub(crate) fn parse_socket_path(s: &str) -> Result<PathBuf, String> {
-    let path = absolute_without_dotdot(s, "both pods reach the socket by this path")?;
-    if s.ends_with('/') || path.file_name().is_none() {
-        return Err(format!("{s:?} names a directory, not a socket"));
-    }
-    crate::grpc::sockets::check_path_len(path).map_err(|e| e.to_string())?;
     Ok(path.to_path_buf())
 }
 

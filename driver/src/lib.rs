@@ -4,7 +4,10 @@
 //!
 //! Module ownership (one job each):
 //! - [`flags`]: the command line, one flattened group per module;
-//! - [`grpc`]: registration, DRAPlugin v1/v1beta1 and health services, sockets;
+//! - [`grpc`]: registration, DRAPlugin v1/v1beta1 and health services;
+//! - [`sockets`]: the plugin's Unix sockets (paths, locks, stale ones) and
+//!   their errors, shared by the gRPC servers and the MPS daemon host;
+//! - [`paths`]: checks of the absolute host paths the flags take;
 //! - [`discovery`]: the node's GPUs through the NVML backend, plus sysfs topology;
 //! - [`devices`]: the device model (GPUs, MIG devices, dynamic MIG placements);
 //! - [`slices`]: building and publishing ResourceSlices;
@@ -18,10 +21,12 @@ pub mod devices;
 pub mod discovery;
 pub mod flags;
 pub mod grpc;
+pub mod paths;
 pub mod phase;
 pub mod plugin;
 pub mod prepare;
 pub mod slices;
+pub mod sockets;
 pub mod supervise;
 
 /// Microseconds since `t`, for the timing fields (`..._us`) of log lines.

@@ -178,8 +178,8 @@ impl Plugin {
 
         let config = grpc_config(flags);
         // Refuse unusable socket paths before anything is created.
-        grpc::sockets::check_path_len(&config.dra_socket())?;
-        grpc::sockets::check_path_len(&config.registration_socket())?;
+        crate::sockets::check_path_len(&config.dra_socket())?;
+        crate::sockets::check_path_len(&config.registration_socket())?;
         // With sockets of its own, a rolling update's new instance
         // registers now and passes kubelet's calls on to the old one while
         // it waits below.

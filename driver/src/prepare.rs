@@ -46,6 +46,7 @@ mod commits;
 mod compute_mode;
 mod conflicts;
 mod error;
+mod journal;
 mod kinds;
 pub mod locks;
 mod lost;
@@ -53,6 +54,7 @@ pub mod mig;
 pub mod mps;
 pub mod plan;
 mod recover;
+mod report;
 mod status;
 pub mod timeslice;
 
@@ -77,7 +79,7 @@ use claim::{ClaimError, ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
 use mig::MigRequest;
 use mps::MpsControl;
 
-pub use recover::RecoveryReport;
+pub use report::RecoveryReport;
 
 use locks::GpuLocks;
 use plan::{GpuTarget, MigTarget, PlanError, Target};

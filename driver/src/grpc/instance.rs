@@ -21,7 +21,7 @@ use std::hash::BuildHasher;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
-use super::sockets;
+use crate::sockets;
 
 /// Length of a tag: 8 lowercase hex digits keep the registration path of
 /// a 55-byte driver name under the default directory within the 107 bytes

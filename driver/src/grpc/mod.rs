@@ -17,16 +17,14 @@
 
 mod authority;
 pub mod dra;
-mod error;
 mod handover;
 pub mod health;
 pub mod instance;
 pub mod metrics;
 mod registration;
 mod server;
-pub mod sockets;
 
-pub use error::Error;
+pub use crate::sockets::Error;
 pub use registration::RegistrationStatus;
 pub use server::{Bound, Config, Server, ServerHandle, Services, validate_driver_name};
 

@@ -37,9 +37,9 @@ use super::health::{self, HealthReceiver, HealthService};
 use super::instance;
 use super::metrics::GrpcMetrics;
 use super::registration::{RegistrationService, RegistrationStatus};
-use super::sockets::{self, SocketLock};
 use super::{Error, SUPPORTED_VERSIONS};
 use crate::prepare::claim::{ClaimPreparer, NotReady};
+use crate::sockets::{self, SocketLock};
 
 /// Where and as whom the plugin serves.
 #[derive(Clone, Debug)]

@@ -6,7 +6,7 @@
 //!   ([`super::conflicts`]); the kinds set the devices up, each change
 //!   recorded in the claim's entry as it happens (a change startup recovery
 //!   could not find by looking is journalled as `PrepareStarted` before it
-//!   is made, [`journal`]); a failure rolls back exactly what was done;
+//!   is made, [`super::journal`]); a failure rolls back exactly what was done;
 //! - [`complete`]: the entry, now `PrepareCompleted`, is committed (grouped
 //!   with concurrent claims, `super::commits`); [`abandon`] undoes a
 //!   staged claim whose commit failed;
@@ -23,20 +23,9 @@ use super::checkpoint::{
 };
 use super::conflicts::check_conflicts;
 use super::error::PrepareError;
+use super::journal::{commit, entry_for, failpoint};
 use super::kinds::{self, undo};
 use super::plan::{ClaimPlan, PlannedDevice, Target};
-
-/// A crash-test hook: with `GPU_DRA_FAILPOINT=<name>` (or a comma-separated
-/// list naming it) the process aborts at that step, as a SIGKILL would stop
-/// it (no unwinding, no cleanup).
-pub(super) fn failpoint(name: &str) {
-    if std::env::var(crate::prepare::checkpoint::FAILPOINT_ENV)
-        .is_ok_and(|value| value.split(',').any(|one| one == name))
-    {
-        tracing::warn!(failpoint = name, "failpoint hit: aborting");
-        std::process::abort();
-    }
-}
 
 /// What [`stage`] leaves for [`complete`].
 pub(crate) enum Staged {
@@ -263,38 +252,5 @@ fn planned_record(d: &PlannedDevice) -> PreparedDeviceRecord {
         cdi_device_ids: Vec::new(),
         sharing: SharingApplied::default(),
         admin: d.admin,
-    }
-}
-
-/// Writes the entry, still `PrepareStarted`, so that a crash after the
-/// next hardware change finds it recorded and recovery undoes it.
-pub(super) fn journal(
-    inner: &Inner,
-    uid: &ClaimUid,
-    entry: &ClaimEntry,
-    what: &str,
-) -> Result<(), PrepareError> {
-    commit(inner, Batch::new().put(uid.clone(), entry.clone()), what)
-}
-
-/// Adds `batch` to the checkpoint; the error text names the step.
-pub(super) fn commit(inner: &Inner, batch: Batch, step: &str) -> Result<(), PrepareError> {
-    inner
-        .store
-        .commit(batch)
-        .map_err(|e| PrepareError::Checkpoint {
-            step: step.to_owned(),
-            reason: e.to_string(),
-        })
-}
-
-/// A new entry for `plan` in state `state`.
-pub(super) fn entry_for(plan: &ClaimPlan, state: ClaimState) -> ClaimEntry {
-    ClaimEntry {
-        state,
-        namespace: plan.namespace.clone(),
-        name: plan.name.clone(),
-        devices: Vec::new(),
-        cdi_spec_paths: Vec::new(),
     }
 }

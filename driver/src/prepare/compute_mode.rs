@@ -1,17 +1,15 @@
 //! Compute modes: the one GPU setting three kinds share. Time-slicing needs
 //! `Default`, MPS and memory shares `ExclusiveProcess`; the mode found is
 //! recorded (journalled before the change) with the claim's device, and the
-//! last claim on the GPU that needs a mode restores it.
+//! last claim on the GPU that needs a mode restores it (the undo step is
+//! `kinds::restore_compute_mode`).
 
 use gpu_nvml::ComputeMode;
 
 use super::Inner;
-use super::apply::journal;
-use super::checkpoint::{
-    ClaimEntry, ClaimUid, ComputeModeChange, DeviceKind, PreparedDeviceRecord,
-};
+use super::checkpoint::{ClaimEntry, ClaimUid, ComputeModeChange, DeviceKind};
 use super::error::PrepareError;
-use super::kinds::{Undo, mps};
+use super::journal::journal;
 use super::plan::Target;
 
 /// The name a compute mode is recorded under in the checkpoint.
@@ -83,49 +81,4 @@ pub(super) fn needed_by_others(uuid: &str, others: &[(&ClaimUid, &ClaimEntry)]) 
             && matches!(&r.kind, DeviceKind::Gpu { uuid: u, .. } if u == uuid)
             && (r.sharing.mps_daemon.is_some() || r.sharing.compute_mode.is_some())
     })
-}
-
-/// The undo step of a record's compute-mode change, after the kinds
-/// undid theirs: the mode found before is restored unless the record's
-/// MPS daemon still serves another claim, or another claim's MPS daemon or
-/// compute-mode change on the GPU (a memory share, or a share whose failed
-/// prepare is still to be undone) needs the mode: the last of them
-/// restores it.
-pub(super) fn restore(cx: &mut Undo<'_>, record: &PreparedDeviceRecord) {
-    let Some(change) = &record.sharing.compute_mode else {
-        return;
-    };
-    // Another claim still shares the daemon and the mode.
-    if record
-        .sharing
-        .mps_daemon
-        .as_ref()
-        .is_some_and(|daemon| mps::in_use(cx, &daemon.id))
-    {
-        return;
-    }
-    let uuid = record.gpu_uuid();
-    if needed_by_others(uuid, cx.others) {
-        tracing::debug!(claim = %cx.uid, device = %record.device, "compute mode left: another claim on the GPU needs it");
-        return;
-    }
-    let Some(mode) = parse_mode(&change.previous) else {
-        return;
-    };
-    if let Some(index) = index_of(cx.inner, uuid) {
-        if let Err(e) = cx.inner.backend.set_compute_mode(index, mode) {
-            cx.errors
-                .push(format!("restore compute mode of {}: {e}", record.device));
-        }
-    } else {
-        // Not an error that keeps the entry: a GPU this plugin no
-        // longer sees cannot be reached by any retry either.
-        tracing::error!(
-            claim = %cx.uid,
-            device = %record.device,
-            gpu = %uuid,
-            mode = %change.previous,
-            "cannot restore the compute mode: the GPU is not known to this plugin; set it by hand"
-        );
-    }
 }

@@ -4,7 +4,7 @@
 //! that says how the other claim holds it and what to do.
 
 use super::checkpoint::{ClaimEntry, ClaimState, ClaimUid, DeviceKind, PreparedDeviceRecord};
-use super::error::PrepareError;
+use super::error::{Held, PrepareError};
 use super::plan::{ClaimPlan, PlannedDevice, Target};
 
 /// What part of a physical GPU a device occupies.
@@ -60,34 +60,6 @@ fn record_footprint(d: &PreparedDeviceRecord) -> Footprint {
     }
 }
 
-/// How another claim holds a device (for [`PrepareError::Conflict`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Held {
-    /// Its prepare completed.
-    Prepared,
-    /// Its prepare failed and the rollback could not undo everything: the
-    /// entry stays (`PrepareStarted`) until a retry undoes it.
-    FailedPrepare,
-}
-
-impl Held {
-    pub(super) fn how(self) -> &'static str {
-        match self {
-            Held::Prepared => "already prepared for",
-            Held::FailedPrepare => "still held by a failed prepare of",
-        }
-    }
-
-    pub(super) fn remedy(self) -> &'static str {
-        match self {
-            Held::Prepared => "unprepare the other claim first",
-            Held::FailedPrepare => {
-                "its rollback could not undo everything (see the plugin's log); it is retried at that claim's next prepare or unprepare and at the plugin's start"
-            }
-        }
-    }
-}
-
 /// Refuses a device that overlaps a non-admin device of another claim.
 pub(super) fn check_conflicts(
     plan: &ClaimPlan,
@@ -120,7 +92,7 @@ pub(super) fn check_conflicts(
 #[cfg(test)]
 mod tests {
     use super::Footprint::{Share, Slices, Whole};
-    use super::{Held, PrepareError};
+    use crate::prepare::error::{Held, PrepareError};
 
     #[test]
     fn footprints_overlap_exactly_when_they_share_hardware() {

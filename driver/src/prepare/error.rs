@@ -2,7 +2,6 @@
 //! words the user reads in the pod's events.
 
 use super::cdi::CdiError;
-use super::conflicts::Held;
 use super::{mig, mps, timeslice};
 
 /// Why preparing or unpreparing a claim failed; the text goes to the user.
@@ -75,4 +74,32 @@ pub enum PrepareError {
     /// Undo failed for some steps (each listed).
     #[error("could not undo everything: {}", .0.join("; "))]
     Undo(Vec<String>),
+}
+
+/// How another claim holds a device (for [`PrepareError::Conflict`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// Its prepare completed.
+    Prepared,
+    /// Its prepare failed and the rollback could not undo everything: the
+    /// entry stays (`PrepareStarted`) until a retry undoes it.
+    FailedPrepare,
+}
+
+impl Held {
+    pub(super) fn how(self) -> &'static str {
+        match self {
+            Held::Prepared => "already prepared for",
+            Held::FailedPrepare => "still held by a failed prepare of",
+        }
+    }
+
+    pub(super) fn remedy(self) -> &'static str {
+        match self {
+            Held::Prepared => "unprepare the other claim first",
+            Held::FailedPrepare => {
+                "its rollback could not undo everything (see the plugin's log); it is retried at that claim's next prepare or unprepare and at the plugin's start"
+            }
+        }
+    }
 }

@@ -1,19 +1,21 @@
 //! A share of a memory-shared GPU (`--memory-sharing`): one MPS daemon per
 //! GPU, shared by every claim on it (started with the first, stopped after
 //! the last), compute mode `ExclusiveProcess` while it runs, and per-client
-//! limits derived from the `memory` the allocation consumed.
+//! limits derived from the `memory` the allocation consumed. The daemon
+//! is stopped after the last claim by the MPS kind's undo, which owns every
+//! daemon of the MPS directory (`super::mps`).
 
 use std::collections::BTreeMap;
 
 use gpu_dra_api::config::{DeviceConfig, TimeSliceInterval};
 use gpu_nvml::ComputeMode;
 
-use super::{Kind, Setup, Undo, mps};
-use crate::prepare::apply::failpoint;
+use super::{Kind, Setup};
 use crate::prepare::cdi::ContainerEdits;
-use crate::prepare::checkpoint::{ComputeModeChange, PreparedDeviceRecord};
+use crate::prepare::checkpoint::ComputeModeChange;
 use crate::prepare::compute_mode;
 use crate::prepare::error::PrepareError;
+use crate::prepare::journal::failpoint;
 use crate::prepare::mps::{DaemonConfig, client_limit_edits};
 use crate::prepare::plan::{ClaimPlan, GpuTarget, PlannedDevice, Target};
 
@@ -35,20 +37,6 @@ impl Kind for MemoryShare {
         claim.spec.add_edits(&claim.names[i], edits)?;
         Ok(())
     }
-
-    fn undo(&self, cx: &mut Undo<'_>, record: &PreparedDeviceRecord) {
-        if let Some(daemon) = &record.sharing.mps_daemon
-            && is_shared_daemon(&daemon.id)
-        {
-            mps::stop_unless_in_use(cx, &daemon.id);
-        }
-    }
-}
-
-/// Whether `id` names the MPS daemon of a memory-shared GPU.
-pub(crate) fn is_shared_daemon(id: &str) -> bool {
-    id.strip_prefix("shared-gpu")
-        .is_some_and(|minor| minor.parse::<u32>().is_ok())
 }
 
 /// The memory-shared GPU of the claim's shares (its index) and what they

@@ -8,10 +8,10 @@ use std::collections::HashSet;
 
 use super::{Kind, Recovery, Release, Setup, Undo};
 use crate::prepare::Inner;
-use crate::prepare::apply::failpoint;
 use crate::prepare::checkpoint::{DeviceKind, PreparedDeviceRecord};
 use crate::prepare::compute_mode::index_of;
 use crate::prepare::error::PrepareError;
+use crate::prepare::journal::failpoint;
 use crate::prepare::mig;
 use crate::prepare::plan::{MigTarget, PlannedDevice, Target};
 

@@ -23,13 +23,13 @@ use std::collections::BTreeMap;
 use gpu_dra_api::config::DeviceConfig;
 
 use super::Inner;
-use super::apply::failpoint;
 use super::cdi::{self, ClaimSpec, ContainerEdits};
 use super::checkpoint::{Checkpoint, ClaimEntry, ClaimUid, LostClaim, PreparedDeviceRecord};
-use super::compute_mode;
+use super::compute_mode::{index_of, needed_by_others, parse_mode};
 use super::error::PrepareError;
+use super::journal::failpoint;
 use super::plan::{ClaimPlan, PlannedDevice, Target};
-use super::recover::{Found, RecoveryReport};
+use super::report::{Found, RecoveryReport};
 
 /// How one kind of device is set up, undone, recovered and released. Every
 /// method but [`Kind::setup`] does nothing by default.
@@ -197,6 +197,21 @@ pub(crate) struct Undo<'a> {
     pub(crate) errors: Vec<String>,
 }
 
+impl Undo<'_> {
+    /// Whether MPS daemon `id` still serves another claim, or a claim whose
+    /// entry was lost (its pods run on until kubelet unprepares it).
+    pub(crate) fn daemon_in_use(&self, id: &str) -> bool {
+        self.others.iter().any(|(_, e)| {
+            e.devices
+                .iter()
+                .any(|r| r.sharing.mps_daemon.as_ref().is_some_and(|m| m.id == id))
+        }) || self
+            .inner
+            .store
+            .any_lost(|l| l.mps_daemons.iter().any(|d| d == id))
+    }
+}
+
 /// Undoes what `entry` records, in reverse: for each device the kinds in
 /// reverse order (MPS daemons, a shared one only when no other claim, nor
 /// one whose entry was lost, uses it; time slice; MIG devices this plugin
@@ -220,7 +235,7 @@ pub(crate) fn undo(
         for kind in KINDS.iter().rev() {
             kind.undo(&mut cx, record);
         }
-        compute_mode::restore(&mut cx, record);
+        restore_compute_mode(&mut cx, record);
     }
     if let Err(e) = inner.opts.cdi.remove(&uid.0) {
         cx.errors.push(format!("remove CDI spec: {e}"));
@@ -229,6 +244,51 @@ pub(crate) fn undo(
         Ok(())
     } else {
         Err(cx.errors)
+    }
+}
+
+/// The undo step of a record's compute-mode change, after the kinds
+/// undid theirs: the mode found before is restored unless the record's
+/// MPS daemon still serves another claim, or another claim's MPS daemon or
+/// compute-mode change on the GPU (a memory share, or a share whose failed
+/// prepare is still to be undone) needs the mode: the last of them
+/// restores it.
+fn restore_compute_mode(cx: &mut Undo<'_>, record: &PreparedDeviceRecord) {
+    let Some(change) = &record.sharing.compute_mode else {
+        return;
+    };
+    // Another claim still shares the daemon and the mode.
+    if record
+        .sharing
+        .mps_daemon
+        .as_ref()
+        .is_some_and(|daemon| cx.daemon_in_use(&daemon.id))
+    {
+        return;
+    }
+    let uuid = record.gpu_uuid();
+    if needed_by_others(uuid, cx.others) {
+        tracing::debug!(claim = %cx.uid, device = %record.device, "compute mode left: another claim on the GPU needs it");
+        return;
+    }
+    let Some(mode) = parse_mode(&change.previous) else {
+        return;
+    };
+    if let Some(index) = index_of(cx.inner, uuid) {
+        if let Err(e) = cx.inner.backend.set_compute_mode(index, mode) {
+            cx.errors
+                .push(format!("restore compute mode of {}: {e}", record.device));
+        }
+    } else {
+        // Not an error that keeps the entry: a GPU this plugin no
+        // longer sees cannot be reached by any retry either.
+        tracing::error!(
+            claim = %cx.uid,
+            device = %record.device,
+            gpu = %uuid,
+            mode = %change.previous,
+            "cannot restore the compute mode: the GPU is not known to this plugin; set it by hand"
+        );
     }
 }
 

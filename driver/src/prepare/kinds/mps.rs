@@ -4,7 +4,7 @@
 //! GPUs in compute mode `ExclusiveProcess` while it runs. The daemons start
 //! while the claim's CDI spec is written ([`start_beside`]). This kind also
 //! owns the MPS directory: the undo and the startup sweep of every daemon
-//! (a memory share's too, see [`stop_unless_in_use`]), the take-over of
+//! (a memory share's too), the take-over of
 //! daemons under an earlier `--mps-dir`, and the supervision that restarts
 //! dead daemons still in use ([`supervise`]).
 
@@ -14,17 +14,17 @@ use std::path::PathBuf;
 use gpu_dra_api::config::{DeviceConfig, MpsConfig};
 use gpu_nvml::ComputeMode;
 
-use super::{Kind, Recovery, Release, Setup, Undo, memory_share};
+use super::{Kind, Recovery, Release, Setup, Undo};
 use crate::prepare::Inner;
-use crate::prepare::apply::failpoint;
 use crate::prepare::checkpoint::{
-    Checkpoint, ClaimEntry, ClaimState, ClaimUid, DeviceKind, MpsDaemonRecord,
+    Checkpoint, ClaimEntry, ClaimState, ClaimUid, DeviceKind, MpsDaemonRecord, PreparedDeviceRecord,
 };
 use crate::prepare::compute_mode;
 use crate::prepare::error::PrepareError;
+use crate::prepare::journal::failpoint;
 use crate::prepare::mps::{DaemonConfig, MpsError};
 use crate::prepare::plan::Target;
-use crate::prepare::recover::RecoveryReport;
+use crate::prepare::report::RecoveryReport;
 
 /// The MPS kind.
 pub(crate) struct Mps;
@@ -108,10 +108,10 @@ impl Kind for Mps {
         Ok(())
     }
 
-    fn undo(&self, cx: &mut Undo<'_>, record: &crate::prepare::checkpoint::PreparedDeviceRecord) {
-        if let Some(daemon) = &record.sharing.mps_daemon
-            && !memory_share::is_shared_daemon(&daemon.id)
-        {
+    /// Every daemon a record names, a claim's own or a memory-shared
+    /// GPU's, once no other claim uses it.
+    fn undo(&self, cx: &mut Undo<'_>, record: &PreparedDeviceRecord) {
+        if let Some(daemon) = &record.sharing.mps_daemon {
             stop_unless_in_use(cx, &daemon.id);
         }
     }
@@ -208,23 +208,10 @@ impl Kind for Mps {
     }
 }
 
-/// Whether daemon `id` still serves another claim, or a claim whose entry
-/// was lost (its pods run on until kubelet unprepares it).
-pub(crate) fn in_use(cx: &Undo<'_>, id: &str) -> bool {
-    cx.others.iter().any(|(_, e)| {
-        e.devices
-            .iter()
-            .any(|r| r.sharing.mps_daemon.as_ref().is_some_and(|m| m.id == id))
-    }) || cx
-        .inner
-        .store
-        .any_lost(|l| l.mps_daemons.iter().any(|d| d == id))
-}
-
 /// Stops daemon `id` unless this undo stopped it already or another claim
-/// still uses it ([`in_use`]).
-pub(crate) fn stop_unless_in_use(cx: &mut Undo<'_>, id: &str) {
-    if cx.stopped.iter().any(|s| s == id) || in_use(cx, id) {
+/// still uses it ([`Undo::daemon_in_use`]).
+fn stop_unless_in_use(cx: &mut Undo<'_>, id: &str) {
+    if cx.stopped.iter().any(|s| s == id) || cx.daemon_in_use(id) {
         return;
     }
     match cx.inner.mps.stop(id) {

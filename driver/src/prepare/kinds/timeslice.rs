@@ -8,10 +8,10 @@ use gpu_nvml::ComputeMode;
 
 use super::{Kind, Release, Setup, Undo};
 use crate::prepare::Inner;
-use crate::prepare::apply::journal;
 use crate::prepare::checkpoint::{ClaimEntry, ClaimUid, DeviceKind, PreparedDeviceRecord};
 use crate::prepare::compute_mode::{self, index_of};
 use crate::prepare::error::PrepareError;
+use crate::prepare::journal::journal;
 use crate::prepare::plan::{GpuTarget, Target};
 use crate::prepare::timeslice::{self, TimeSliceError};
 

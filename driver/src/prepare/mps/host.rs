@@ -69,7 +69,7 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 )]
 pub struct HostFlags {
     /// The socket to serve on: the plugin's `--mps-host-socket`.
-    #[arg(long, env = "MPS_HOST_SOCKET", value_parser = crate::flags::parse_socket_path)]
+    #[arg(long, env = "MPS_HOST_SOCKET", value_parser = crate::paths::parse_socket_path)]
     pub socket: PathBuf,
     /// Where this container sees the NVIDIA driver (the plugin's
     /// `--container-driver-root`): only its `usr/bin/nvidia-cuda-mps-control`
@@ -93,7 +93,7 @@ pub struct HostFlags {
 }
 
 fn absolute_path(s: &str) -> Result<PathBuf, String> {
-    crate::flags::absolute_without_dotdot(s, "the driver as this container sees it")
+    crate::paths::absolute_without_dotdot(s, "the driver as this container sees it")
         .map(Path::to_path_buf)
 }
 
@@ -113,7 +113,7 @@ pub fn asked(args: &[std::ffi::OsString]) -> Option<Vec<std::ffi::OsString>> {
 pub enum HostError {
     /// The socket could not be set up.
     #[error("MPS host socket: {0}")]
-    Socket(#[from] crate::grpc::Error),
+    Socket(#[from] crate::sockets::Error),
     /// `PR_SET_CHILD_SUBREAPER` failed.
     #[error("cannot become the reaper of the MPS daemons: {0}")]
     Subreaper(#[source] io::Error),

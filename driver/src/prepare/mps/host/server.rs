@@ -17,8 +17,8 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use super::HostError;
 use super::protocol::{MAX_MESSAGE, Outcome, Reply, StartRequest, pid_namespace};
-use crate::grpc::sockets;
 use crate::prepare::mps::{exec, procs};
+use crate::sockets;
 
 /// Most input read away after a reply (see `handle`).
 const DRAIN_LIMIT: u64 = 16 * MAX_MESSAGE;

@@ -3,6 +3,10 @@
 //! removal that never hijacks a live server, and binding with mode 0600
 //! under a hidden name, renamed into place once the socket listens.
 
+mod error;
+
+pub use error::Error;
+
 use std::fs::{DirBuilder, File, OpenOptions, TryLockError};
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
@@ -10,8 +14,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
-
-use super::Error;
 
 /// The longest socket path that fits into `sockaddr_un.sun_path` (108 bytes
 /// on Linux, including the terminating NUL).

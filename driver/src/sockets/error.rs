@@ -1,5 +1,5 @@
-//! Errors of the gRPC layer: starting, serving and stopping the plugin's
-//! sockets. Every message is one line and names the path involved.
+//! Errors of the plugin's sockets: starting, serving and stopping the gRPC
+//! servers on them. Every message is one line and names the path involved.
 
 use std::path::PathBuf;
 use std::time::Duration;
