@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::{NODE, Plugin, TestEnv, short_dir};
 use gpu_dra_api::allocator::{Allocator, NodeAllocation, Outcome, SimulateOptions, Snapshot};
-use gpu_dra_e2e::apiserver::ValidationRules;
+use gpu_dra_sim::apiserver::ValidationRules;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
 

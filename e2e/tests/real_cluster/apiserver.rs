@@ -1,4 +1,4 @@
-//! The stand-in API server (`gpu_dra_e2e::apiserver`, what the demo and the
+//! The stand-in API server (`gpu_dra_sim::apiserver`, what the demo and the
 //! fast tests run against) checked against the real kube-apiserver of the
 //! test cluster: each test runs one scenario of requests, built with the
 //! kube client's own request builders (the bytes the plugin, the controller
@@ -32,7 +32,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use gpu_dra_e2e::apiserver::{ServerOptions, TestApiServer};
+use gpu_dra_sim::apiserver::{ServerOptions, TestApiServer};
 use http_body_util::BodyExt as _;
 use kube::api::{
     DeleteParams, GetParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchParams,

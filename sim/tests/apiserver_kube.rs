@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use gpu_dra_e2e::apiserver::{
+use gpu_dra_sim::apiserver::{
     Resource, ServerOptions, TestApiServer, ValidationRules, WriteOptions,
 };
 use k8s_openapi::api::core::v1::Node;

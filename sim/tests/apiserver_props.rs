@@ -1,7 +1,7 @@
 //! Property tests: hostile input never panics the test API server's store, validation, patch
 //! and selector code, and a rejected write leaves the store exactly as it was.
 
-use gpu_dra_e2e::apiserver::{
+use gpu_dra_sim::apiserver::{
     DeleteOptions, FieldSelector, LabelSelector, PatchBody, Resource, Selectors, Store,
     ValidationRules, WriteOptions,
 };

@@ -1,4 +1,4 @@
-//! Runs `gpu-dra demo` as a user would and checks what it reports: the real
+//! Runs `gpu-dra-demo` as a user would and checks what it reports: the real
 //! plugin code against the fake NVML library, the API server stand-in and
 //! the kubelet simulator; the example claims of `demo/` admitted or denied
 //! by the webhook, placed by the allocator, prepared and unprepared; and
@@ -12,12 +12,12 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 fn demo_in(tmpdir: Option<&Path>, args: &[&str]) -> std::process::Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpu-dra"));
-    c.arg("demo").args(args).env_remove("RUST_LOG");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpu-dra-demo"));
+    c.args(args).env_remove("RUST_LOG");
     if let Some(dir) = tmpdir {
         c.env("TMPDIR", dir);
     }
-    c.output().expect("run gpu-dra")
+    c.output().expect("run gpu-dra-demo")
 }
 
 fn demo(args: &[&str]) -> std::process::Output {

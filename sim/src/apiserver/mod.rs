@@ -21,8 +21,8 @@
 //! old resourceVersion (lists always reflect the current state).
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), gpu_dra_e2e::apiserver::Error> {
-//! use gpu_dra_e2e::apiserver::{ServerOptions, TestApiServer};
+//! # async fn demo() -> Result<(), gpu_dra_sim::apiserver::Error> {
+//! use gpu_dra_sim::apiserver::{ServerOptions, TestApiServer};
 //! let server = TestApiServer::start(ServerOptions::default()).await?;
 //! server.write_kubeconfig(std::path::Path::new("/tmp/kubeconfig"))?;
 //! println!("serving at {}", server.url());

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use futures::StreamExt as _;
-use gpu_dra_e2e::kubelet::{Claim, DraVersion, KubeletSim, Plugin};
+use gpu_dra_sim::kubelet::{Claim, DraVersion, KubeletSim, Plugin};
 
 #[derive(Debug, clap::Parser)]
 #[command(name = "kubelet-sim", about = "Simulate kubelet against a DRA plugin")]
@@ -133,7 +133,7 @@ async fn watch(sim: &KubeletSim, dir: PathBuf) -> anyhow::Result<()> {
     loop {
         match registrar.next_event(Duration::from_secs(3600)).await {
             Ok(event) => print_json(&event)?,
-            Err(gpu_dra_e2e::kubelet::Error::Wait(..)) => {}
+            Err(gpu_dra_sim::kubelet::Error::Wait(..)) => {}
             Err(e) => return Err(e.into()),
         }
     }

@@ -1,5 +1,5 @@
-//! The demo's example claims: the manifests of `demo/` at the repository
-//! root, compiled into the binary, in the order the demo walks them. Each
+//! The demo's example claims: the manifests of `demo/` (this package's
+//! folder), compiled into the binary, in the order the demo walks them. Each
 //! is a plain ResourceClaim a user could `kubectl apply`; a test keeps this
 //! list equal to the directory.
 
@@ -13,42 +13,42 @@ pub const FILES: &[(&str, &str, &str)] = &[
     (
         "whole-gpu.yaml",
         "a whole GPU",
-        include_str!("../../../demo/whole-gpu.yaml"),
+        include_str!("../whole-gpu.yaml"),
     ),
     (
         "nvlink-pair.yaml",
         "two NVLink-connected GPUs",
-        include_str!("../../../demo/nvlink-pair.yaml"),
+        include_str!("../nvlink-pair.yaml"),
     ),
     (
         "mig-1g10gb.yaml",
         "a dynamic MIG 1g.10gb device",
-        include_str!("../../../demo/mig-1g10gb.yaml"),
+        include_str!("../mig-1g10gb.yaml"),
     ),
     (
         "mps-gpu.yaml",
         "a GPU shared through MPS, 25% of the SMs and 10Gi per client",
-        include_str!("../../../demo/mps-gpu.yaml"),
+        include_str!("../mps-gpu.yaml"),
     ),
     (
         "memory-share-a.yaml",
         "4Gi of a memory-shared GPU",
-        include_str!("../../../demo/memory-share-a.yaml"),
+        include_str!("../memory-share-a.yaml"),
     ),
     (
         "memory-share-b.yaml",
         "8Gi of the same GPU",
-        include_str!("../../../demo/memory-share-b.yaml"),
+        include_str!("../memory-share-b.yaml"),
     ),
     (
         "invalid-selector.yaml",
         "a selector with a typo",
-        include_str!("../../../demo/invalid-selector.yaml"),
+        include_str!("../invalid-selector.yaml"),
     ),
     (
         "too-much-memory.yaml",
         "a GPU with 256Gi of memory",
-        include_str!("../../../demo/too-much-memory.yaml"),
+        include_str!("../too-much-memory.yaml"),
     ),
 ];
 
@@ -114,10 +114,21 @@ fn parse_one(file: &str, what: &'static str, text: &str) -> anyhow::Result<DemoC
 mod tests {
     use super::*;
 
+    /// The `*.yaml`/`*.yml` file names in `dir`, sorted.
+    fn yaml_file_names(dir: &str) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
     #[test]
     fn embedded_list_matches_the_directory() {
-        let on_disk =
-            crate::shipped::yaml_file_names(concat!(env!("CARGO_MANIFEST_DIR"), "/../demo"));
+        let on_disk = yaml_file_names(env!("CARGO_MANIFEST_DIR"));
         let mut embedded: Vec<String> = FILES.iter().map(|(n, _, _)| (*n).to_owned()).collect();
         embedded.sort();
         assert_eq!(embedded, on_disk, "add new demo manifests to claims::FILES");

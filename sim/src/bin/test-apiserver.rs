@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use gpu_dra_e2e::apiserver::{ServerOptions, TestApiServer, ValidationRules};
+use gpu_dra_sim::apiserver::{ServerOptions, TestApiServer, ValidationRules};
 
 /// A small Kubernetes API server for end-to-end tests and the demo.
 #[derive(Debug, Parser)]

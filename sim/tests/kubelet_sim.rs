@@ -13,7 +13,7 @@ use dra_proto::dra::v1;
 use dra_proto::registration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse, registration_server,
 };
-use gpu_dra_e2e::kubelet::{KubeletSim, RegistrarEvent};
+use gpu_dra_sim::kubelet::{KubeletSim, RegistrarEvent};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
@@ -360,14 +360,14 @@ async fn register_tries_a_get_info_past_its_deadline_again_a_few_times() {
     assert!(
         matches!(
             err,
-            gpu_dra_e2e::kubelet::Error::Timeout {
+            gpu_dra_sim::kubelet::Error::Timeout {
                 method: "GetInfo",
                 ..
             }
         ),
         "{err}"
     );
-    let tries = gpu_dra_e2e::kubelet::REGISTER_TRIES;
+    let tries = gpu_dra_sim::kubelet::REGISTER_TRIES;
     // Each try waits out the 1 s deadline, with a 1 s pause between tries.
     let least = Duration::from_secs(u64::from(2 * tries - 1));
     assert!(begun.elapsed() >= least, "{:?}", begun.elapsed());

@@ -1,11 +1,12 @@
-//! `gpu-dra demo`: the whole driver, end to end, in one process and one
+//! `gpu-dra-demo`: the whole driver, end to end, in one process and one
 //! temporary directory. It wires the real plugin code
 //! ([`gpu_kubelet_plugin::plugin::Plugin`]) to the simulation pieces: the
 //! fake `libnvidia-ml.so` with an embedded machine profile (and the MIG
 //! capability files it keeps, as the kernel does), a sysfs tree laid out
 //! from the same profile, a fake driver root whose MPS daemon really runs,
-//! the test API server and the kubelet simulator. The webhook's review code
-//! judges every object, the allocator stands in for kube-scheduler.
+//! the API server stand-in and the kubelet simulator (`gpu-dra-sim`). The
+//! webhook's review code judges every object, the allocator stands in for
+//! kube-scheduler.
 //!
 //! Steps: the node and its GPUs; the ResourceSlices published; the example
 //! claims of `demo/` ([`claims`]), each admitted or denied ([`admission`]),
@@ -28,9 +29,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser as _;
-use gpu_dra_e2e::apiserver::{Resource, ServerOptions, TestApiServer};
-use gpu_dra_e2e::kubelet::KubeletSim;
-use gpu_dra_e2e::pool;
+use gpu_dra_sim::apiserver::{Resource, ServerOptions, TestApiServer};
+use gpu_dra_sim::kubelet::KubeletSim;
+use gpu_dra_sim::pool;
 use gpu_kubelet_plugin::flags::Flags;
 use gpu_kubelet_plugin::grpc;
 use gpu_kubelet_plugin::plugin::{Plugin, kube_client};
@@ -39,6 +40,7 @@ use kube::Api;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 
+use gpu_dra::{manifest, shipped};
 use print::Printer;
 use proof::{Leftovers, NodePaths, OutsidePaths};
 
@@ -71,8 +73,14 @@ const NODE: &str = "demo-node";
 const DRIVER: &str = "gpu.nvidia.com";
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Flags of `gpu-dra demo`.
-#[derive(Debug, clap::Args)]
+/// Flags of `gpu-dra-demo`.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "gpu-dra-demo",
+    version,
+    about = "Run the kubelet plugin on a simulated GPU node (fake NVML, API server stand-in, \
+             simulated kubelet) and show what it publishes"
+)]
 pub struct Args {
     /// Machine profile: a shipped name (dgx-h100, dgx-a100, pcie-a100-bridged,
     /// t4-inference, mixed) or the path of a profile YAML file.
@@ -99,8 +107,23 @@ enum Output {
     Json,
 }
 
+fn main() -> std::process::ExitCode {
+    // The demo's plugin starts MPS daemons through this program (see
+    // `launch`): nothing else may run first.
+    if let Some(code) = gpu_kubelet_plugin::prepare::mps::launch::run_if_asked() {
+        return code;
+    }
+    match run(&Args::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs the demo.
-pub fn run(args: &Args) -> Result<()> {
+fn run(args: &Args) -> Result<()> {
     let (profile_name, profile_yaml) = load_profile(&args.profile)?;
     if std::env::var_os("RUST_LOG").is_some() {
         tracing_subscriber::fmt()
@@ -449,7 +472,7 @@ async fn demo(out: &Printer, settings: &Settings<'_>) -> Result<(Value, Vec<Stri
     let (left, _) = server.store().list(
         Resource::ResourceSlices,
         None,
-        &gpu_dra_e2e::apiserver::Selectors::default(),
+        &gpu_dra_sim::apiserver::Selectors::default(),
     );
     server
         .shutdown()
@@ -520,7 +543,7 @@ async fn demo(out: &Printer, settings: &Settings<'_>) -> Result<(Value, Vec<Stri
         "memorySharing": machine.shared_gpu.into_iter().collect::<Vec<_>>(),
         "registration": {
             "draVersion": kubelet.dra_version.as_str(),
-            "healthVersion": kubelet.health_version.map(gpu_dra_e2e::kubelet::HealthVersion::as_str),
+            "healthVersion": kubelet.health_version.map(gpu_dra_sim::kubelet::HealthVersion::as_str),
             "supportedVersions": kubelet.supported_versions,
         },
         "publishMs": publish_ms,

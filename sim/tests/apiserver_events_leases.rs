@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use gpu_dra_e2e::apiserver::{ServerOptions, TestApiServer};
+use gpu_dra_sim::apiserver::{ServerOptions, TestApiServer};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::ResourceClaim;

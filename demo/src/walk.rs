@@ -6,7 +6,7 @@
 //! kubelet's unprepare and the deletion of the claims.
 
 use anyhow::{Context as _, bail};
-use gpu_dra_e2e::kubelet::{Claim, Plugin as KubeletPlugin};
+use gpu_dra_sim::kubelet::{Claim, Plugin as KubeletPlugin};
 use gpu_kubelet_plugin::prepare::checkpoint::ClaimUid;
 use gpu_kubelet_plugin::prepare::preparer::Preparer;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use gpu_dra_e2e::apiserver::{ServerOptions, TestApiServer};
+use gpu_dra_sim::apiserver::{ServerOptions, TestApiServer};
 use http_body_util::BodyExt as _;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::Request;

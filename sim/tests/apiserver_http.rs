@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use gpu_dra_e2e::apiserver::{DeleteOptions, Resource, Selectors, ServerOptions, TestApiServer};
+use gpu_dra_sim::apiserver::{DeleteOptions, Resource, Selectors, ServerOptions, TestApiServer};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

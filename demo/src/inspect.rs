@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
-use gpu_dra_e2e::kubelet::Device;
+use gpu_dra_sim::kubelet::Device;
 use gpu_kubelet_plugin::prepare::checkpoint::{ClaimEntry, DeviceKind};
 use serde_json::{Value, json};
 

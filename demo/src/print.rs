@@ -1,4 +1,4 @@
-//! What `gpu-dra demo` shows people: a progress line per step, tables of
+//! What `gpu-dra-demo` shows people: a progress line per step, tables of
 //! the GPUs, slices, claims and the cleanup proof, colour only on a
 //! terminal. Silent in JSON mode (the report is printed whole at the end).
 
