@@ -31,6 +31,7 @@
 //! ```
 
 mod fields;
+mod http;
 mod meta;
 mod patch;
 mod resources;
@@ -153,7 +154,7 @@ impl TestApiServer {
             opts.watcher_buffer,
         ));
         let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
-        let app = routes::router(Arc::new(routes::AppState {
+        let app = routes::router(Arc::new(http::AppState {
             store: store.clone(),
             opts,
             shutdown: shutdown_rx.clone(),

@@ -5,40 +5,24 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Query, Request, State};
+use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, Method, StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::{Value, json};
 
-use super::ServerOptions;
+use super::http::{AppState, Params, Representation, json_response};
 use super::patch::PatchBody;
 use super::resources::{self, Resource};
 use super::schema;
-use super::selectors::{FieldSelector, LabelSelector, Selectors};
 use super::status::{self, ApiError, StatusCause};
-use super::store::{DeleteOptions, Store, WriteOptions};
+use super::store::{DeleteOptions, WriteOptions};
 use super::watch;
-
-/// Shared state of the HTTP handlers.
-#[derive(Debug)]
-pub(crate) struct AppState {
-    pub store: Arc<Store>,
-    pub opts: ServerOptions,
-    pub shutdown: tokio::sync::watch::Receiver<bool>,
-    pub server_address: String,
-}
 
 /// The router: everything goes through one handler that parses Kubernetes paths itself, so
 /// unknown paths get a proper Status.
 pub(crate) fn router(state: Arc<AppState>) -> Router {
     Router::new().fallback(handle).with_state(state)
-}
-
-/// A JSON response.
-pub(crate) fn json_response(code: StatusCode, body: &Value) -> Response {
-    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
-    (code, [(header::CONTENT_TYPE, "application/json")], bytes).into_response()
 }
 
 /// A JSON response with one `Warning: 299 - "..."` header per warning.
@@ -199,97 +183,6 @@ fn resource_path(group: &str, rest: &[&str]) -> Result<Target, ApiError> {
         name: name.to_owned(),
         status,
     })
-}
-
-/// Query parameters.
-#[derive(Debug, Default)]
-pub(crate) struct Params(Vec<(String, String)>);
-
-impl Params {
-    fn parse(req: &Request) -> Result<Self, ApiError> {
-        Query::<Vec<(String, String)>>::try_from_uri(req.uri())
-            .map(|q| Params(q.0))
-            .map_err(|e| ApiError::bad_request(format!("invalid query string: {e}")))
-    }
-
-    pub(crate) fn get(&self, name: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    pub(crate) fn flag(&self, name: &str) -> Result<bool, ApiError> {
-        match self.get(name) {
-            None | Some("" | "false" | "0") => Ok(false),
-            Some("true" | "1") => Ok(true),
-            Some(other) => Err(ApiError::bad_request(format!(
-                "invalid boolean value \"{other}\" for parameter {name}"
-            ))),
-        }
-    }
-
-    pub(crate) fn number(&self, name: &str) -> Result<Option<u64>, ApiError> {
-        self.get(name)
-            .filter(|v| !v.is_empty())
-            .map(|v| {
-                v.parse::<u64>().map_err(|_| {
-                    ApiError::bad_request(format!("invalid value \"{v}\" for parameter {name}"))
-                })
-            })
-            .transpose()
-    }
-
-    pub(crate) fn selectors(&self, resource: Resource) -> Result<Selectors, ApiError> {
-        Ok(Selectors {
-            fields: FieldSelector::parse(resource, self.get("fieldSelector").unwrap_or(""))?,
-            labels: LabelSelector::parse(self.get("labelSelector").unwrap_or(""))?,
-        })
-    }
-
-    fn dry_run(&self) -> Result<bool, ApiError> {
-        match self.get("dryRun") {
-            None | Some("") => Ok(false),
-            Some("All") => Ok(true),
-            Some(other) => Err(ApiError::bad_request(format!(
-                "Invalid dryRun value: \"{other}\": supported values: \"All\""
-            ))),
-        }
-    }
-}
-
-/// How objects are rendered: whole, or as `PartialObjectMetadata` (kube's metadata API).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Representation {
-    Full,
-    Metadata,
-}
-
-impl Representation {
-    fn from_headers(headers: &HeaderMap) -> Self {
-        let accept = headers
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        if accept.contains("as=PartialObjectMetadata") {
-            Representation::Metadata
-        } else {
-            Representation::Full
-        }
-    }
-
-    /// Renders an object (watch events and single objects).
-    pub(crate) fn object(self, obj: &Value) -> Value {
-        match self {
-            Representation::Full => obj.clone(),
-            Representation::Metadata => json!({
-                "kind": "PartialObjectMetadata",
-                "apiVersion": "meta.k8s.io/v1",
-                "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
-            }),
-        }
-    }
 }
 
 async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response {

@@ -2,7 +2,6 @@
 //! `Status`, `status: Failure`, a `reason`, a `code` and `details`), so that kube-rs turns them into
 //! `kube::Error::Api(Status)` exactly as it does against a real cluster.
 
-use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use serde_json::{Map, Value, json};
 
@@ -342,13 +341,6 @@ pub(crate) fn delete_success(resource: Resource, name: &str, uid: &str) -> Value
         "status": "Success",
         "details": details,
     })
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        super::routes::json_response(code, &self.to_status())
-    }
 }
 
 #[cfg(test)]

@@ -15,8 +15,8 @@ use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::http::{AppState, Params, Representation};
 use super::resources::Resource;
-use super::routes::{AppState, Params, Representation};
 use super::selectors::Selectors;
 use super::status::ApiError;
 use super::store::{EventType, StoreEvent, WatchFrom};

@@ -14,8 +14,7 @@ use futures::{Stream, StreamExt};
 use tonic::transport::Channel;
 
 use super::conn::channel;
-use super::sim::KubeletSim;
-use super::{Claim, DraVersion, Error, HealthVersion};
+use super::{Claim, DraVersion, Error, HealthVersion, KubeletSim};
 
 /// One prepared device, as the plugin described it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]

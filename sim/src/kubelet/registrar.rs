@@ -18,9 +18,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::Error;
 use super::plugin::Plugin;
-use super::sim::{KubeletSim, REGISTER_RETRY};
+use super::{Error, KubeletSim, REGISTER_RETRY};
 
 /// What the watcher did.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -67,6 +66,13 @@ struct Seen {
     id: Identity,
     /// When to try again after a failed registration (`None`: registered).
     retry_at: Option<Instant>,
+}
+
+impl KubeletSim {
+    /// Watches `dir` and registers every plugin socket that appears.
+    pub fn watch_registrar(&self, dir: impl Into<PathBuf>) -> Registrar {
+        Registrar::start(self.clone(), dir.into())
+    }
 }
 
 impl Registrar {

@@ -1,108 +1,17 @@
-//! [`KubeletSim`]: the simulated kubelet's settings and its registration
-//! of one plugin socket.
+//! [`KubeletSim::register`]: the simulated kubelet's registration of one
+//! plugin socket (`GetInfo`, kubelet's checks, the version choice,
+//! `NotifyRegistrationStatus`).
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use dra_proto::registration::registration_client::RegistrationClient;
 use dra_proto::registration::{InfoRequest, PluginInfo, RegistrationStatus};
 
 use super::conn::channel;
 use super::plugin::Plugin;
-use super::registrar::Registrar;
-use super::{DraVersion, Error, HealthVersion};
-
-/// Kubelet's deadline for `GetInfo`.
-pub const GET_INFO_TIMEOUT: Duration = Duration::from_secs(1);
-/// How many times [`KubeletSim::register`] sends a `GetInfo` that times out.
-pub const REGISTER_TRIES: u32 = 3;
-/// The pause before another try (also the registrar's): kubelet's
-/// reconciler runs once a second.
-pub(crate) const REGISTER_RETRY: Duration = Duration::from_secs(1);
-/// Kubelet's deadline for NodePrepareResources / NodeUnprepareResources.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(45);
-
-/// A simulated kubelet: which versions it knows, what `:authority` it
-/// sends, and its deadlines.
-#[derive(Clone, Debug)]
-pub struct KubeletSim {
-    pub(crate) dra_versions: Vec<DraVersion>,
-    pub(crate) health_versions: Vec<HealthVersion>,
-    pub(crate) authority: String,
-    pub(crate) get_info_timeout: Duration,
-    pub(crate) call_timeout: Duration,
-    pub(crate) reconcile_period: Duration,
-}
-
-/// The registrar's default pass period: shorter than kubelet's second,
-/// to keep tests quick; [`KubeletSim::with_reconcile_period`] sets
-/// kubelet's own.
-pub const RECONCILE_PERIOD: Duration = Duration::from_millis(50);
-
-/// Kubelet's reconciler period (`loopSleepDuration`).
-pub const KUBELET_RECONCILE_PERIOD: Duration = Duration::from_secs(1);
-
-impl Default for KubeletSim {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+use super::{DraVersion, Error, HealthVersion, KubeletSim, REGISTER_RETRY, REGISTER_TRIES};
 
 impl KubeletSim {
-    /// A kubelet of 1.34 or later: knows v1 and v1beta1 DRAPlugin, both
-    /// health versions, sends `localhost`, 1 s GetInfo and 45 s call deadlines.
-    pub fn new() -> Self {
-        Self {
-            dra_versions: vec![DraVersion::V1, DraVersion::V1beta1],
-            health_versions: vec![HealthVersion::V1alpha1, HealthVersion::V1],
-            authority: "localhost".to_owned(),
-            get_info_timeout: GET_INFO_TIMEOUT,
-            call_timeout: CALL_TIMEOUT,
-            reconcile_period: RECONCILE_PERIOD,
-        }
-    }
-
-    /// How often the registrar ([`watch_registrar`](Self::watch_registrar))
-    /// makes a pass over the directory; [`KUBELET_RECONCILE_PERIOD`] is
-    /// kubelet's.
-    pub fn with_reconcile_period(mut self, period: Duration) -> Self {
-        self.reconcile_period = period;
-        self
-    }
-
-    /// The DRAPlugin versions this kubelet knows (1.32/1.33: only v1beta1).
-    pub fn with_dra_versions(mut self, versions: impl IntoIterator<Item = DraVersion>) -> Self {
-        self.dra_versions = versions.into_iter().collect();
-        self
-    }
-
-    /// The health versions this kubelet knows (none before 1.34).
-    pub fn with_health_versions(
-        mut self,
-        versions: impl IntoIterator<Item = HealthVersion>,
-    ) -> Self {
-        self.health_versions = versions.into_iter().collect();
-        self
-    }
-
-    /// The `:authority` sent on every call; must be a valid URI authority
-    /// (for others, see [`super::raw`]).
-    pub fn with_authority(mut self, authority: impl Into<String>) -> Self {
-        self.authority = authority.into();
-        self
-    }
-
-    /// The NodePrepare/NodeUnprepare deadline.
-    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
-        self.call_timeout = timeout;
-        self
-    }
-
-    /// Watches `dir` and registers every plugin socket that appears.
-    pub fn watch_registrar(&self, dir: impl Into<PathBuf>) -> Registrar {
-        Registrar::start(self.clone(), dir.into())
-    }
-
     /// Registers the plugin behind `socket` as kubelet does: `GetInfo`
     /// (1 s deadline), validation, version choice, then
     /// `NotifyRegistrationStatus` with the verdict. A rejection is returned
