@@ -632,20 +632,6 @@ async fn slices(s: &Side) -> Vec<Step> {
         ),
     )
     .await;
-    run.send(
-        "json-patch s1's generation",
-        at(SLICES).patch(
-            name1,
-            &PatchParams::default(),
-            &Patch::<Value>::Json(
-                serde_json::from_value(
-                    json!([{"op": "replace", "path": "/spec/pool/generation", "value": 4}]),
-                )
-                .expect("a JSON patch"),
-            ),
-        ),
-    )
-    .await;
 
     // Server-side apply as the plugin publishes (its field manager, forced).
     let plugin = PatchParams::apply("gpu-kubelet-plugin").force();

@@ -1,11 +1,14 @@
-//! The test API server: a small HTTP server speaking the subset of the Kubernetes REST API the
-//! driver's programs use, faithful enough that the kube client cannot tell it from a real one.
+//! The test API server (the stand-in): a small HTTP server speaking the subset of the Kubernetes
+//! REST API the driver's programs (the plugin, the controller, the demo, the bench) use, faithful
+//! enough that the kube client cannot tell it from a real one, and no larger: what nothing of the
+//! driver sends is not served. The real cluster's tests (`gpu-dra-e2e`,
+//! `tests/real_cluster/apiserver.rs`) check it against the real kube-apiserver.
 //!
 //! Served: `resource.k8s.io/v1` ResourceSlices, ResourceClaims (with the `status` subresource),
 //! DeviceClasses, core `v1` Nodes, `events.k8s.io/v1` Events (what kube-runtime's event recorder
-//! writes) and `coordination.k8s.io/v1` Leases (leader election); verbs create, get, list (field and label selectors,
-//! `limit`/`continue` paging), watch (resourceVersion resumption, bookmarks, `sendInitialEvents`,
-//! `timeoutSeconds`), update, patch (JSON merge, strategic merge, JSON patch, server-side apply),
+//! writes) and `coordination.k8s.io/v1` Leases (leader election); verbs create, get, list (field
+//! and label selectors, `limit`/`continue` paging), watch (resourceVersion resumption, bookmarks,
+//! `sendInitialEvents`, `timeoutSeconds`), update, patch (JSON merge and server-side apply),
 //! delete (preconditions) and deletecollection; discovery (`/api`, `/apis`, ...) and `/version`.
 //! Errors are `metav1.Status` bodies with the real server's reasons and codes; ResourceSlices are
 //! validated with the 1.34 or 1.35+ rules ([`ValidationRules`]).
@@ -15,10 +18,12 @@
 //! failing a server-side apply), `null`s and empty lists and maps disappear, struct values (a
 //! claim's `status`) are always there.
 //!
-//! Not modelled (documented simplifications): authentication and authorization, finalizers and
-//! graceful deletion, namespace existence, CEL compilation, duplicate JSON fields (the last one
-//! wins, without a warning), defaulting beyond ResourceClaim requests, protobuf, and lists at an
-//! old resourceVersion (lists always reflect the current state).
+//! Not modelled (documented simplifications): authentication and authorization, admission,
+//! finalizers and graceful deletion, namespace existence, CEL compilation, duplicate JSON fields
+//! (the last one wins, without a warning), defaulting beyond ResourceClaim requests, protobuf,
+//! lists at an old resourceVersion (lists always reflect the current state), strategic merge
+//! and JSON patches (`415 UnsupportedMediaType`: nothing of the driver sends them), and every
+//! resource but the six above.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), gpu_dra_sim::apiserver::Error> {

@@ -1,5 +1,5 @@
 //! The resources the test API server serves (group, version, plural, kind, scope, subresources,
-//! field selectors), the list-type schema that server-side apply and strategic merge need, and the
+//! field selectors), the list-type schema that server-side apply needs, and the
 //! discovery documents (`/api`, `/apis`, `/apis/resource.k8s.io/v1`, ...).
 
 use serde_json::{Value, json};

@@ -576,20 +576,16 @@ async fn item(
             let body = read_body(req, app.opts.max_body_bytes).await?;
             let patch = match content_type.as_str() {
                 "application/merge-patch+json" => PatchBody::Merge(parse_json(&body)?),
-                "application/strategic-merge-patch+json" => {
-                    PatchBody::Strategic(parse_json(&body)?)
-                }
-                "application/json-patch+json" => PatchBody::Json(parse_json(&body)?),
                 "application/apply-patch+yaml" | "application/apply-patch+cbor" => {
                     PatchBody::Apply(parse_apply(&body)?)
                 }
                 other => return Err(ApiError::unsupported_media_type(other)),
             };
             let warnings = match &patch {
-                PatchBody::Merge(p) | PatchBody::Strategic(p) => {
-                    validation.check(resource, schema::unknown_patch_fields(resource, p))?
+                PatchBody::Merge(p) => {
+                    validation.check(resource, schema::unknown_fields(resource, p))?
                 }
-                PatchBody::Json(_) | PatchBody::Apply(_) => Vec::new(),
+                PatchBody::Apply(_) => Vec::new(),
             };
             let mut opts = write_options(params, &headers)?;
             if matches!(patch, PatchBody::Apply(_)) {

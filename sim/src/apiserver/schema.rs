@@ -544,16 +544,6 @@ pub(crate) fn unknown_fields(resource: Resource, obj: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The fields of a merge or strategic merge patch that `resource`'s type does not declare
-/// (directives such as `$patch` and `$setElementOrder/...` are not fields).
-pub(crate) fn unknown_patch_fields(resource: Resource, patch: &Value) -> Vec<String> {
-    unknown_paths(resource, patch)
-        .iter()
-        .filter(|p| !matches!(p.last(), Some(Step::Key(k)) if k.starts_with('$')))
-        .map(|p| render(p, false))
-        .collect()
-}
-
 /// The `400 BadRequest` of a body with unknown fields under `fieldValidation=Strict`.
 pub(crate) fn strict_error(resource: Resource, unknown: &[String]) -> ApiError {
     let info = resource.info();

@@ -212,7 +212,7 @@ impl ApiError {
         err
     }
 
-    /// `422 Invalid` without a resource (e.g. a JSON patch whose `test` operation failed).
+    /// `422 Invalid` without a resource (e.g. an unsupported `propagationPolicy`).
     pub fn unprocessable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message)
     }
@@ -240,15 +240,15 @@ impl ApiError {
         )
     }
 
-    /// `415 UnsupportedMediaType` for an unknown patch content type.
+    /// `415 UnsupportedMediaType` for a patch content type the stand-in does not serve (the
+    /// real server's reason and code; its message lists the types the stand-in accepts).
     pub fn unsupported_media_type(content_type: &str) -> Self {
         Self::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "UnsupportedMediaType",
             format!(
                 "the body of the request was in an unknown format ({content_type}) - accepted \
-                 media types include: application/json-patch+json, application/merge-patch+json, \
-                 application/apply-patch+yaml, application/strategic-merge-patch+json"
+                 media types include: application/merge-patch+json, application/apply-patch+yaml"
             ),
         )
     }

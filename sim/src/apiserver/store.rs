@@ -805,21 +805,6 @@ impl Store {
                 patch::merge_patch(&mut doc, p);
                 doc
             }
-            PatchBody::Strategic(p) => {
-                let mut doc = current.ok_or_else(|| ApiError::not_found(resource, name))?;
-                if !p.is_object() {
-                    return Err(ApiError::bad_request(
-                        "strategic merge patch must be a JSON object",
-                    ));
-                }
-                patch::strategic_merge(resource, &mut doc, p)?;
-                doc
-            }
-            PatchBody::Json(p) => {
-                let mut doc = current.ok_or_else(|| ApiError::not_found(resource, name))?;
-                patch::json_patch(&mut doc, p)?;
-                doc
-            }
         };
         if meta::name(&doc) != name {
             return Err(ApiError::bad_request(

@@ -407,19 +407,6 @@ fn patches() {
         .unwrap();
     assert!(!created);
     assert_eq!(merged["metadata"]["labels"]["k"], "v");
-    let (patched, _) = s
-        .patch(
-            Resource::ResourceSlices,
-            None,
-            "a",
-            &PatchBody::Json(
-                json!([{"op": "replace", "path": "/spec/pool/generation", "value": 3}]),
-            ),
-            false,
-            &opts("t"),
-        )
-        .unwrap();
-    assert_eq!(patched["spec"]["pool"]["generation"], 3);
     let err = s
         .patch(
             Resource::ResourceSlices,
