@@ -397,7 +397,7 @@ const KNOWN: &[(&str, &str)] = &[
     ),
     (
         "create a claim with a selector that does not compile",
-        "the stand-in does not compile CEL (documented in e2e/src/apiserver/mod.rs); the demo \
+        "the stand-in does not compile CEL (documented in sim/src/apiserver/mod.rs); the demo \
          and the tests send only compiling selectors, and the webhook is tested on the real \
          cluster",
     ),

@@ -1,4 +1,4 @@
-//! `test-apiserver`: runs the e2e test API server until SIGINT/SIGTERM.
+//! `test-apiserver`: runs the stand-in API server (`gpu_dra_sim::apiserver`) until SIGINT/SIGTERM.
 //!
 //! Prints the server URL on stdout (one line) once it accepts connections, after writing the
 //! kubeconfig if `--kubeconfig-out` is given.
