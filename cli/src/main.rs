@@ -1,13 +1,13 @@
 //! `gpu-dra`: the admin CLI. `lint` checks DeviceClass and claim manifests
-//! offline with the webhook's validation engine, `simulate` tells whether a
-//! claim would be allocated (and why not), and `demo` runs the node side of
-//! the driver on a simulated GPU machine.
+//! offline with the webhook's validation engine, and `simulate` tells
+//! whether a claim would be allocated (and why not). The demo (the node
+//! side of the driver on a simulated GPU machine) is a program of its own,
+//! `gpu-dra-demo`.
 
-mod demo;
 mod lint;
-mod manifest;
-mod shipped;
 mod simulate;
+
+use gpu_dra::{manifest, shipped};
 
 use clap::{Parser, Subcommand};
 
@@ -21,9 +21,6 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the kubelet plugin on a simulated GPU node (fake NVML, API server
-    /// stand-in, simulated kubelet) and show what it publishes.
-    Demo(demo::Args),
     /// Validate DeviceClass, ResourceClaim and ResourceClaimTemplate YAML offline, with the
     /// same engine as the admission webhook. Exit status 1 on errors.
     Lint(lint::Args),
@@ -42,25 +39,12 @@ enum OutputFormat {
 }
 
 fn main() -> std::process::ExitCode {
-    // The demo's plugin starts MPS daemons through this program (see
-    // `launch`): nothing else may run first.
-    if let Some(code) = gpu_kubelet_plugin::prepare::mps::launch::run_if_asked() {
-        return code;
-    }
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Demo(args) => demo::run(&args),
-        // Exit status 2 when the command itself failed (usage, I/O), so that
-        // 1 keeps meaning "the manifests have errors" / "does not fit".
-        Command::Lint(args) => return report(lint::run(&args)),
-        Command::Simulate(args) => return report(simulate::run(&args)),
-    };
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
+    // Exit status 2 when the command itself failed (usage, I/O), so that
+    // 1 keeps meaning "the manifests have errors" / "does not fit".
+    match cli.command {
+        Command::Lint(args) => report(lint::run(&args)),
+        Command::Simulate(args) => report(simulate::run(&args)),
     }
 }
 

@@ -1,11 +1,12 @@
 //! `gpu-dra simulate`, run as a binary against pools the real plugin
-//! published (captured in `tests/data/slices/`) and against the test API
-//! server through a kubeconfig: satisfiable claims name their devices,
-//! impossible ones exit 1 with the explanation, bad input exits 2.
+//! published (captured in `tests/data/slices/`): satisfiable claims name
+//! their devices, impossible ones exit 1 with the explanation, bad input
+//! exits 2. Against an API server through a kubeconfig: `gpu-dra-e2e`'s
+//! `tests/simulate_kubeconfig.rs` (the stand-in API server is not a
+//! dependency of the CLI).
 
 use std::path::{Path, PathBuf};
 
-use gpu_dra_e2e::apiserver::{Resource, ServerOptions, TestApiServer, WriteOptions};
 use serde_json::{Value, json};
 
 mod common;
@@ -521,104 +522,6 @@ fn sample_slices_agree_with_the_golden_snapshots() {
     }
 }
 
-/// Seeds a test API server with the captured pool and the shipped classes.
-fn cluster(allocated: bool) -> (tokio::runtime::Runtime, TestApiServer) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let server = runtime
-        .block_on(TestApiServer::start(ServerOptions::default()))
-        .unwrap();
-    let store = server.store();
-    let opts = WriteOptions::default();
-    for slice in list_items(&data(PCIE)) {
-        store
-            .create(Resource::ResourceSlices, None, slice, &opts)
-            .unwrap();
-    }
-    for file in ["gpu.nvidia.com.yaml", "nvlink.gpu.nvidia.com.yaml"] {
-        let text = std::fs::read_to_string(repo().join("deviceclasses").join(file)).unwrap();
-        let class: Value = yaml_serde::from_str(&text).unwrap();
-        store
-            .create(Resource::DeviceClasses, None, class, &opts)
-            .unwrap();
-    }
-    if allocated {
-        let text = std::fs::read_to_string(data("claims/gpu-0-allocated.yaml")).unwrap();
-        let claim: Value = yaml_serde::from_str(&text).unwrap();
-        let created = store
-            .create(
-                Resource::ResourceClaims,
-                Some("team-b"),
-                claim.clone(),
-                &opts,
-            )
-            .unwrap();
-        let mut with_status = created;
-        with_status["status"] = claim["status"].clone();
-        store
-            .update(
-                Resource::ResourceClaims,
-                Some("team-b"),
-                "running-job",
-                with_status,
-                true,
-                &opts,
-            )
-            .unwrap();
-    }
-    (runtime, server)
-}
-
-#[test]
-fn the_cluster_state_comes_through_a_kubeconfig() {
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    let claim = example("nvlink-pair.yaml");
-
-    let (runtime, server) = cluster(false);
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let (code, report) = simulate_json(&[
-        "--kubeconfig".as_ref(),
-        kubeconfig.as_os_str(),
-        "--claim".as_ref(),
-        claim.as_os_str(),
-    ]);
-    assert_eq!(code, 0, "{report:#}");
-    assert_eq!(devices(&report), ["gpu-0", "gpu-1"]);
-    // The kubeconfig's namespace is the claim's.
-    assert_eq!(report["claim"]["namespace"], "default");
-    runtime.block_on(server.shutdown()).unwrap();
-
-    let (runtime, server) = cluster(true);
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let (code, report) = simulate_json(&[
-        "--kubeconfig".as_ref(),
-        kubeconfig.as_os_str(),
-        "--claim".as_ref(),
-        claim.as_os_str(),
-    ]);
-    assert_eq!(code, 0, "{report:#}");
-    assert_eq!(devices(&report), ["gpu-2", "gpu-3"], "gpu-0 is taken");
-
-    // Only the cluster's classes count: the built-in MIG class is not there.
-    let run = simulate(&[
-        "--kubeconfig".as_ref(),
-        kubeconfig.as_os_str(),
-        "--claim".as_ref(),
-        example("mig-pair-same-gpu.yaml").as_os_str(),
-    ]);
-    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
-    assert!(
-        run.stderr.contains("1g.10gb.mig.nvidia.com"),
-        "{}",
-        run.stderr
-    );
-    runtime.block_on(server.shutdown()).unwrap();
-}
-
 #[test]
 fn an_unusable_kubeconfig_exits_2() {
     let dir = tempfile::tempdir().unwrap();
@@ -650,11 +553,7 @@ fn an_unusable_kubeconfig_exits_2() {
         .unwrap()
         .port();
     let dead = dir.path().join("dead");
-    std::fs::write(
-        &dead,
-        gpu_dra_e2e::apiserver::kubeconfig_yaml(&format!("http://127.0.0.1:{port}")),
-    )
-    .unwrap();
+    std::fs::write(&dead, kubeconfig_yaml(&format!("http://127.0.0.1:{port}"))).unwrap();
     let run = simulate(&[
         "--kubeconfig".as_ref(),
         dead.as_os_str(),
@@ -663,4 +562,19 @@ fn an_unusable_kubeconfig_exits_2() {
     ]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("resourceslices"), "{}", run.stderr);
+}
+
+/// A kubeconfig (YAML) for a server at `url`, with namespace `default`.
+fn kubeconfig_yaml(url: &str) -> String {
+    format!(
+        "apiVersion: v1\n\
+         kind: Config\n\
+         clusters:\n\
+         - name: test-apiserver\n  cluster:\n    server: {url}\n\
+         contexts:\n\
+         - name: test-apiserver\n  context:\n    cluster: test-apiserver\n    user: test-user\n    namespace: default\n\
+         current-context: test-apiserver\n\
+         users:\n\
+         - name: test-user\n  user: {{}}\n"
+    )
 }

@@ -12,7 +12,7 @@ use common::{Harness, eventually, nvidia_classes, review};
 use gpu_dra_analysis::validate::ClassLookup as _;
 use gpu_dra_controller::classes::ClusterClasses;
 use gpu_dra_controller::webhook::WebhookConfig;
-use gpu_dra_e2e::apiserver::{ServerOptions, TestApiServer};
+use gpu_dra_sim::apiserver::{ServerOptions, TestApiServer};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::Api;
 use kube::api::PostParams;
@@ -140,7 +140,7 @@ async fn an_unreachable_api_server_leaves_the_webhook_serving() {
     };
     let dir = tempfile::tempdir().unwrap();
     let client = client_for(
-        &gpu_dra_e2e::apiserver::kubeconfig_yaml(&format!("http://127.0.0.1:{port}")),
+        &gpu_dra_sim::apiserver::kubeconfig_yaml(&format!("http://127.0.0.1:{port}")),
         dir.path(),
     )
     .await;

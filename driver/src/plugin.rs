@@ -608,8 +608,8 @@ mod tests {
     #[tokio::test]
     async fn per_instance_sockets_follow_the_flag_and_the_kubelet_version() {
         use clap::Parser as _;
-        use gpu_dra_e2e::apiserver::{Resource, WriteOptions};
-        use gpu_dra_e2e::apiserver::{ServerOptions, TestApiServer};
+        use gpu_dra_sim::apiserver::{Resource, WriteOptions};
+        use gpu_dra_sim::apiserver::{ServerOptions, TestApiServer};
 
         let server = TestApiServer::start(ServerOptions::default())
             .await
@@ -732,7 +732,7 @@ mod tests {
         // Port 9 (discard) on localhost: nothing is contacted to build a client.
         std::fs::write(
             &path,
-            gpu_dra_e2e::apiserver::kubeconfig_yaml("http://127.0.0.1:9"),
+            gpu_dra_sim::apiserver::kubeconfig_yaml("http://127.0.0.1:9"),
         )
         .unwrap();
         let client = kube_client(Some(&path)).await.unwrap();

@@ -17,7 +17,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::prepare::node;
-use gpu_dra_e2e::kubelet::DraVersion;
+use gpu_dra_sim::kubelet::DraVersion;
 use gpu_kubelet_plugin::prepare::mps::host::{
     Outcome, Reply, StartRequest, pid_namespace, request_start,
 };

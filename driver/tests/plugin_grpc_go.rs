@@ -21,7 +21,7 @@ use common::{DRIVER, NODE};
 use dra_proto::dra::{v1, v1beta1};
 use dra_proto::registration::PluginInfo;
 use gpu_dra_e2e::grpc_go::{GrpcGo, Status};
-use gpu_dra_e2e::kubelet::{Claim, DraVersion};
+use gpu_dra_sim::kubelet::{Claim, DraVersion};
 use prost::Message;
 use serde_json::json;
 

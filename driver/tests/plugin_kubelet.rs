@@ -10,7 +10,7 @@ use common::{DRIVER, Plugin, http_get, short_dir};
 use dra_proto::dra::v1;
 use dra_proto::registration::PluginInfo;
 use futures::StreamExt;
-use gpu_dra_e2e::kubelet::{Claim, DraVersion, HealthVersion, KubeletSim, RegistrarEvent, raw};
+use gpu_dra_sim::kubelet::{Claim, DraVersion, HealthVersion, KubeletSim, RegistrarEvent, raw};
 use prost::Message;
 
 const WAIT: Duration = Duration::from_secs(10);

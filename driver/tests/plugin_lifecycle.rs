@@ -13,7 +13,7 @@ use common::{
 use dra_proto::dra::v1;
 use futures::StreamExt;
 use gpu_dra_e2e::grpc_go::{GrpcGo, Session};
-use gpu_dra_e2e::kubelet::{DraVersion, KubeletSim};
+use gpu_dra_sim::kubelet::{DraVersion, KubeletSim};
 use prost::Message;
 use serde_json::json;
 
@@ -432,7 +432,7 @@ async fn a_rolling_update_with_per_instance_sockets_never_leaves_kubelet_without
         node.plugin.reg_dir.join(format!("{DRIVER}-reg.sock"))
     );
     let mut registrar = KubeletSim::new()
-        .with_reconcile_period(gpu_dra_e2e::kubelet::KUBELET_RECONCILE_PERIOD)
+        .with_reconcile_period(gpu_dra_sim::kubelet::KUBELET_RECONCILE_PERIOD)
         .watch_registrar(&node.plugin.reg_dir);
     let old = registrar.wait_registered(DRIVER, WAIT).await.unwrap();
     assert_eq!(old.endpoint, old_dra);

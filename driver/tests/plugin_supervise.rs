@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::prepare::node;
-use gpu_dra_e2e::kubelet::DraVersion;
+use gpu_dra_sim::kubelet::DraVersion;
 
 const STARTED: &str = "serving kubelet plugin sockets";
 

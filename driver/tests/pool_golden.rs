@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{DRIVER, NODE, Plugin, TestEnv, complete_pool, short_dir};
-use gpu_dra_e2e::apiserver::ValidationRules;
+use gpu_dra_sim::apiserver::ValidationRules;
 use serde_json::{Map, Value};
 
 const WAIT: Duration = Duration::from_secs(30);

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{DRIVER, NODE, Plugin, TestEnv, complete_pool, pool_of, short_dir};
-use gpu_dra_e2e::apiserver::{DeleteOptions, Resource, WriteOptions};
-use gpu_dra_e2e::kubelet::KubeletSim;
+use gpu_dra_sim::apiserver::{DeleteOptions, Resource, WriteOptions};
+use gpu_dra_sim::kubelet::KubeletSim;
 use gpu_nvml::{GpuBackend, MigPlacement};
 use serde_json::Value;
 
@@ -221,7 +221,7 @@ fn unreachable_kubeconfig(env: &TestEnv) {
         .port();
     std::fs::write(
         &env.kubeconfig,
-        gpu_dra_e2e::apiserver::kubeconfig_yaml(&format!("http://127.0.0.1:{port}")),
+        gpu_dra_sim::apiserver::kubeconfig_yaml(&format!("http://127.0.0.1:{port}")),
     )
     .unwrap();
 }

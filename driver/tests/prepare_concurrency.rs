@@ -25,7 +25,7 @@ use std::time::Duration;
 use common::prepare::{LOCK_LOGS, Node, gpu_config, node, node_with, result};
 use common::{DRIVER, NODE};
 use futures::FutureExt;
-use gpu_dra_e2e::kubelet::{Claim, DraVersion, PrepareResult};
+use gpu_dra_sim::kubelet::{Claim, DraVersion, PrepareResult};
 use serde_json::{Value, json};
 
 /// Bound on everything one round of 64 calls may take: generous, a hang or

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use common::prepare::{Node, gpu_config, mig_config, node_with, result};
 use common::{DRIVER, NODE};
-use gpu_dra_e2e::kubelet::{Claim, DraVersion};
+use gpu_dra_sim::kubelet::{Claim, DraVersion};
 use serde_json::json;
 
 const PROFILE: &str = "dgx-h100";

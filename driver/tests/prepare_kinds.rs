@@ -16,7 +16,7 @@ use common::prepare::{
 };
 use common::{DRIVER, NODE};
 use fake_driver_root::FakeDriverRoot;
-use gpu_dra_e2e::kubelet::{Claim, DraVersion};
+use gpu_dra_sim::kubelet::{Claim, DraVersion};
 use serde_json::json;
 
 async fn whole_gpu(version: DraVersion, flags: &[&str]) {

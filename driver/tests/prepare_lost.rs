@@ -8,7 +8,7 @@
 mod common;
 
 use common::prepare::{Node, long_time_slices, node, result, shared_claim};
-use gpu_dra_e2e::kubelet::{Claim, DraVersion};
+use gpu_dra_sim::kubelet::{Claim, DraVersion};
 use serde_json::json;
 
 /// Drops a quote from every completed entry of the checkpoint file while

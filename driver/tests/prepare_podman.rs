@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use common::prepare::allocated_claim;
 use common::{NODE, Plugin, TestEnv, short_dir};
-use gpu_dra_e2e::kubelet::{Claim, KubeletSim};
 use gpu_dra_e2e::podman::{CdiSpecFile, Podman};
+use gpu_dra_sim::kubelet::{Claim, KubeletSim};
 use kube::Api;
 use serde_json::json;
 

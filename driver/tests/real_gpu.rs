@@ -29,9 +29,9 @@ use std::time::{Duration, Instant};
 
 use common::prepare::{allocated_claim, result};
 use common::{ApiServer, BIN, NODE, short_dir};
-use gpu_dra_e2e::apiserver::{Resource, ValidationRules};
-use gpu_dra_e2e::kubelet::KubeletSim;
 use gpu_dra_e2e::podman::{CdiSpecFile, Podman};
+use gpu_dra_sim::apiserver::{Resource, ValidationRules};
+use gpu_dra_sim::kubelet::KubeletSim;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use serde_json::{Value, json};

@@ -10,7 +10,7 @@ mod slices_support;
 
 use std::collections::BTreeSet;
 
-use gpu_dra_e2e::apiserver::{TestApiServer, ValidationRules};
+use gpu_dra_sim::apiserver::{TestApiServer, ValidationRules};
 use gpu_kubelet_plugin::discovery::Inventory;
 use gpu_kubelet_plugin::slices::Flags;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};

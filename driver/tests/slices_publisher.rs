@@ -7,7 +7,7 @@ mod slices_support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpu_dra_e2e::apiserver::{
+use gpu_dra_sim::apiserver::{
     DeleteOptions, Resource, Selectors, ServerOptions, ValidationRules, WriteOptions,
 };
 use gpu_kubelet_plugin::slices::{Flags, RulesFlag, SliceRules};
@@ -271,7 +271,7 @@ async fn a_missing_node_is_retried_logged_once_and_recovers() {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let server = gpu_dra_e2e::apiserver::TestApiServer::start(ServerOptions::default())
+    let server = gpu_dra_sim::apiserver::TestApiServer::start(ServerOptions::default())
         .await
         .unwrap();
     let mut p = Running::start(&server, flags(false), pcie_a100_bridged());

@@ -4,8 +4,8 @@
 //! or newer) and run with the calls to make.
 //!
 //! Why: kubelet is a grpc-go client. The kubelet simulator
-//! ([`crate::kubelet`]) is tonic, and the raw HTTP/2 client
-//! ([`crate::kubelet::raw`]) only replays what grpc-go is known to send.
+//! ([`gpu_dra_sim::kubelet`]) is tonic, and the raw HTTP/2 client
+//! ([`gpu_dra_sim::kubelet::raw`]) only replays what grpc-go is known to send.
 //! This runs grpc-go's own transport (its HTTP/2 framing, HPACK encoder,
 //! flow control, `:authority` choice for a Unix socket target) against the
 //! plugin, dialling as kubelet 1.37 does: a connection whose first call is

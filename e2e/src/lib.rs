@@ -1,12 +1,14 @@
-//! End-to-end test support: the kubelet simulator, the test API server, the
-//! pool-completeness check, and harnesses for two real peers (podman for
-//! CDI specs, a grpc-go client for the plugin's sockets).
+//! End-to-end test support against real peers: harnesses for podman (CDI
+//! specs consumed by a real container runtime) and a grpc-go client (the
+//! plugin's sockets as kubelet's gRPC library sees them), the `gpu-dra`
+//! binary for the tests that run it ([`bins`]), and the loud skip of a
+//! test whose peer is missing. The simulated peers (API server
+//! stand-in, kubelet simulator) are `gpu-dra-sim`; the real cluster's
+//! tests are `tests/real_cluster/`, the benchmark runner `src/bin/bench.rs`.
 
-pub mod apiserver;
+pub mod bins;
 pub mod grpc_go;
-pub mod kubelet;
 pub mod podman;
-pub mod pool;
 
 /// For a test whose real peer (podman, grpc-go) is missing here, as `err`
 /// says: `Ok(None)` after a loud skip message on stderr naming `test`, or

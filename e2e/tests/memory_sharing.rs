@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use clap::Parser as _;
 use gpu_dra_analysis::allocator::{Allocator, NodeAllocation, Outcome, SimulateOptions, Snapshot};
-use gpu_dra_e2e::apiserver::{Resource, ServerOptions, TestApiServer, ValidationRules};
-use gpu_dra_e2e::pool;
+use gpu_dra_sim::apiserver::{Resource, ServerOptions, TestApiServer, ValidationRules};
+use gpu_dra_sim::pool;
 use gpu_kubelet_plugin::flags::Flags;
 use gpu_kubelet_plugin::grpc;
 use gpu_kubelet_plugin::plugin::{Plugin, PluginHandle, kube_client};

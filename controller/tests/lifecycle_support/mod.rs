@@ -8,7 +8,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use gpu_dra_controller::lifecycle::{self, Metrics, Settings};
-use gpu_dra_e2e::apiserver::{ServerOptions, TestApiServer};
+use gpu_dra_sim::apiserver::{ServerOptions, TestApiServer};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};

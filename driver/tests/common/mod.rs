@@ -12,7 +12,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_dra_e2e::apiserver::{
+use gpu_dra_sim::apiserver::{
     Resource, Selectors, ServerOptions, Store, TestApiServer, ValidationRules,
 };
 use serde_json::Value;

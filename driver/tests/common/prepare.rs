@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_dra_e2e::kubelet::{Claim, DraVersion, KubeletSim, PrepareResult};
+use gpu_dra_sim::kubelet::{Claim, DraVersion, KubeletSim, PrepareResult};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -31,7 +31,7 @@ pub struct Node {
     pub dir: tempfile::TempDir,
     pub env: Arc<TestEnv>,
     pub plugin: Plugin,
-    pub kubelet: gpu_dra_e2e::kubelet::Plugin,
+    pub kubelet: gpu_dra_sim::kubelet::Plugin,
     pub client: kube::Client,
     version: DraVersion,
     extra: Vec<String>,
@@ -89,7 +89,7 @@ async fn start_node(
     }
 }
 
-async fn register(plugin: &Plugin, version: DraVersion) -> gpu_dra_e2e::kubelet::Plugin {
+async fn register(plugin: &Plugin, version: DraVersion) -> gpu_dra_sim::kubelet::Plugin {
     let kubelet = KubeletSim::new()
         .with_dra_versions([version])
         .register(&plugin.reg_socket())

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use gpu_dra_e2e::apiserver::{Resource, Selectors, ServerOptions, TestApiServer, ValidationRules};
+use gpu_dra_sim::apiserver::{Resource, Selectors, ServerOptions, TestApiServer, ValidationRules};
 use gpu_kubelet_plugin::discovery::{DiscoveredGpu, Inventory};
 use gpu_kubelet_plugin::slices::{Flags, PublishStatus, Publisher, PublisherOptions};
 use gpu_nvml::{ComputeMode, GpuInfo, MigInfo, MigPlacement, MigProfile, NvLinkInfo, SystemInfo};

@@ -1,4 +1,4 @@
-//! The stand-in API server (`gpu_dra_e2e::apiserver`, what the demo and the
+//! The stand-in API server (`gpu_dra_sim::apiserver`, what the demo and the
 //! fast tests run against) checked against the real kube-apiserver of the
 //! test cluster: each test runs one scenario of requests, built with the
 //! kube client's own request builders (the bytes the plugin, the controller
@@ -32,7 +32,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use gpu_dra_e2e::apiserver::{ServerOptions, TestApiServer};
+use gpu_dra_sim::apiserver::{ServerOptions, TestApiServer};
 use http_body_util::BodyExt as _;
 use kube::api::{
     DeleteParams, GetParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchParams,
@@ -397,7 +397,7 @@ const KNOWN: &[(&str, &str)] = &[
     ),
     (
         "create a claim with a selector that does not compile",
-        "the stand-in does not compile CEL (documented in e2e/src/apiserver/mod.rs); the demo \
+        "the stand-in does not compile CEL (documented in sim/src/apiserver/mod.rs); the demo \
          and the tests send only compiling selectors, and the webhook is tested on the real \
          cluster",
     ),
@@ -629,20 +629,6 @@ async fn slices(s: &Side) -> Vec<Step> {
             name1,
             &PatchParams::default(),
             &Patch::Merge(json!({"metadata": {"labels": {"extra": "yes"}}})),
-        ),
-    )
-    .await;
-    run.send(
-        "json-patch s1's generation",
-        at(SLICES).patch(
-            name1,
-            &PatchParams::default(),
-            &Patch::<Value>::Json(
-                serde_json::from_value(
-                    json!([{"op": "replace", "path": "/spec/pool/generation", "value": 4}]),
-                )
-                .expect("a JSON patch"),
-            ),
         ),
     )
     .await;

@@ -31,14 +31,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use gpu_dra_api::quantity::Quantity;
 use libtest_mimic::Failed;
 use serde_json::{Value, json};
 
 use crate::claims::{check_pod, get_json};
-use crate::harness::{Cluster, MEMORY_SHARED_GPU, repo_root};
+use crate::harness::{Cluster, MEMORY_SHARED_GPU};
 
 pub const TESTS: [(&str, crate::Test); 2] = [
     (
@@ -51,8 +51,6 @@ pub const TESTS: [(&str, crate::Test); 2] = [
     ),
 ];
 
-/// The environment variable naming the `gpu-dra` binary to test.
-const BIN_ENV: &str = "GPU_DRA_BIN";
 /// How long a claim simulate calls satisfiable may take to be scheduled.
 const SCHEDULE_LIMIT: Duration = Duration::from_secs(90);
 /// How long the scheduler has to call a pod unschedulable.
@@ -152,55 +150,9 @@ fn shown(placed: &[Placed]) -> String {
 
 // ---------------------------------------------------------------- gpu-dra
 
-/// The newest modification time of the files under `dir`.
-fn newest(dir: &Path) -> Option<SystemTime> {
-    let mut best = None;
-    for entry in std::fs::read_dir(dir).ok()?.flatten() {
-        let path = entry.path();
-        let time = if path.is_dir() {
-            newest(&path)
-        } else {
-            entry.metadata().ok().and_then(|m| m.modified().ok())
-        };
-        best = best.max(time);
-    }
-    best
-}
-
-/// The `gpu-dra` binary: `GPU_DRA_BIN`, else `<target>/debug/gpu-dra`.
+/// The `gpu-dra` binary ([`gpu_dra_e2e::bins::gpu_dra`]).
 fn gpu_dra() -> Result<PathBuf, Failed> {
-    if let Ok(path) = std::env::var(BIN_ENV) {
-        let path = PathBuf::from(path);
-        return if path.is_file() {
-            Ok(path)
-        } else {
-            Err(format!("{BIN_ENV}={} is not a file", path.display()).into())
-        };
-    }
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map_or_else(|_| repo_root().join("target"), PathBuf::from);
-    let path = target.join("debug").join("gpu-dra");
-    let Ok(meta) = std::fs::metadata(&path) else {
-        return Err(format!(
-            "no gpu-dra binary at {} (and {BIN_ENV} is unset): build it first with \
-             `cargo build -p gpu-dra --bin gpu-dra`, or point {BIN_ENV} at one",
-            path.display()
-        )
-        .into());
-    };
-    let built = meta.modified().ok();
-    let sources = ["cli/src", "api/src"]
-        .iter()
-        .filter_map(|d| newest(&repo_root().join(d)))
-        .max();
-    if built < sources {
-        eprintln!(
-            "WARNING: {} is older than the sources of cli/ or api/: it may not be the code under \
-             test (cargo build -p gpu-dra --bin gpu-dra)",
-            path.display()
-        );
-    }
-    Ok(path)
+    gpu_dra_e2e::bins::gpu_dra().map_err(Failed::from)
 }
 
 /// Runs `gpu-dra simulate --output json` with `args`; its answer.

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
-use gpu_dra_e2e::kubelet::{Claim, KUBELET_RECONCILE_PERIOD, KubeletSim, Registrar};
+use gpu_dra_sim::kubelet::{Claim, KUBELET_RECONCILE_PERIOD, KubeletSim, Registrar};
 use serde_json::json;
 use tokio::sync::watch;
 

@@ -17,10 +17,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use gpu_dra_e2e::apiserver::{
+use gpu_dra_sim::apiserver::{
     DeleteOptions, PatchBody, Resource, ServerOptions, TestApiServer, ValidationRules, WriteOptions,
 };
-use gpu_dra_e2e::kubelet::{Claim, DraVersion, KubeletSim};
+use gpu_dra_sim::kubelet::{Claim, DraVersion, KubeletSim};
 use serde_json::{Value, json};
 
 use crate::Ctx;
@@ -122,7 +122,7 @@ pub struct Node {
     kubeconfig: PathBuf,
     /// The plugin's registration socket.
     reg_socket: PathBuf,
-    kubelet: gpu_dra_e2e::kubelet::Plugin,
+    kubelet: gpu_dra_sim::kubelet::Plugin,
     /// Device names of the published pool.
     pub devices: Vec<String>,
     next: AtomicU64,
@@ -269,7 +269,7 @@ impl<'a> JsonLog<'a> {
 }
 
 /// Registers the kubelet simulator with the plugin behind `reg_socket`.
-async fn register(reg_socket: &Path) -> anyhow::Result<gpu_dra_e2e::kubelet::Plugin> {
+async fn register(reg_socket: &Path) -> anyhow::Result<gpu_dra_sim::kubelet::Plugin> {
     KubeletSim::new()
         .with_dra_versions([DraVersion::V1])
         .register(reg_socket)

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
-use gpu_dra_e2e::kubelet::Claim;
+use gpu_dra_sim::kubelet::Claim;
 use serde_json::{Value, json};
 
 use crate::cpu::{Reading, Spent};

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
-use gpu_dra_e2e::apiserver::{DeleteOptions, Resource, Store, TestApiServer, ValidationRules};
+use gpu_dra_sim::apiserver::{DeleteOptions, Resource, Store, TestApiServer, ValidationRules};
 use serde_json::Value;
 
 use crate::Ctx;
@@ -272,7 +272,7 @@ fn store_work(slices: &[Value]) -> anyhow::Result<f64> {
 /// complete pool: all at the highest generation, as many as their
 /// `resourceSliceCount`.
 pub fn complete_pool(items: &[Value]) -> Option<(usize, usize)> {
-    gpu_dra_e2e::pool::complete(items.iter().filter(|s| s["spec"]["nodeName"] == NODE))
+    gpu_dra_sim::pool::complete(items.iter().filter(|s| s["spec"]["nodeName"] == NODE))
         .filter(|p| p.stale == 0)
         .map(|p| (p.slices, p.devices))
 }

@@ -197,7 +197,7 @@ fn assignment(text: &[u8], mut at: usize) -> Result<(Option<Assignment>, usize),
 }
 
 /// Days since 1970-01-01 as a proleptic Gregorian `(year, month, day)`.
-/// The test API server (`e2e/src/apiserver/meta.rs`) has the same
+/// The test API server (`sim/src/apiserver/meta.rs`) has the same
 /// calendar function; this program is compiled alone with plain `rustc`
 /// (see `build.rs`), so it can share no crate, and std formats no dates.
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
