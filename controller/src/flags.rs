@@ -41,9 +41,11 @@ pub struct Flags {
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
+    /// The admission webhook's flags.
     #[command(flatten)]
     pub webhook: WebhookFlags,
 
+    /// The claim lifecycle's and slice GC's flags.
     #[command(flatten)]
     pub lifecycle: crate::lifecycle::Flags,
 }

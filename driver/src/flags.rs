@@ -182,9 +182,11 @@ pub struct Flags {
     #[arg(skip)]
     pub mps_launcher: Option<PathBuf>,
 
+    /// GPU discovery's flags.
     #[command(flatten)]
     pub discovery: crate::discovery::Flags,
 
+    /// The slice publisher's flags.
     #[command(flatten)]
     pub slices: crate::slices::Flags,
 }

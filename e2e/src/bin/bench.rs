@@ -193,7 +193,9 @@ fn plugin_next_to(exe: &Path) -> anyhow::Result<PathBuf> {
 
 /// What benchmarks share: the runtime, the binaries, scratch directories.
 pub struct Ctx {
+    /// The runtime the benchmarks' async parts run on.
     pub runtime: tokio::runtime::Runtime,
+    /// The plugin as the image ships it (`target/plugin/`).
     pub plugin_bin: PathBuf,
     /// Under /tmp: the plugins' state (on disk, as
     /// `/var/lib/kubelet/plugins` is on a node).
@@ -202,7 +204,9 @@ pub struct Ctx {
     /// state, `/proc`, `/dev`): a tmpfs when there is one (`/dev/shm`),
     /// else under [`Self::scratch`].
     pub volatile: PathBuf,
+    /// The plugins' environment: the deployed one, then `--env`.
     pub envs: Vec<(String, String)>,
+    /// Where each started plugin's smaps go (`--smaps`).
     pub smaps: Option<PathBuf>,
     /// The cargo that runs the other crates' benchmarks.
     pub cargo: PathBuf,
