@@ -22,7 +22,6 @@ pub(crate) struct AppState {
     pub store: Arc<Store>,
     pub opts: ServerOptions,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
-    pub server_address: String,
 }
 
 /// A JSON response.

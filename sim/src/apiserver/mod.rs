@@ -9,7 +9,7 @@
 //! writes) and `coordination.k8s.io/v1` Leases (leader election); verbs create, get, list (field
 //! and label selectors, `limit`/`continue` paging), watch (resourceVersion resumption, bookmarks,
 //! `sendInitialEvents`, `timeoutSeconds`), update, patch (JSON merge and server-side apply),
-//! delete (preconditions) and deletecollection; discovery (`/api`, `/apis`, ...) and `/version`.
+//! delete (preconditions) and deletecollection; `/version` (no discovery documents).
 //! Errors are `metav1.Status` bodies with the real server's reasons and codes; ResourceSlices are
 //! validated with the 1.34 or 1.35+ rules ([`ValidationRules`]).
 //!
@@ -163,7 +163,6 @@ impl TestApiServer {
             store: store.clone(),
             opts,
             shutdown: shutdown_rx.clone(),
-            server_address: addr.to_string(),
         }));
         let mut signal = shutdown_rx;
         let task = tokio::spawn(async move {

@@ -1,8 +1,6 @@
 //! The resources the test API server serves (group, version, plural, kind, scope, subresources,
-//! field selectors), the list-type schema that server-side apply needs, and the
-//! discovery documents (`/api`, `/apis`, `/apis/resource.k8s.io/v1`, ...).
-
-use serde_json::{Value, json};
+//! field selectors) and the list-type schema that server-side apply needs. No discovery
+//! documents: nothing the driver runs asks for them.
 
 /// A resource type served by the test API server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -30,8 +28,6 @@ pub struct ResourceInfo {
     pub version: &'static str,
     /// Plural resource name used in URLs.
     pub plural: &'static str,
-    /// Singular name (discovery).
-    pub singular: &'static str,
     /// Kind.
     pub kind: &'static str,
     /// Whether objects live in namespaces.
@@ -46,71 +42,60 @@ pub struct ResourceInfo {
     pub delete_returns_object: bool,
     /// Field selectors beyond `metadata.name` / `metadata.namespace`.
     pub field_selectors: &'static [&'static str],
-    /// Short names (discovery).
-    pub short_names: &'static [&'static str],
 }
 
 const RESOURCE_SLICES: ResourceInfo = ResourceInfo {
     group: "resource.k8s.io",
     version: "v1",
     plural: "resourceslices",
-    singular: "resourceslice",
     kind: "ResourceSlice",
     namespaced: false,
     status_subresource: false,
     has_generation: true,
     delete_returns_object: true,
     field_selectors: &["spec.nodeName", "spec.driver", "spec.pool.name"],
-    short_names: &[],
 };
 
 const RESOURCE_CLAIMS: ResourceInfo = ResourceInfo {
     group: "resource.k8s.io",
     version: "v1",
     plural: "resourceclaims",
-    singular: "resourceclaim",
     kind: "ResourceClaim",
     namespaced: true,
     status_subresource: true,
     has_generation: false,
     delete_returns_object: true,
     field_selectors: &[],
-    short_names: &[],
 };
 
 const DEVICE_CLASSES: ResourceInfo = ResourceInfo {
     group: "resource.k8s.io",
     version: "v1",
     plural: "deviceclasses",
-    singular: "deviceclass",
     kind: "DeviceClass",
     namespaced: false,
     status_subresource: false,
     has_generation: true,
     delete_returns_object: true,
     field_selectors: &[],
-    short_names: &[],
 };
 
 const NODES: ResourceInfo = ResourceInfo {
     group: "",
     version: "v1",
     plural: "nodes",
-    singular: "node",
     kind: "Node",
     namespaced: false,
     status_subresource: false,
     has_generation: false,
     delete_returns_object: true,
     field_selectors: &["spec.unschedulable"],
-    short_names: &["no"],
 };
 
 const EVENTS: ResourceInfo = ResourceInfo {
     group: "events.k8s.io",
     version: "v1",
     plural: "events",
-    singular: "event",
     kind: "Event",
     namespaced: true,
     status_subresource: false,
@@ -129,24 +114,21 @@ const EVENTS: ResourceInfo = ResourceInfo {
         "reportingController",
         "type",
     ],
-    short_names: &["ev"],
 };
 
 const LEASES: ResourceInfo = ResourceInfo {
     group: "coordination.k8s.io",
     version: "v1",
     plural: "leases",
-    singular: "lease",
     kind: "Lease",
     namespaced: true,
     status_subresource: false,
     has_generation: false,
     delete_returns_object: false,
     field_selectors: &[],
-    short_names: &[],
 };
 
-/// The API groups served besides core, in discovery order (all at version `v1`).
+/// The API groups served besides core (all at version `v1`).
 pub(crate) const GROUPS: [&str; 3] = ["resource.k8s.io", "events.k8s.io", "coordination.k8s.io"];
 
 impl Resource {
@@ -241,89 +223,6 @@ pub(crate) fn list_type(resource: Resource, path: &[&str]) -> ListType {
     }
 }
 
-/// The verbs discovery advertises; every served resource supports all of them.
-const VERBS: [&str; 8] = [
-    "create",
-    "delete",
-    "deletecollection",
-    "get",
-    "list",
-    "patch",
-    "update",
-    "watch",
-];
-
-/// `GET /api`: the core API versions.
-pub(crate) fn api_versions(server_address: &str) -> Value {
-    json!({
-        "kind": "APIVersions",
-        "versions": ["v1"],
-        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}],
-    })
-}
-
-fn group_entry(name: &str) -> Value {
-    let group_version = format!("{name}/v1");
-    json!({
-        "name": name,
-        "versions": [{"groupVersion": group_version, "version": "v1"}],
-        "preferredVersion": {"groupVersion": group_version, "version": "v1"},
-    })
-}
-
-/// `GET /apis`: the API groups.
-pub(crate) fn api_group_list() -> Value {
-    let groups: Vec<Value> = GROUPS.into_iter().map(group_entry).collect();
-    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
-}
-
-/// `GET /apis/<group>` (one of [`GROUPS`]): the group.
-pub(crate) fn api_group(name: &str) -> Value {
-    let mut group = group_entry(name);
-    group["kind"] = json!("APIGroup");
-    group["apiVersion"] = json!("v1");
-    group
-}
-
-/// `GET /api/v1` or `GET /apis/resource.k8s.io/v1`: the resources of a group version.
-pub(crate) fn api_resource_list(group: &str) -> Value {
-    let mut resources = Vec::new();
-    for resource in Resource::ALL
-        .into_iter()
-        .filter(|r| r.info().group == group)
-    {
-        let info = resource.info();
-        resources.push(json!({
-            "name": info.plural,
-            "singularName": info.singular,
-            "namespaced": info.namespaced,
-            "kind": info.kind,
-            "verbs": VERBS,
-            "shortNames": info.short_names,
-        }));
-        if info.status_subresource {
-            resources.push(json!({
-                "name": format!("{}/status", info.plural),
-                "singularName": "",
-                "namespaced": info.namespaced,
-                "kind": info.kind,
-                "verbs": ["get", "patch", "update"],
-            }));
-        }
-    }
-    let group_version = if group.is_empty() {
-        "v1".to_owned()
-    } else {
-        format!("{group}/v1")
-    };
-    json!({
-        "kind": "APIResourceList",
-        "apiVersion": "v1",
-        "groupVersion": group_version,
-        "resources": resources,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,29 +246,6 @@ mod tests {
     }
 
     #[test]
-    fn discovery_lists_status_subresource() {
-        let list = api_resource_list("resource.k8s.io");
-        let names: Vec<&str> = list["resources"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["name"].as_str().unwrap())
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "resourceslices",
-                "resourceclaims",
-                "resourceclaims/status",
-                "deviceclasses"
-            ]
-        );
-        let core = api_resource_list("");
-        assert_eq!(core["groupVersion"], "v1");
-        assert_eq!(core["resources"][0]["name"], "nodes");
-    }
-
-    #[test]
     fn events_and_leases_are_served_in_their_groups() {
         assert_eq!(
             Resource::from_group_plural("events.k8s.io", "events"),
@@ -381,33 +257,6 @@ mod tests {
         );
         assert_eq!(Resource::from_group_plural("", "events"), None);
         assert_eq!(Resource::Events.qualified_plural(), "events.events.k8s.io");
-        let groups: Vec<String> = api_group_list()["groups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|g| {
-                g["preferredVersion"]["groupVersion"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned()
-            })
-            .collect();
-        assert_eq!(
-            groups,
-            [
-                "resource.k8s.io/v1",
-                "events.k8s.io/v1",
-                "coordination.k8s.io/v1"
-            ]
-        );
-        assert_eq!(api_group("events.k8s.io")["kind"], "APIGroup");
-        let events = api_resource_list("events.k8s.io");
-        assert_eq!(events["groupVersion"], "events.k8s.io/v1");
-        assert_eq!(events["resources"][0]["name"], "events");
-        assert_eq!(events["resources"][0]["namespaced"], true);
-        let leases = api_resource_list("coordination.k8s.io");
-        assert_eq!(leases["resources"][0]["kind"], "Lease");
-        assert_eq!(leases["resources"].as_array().unwrap().len(), 1);
     }
 
     #[test]

@@ -87,8 +87,6 @@ impl FieldValidation {
 /// What a request path addresses.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Target {
-    /// A static discovery document.
-    Discovery(Value),
     /// `/version`.
     Version,
     /// `/healthz`, `/livez`, `/readyz`.
@@ -108,7 +106,7 @@ pub(crate) enum Target {
 }
 
 /// Parses a request path.
-pub(crate) fn parse_path(path: &str, server_address: &str) -> Result<Target, ApiError> {
+pub(crate) fn parse_path(path: &str) -> Result<Target, ApiError> {
     let trimmed = path.trim_start_matches('/').trim_end_matches('/');
     let segs: Vec<&str> = if trimmed.is_empty() {
         Vec::new()
@@ -119,25 +117,7 @@ pub(crate) fn parse_path(path: &str, server_address: &str) -> Result<Target, Api
         return Err(ApiError::unknown_path());
     }
     match segs.as_slice() {
-        [] => {
-            let mut paths = vec!["/api".to_owned(), "/api/v1".to_owned(), "/apis".to_owned()];
-            for group in resources::GROUPS {
-                paths.push(format!("/apis/{group}"));
-                paths.push(format!("/apis/{group}/v1"));
-            }
-            paths.extend(["/healthz", "/livez", "/readyz", "/version"].map(str::to_owned));
-            Ok(Target::Discovery(json!({ "paths": paths })))
-        }
-        ["api"] => Ok(Target::Discovery(resources::api_versions(server_address))),
-        ["api", "v1"] => Ok(Target::Discovery(resources::api_resource_list(""))),
         ["api", "v1", rest @ ..] => resource_path("", rest),
-        ["apis"] => Ok(Target::Discovery(resources::api_group_list())),
-        ["apis", group] if resources::GROUPS.contains(group) => {
-            Ok(Target::Discovery(resources::api_group(group)))
-        }
-        ["apis", group, "v1"] if resources::GROUPS.contains(group) => {
-            Ok(Target::Discovery(resources::api_resource_list(group)))
-        }
         ["apis", group, "v1", rest @ ..] if resources::GROUPS.contains(group) => {
             resource_path(group, rest)
         }
@@ -201,11 +181,10 @@ async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response {
 }
 
 async fn dispatch(app: &Arc<AppState>, req: Request) -> Result<Response, ApiError> {
-    let target = parse_path(req.uri().path(), &app.server_address)?;
+    let target = parse_path(req.uri().path())?;
     let params = Params::parse(&req)?;
     let method = req.method().clone();
     match target {
-        Target::Discovery(doc) => only_get(&method).map(|()| json_response(StatusCode::OK, &doc)),
         Target::Version => {
             only_get(&method)?;
             Ok(json_response(StatusCode::OK, &version(app)))
@@ -629,7 +608,7 @@ mod tests {
     use super::*;
 
     fn target(path: &str) -> Result<Target, ApiError> {
-        parse_path(path, "127.0.0.1:1")
+        parse_path(path)
     }
 
     #[test]
@@ -682,12 +661,7 @@ mod tests {
                 namespace: Some("kube-system".into())
             }
         );
-        assert!(matches!(
-            target("/apis/coordination.k8s.io").unwrap(),
-            Target::Discovery(_)
-        ));
         assert!(matches!(target("/version").unwrap(), Target::Version));
-        assert!(matches!(target("/apis").unwrap(), Target::Discovery(_)));
     }
 
     #[test]
