@@ -215,8 +215,7 @@ fn machine(root: &Path, profile_yaml: &str) -> Result<Machine> {
     let nvml_lib = nvidia_ml::fixture::install_with(&nvml_dir, &profile_path, &options)
         .context("install the fake NVML library")?;
     let sysfs = root.join("sys");
-    profile
-        .write_sysfs(&sysfs)
+    nvidia_ml::sysfs::write(&profile, &sysfs)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("lay out the sysfs tree")?;
     let gpus = profile.gpus.len();

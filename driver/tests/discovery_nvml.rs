@@ -14,7 +14,7 @@ async fn discover(dir: &Path, yaml: &str) -> (Inventory, nvidia_ml::Profile, Pat
     let library = nvidia_ml::fixture::install_yaml(dir, yaml, None).expect("install fake NVML");
     let profile = nvidia_ml::Profile::parse(yaml).expect("profile parses");
     let sysfs = dir.join("sys");
-    profile.write_sysfs(&sysfs).expect("write sysfs");
+    nvidia_ml::sysfs::write(&profile, &sysfs).expect("write sysfs");
     let flags = Flags {
         nvml_lib: Some(library),
         sysfs_root: sysfs.clone(),
@@ -93,7 +93,7 @@ async fn missing_or_unknown_sysfs_facts_are_left_out() {
     let library = nvidia_ml::fixture::install_yaml(dir.path(), &yaml, None).unwrap();
     let profile = nvidia_ml::Profile::parse(&yaml).unwrap();
     let sysfs = dir.path().join("sys");
-    profile.write_sysfs(&sysfs).unwrap();
+    nvidia_ml::sysfs::write(&profile, &sysfs).unwrap();
     // GPU 2 has no sysfs entry at all.
     std::fs::remove_file(
         sysfs

@@ -105,7 +105,7 @@ fn machine(root: &Path, kubeconfig: &Path) -> (Vec<String>, fake_driver_root::Pr
     let library = nvidia_ml::fixture::install_with(&root.join("nvml"), &profile, &options)
         .expect("install the fake NVML");
     let sysfs = root.join("sys");
-    machine.write_sysfs(&sysfs).expect("write the fake sysfs");
+    nvidia_ml::sysfs::write(&machine, &sysfs).expect("write the fake sysfs");
     let path = |p: &Path| p.to_str().unwrap().to_owned();
     let argv = vec![
         "gpu-kubelet-plugin".to_owned(),

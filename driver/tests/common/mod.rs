@@ -226,7 +226,7 @@ impl EnvBuilder {
         // A malformed profile has no sysfs tree: the plugin must fail in
         // NVML init before it looks there.
         if let Ok(p) = nvidia_ml::Profile::load(&profile) {
-            p.write_sysfs(&sysfs).expect("write the fake sysfs");
+            nvidia_ml::sysfs::write(&p, &sysfs).expect("write the fake sysfs");
         }
         let api = ApiServer::start(self.rules);
         let node_uid = self.node.as_deref().map(|n| api.create_node(n));

@@ -296,12 +296,6 @@ impl Profile {
             message,
         })
     }
-
-    /// Lays out a fake sysfs tree for this machine under `root`; see
-    /// [`crate::sysfs::write`].
-    pub fn write_sysfs(&self, root: &Path) -> Result<(), Error> {
-        crate::sysfs::write(self, root)
-    }
 }
 
 /// Most GPUs a profile may have (handles carry the index in 8 bits).

@@ -97,9 +97,9 @@ gpus:
     fn lays_out_symlinked_device_directories() {
         let profile = Profile::parse(PROFILE).unwrap();
         let root = tempfile::tempdir().unwrap();
-        profile.write_sysfs(root.path()).unwrap();
+        write(&profile, root.path()).unwrap();
         // twice: replaces the links
-        profile.write_sysfs(root.path()).unwrap();
+        write(&profile, root.path()).unwrap();
 
         let link = root.path().join("bus/pci/devices/0000:18:00.0");
         assert_eq!(
@@ -143,7 +143,7 @@ gpus:
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("not-a-dir");
         std::fs::write(&file, "").unwrap();
-        let err = profile.write_sysfs(&file).unwrap_err().to_string();
+        let err = write(&profile, &file).unwrap_err().to_string();
         assert!(err.contains("cannot create sysfs directory"), "{err}");
         assert!(err.contains("not-a-dir"), "{err}");
     }

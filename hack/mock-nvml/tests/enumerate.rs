@@ -311,7 +311,7 @@ fn lookups_of_unknown_devices_fail_like_nvml() {
 fn sysfs_tree_matches_what_nvml_reports() {
     let profile = Profile::load(&bundled_profile("dgx-a100")).unwrap();
     let root = tempfile::tempdir().unwrap();
-    profile.write_sysfs(root.path()).unwrap();
+    nvidia_ml::sysfs::write(&profile, root.path()).unwrap();
     let devices = std::fs::canonicalize(root.path()).unwrap().join("devices");
     let fake = Fake::bundled("dgx-a100");
     let nvml = fake.nvml();

@@ -100,6 +100,6 @@ pub fn profile_text(name: &str) -> String {
 /// Lays out a sysfs tree for a profile file under `root`.
 pub fn write_sysfs(profile: &Path, root: &Path) {
     nvidia_ml::Profile::load(profile)
-        .and_then(|p| p.write_sysfs(root))
+        .and_then(|p| nvidia_ml::sysfs::write(&p, root))
         .unwrap_or_else(|e| panic!("write sysfs: {e}"));
 }

@@ -76,7 +76,7 @@ impl Machine {
         )
         .context("installing the fake NVML (build it with `cargo build --release -p mock-nvml`)")?;
         let sysfs = dir.join("sys");
-        nvidia_ml::Profile::load(&profile)?.write_sysfs(&sysfs)?;
+        nvidia_ml::sysfs::write(&nvidia_ml::Profile::load(&profile)?, &sysfs)?;
         let registered = Root::register(driver_root.path());
         Ok(Self {
             library,
