@@ -1,6 +1,6 @@
 //! Memory-fraction sharing from publication to allocation: the real plugin
 //! (`gpu-kubelet-plugin`, started in-process from its command line, as
-//! `gpu-dra demo` starts it) publishes a pool with `--memory-sharing` to the
+//! `gpu-dra-demo` starts it) publishes a pool with `--memory-sharing` to the
 //! test API server (which validates every slice), and the project's allocator
 //! (`gpu_dra_analysis::allocator`, the scheduler's rules) allocates claims asking
 //! for `capacity.requests.memory` on the slices as stored: several claims
