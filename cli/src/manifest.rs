@@ -176,7 +176,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads a file as UTF-8 text (at most [`MAX_FILE_BYTES`]).
+/// Reads a file as UTF-8 text (at most `MAX_FILE_BYTES`).
 pub fn read_file(path: &Path) -> anyhow::Result<String> {
     let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
     if meta.len() > MAX_FILE_BYTES {

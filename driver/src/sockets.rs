@@ -108,7 +108,7 @@ pub fn lock_path(socket: &Path) -> PathBuf {
 /// that two instances can never race between probing and binding. The lock
 /// of a shared socket name is left in place on exit: deleting a lock file
 /// another instance may be opening is itself racy. That of a per-instance
-/// name ([`super::instance`]) is removed, since nobody else ever locks it
+/// name ([`crate::grpc::instance`]) is removed, since nobody else ever locks it
 /// to serve.
 #[derive(Debug)]
 pub struct SocketLock {

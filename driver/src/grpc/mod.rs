@@ -9,7 +9,7 @@
 //! stale sockets replaced, live ones never hijacked, 0750 directories and
 //! 0600 sockets) and returns a [`ServerHandle`] whose
 //! [`shutdown`](ServerHandle::shutdown) deregisters first, then drains.
-//! Real claim preparation plugs in through [`dra::ClaimPreparer`], device
+//! Real claim preparation plugs in through [`ClaimPreparer`](crate::prepare::claim::ClaimPreparer), device
 //! health through the [`health::HealthSender`] watch channel. In a rolling
 //! update with per-instance socket names ([`instance`]), [`Server::bind`]
 //! registers a new instance while the old one still serves, and passes

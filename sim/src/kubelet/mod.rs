@@ -109,7 +109,7 @@ impl KubeletSim {
     }
 
     /// The `:authority` sent on every call; must be a valid URI authority
-    /// (for others, see [`super::raw`]).
+    /// (for others, see [`raw`]).
     pub fn with_authority(mut self, authority: impl Into<String>) -> Self {
         self.authority = authority.into();
         self

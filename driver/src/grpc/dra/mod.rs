@@ -1,8 +1,10 @@
 //! The `DRAPlugin` service (v1 and v1beta1) and the seam where claim
 //! preparation plugs in.
 //!
-//! Both wire versions are converted to one internal form ([`ClaimRef`],
-//! [`PreparedDevice`]) and handed to a [`ClaimPreparer`] in batches (one
+//! Both wire versions are converted to one internal form
+//! ([`ClaimRef`](crate::prepare::claim::ClaimRef),
+//! [`PreparedDevice`](crate::prepare::claim::PreparedDevice)) and handed to a
+//! [`ClaimPreparer`](crate::prepare::claim::ClaimPreparer) in batches (one
 //! batch per kubelet call, so an implementation can write its checkpoint
 //! once per batch). The gRPC layer guarantees kubelet's contract around it:
 //!
@@ -14,7 +16,7 @@
 //! - a UID the preparer forgot to answer gets an error entry, answers for
 //!   UIDs nobody asked about are dropped.
 //!
-//! The claim types and the [`ClaimPreparer`] trait belong to the domain
+//! The claim types and the `ClaimPreparer` trait belong to the domain
 //! ([`crate::prepare::claim`]); the plugin's preparer is
 //! [`crate::prepare::Preparer`].
 
