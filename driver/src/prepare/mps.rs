@@ -1,15 +1,6 @@
 //! MPS control daemons, started and supervised by the plugin itself (no
 //! Deployment, so an MPS prepare waits only for the daemon's readiness).
 //!
-//! The parts: this file holds [`MpsControl`], the daemons' directories,
-//! their errors and the containers' edits; `daemon` starts a daemon
-//! (launch, readiness, settings) and restarts a dead one (`check`);
-//! `adopt` takes over daemons under an earlier `--mps-dir` and stops the
-//! orphans there; `stop` stops one; [`config`] is a daemon's settings,
-//! `exec` the runs of the control program, [`launch`] the private-mount
-//! launcher, [`procs`] the search of `/proc`, [`host`] the optional daemon
-//! host.
-//!
 //! # How MPS works (facts this module relies on)
 //! - `nvidia-cuda-mps-control -d` forks a control daemon into the background
 //!   and returns. The daemon writes `nvidia-cuda-mps-control.pid` and listens
@@ -136,23 +127,24 @@
 //!   same server (MPS has limited error containment). Only MIG isolates in
 //!   hardware.
 
-mod adopt;
 pub mod config;
-mod daemon;
 pub(crate) mod exec;
 pub mod host;
 pub mod launch;
 pub mod procs;
-mod stop;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
 use std::fs;
 use std::io::{self, ErrorKind};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Component, Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
 
 pub use config::{
     DaemonConfig, MAX_PINNED_LIMIT_MIB, parse_limit_mib, validate_id, validate_percentage,
@@ -162,7 +154,7 @@ pub use config::{
 use super::capped::{Capped, read_capped};
 use super::cdi::{ContainerEdits, HostRoot, Mount};
 use super::checkpoint::MpsDaemonRecord;
-use exec::driver_env;
+use exec::{RunError, backoff, driver_env};
 
 /// Where containers (and, with [`ShmMode::PrivateMount`], the daemon) see
 /// the pipe directory: MPS's default, as NVIDIA's driver uses it.
@@ -618,6 +610,583 @@ impl MpsControl {
         }
     }
 
+    /// The daemons taken over under another directory (a poisoned lock
+    /// still holds a consistent map: each use is one map operation).
+    fn elsewhere(&self) -> std::sync::MutexGuard<'_, HashMap<String, PathBuf>> {
+        self.elsewhere
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn is_elsewhere(&self, id: &str) -> bool {
+        self.elsewhere().contains_key(id)
+    }
+
+    fn forget_elsewhere(&self, id: &str) {
+        self.elsewhere().remove(id);
+    }
+
+    /// The MPS directory (host path) a checkpoint's daemon record names, when
+    /// it is not `--mps-dir`: the plugin ran with another `--mps-dir` when
+    /// the daemon was started. `None`: the current directory, or a record
+    /// from before the directories were recorded. The record comes from a
+    /// file: its three directories must be `<dir>/<id>/{pipe,log,shm}` of
+    /// one absolute, normalized `dir` (log and shm may be missing).
+    pub fn recorded_elsewhere(
+        &self,
+        record: &MpsDaemonRecord,
+    ) -> Result<Option<PathBuf>, MpsError> {
+        checked_id(&record.id)?;
+        if record.pipe_dir.as_os_str().is_empty() {
+            return Ok(None);
+        }
+        let bad = |reason: String| MpsError::BadRecord {
+            path: record.pipe_dir.clone(),
+            reason: format!(
+                "the checkpoint's record of MPS daemon {}: {reason}",
+                record.id
+            ),
+        };
+        let normal = |p: &Path| {
+            p.is_absolute()
+                && p.components()
+                    .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        };
+        let dir = record
+            .pipe_dir
+            .parent()
+            .and_then(Path::parent)
+            .filter(|d| normal(d))
+            .ok_or_else(|| bad("the pipe directory is not <absolute dir>/<id>/pipe".into()))?;
+        for (leaf, recorded) in [
+            ("pipe", &record.pipe_dir),
+            ("log", &record.log_dir),
+            ("shm", &record.shm_dir),
+        ] {
+            let expected = dir.join(&record.id).join(leaf);
+            if !(recorded.as_os_str().is_empty() && leaf != "pipe") && *recorded != expected {
+                return Err(bad(format!(
+                    "the {leaf} directory {} is not {}",
+                    recorded.display(),
+                    expected.display()
+                )));
+            }
+        }
+        // Spelled as components (`/a/./b/` is `/a/b`), as the marker is.
+        let dir: PathBuf = dir.components().collect();
+        Ok((dir != self.dir.host).then_some(dir))
+    }
+
+    /// Takes over daemon `id` under `dir` (from
+    /// [`MpsControl::recorded_elsewhere`]), seen at that path: `start` (the
+    /// claims of a memory-shared GPU join it), `check`, `stop`, its records
+    /// and container edits use that directory until the daemon is stopped;
+    /// daemons started later go under `--mps-dir`. Where this plugin cannot
+    /// see `dir` (not mounted in its container), a start or check finds
+    /// whether any process of the daemon is left by its marker, and `stop`
+    /// kills them by it.
+    pub fn adopt_elsewhere(&self, id: &str, dir: PathBuf) {
+        self.elsewhere().insert(id.to_owned(), dir);
+    }
+
+    /// The directories to start or check daemon `id` in. A daemon taken
+    /// over under a directory this plugin cannot see is forgotten when none
+    /// of its processes is left, so it starts afresh under `--mps-dir`;
+    /// while one runs, that is [`MpsError::Unreachable`] (a second daemon
+    /// for its devices would fight it).
+    fn usable_dirs(&self, id: &str) -> Result<DaemonDirs, MpsError> {
+        checked_id(id)?;
+        // The map first, looked at once: a daemon under --mps-dir (every
+        // start on a prepare's path) needs no look at the file system here.
+        let Some(dir) = self.elsewhere().get(id).cloned() else {
+            return Ok(DaemonDirs::under(&self.dir, id));
+        };
+        let dirs = DaemonDirs::under(&HostRoot::same(dir), id);
+        if dirs.root.exists() {
+            return Ok(dirs);
+        }
+        let pids = procs::daemon_processes(&dirs.root);
+        if !pids.is_empty() {
+            return Err(MpsError::Unreachable {
+                id: id.to_owned(),
+                dir: dirs.root,
+                pids,
+            });
+        }
+        tracing::warn!(
+            daemon = %id,
+            dir = %dirs.root.display(),
+            "MPS daemon of an earlier --mps-dir, in a directory this plugin cannot see, is gone; it starts afresh under --mps-dir"
+        );
+        self.forget_elsewhere(id);
+        Ok(DaemonDirs::under(&self.dir, id))
+    }
+
+    fn control_program(&self) -> Result<PathBuf, MpsError> {
+        let path = self.driver_root.local(Path::new(CONTROL_PROGRAM));
+        if path.is_file() {
+            Ok(path)
+        } else {
+            Err(MpsError::ControlMissing { path })
+        }
+    }
+
+    /// The program that gives a daemon a mount namespace of its own.
+    fn launcher(&self) -> Result<&Path, MpsError> {
+        self.launcher
+            .as_deref()
+            .ok_or_else(|| MpsError::PrivateShmUnavailable {
+                reason: NO_LAUNCHER.into(),
+            })
+    }
+
+    /// A command that runs `program args...` through the launcher, in a
+    /// mount namespace of its own where the daemon's `shm/` is `/dev/shm`
+    /// and its `pipe/` is [`CONTAINER_PIPE_DIR`] (made here if missing:
+    /// the new namespace starts as a copy of the plugin's, same `/tmp`).
+    fn in_namespace(
+        &self,
+        dirs: &DaemonDirs,
+        program: &Path,
+        args: &[&str],
+    ) -> Result<Command, MpsError> {
+        let launcher = self.launcher()?;
+        launch::Launch::Daemon {
+            shm: dirs.shm.clone(),
+            pipe: dirs.pipe.clone(),
+            program: program.to_path_buf(),
+            args: args.iter().map(Into::into).collect(),
+        }
+        .command(launcher)
+        .map_err(io_err("create mount point", Path::new(CONTAINER_PIPE_DIR)))
+    }
+
+    /// A client run of the control program for the daemon of `dirs`:
+    /// directly, with the plugin-side pipe directory, when its socket path
+    /// fits a UNIX socket; otherwise (a long state directory; only a
+    /// daemon in its own namespace can have one, see [`MpsError::SocketPathTooLong`])
+    /// through the launcher, which puts the pipe directory at
+    /// [`CONTAINER_PIPE_DIR`], where the daemon itself and containers see it.
+    fn client(&self, program: &Path, dirs: &DaemonDirs) -> Result<Command, MpsError> {
+        let (mut cmd, pipe_env) =
+            if socket_path_fits(&dirs.control()) || self.shm_mode() != ShmMode::PrivateMount {
+                (Command::new(program), dirs.pipe.as_path())
+            } else {
+                (
+                    self.in_namespace(dirs, program, &[])?,
+                    Path::new(CONTAINER_PIPE_DIR),
+                )
+            };
+        // First: it clears the environment.
+        driver_env(&mut cmd, &self.driver_root.path);
+        cmd.env("CUDA_MPS_PIPE_DIRECTORY", pipe_env)
+            .env("CUDA_MPS_LOG_DIRECTORY", &dirs.log);
+        Ok(cmd)
+    }
+
+    fn lock_for(&self, id: &str) -> Arc<Mutex<()>> {
+        let mut map = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        map.entry(id.to_owned()).or_default().clone()
+    }
+
+    /// Drops the lock entry of `id` when nobody else holds it (so the map
+    /// does not grow with every daemon ever stopped).
+    fn forget_lock(&self, id: &str, mine: &Arc<Mutex<()>>) {
+        let mut map = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        if Arc::strong_count(mine) <= 2 {
+            map.remove(id);
+        }
+    }
+
+    /// Starts daemon `cfg.id`, or re-adopts it when it already runs (its
+    /// devices must match) and re-applies the settings.
+    pub fn start(&self, cfg: &DaemonConfig) -> Result<MpsDaemonRecord, MpsError> {
+        cfg.validate()?;
+        let lock = self.lock_for(&cfg.id);
+        let _held = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        self.start_locked(cfg)
+    }
+
+    fn start_locked(&self, cfg: &DaemonConfig) -> Result<MpsDaemonRecord, MpsError> {
+        let dirs = self.usable_dirs(&cfg.id)?;
+        let program = self.control_program()?;
+        if let Some(pid) = dirs.live_pid() {
+            // Rewritten only when it changes: a memory-shared GPU's daemon
+            // is re-adopted by every claim that joins it, and a file made
+            // and renamed on disk each time is an inode allocation and a
+            // journal entry for nothing.
+            let unchanged = match read_config(&dirs) {
+                Ok(Some(running)) if running.gpu_uuids != cfg.gpu_uuids => {
+                    return Err(MpsError::Conflict {
+                        id: cfg.id.clone(),
+                        running: running.visible_devices(),
+                        wanted: cfg.visible_devices(),
+                    });
+                }
+                Ok(running) => running.as_ref() == Some(cfg),
+                Err(e) => {
+                    tracing::warn!(
+                        daemon = %cfg.id,
+                        pid,
+                        error = %e,
+                        "settings file of a running MPS daemon unreadable; re-adopting it and rewriting the file"
+                    );
+                    false
+                }
+            };
+            if !unchanged {
+                write_config(&dirs, cfg)?;
+            }
+            self.apply(&program, &dirs, &cfg.id, &cfg.commands()?)?;
+            tracing::info!(daemon = %cfg.id, pid, "re-adopted running MPS control daemon");
+            return Ok(self.record(cfg, pid));
+        }
+        // Refused before anything is made: such a daemon could never bind
+        // its socket (in its own namespace it is at /tmp/nvidia-mps).
+        let socket = dirs.control();
+        if !socket_path_fits(&socket) && self.shm_mode() == ShmMode::Inherit {
+            return Err(MpsError::SocketPathTooLong {
+                id: cfg.id.clone(),
+                len: socket.as_os_str().len(),
+                path: socket,
+            });
+        }
+        let first_start = !dirs.root.exists();
+        let started = Instant::now();
+        match self.launch(&program, &dirs, cfg, first_start) {
+            Ok(pid) => {
+                tracing::info!(
+                    daemon = %cfg.id,
+                    pid,
+                    devices = %cfg.visible_devices(),
+                    shm = ?self.shm_mode(),
+                    elapsed_us = crate::micros(started),
+                    "started MPS control daemon"
+                );
+                Ok(self.record(cfg, pid))
+            }
+            Err(e) => {
+                // The directories go only once no process of the daemon is
+                // left: a missing directory means none runs (see `launch`).
+                match Self::kill_all(&cfg.id, &dirs) {
+                    Err(cleanup) => {
+                        tracing::error!(daemon = %cfg.id, error = %cleanup, "cleanup after a failed MPS start; its directories are kept");
+                    }
+                    Ok(()) => {
+                        if first_start && let Err(rm) = fs::remove_dir_all(&dirs.root) {
+                            tracing::error!(daemon = %cfg.id, path = %dirs.root.display(), error = %rm, "cannot remove the directories of a failed MPS start");
+                        }
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn record(&self, cfg: &DaemonConfig, pid: u32) -> MpsDaemonRecord {
+        let host = |leaf: &str| PathBuf::from(self.host_path(&cfg.id, leaf));
+        MpsDaemonRecord {
+            id: cfg.id.clone(),
+            pipe_dir: host("pipe"),
+            pid: Some(pid),
+            log_dir: host("log"),
+            shm_dir: host("shm"),
+            gpu_uuids: cfg.gpu_uuids.clone(),
+        }
+    }
+
+    /// Creates the directories, runs `-d`, waits for readiness, applies the
+    /// settings.
+    ///
+    /// `first_start`: the daemon's directory did not exist, so no process
+    /// of it can be left (its directories are removed only after
+    /// [`Self::kill_all`] found none), and the walk over every process's
+    /// environment in `/proc` (thousands of reads on a busy node) is
+    /// skipped.
+    fn launch(
+        &self,
+        program: &Path,
+        dirs: &DaemonDirs,
+        cfg: &DaemonConfig,
+        first_start: bool,
+    ) -> Result<u32, MpsError> {
+        for (dir, mode) in [
+            (&dirs.root, 0o755),
+            (&dirs.pipe, 0o755),
+            (&dirs.log, 0o755),
+            (&dirs.shm, 0o1777),
+        ] {
+            fs::create_dir_all(dir).map_err(io_err("create dir", dir))?;
+            fs::set_permissions(dir, fs::Permissions::from_mode(mode))
+                .map_err(io_err("chmod", dir))?;
+        }
+        // Stale processes of this daemon directory (a start that crashed
+        // half-way) and a dead daemon's socket and pid file go first.
+        if !first_start {
+            Self::kill_all(&cfg.id, dirs)?;
+        }
+        clear_dir(&dirs.pipe)?;
+        write_config(dirs, cfg)?;
+
+        let out_path = dirs.log.join(START_OUTPUT);
+        // The launch, and the pipe directory the daemon sees.
+        let private = match self.shm_mode() {
+            ShmMode::PrivateMount => {
+                // The daemon's /dev/shm is mounted over: what it needs
+                // afterwards (its program, log and pipe directories) must
+                // not be under /dev/shm.
+                for (what, path) in [
+                    ("MPS directory", &dirs.root),
+                    ("driver root", &self.driver_root.path),
+                ] {
+                    if path.starts_with("/dev/shm") {
+                        return Err(MpsError::PrivateShmUnavailable {
+                            reason: format!(
+                                "the {what} {} is under /dev/shm, which an MPS daemon gets replaced by its own shm directory; move it (--mps-dir, --container-driver-root)",
+                                path.display()
+                            ),
+                        });
+                    }
+                }
+                true
+            }
+            ShmMode::Inherit => false,
+        };
+        let pipe_env = if private {
+            Path::new(CONTAINER_PIPE_DIR)
+        } else {
+            dirs.pipe.as_path()
+        };
+        // The daemon's whole environment; paths as they are (the markers
+        // are compared byte for byte).
+        let mut env: BTreeMap<String, OsString> = exec::driver_env_vars(&self.driver_root.path)
+            .into_iter()
+            .map(|(k, v)| (k, v.into()))
+            .collect();
+        if let Some(owner) = &self.owner {
+            env.insert(procs::OWNER_ENV.into(), owner.into());
+        }
+        for (key, value) in [
+            ("CUDA_MPS_PIPE_DIRECTORY", pipe_env),
+            ("CUDA_MPS_LOG_DIRECTORY", dirs.log.as_path()),
+            (procs::DAEMON_MARKER_ENV, dirs.root.as_path()),
+        ] {
+            env.insert(key.into(), value.into());
+        }
+        env.insert("CUDA_VISIBLE_DEVICES".into(), cfg.visible_devices().into());
+        let outcome = match &self.host {
+            Some(socket) => {
+                // JSON carries text: a path that is not UTF-8 cannot be sent.
+                let env = env
+                    .into_iter()
+                    .map(|(k, v)| v.into_string().map(|v| (k, v)))
+                    .collect::<Result<BTreeMap<_, _>, _>>()
+                    .map_err(|v| MpsError::InvalidConfig {
+                        id: cfg.id.clone(),
+                        reason: format!(
+                            "{} is not UTF-8, which the MPS daemon host's requests need",
+                            v.display()
+                        ),
+                    })?;
+                let request = host::StartRequest {
+                    program: program.to_path_buf(),
+                    private_mount: private.then(|| host::PrivateMount {
+                        shm: dirs.shm.clone(),
+                        pipe: dirs.pipe.clone(),
+                    }),
+                    env,
+                    output: out_path.clone(),
+                    timeout_ms: u64::try_from(
+                        self.timeouts
+                            .command
+                            .min(host::MAX_TIMEOUT)
+                            .as_millis()
+                            .max(1),
+                    )
+                    .unwrap_or(1),
+                };
+                host::request_start(socket, &request).map_err(|source| MpsError::Host {
+                    id: cfg.id.clone(),
+                    source,
+                })?
+            }
+            None => self.run_start(program, dirs, private, &env, &out_path)?,
+        };
+        match outcome {
+            ok @ host::Outcome::Exited { .. } if ok.success() => {}
+            host::Outcome::TimedOut => {
+                return Err(MpsError::StartFailed {
+                    id: cfg.id.clone(),
+                    output: format!(
+                        "`-d` did not return within {} ms and was killed",
+                        self.timeouts.command.as_millis()
+                    ),
+                });
+            }
+            host::Outcome::Failed { error } => {
+                return Err(MpsError::StartFailed {
+                    id: cfg.id.clone(),
+                    output: format!("the MPS daemon host refused or could not run it: {error}"),
+                });
+            }
+            ended @ host::Outcome::Exited { .. } => {
+                let printed = fs::read_to_string(&out_path).unwrap_or_default();
+                return Err(MpsError::StartFailed {
+                    id: cfg.id.clone(),
+                    output: format!("{ended}: {}", exec::combine(&printed, "")),
+                });
+            }
+        }
+        // The first setting is the readiness probe (one client run less per
+        // start); a daemon without settings is probed with `get_server_list`.
+        let commands = cfg.commands()?;
+        let (probe, rest) = match commands.split_first() {
+            Some((first, rest)) => (first.as_str(), rest),
+            None => (READY_PROBE, &[][..]),
+        };
+        let pid = self.wait_ready(program, dirs, cfg, probe)?;
+        self.apply(program, dirs, &cfg.id, rest)?;
+        Ok(pid)
+    }
+
+    /// Runs `-d` in the plugin's own container (no `--mps-host-socket`),
+    /// with `env` as its whole environment and its output in `out_path`.
+    fn run_start(
+        &self,
+        program: &Path,
+        dirs: &DaemonDirs,
+        private: bool,
+        env: &BTreeMap<String, OsString>,
+        out_path: &Path,
+    ) -> Result<host::Outcome, MpsError> {
+        let private = if private {
+            Some((self.launcher()?, dirs.shm.as_path(), dirs.pipe.as_path()))
+        } else {
+            None
+        };
+        let mut cmd = exec::daemon_start(program, private, env, out_path)?;
+        let mut child = exec::spawn(&mut cmd).map_err(|source| MpsError::Spawn {
+            program: program.to_path_buf(),
+            source,
+        })?;
+        let deadline = Instant::now() + self.timeouts.command;
+        let waited = exec::wait_until(&mut child, deadline).map_err(io_err("wait for", program))?;
+        if let Some(status) = waited {
+            Ok(host::Outcome::Exited {
+                code: status.code(),
+                signal: status.signal(),
+            })
+        } else {
+            let _ = child.kill();
+            let _ = child.wait();
+            Ok(host::Outcome::TimedOut)
+        }
+    }
+
+    /// Waits until the pid file names a live daemon, `control` exists and
+    /// `probe` (a command safe to repeat) succeeds. A probe that fails while
+    /// the daemon answers [`READY_PROBE`] was refused, not early: its error
+    /// is returned at once instead of waiting out [`Timeouts::ready`].
+    fn wait_ready(
+        &self,
+        program: &Path,
+        dirs: &DaemonDirs,
+        cfg: &DaemonConfig,
+        probe: &str,
+    ) -> Result<u32, MpsError> {
+        let begun = Instant::now();
+        let deadline = begun + self.timeouts.ready;
+        let mut attempt = 0;
+        loop {
+            if let Some(pid) = dirs.live_pid() {
+                if fs::symlink_metadata(dirs.control()).is_ok() {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match self.send(program, dirs, &cfg.id, probe, left) {
+                        Ok(_) => {
+                            tracing::debug!(daemon = %cfg.id, command = %probe, "MPS daemon ready");
+                            return Ok(pid);
+                        }
+                        Err(refused @ MpsError::Command { .. })
+                            if probe != READY_PROBE
+                                && self.send(program, dirs, &cfg.id, READY_PROBE, left).is_ok() =>
+                        {
+                            return Err(refused);
+                        }
+                        Err(_) => {}
+                    }
+                }
+            } else if let Some(pid) = read_pid(&dirs.pid_file())
+                && !procs::is_alive(pid)
+            {
+                return Err(MpsError::DaemonExited {
+                    id: cfg.id.clone(),
+                    pid,
+                    log: log_tail(dirs),
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(MpsError::NotReady {
+                    id: cfg.id.clone(),
+                    waited_ms: begun.elapsed().as_millis(),
+                    log: log_tail(dirs),
+                });
+            }
+            thread::sleep(backoff(attempt));
+            attempt += 1;
+        }
+    }
+
+    /// Sends `commands` (settings) to daemon `id`, one per client invocation.
+    fn apply(
+        &self,
+        program: &Path,
+        dirs: &DaemonDirs,
+        id: &str,
+        commands: &[String],
+    ) -> Result<(), MpsError> {
+        for command in commands {
+            self.send(program, dirs, id, command, self.timeouts.command)?;
+            tracing::debug!(daemon = %id, %command, "MPS setting applied");
+        }
+        Ok(())
+    }
+
+    /// Runs one control command; `command` is a validated single line.
+    fn send(
+        &self,
+        program: &Path,
+        dirs: &DaemonDirs,
+        id: &str,
+        command: &str,
+        timeout: Duration,
+    ) -> Result<String, MpsError> {
+        debug_assert!(!command.contains('\n'));
+        let mut cmd = self.client(program, dirs)?;
+        let line = format!("{command}\n");
+        match exec::run(&mut cmd, Some(line.as_bytes()), timeout) {
+            Ok(ran) if ran.status.success() => Ok(ran.stdout),
+            Ok(ran) => Err(MpsError::Command {
+                id: id.to_owned(),
+                command: command.to_owned(),
+                output: format!("{}: {}", ran.status, ran.output()),
+            }),
+            Err(RunError::TimedOut) => Err(MpsError::CommandTimeout {
+                id: id.to_owned(),
+                command: command.to_owned(),
+                timeout_ms: timeout.as_millis(),
+            }),
+            Err(RunError::Spawn(source)) => Err(MpsError::Spawn {
+                program: program.to_path_buf(),
+                source,
+            }),
+            Err(RunError::Wait(source)) => Err(MpsError::Io {
+                op: "wait for",
+                path: program.to_path_buf(),
+                source,
+            }),
+        }
+    }
+
     /// Whether daemon `id` runs (its pid file names a live control daemon).
     pub fn is_running(&self, id: &str) -> bool {
         self.pid(id).is_some()
@@ -632,6 +1201,143 @@ impl MpsControl {
     /// The settings daemon `id` was last started with, from its directory.
     pub fn config(&self, id: &str) -> Result<Option<DaemonConfig>, MpsError> {
         read_config(&self.dirs(id)?)
+    }
+
+    /// Kills every process of daemon `id` (by its marker: the pid file's
+    /// daemon counts only when it carries it too) and waits until they are
+    /// gone.
+    fn kill_all(id: &str, dirs: &DaemonDirs) -> Result<(), MpsError> {
+        let pids = procs::daemon_processes(&dirs.root);
+        kill_and_wait(pids).map_err(|pids| MpsError::StopFailed {
+            id: id.to_owned(),
+            pids,
+        })
+    }
+
+    /// Stops daemon `id`: `quit`, SIGKILL after [`Timeouts::stop`] (and for
+    /// any MPS server left), then removes its directories. An unknown id is
+    /// a success.
+    pub fn stop(&self, id: &str) -> Result<(), MpsError> {
+        // Before a lock entry is made for it.
+        checked_id(id)?;
+        let lock = self.lock_for(id);
+        let held = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let result = self.dirs(id).and_then(|dirs| self.stop_locked(id, &dirs));
+        if result.is_ok() {
+            self.forget_elsewhere(id);
+        }
+        drop(held);
+        self.forget_lock(id, &lock);
+        result
+    }
+
+    fn stop_locked(&self, id: &str, dirs: &DaemonDirs) -> Result<(), MpsError> {
+        if !dirs.root.exists() {
+            if self.is_elsewhere(id) {
+                // Under an earlier --mps-dir this plugin cannot see: no
+                // pid file or socket to reach, but its processes carry
+                // the marker.
+                Self::kill_all(id, dirs)?;
+                tracing::warn!(
+                    daemon = %id,
+                    dir = %dirs.root.display(),
+                    "stopped MPS daemon of an earlier --mps-dir by its marker; its directory, which this plugin cannot see, is left on the host"
+                );
+            }
+            return Ok(());
+        }
+        if let Some(pid) = dirs.live_pid() {
+            let quit = self
+                .control_program()
+                .and_then(|p| self.send(&p, dirs, id, "quit", self.timeouts.command));
+            if let Err(e) = &quit {
+                tracing::warn!(daemon = %id, pid, error = %e, "MPS quit failed; killing the daemon");
+            }
+            let deadline = Instant::now() + self.timeouts.stop;
+            let mut attempt = 0;
+            while quit.is_ok() && procs::is_alive(pid) && Instant::now() < deadline {
+                thread::sleep(backoff(attempt));
+                attempt += 1;
+            }
+            if procs::is_alive(pid) {
+                tracing::warn!(daemon = %id, pid, "MPS control daemon did not exit after quit; killing it");
+            }
+        }
+        Self::kill_all(id, dirs)?;
+        fs::remove_dir_all(&dirs.root).map_err(io_err("remove", &dirs.root))?;
+        tracing::info!(daemon = %id, "stopped MPS control daemon");
+        Ok(())
+    }
+
+    /// Kills this owner's daemons ([`Self::with_owner`]) that run under
+    /// another MPS directory than `--mps-dir` and were not taken over from a
+    /// record ([`Self::adopt_elsewhere`]): daemons of an earlier `--mps-dir`
+    /// whose checkpoint entry was lost. Found by a walk over every process's
+    /// environment, so only run when entries were lost; daemons under
+    /// `--mps-dir` are [`Self::list`]ed instead. Returns `<id> in
+    /// <directory>` of each daemon stopped, and the failures.
+    ///
+    /// A daemon whose id `keep` names (the text of a lost entry names it:
+    /// its claim's pods may use it) is taken over where it runs instead,
+    /// as from a record, so that its claim's unprepare can stop it; or left
+    /// alone when `--mps-dir` has a daemon of that id too.
+    ///
+    /// Only the processes found are killed (the daemon and its servers, which
+    /// carry both marks), with SIGKILL, and their directories are left:
+    /// a process's environment is anyone's to write, so its marker is not
+    /// trusted with a `quit` to a socket, a pid file or a directory removal.
+    /// A forged mark only gets its own process killed.
+    pub fn stop_orphans_elsewhere(
+        &self,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> (Vec<String>, Vec<String>) {
+        let (mut stopped, mut errors) = (Vec::new(), Vec::new());
+        let Some(owner) = &self.owner else {
+            return (stopped, errors);
+        };
+        for (root, pids) in procs::owned_daemons(owner) {
+            let (Some(dir), Some(id)) = (root.parent(), root.file_name()) else {
+                continue;
+            };
+            if dir == self.dir.path {
+                continue;
+            }
+            let Some(id) = id.to_str().filter(|id| validate_id(id).is_ok()) else {
+                errors.push(format!(
+                    "processes {pids:?} carry this plugin's mark and MPS daemon directory {}, whose name is not a daemon id; left running",
+                    root.display()
+                ));
+                continue;
+            };
+            let known = self.elsewhere().get(id).cloned();
+            if known.as_deref() == Some(dir) {
+                continue;
+            }
+            if keep(id) {
+                if known.is_some() || DaemonDirs::under(&self.dir, id).root.exists() {
+                    tracing::warn!(daemon = %id, dir = %root.display(), "MPS daemon named by a lost checkpoint entry runs under an earlier --mps-dir, and a daemon of that id is known already: left running, not taken over");
+                } else {
+                    tracing::warn!(daemon = %id, dir = %root.display(), "MPS daemon named by a lost checkpoint entry: taken over where it runs, for its claim's pods");
+                    self.adopt_elsewhere(id, dir.to_path_buf());
+                }
+                continue;
+            }
+            match kill_and_wait(pids) {
+                Ok(()) => {
+                    tracing::warn!(
+                        daemon = %id,
+                        dir = %root.display(),
+                        "killed MPS daemon of an earlier --mps-dir whose checkpoint entry was lost; its directory is left"
+                    );
+                    stopped.push(format!("{id} in {}", dir.display()));
+                }
+                Err(left) => errors.push(format!(
+                    "MPS daemon {id} of an earlier --mps-dir {}: processes {left:?} still alive after SIGKILL",
+                    dir.display()
+                )),
+            }
+        }
+        (stopped, errors)
     }
 
     /// Ids of the daemons that have a directory (running or not), sorted;
@@ -657,6 +1363,43 @@ impl MpsControl {
         }
         ids.sort();
         Ok(ids)
+    }
+
+    /// Restarts every daemon of `ids` that is not running, from its
+    /// recorded settings; one result per id, in order.
+    pub fn check(&self, ids: &[String]) -> Vec<(String, Result<Health, MpsError>)> {
+        ids.iter()
+            .map(|id| (id.clone(), self.check_one(id)))
+            .collect()
+    }
+
+    fn check_one(&self, id: &str) -> Result<Health, MpsError> {
+        checked_id(id)?;
+        let lock = self.lock_for(id);
+        let _held = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let dirs = match self.usable_dirs(id) {
+            Err(MpsError::Unreachable { pids, .. }) => {
+                // It runs, where nothing can restart it anyway.
+                let pid = pids.into_iter().min().unwrap_or_default();
+                return Ok(Health::Running { pid });
+            }
+            other => other?,
+        };
+        if let Some(pid) = dirs.live_pid() {
+            return Ok(Health::Running { pid });
+        }
+        let cfg = read_config(&dirs)?.ok_or_else(|| MpsError::NoRecord {
+            id: id.to_owned(),
+            path: dirs.config.clone(),
+        })?;
+        if cfg.id != id {
+            return Err(MpsError::BadRecord {
+                path: dirs.config.clone(),
+                reason: format!("records daemon {:?}, not {id:?}", cfg.id),
+            });
+        }
+        tracing::warn!(daemon = %id, "MPS control daemon is gone; restarting it");
+        Ok(Health::Restarted(self.start_locked(&cfg)?))
     }
 
     /// What a container of a claim served by daemon `id` needs:
@@ -756,6 +1499,26 @@ pub fn checked_client_limit_edits(
         ));
     }
     Ok(limit_env(pinned_limit_mib, active_thread_percentage))
+}
+
+/// SIGKILLs `pids` and waits up to 2 s for them to go; the ones left.
+fn kill_and_wait(mut pids: Vec<u32>) -> Result<(), Vec<u32>> {
+    for pid in &pids {
+        procs::kill(*pid);
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut attempt = 0;
+    loop {
+        pids.retain(|p| procs::is_alive(*p));
+        if pids.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(pids);
+        }
+        thread::sleep(backoff(attempt));
+        attempt += 1;
+    }
 }
 
 /// [`validate_id`], as an [`MpsError::InvalidId`].

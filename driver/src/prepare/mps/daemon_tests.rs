@@ -6,8 +6,6 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
-use std::thread;
-use std::time::Instant;
 
 use fake_driver_root::{Behaviour, FakeDriverRoot, ProcessGuard};
 
