@@ -7,7 +7,6 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context as _;
 use serde_json::Value;
 
 /// Largest manifest file read (kubectl's own limit on an object is far
@@ -68,6 +67,56 @@ impl fmt::Display for YamlError {
                 self.file, self.line, self.message
             ),
         }
+    }
+}
+
+impl std::error::Error for YamlError {}
+
+/// Why the manifest files could not be found or read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// A path could not be read (the message is the path; the I/O error
+    /// is its source).
+    #[error("{}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A directory named on the command line holds no YAML file.
+    #[error("{}: no *.yaml or *.yml files in this directory", path.display())]
+    NoYaml {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// A file is larger than a manifest may be.
+    #[error(
+        "{}: file is {len} bytes, more than the {MAX_FILE_BYTES} bytes a manifest may have",
+        path.display()
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size in bytes.
+        len: u64,
+    },
+    /// A file is not UTF-8 text.
+    #[error("{}: not UTF-8 text (invalid byte at offset {offset})", path.display())]
+    NotUtf8 {
+        /// The file.
+        path: PathBuf,
+        /// Where the first invalid byte is.
+        offset: usize,
+    },
+}
+
+/// The [`ReadError::Io`] of `path`.
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ReadError + '_ {
+    move |source| ReadError::Io {
+        path: path.to_owned(),
+        source,
     }
 }
 
@@ -134,18 +183,15 @@ impl Document {
 /// extension), directories searched recursively for `*.yaml` and `*.yml`,
 /// in name order. A directory without any is an error, as is a path that
 /// does not exist.
-pub fn collect_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+pub fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ReadError> {
     let mut files = Vec::new();
     for path in paths {
-        let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+        let meta = std::fs::metadata(path).map_err(io(path))?;
         if meta.is_dir() {
             let before = files.len();
             walk(path, &mut files)?;
             if files.len() == before {
-                anyhow::bail!(
-                    "{}: no *.yaml or *.yml files in this directory",
-                    path.display()
-                );
+                return Err(ReadError::NoYaml { path: path.clone() });
             }
         } else {
             files.push(path.clone());
@@ -154,15 +200,15 @@ pub fn collect_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), ReadError> {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("{}", dir.display()))?
+        .map_err(io(dir))?
         .map(|e| e.map(|e| e.path()))
         .collect::<Result<_, _>>()
-        .with_context(|| format!("{}", dir.display()))?;
+        .map_err(io(dir))?;
     entries.sort();
     for path in entries {
-        let meta = std::fs::metadata(&path).with_context(|| format!("{}", path.display()))?;
+        let meta = std::fs::metadata(&path).map_err(io(&path))?;
         if meta.is_dir() {
             walk(&path, out)?;
         } else if path
@@ -176,23 +222,19 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads a file as UTF-8 text (at most `MAX_FILE_BYTES`).
-pub fn read_file(path: &Path) -> anyhow::Result<String> {
-    let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+/// Reads a file as UTF-8 text (at most 64 MiB).
+pub fn read_file(path: &Path) -> Result<String, ReadError> {
+    let meta = std::fs::metadata(path).map_err(io(path))?;
     if meta.len() > MAX_FILE_BYTES {
-        anyhow::bail!(
-            "{}: file is {} bytes, more than the {MAX_FILE_BYTES} bytes a manifest may have",
-            path.display(),
-            meta.len()
-        );
+        return Err(ReadError::TooLarge {
+            path: path.to_owned(),
+            len: meta.len(),
+        });
     }
-    let bytes = std::fs::read(path).with_context(|| format!("{}", path.display()))?;
-    String::from_utf8(bytes).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: not UTF-8 text (invalid byte at offset {})",
-            path.display(),
-            e.utf8_error().valid_up_to()
-        )
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    String::from_utf8(bytes).map_err(|e| ReadError::NotUtf8 {
+        path: path.to_owned(),
+        offset: e.utf8_error().valid_up_to(),
     })
 }
 

@@ -35,12 +35,12 @@ pub const FILES: &[(&str, &str)] = &[
 ];
 
 /// The shipped DeviceClass objects.
-pub fn classes() -> anyhow::Result<Vec<Value>> {
+pub fn classes() -> Result<Vec<Value>, manifest::YamlError> {
     let mut classes = Vec::new();
     for (name, text) in FILES {
         let parsed = manifest::parse(&format!("(built-in) deviceclasses/{name}"), text);
-        if let Some(e) = parsed.errors.first() {
-            anyhow::bail!("{e}");
+        if let Some(e) = parsed.errors.into_iter().next() {
+            return Err(e);
         }
         classes.extend(parsed.documents.into_iter().map(|d| d.value));
     }
