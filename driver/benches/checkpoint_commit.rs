@@ -4,8 +4,8 @@
 //! in the file. Prints one line each (mean per write).
 //!
 //! `cargo bench -p gpu-kubelet-plugin --bench checkpoint_commit`; the bench
-//! runner (`cargo run --release -p gpu-dra-e2e --bin bench`) has the same
-//! comparison for whole prepares.
+//! runner (`cargo run --release -p gpu-dra-e2e --bin bench`) runs it and
+//! reads the lines back (`<label>: <duration> per <write|commit>`).
 
 use std::fs;
 use std::io::Write as _;

@@ -166,6 +166,10 @@ const BENCHMARKS: &[Benchmark] = &[
         name: "allocator, 1,000 nodes x 8 GPUs, dynamic MIG",
         run: |ctx, name, _| Ok(external::allocator(ctx, name)),
     },
+    Benchmark {
+        name: "checkpoint commit",
+        run: |ctx, name, _| Ok(external::checkpoint(ctx, name)),
+    },
 ];
 
 /// The plugin's environment as the image and the chart set it

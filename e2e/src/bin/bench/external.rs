@@ -2,8 +2,9 @@
 //! builds through cargo) and read back from what they print: the admission
 //! webhook's review latency (`gpu-dra-controller`'s `webhook` bench), CEL
 //! selector evaluations per second and the allocator against 1,000 nodes
-//! (`gpu-dra-analysis`'s `cel` and `allocator` benches): `cargo bench`
-//! targets, release builds. Their output is
+//! (`gpu-dra-analysis`'s `cel` and `allocator` benches), the checkpoint's
+//! commit against a bare durable write (`gpu-kubelet-plugin`'s
+//! `checkpoint_commit` bench): `cargo bench` targets, release builds. Their output is
 //! echoed to stderr; a command that fails, or prints nothing this module
 //! recognises, leaves a row that says so instead of a number.
 
@@ -56,6 +57,14 @@ const WEBHOOK: Cargo = Cargo(&[
 const CEL: Cargo = Cargo(&["bench", "-p", "gpu-dra-analysis", "--bench", "cel"]);
 
 const ALLOCATOR: Cargo = Cargo(&["bench", "-p", "gpu-dra-analysis", "--bench", "allocator"]);
+
+const CHECKPOINT: Cargo = Cargo(&[
+    "bench",
+    "-p",
+    "gpu-kubelet-plugin",
+    "--bench",
+    "checkpoint_commit",
+]);
 
 /// A row saying why `metric` has no number.
 fn missing(name: &str, metric: &str, unit: &'static str, why: String) -> Row {
@@ -209,6 +218,38 @@ pub fn allocator(ctx: &Ctx, name: &str) -> Vec<Row> {
     rows
 }
 
+/// The checkpoint's commit against the bare durable write it is built on:
+/// one row per line of the bench (each a mean of its writes).
+pub fn checkpoint(ctx: &Ctx, name: &str) -> Vec<Row> {
+    const METRIC: &str = "commit of one claim's entry";
+    let out = match CHECKPOINT.run(ctx) {
+        Ok(out) => out,
+        Err(why) => return vec![missing(name, METRIC, "ms", why)],
+    };
+    let rows: Vec<Row> = out
+        .lines()
+        .filter_map(parse_mean_line)
+        .map(|(label, ms)| Row::with(name, &format!("{label} (mean)"), "ms", Values::One(ms)))
+        .collect();
+    if rows.is_empty() {
+        return vec![missing(
+            name,
+            METRIC,
+            "ms",
+            format!("no timing lines in the output of `{}`", CHECKPOINT.text()),
+        )];
+    }
+    rows
+}
+
+/// `(label, ms)` from a `<label>: <Debug duration> per <thing>` line.
+fn parse_mean_line(line: &str) -> Option<(String, f64)> {
+    let (label, rest) = line.rsplit_once(": ")?;
+    let mut words = rest.split_whitespace();
+    let ms = duration_ms(words.next()?)?;
+    (words.next() == Some("per") && !label.trim().is_empty()).then(|| (label.trim().to_owned(), ms))
+}
+
 /// `(n, p50, p99, max)` in ms from the webhook bench's `all` line.
 fn parse_webhook(out: &str) -> Option<(usize, f64, f64, f64)> {
     let line = out.lines().find(|l| l.trim_start().starts_with("all "))?;
@@ -338,6 +379,27 @@ mod tests {
         assert!((duration_ms("175.3µs").unwrap() - 0.1753).abs() < 1e-12);
         assert_eq!(duration_ms("fast"), None);
         assert_eq!(duration_ms("12"), None);
+    }
+
+    #[test]
+    fn checkpoint_lines_parse() {
+        let (label, ms) = parse_mean_line("commit, 1 claim (866 bytes): 881.581µs per commit")
+            .expect("a timing line");
+        assert_eq!(label, "commit, 1 claim (866 bytes)");
+        assert!((ms - 0.881_581).abs() < 1e-12, "{ms}");
+        assert_eq!(
+            parse_mean_line("bare write+fsync+rename+dir fsync: 4.04ms per write"),
+            Some(("bare write+fsync+rename+dir fsync".to_owned(), 4.04))
+        );
+        for other in [
+            "commit, 1 claim: fast per commit",
+            "commit: 1.0ms",
+            ": 1.0ms per commit",
+            "Running benches/checkpoint_commit.rs",
+            "",
+        ] {
+            assert_eq!(parse_mean_line(other), None, "{other:?}");
+        }
     }
 
     #[test]
