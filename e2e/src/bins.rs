@@ -34,8 +34,8 @@ fn newest(dir: &Path) -> Option<SystemTime> {
 }
 
 /// The `gpu-dra` binary: `GPU_DRA_BIN`, else `<target>/debug/gpu-dra`
-/// (with a warning on stderr when it is older than the sources of `cli/`
-/// or `api/`). `Err` says how to get one.
+/// (with a warning on stderr when it is older than the sources of `cli/`,
+/// `api/` or `analysis/`, the crates it is built from). `Err` says how to get one.
 pub fn gpu_dra() -> Result<PathBuf, String> {
     if let Ok(path) = std::env::var(BIN_ENV) {
         let path = PathBuf::from(path);
@@ -56,13 +56,13 @@ pub fn gpu_dra() -> Result<PathBuf, String> {
         ));
     };
     let built = meta.modified().ok();
-    let sources = ["cli/src", "api/src"]
+    let sources = ["cli/src", "api/src", "analysis/src"]
         .iter()
         .filter_map(|d| newest(&repo_root().join(d)))
         .max();
     if built < sources {
         eprintln!(
-            "WARNING: {} is older than the sources of cli/ or api/: it may not be the code under \
+            "WARNING: {} is older than the sources of cli/, api/ or analysis/: it may not be the code under \
              test (cargo build -p gpu-dra --bin gpu-dra)",
             path.display()
         );
