@@ -20,7 +20,9 @@ pub mod dra;
 mod handover;
 pub mod health;
 pub mod instance;
+pub mod limits;
 pub mod metrics;
+mod rebind;
 mod registration;
 mod server;
 

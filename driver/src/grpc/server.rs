@@ -17,6 +17,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dra_proto::dra::v1::dra_plugin_server::DraPluginServer as DraV1Server;
@@ -25,17 +26,16 @@ use dra_proto::health::v1::dra_resource_health_server::DraResourceHealthServer a
 use dra_proto::health::v1alpha1::dra_resource_health_server::DraResourceHealthServer as HealthV1alpha1Server;
 use dra_proto::registration::PluginInfo;
 use dra_proto::registration::registration_server::RegistrationServer;
-use futures::Stream;
-use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::authority;
 use super::dra::{DraCore, DraV1, DraV1beta1};
 use super::handover::Handover;
 use super::health::{self, HealthReceiver, HealthService};
 use super::instance;
+use super::limits::{DRA_MAX_MESSAGE, ResourceExhaustedLayer, SMALL_MAX_MESSAGE};
 use super::metrics::GrpcMetrics;
+use super::rebind::{self, Listening};
 use super::registration::{RegistrationService, RegistrationStatus};
 use super::{Error, SUPPORTED_VERSIONS};
 use crate::prepare::claim::{ClaimPreparer, NotReady};
@@ -54,6 +54,9 @@ pub struct Config {
     pub drain_timeout: Duration,
     /// This instance's socket tag ([`instance`]); `None`: the shared names.
     pub instance: Option<String>,
+    /// How often the socket paths are checked, to bind them again when
+    /// they were removed under the plugin ([`super::rebind`]).
+    pub socket_check_interval: Duration,
 }
 
 impl Config {
@@ -69,6 +72,7 @@ impl Config {
             plugins_dir: plugins_dir.into(),
             drain_timeout: Duration::from_secs(20),
             instance: None,
+            socket_check_interval: rebind::DEFAULT_CHECK_INTERVAL,
         }
     }
 
@@ -235,19 +239,37 @@ impl Server {
 
         // DRA socket first.
         let dra_listener = sockets::bind(&dra_path)?;
+        let (dra_listening, dra_listeners) = Listening::new(dra_path.clone(), dra_listener);
         let core = DraCore::new(services.preparer, services.metrics.clone());
         let health = HealthService::new(services.health, stopping_rx, services.metrics.clone());
         let dra_router = tonic::transport::Server::builder()
-            .add_service(DraV1Server::new(DraV1(core.clone())))
-            .add_service(DraV1beta1Server::new(DraV1beta1(core)))
-            .add_service(HealthV1alpha1Server::new(health.clone()))
-            .add_service(HealthV1Server::new(health));
+            .layer(ResourceExhaustedLayer)
+            .add_service(
+                DraV1Server::new(DraV1(core.clone()))
+                    .max_decoding_message_size(DRA_MAX_MESSAGE)
+                    .max_encoding_message_size(DRA_MAX_MESSAGE),
+            )
+            .add_service(
+                DraV1beta1Server::new(DraV1beta1(core))
+                    .max_decoding_message_size(DRA_MAX_MESSAGE)
+                    .max_encoding_message_size(DRA_MAX_MESSAGE),
+            )
+            .add_service(
+                HealthV1alpha1Server::new(health.clone())
+                    .max_decoding_message_size(SMALL_MAX_MESSAGE)
+                    .max_encoding_message_size(DRA_MAX_MESSAGE),
+            )
+            .add_service(
+                HealthV1Server::new(health)
+                    .max_decoding_message_size(SMALL_MAX_MESSAGE)
+                    .max_encoding_message_size(DRA_MAX_MESSAGE),
+            );
         let (dra_stop, dra_stop_rx) = oneshot::channel::<()>();
         let dra_task = spawn_server(
             "dra",
             dra_path.clone(),
             exited_tx.clone(),
-            dra_router.serve_with_incoming_shutdown(incoming(dra_listener), async {
+            dra_router.serve_with_incoming_shutdown(rebind::incoming(dra_listeners), async {
                 let _ = dra_stop_rx.await;
             }),
         );
@@ -262,6 +284,7 @@ impl Server {
                 return Err(e);
             }
         };
+        let (reg_listening, reg_listeners) = Listening::new(reg_path.clone(), reg_listener);
         let status = services.registration.subscribe();
         let info = PluginInfo {
             r#type: dra_proto::DRA_PLUGIN_TYPE.to_owned(),
@@ -269,17 +292,39 @@ impl Server {
             endpoint: dra_path.to_string_lossy().into_owned(),
             supported_versions: SUPPORTED_VERSIONS.iter().map(|v| (*v).to_owned()).collect(),
         };
-        let reg_router = tonic::transport::Server::builder().add_service(RegistrationServer::new(
-            RegistrationService::new(info, services.registration, services.metrics),
-        ));
+        let reg_router = tonic::transport::Server::builder()
+            .layer(ResourceExhaustedLayer)
+            .add_service(
+                RegistrationServer::new(RegistrationService::new(
+                    info,
+                    services.registration,
+                    services.metrics,
+                ))
+                .max_decoding_message_size(SMALL_MAX_MESSAGE)
+                .max_encoding_message_size(SMALL_MAX_MESSAGE),
+            );
         let (reg_stop, reg_stop_rx) = oneshot::channel::<()>();
         let reg_task = spawn_server(
             "registration",
             reg_path.clone(),
             exited_tx,
-            reg_router.serve_with_incoming_shutdown(incoming(reg_listener), async {
+            reg_router.serve_with_incoming_shutdown(rebind::incoming(reg_listeners), async {
                 let _ = reg_stop_rx.await;
             }),
+        );
+        let serving = Arc::new(AtomicBool::new(false));
+        let watcher = tokio::spawn(
+            rebind::Watcher {
+                registration: reg_listening,
+                dra: dra_listening,
+                registrar_dir: config.registrar_dir.clone(),
+                dra_dir: dra_dir.clone(),
+                lock_id: rebind::identity(lock.path()),
+                instance: config.instance.is_some(),
+                serving: serving.clone(),
+                interval: config.socket_check_interval,
+            }
+            .run(),
         );
         if handover.is_some() {
             tracing::info!(
@@ -300,6 +345,8 @@ impl Server {
                 stopping: stopping_tx,
                 reg: Some((reg_stop, reg_task)),
                 dra: Some((dra_stop, dra_task)),
+                watcher: Some(watcher),
+                serving,
                 _lock: lock,
             },
             handover,
@@ -349,6 +396,7 @@ impl Bound {
     fn serving(self) -> ServerHandle {
         let forwarded = self.handover.as_ref().map(|h| h.forwarded());
         let handle = self.handle;
+        handle.serving.store(true, Ordering::Release);
         if let Err(e) = instance::point_serving_link(&handle.dra_dir, &handle.dra_path) {
             tracing::warn!(dir = %handle.dra_dir.display(), error = %e, "cannot point the serving link at this instance; a successor passes its calls to dra.sock");
         }
@@ -360,19 +408,6 @@ impl Bound {
         );
         handle
     }
-}
-
-/// Accepted connections, each behind the `:authority` fix.
-fn incoming(
-    listener: UnixListener,
-) -> impl Stream<Item = Result<authority::AuthorityFix<tokio::net::UnixStream>, std::io::Error>> {
-    futures::stream::unfold(listener, |listener| async move {
-        let conn = listener
-            .accept()
-            .await
-            .map(|(stream, _)| authority::AuthorityFix::new(stream));
-        Some((conn, listener))
-    })
 }
 
 type ServeResult = Result<(), tonic::transport::Error>;
@@ -418,6 +453,10 @@ pub struct ServerHandle {
     stopping: watch::Sender<bool>,
     reg: Option<Running>,
     dra: Option<Running>,
+    /// Binds the sockets again when they are removed under the server.
+    watcher: Option<JoinHandle<()>>,
+    /// Whether this instance serves (the serving link names it).
+    serving: Arc<AtomicBool>,
     _lock: SocketLock,
 }
 
@@ -455,6 +494,9 @@ impl ServerHandle {
     /// stops the registration server, ends the health streams, waits for
     /// in-flight DRA calls (up to the drain timeout), removes the DRA socket.
     pub async fn shutdown(mut self) -> Result<(), Error> {
+        if let Some(watcher) = self.watcher.take() {
+            watcher.abort();
+        }
         tracing::info!(socket = %self.reg_path.display(), "removing the registration socket; kubelet deregisters the plugin");
         sockets::remove_socket(&self.reg_path);
         let mut first_error = None;
@@ -502,6 +544,9 @@ async fn stop((stop, mut task): Running, path: &Path, timeout: Duration) -> Resu
 
 impl Drop for ServerHandle {
     fn drop(&mut self) {
+        if let Some(watcher) = self.watcher.take() {
+            watcher.abort();
+        }
         if self.reg.is_none() && self.dra.is_none() {
             return;
         }
