@@ -20,6 +20,7 @@ use super::store::Store;
 #[derive(Debug)]
 pub(crate) struct AppState {
     pub store: Arc<Store>,
+    pub faults: Arc<super::faults::Faults>,
     pub opts: ServerOptions,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
 }

@@ -9,7 +9,8 @@
 //! writes) and `coordination.k8s.io/v1` Leases (leader election); verbs create, get, list (field
 //! and label selectors, `limit`/`continue` paging), watch (resourceVersion resumption, bookmarks,
 //! `sendInitialEvents`, `timeoutSeconds`), update, patch (JSON merge and server-side apply),
-//! delete (preconditions) and deletecollection; `/version` (no discovery documents).
+//! delete (preconditions) and deletecollection; `/version` (no discovery documents). Every write
+//! can be made to fail or hang ([`TestApiServer::faults`], [`WriteFault`]).
 //! Errors are `metav1.Status` bodies with the real server's reasons and codes; ResourceSlices are
 //! validated with the 1.34 or 1.35+ rules ([`ValidationRules`]).
 //!
@@ -35,6 +36,7 @@
 //! # Ok(()) }
 //! ```
 
+mod faults;
 mod fields;
 mod http;
 mod meta;
@@ -57,6 +59,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+pub use faults::{Faults, WriteFault};
 pub use patch::PatchBody;
 pub use resources::Resource;
 pub use selectors::{FieldSelector, LabelSelector, Selectors};
@@ -136,6 +139,7 @@ impl Default for ServerOptions {
 pub struct TestApiServer {
     addr: SocketAddr,
     store: Arc<Store>,
+    faults: Arc<Faults>,
     shutdown: tokio::sync::watch::Sender<bool>,
     task: Option<JoinHandle<io::Result<()>>>,
 }
@@ -159,8 +163,10 @@ impl TestApiServer {
             opts.watcher_buffer,
         ));
         let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
+        let faults = Arc::new(Faults::default());
         let app = routes::router(Arc::new(http::AppState {
             store: store.clone(),
+            faults: faults.clone(),
             opts,
             shutdown: shutdown_rx.clone(),
         }));
@@ -176,6 +182,7 @@ impl TestApiServer {
         Ok(Self {
             addr,
             store,
+            faults,
             shutdown,
             task: Some(task),
         })
@@ -196,6 +203,12 @@ impl TestApiServer {
     /// like writes over HTTP.
     pub fn store(&self) -> &Arc<Store> {
         &self.store
+    }
+
+    /// The fault knob: what write requests get ([`WriteFault`]), for tests of clients facing
+    /// a sick API server.
+    pub fn faults(&self) -> &Arc<Faults> {
+        &self.faults
     }
 
     /// A kubeconfig (YAML) pointing at this server, with namespace `default` and no

@@ -168,6 +168,11 @@ fn resource_path(group: &str, rest: &[&str]) -> Result<Target, ApiError> {
 async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    let mut shutdown = app.shutdown.clone();
+    if let Some(response) = app.faults.intercept(&method, &mut shutdown).await {
+        tracing::debug!(%method, %path, code = response.status().as_u16(), "write refused by an injected fault");
+        return response;
+    }
     match dispatch(&app, req).await {
         Ok(response) => {
             tracing::debug!(%method, %path, code = response.status().as_u16(), "request");
