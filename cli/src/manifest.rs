@@ -9,9 +9,12 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-/// Largest manifest file read (kubectl's own limit on an object is far
-/// smaller; this only keeps a stray binary from being loaded whole).
-const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// Largest manifest file read: 16 MiB. An object in etcd is at most
+/// 1.5 MiB; a file is bigger only as a `List` dump (`kubectl get
+/// resourceslices -o yaml` of about a thousand 8-GPU nodes fits). Within it,
+/// each document is held to [`bounded_yaml`]'s nesting depth and alias
+/// expansion limits, checked while reading.
+pub const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// One object read from a file.
 #[derive(Debug, Clone)]
@@ -222,16 +225,26 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), ReadError> {
     Ok(())
 }
 
-/// Reads a file as UTF-8 text (at most 64 MiB).
+/// Reads a file as UTF-8 text (at most [`MAX_FILE_BYTES`]). The limit
+/// holds while reading too, for files whose size the metadata does not
+/// tell (pipes, `/dev/zero`): no more than one byte past it is read.
 pub fn read_file(path: &Path) -> Result<String, ReadError> {
+    use std::io::Read as _;
+    let too_large = |len| ReadError::TooLarge {
+        path: path.to_owned(),
+        len,
+    };
     let meta = std::fs::metadata(path).map_err(io(path))?;
     if meta.len() > MAX_FILE_BYTES {
-        return Err(ReadError::TooLarge {
-            path: path.to_owned(),
-            len: meta.len(),
-        });
+        return Err(too_large(meta.len()));
     }
-    let bytes = std::fs::read(path).map_err(io(path))?;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(io(path))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_large(bytes.len() as u64));
+    }
     String::from_utf8(bytes).map_err(|e| ReadError::NotUtf8 {
         path: path.to_owned(),
         offset: e.utf8_error().valid_up_to(),
@@ -244,7 +257,7 @@ pub fn parse(file: &str, text: &str) -> Parsed {
     let mut parsed = Parsed::default();
     let mut index = 0;
     for segment in split_documents(text) {
-        let value: Value = match yaml_serde::from_str(segment.text) {
+        let value: Value = match bounded_yaml::to_value(segment.text, MAX_FILE_BYTES as usize) {
             Ok(v) => v,
             Err(e) => {
                 index += 1;
@@ -399,10 +412,10 @@ fn first_content_line(text: &str) -> Option<usize> {
     })
 }
 
-fn yaml_error(file: &str, index: usize, segment: &Chunk<'_>, e: &yaml_serde::Error) -> YamlError {
+fn yaml_error(file: &str, index: usize, segment: &Chunk<'_>, e: &bounded_yaml::Error) -> YamlError {
     let offset = segment.first_line - 1;
     let (line, column) = match e.location() {
-        Some(loc) => (loc.line() + offset, Some(loc.column())),
+        Some((line, column)) => (line + offset, Some(column)),
         None => (
             first_content_line(segment.text).map_or(segment.first_line, |l| segment.first_line + l),
             None,

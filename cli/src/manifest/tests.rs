@@ -112,10 +112,69 @@ fn anchors_cannot_blow_up() {
     }
     let parsed = parse("f.yaml", &text);
     assert_eq!(parsed.errors.len(), 1);
+    // Refused by the node budget, at the first 100,000-odd nodes.
     assert!(
-        parsed.errors[0].message.contains("repetition limit"),
+        parsed.errors[0]
+            .message
+            .contains("expands to more than 100920 nodes"),
         "{:?}",
         parsed.errors
+    );
+}
+
+#[test]
+fn deep_nesting_is_refused_where_it_crosses_the_limit() {
+    for (opener, per) in [("[", 1), ("{", 1), ("- ", 2)] {
+        // n, 2n, 4n, ... levels: the error is at the same place each time,
+        // the 129th level, so what was read does not grow with the input.
+        for n in [20_000, 40_000, 80_000, 100_000, 200_000] {
+            let text = format!("a: 1\n---\n# deep\n{}x\n", opener.repeat(n));
+            let parsed = parse("f.yaml", &text);
+            assert_eq!(parsed.documents.len(), 1, "{opener} {n}");
+            let e = &parsed.errors[0];
+            assert_eq!(
+                (e.index, e.line, e.column),
+                (2, 4, Some(128 * per + 1)),
+                "{opener} {n}: {e}"
+            );
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "f.yaml:4:{c}: invalid YAML: collections nested deeper than 128 levels \
+                     at line 4 column {c}",
+                    c = 128 * per + 1
+                )
+            );
+        }
+    }
+    // 128 levels is fine.
+    let text = format!(
+        "---\nkind: X\napiVersion: v1\nspec: {}{}\n",
+        "[".repeat(127),
+        "]".repeat(127)
+    );
+    let parsed = parse("f.yaml", &text);
+    assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+}
+
+#[test]
+fn files_over_the_size_limit_are_refused_before_parsing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.yaml");
+    let limit = usize::try_from(MAX_FILE_BYTES).unwrap();
+    let mut text = "#".repeat(limit - 1);
+    text.push('\n');
+    std::fs::write(&path, &text).unwrap();
+    assert_eq!(read_file(&path).unwrap().len(), limit);
+    text.push('\n');
+    std::fs::write(&path, &text).unwrap();
+    let err = read_file(&path).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "{}: file is 16777217 bytes, more than the 16777216 bytes a manifest may have",
+            path.display()
+        )
     );
 }
 
