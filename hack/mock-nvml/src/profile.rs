@@ -275,9 +275,17 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// Reads and validates a profile file.
+    /// Reads and validates a profile file (at most [`MAX_PROFILE_BYTES`];
+    /// one byte past that is read, to tell).
     pub fn load(path: &Path) -> Result<Profile, Error> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io("read profile", path, e))?;
+        use std::io::Read as _;
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| {
+                f.take(MAX_PROFILE_BYTES as u64 + 1)
+                    .read_to_string(&mut text)
+            })
+            .map_err(|e| Error::io("read profile", path, e))?;
         Profile::parse_named(&text, &path.display().to_string())
     }
 
@@ -287,16 +295,22 @@ impl Profile {
     }
 
     fn parse_named(text: &str, origin: &str) -> Result<Profile, Error> {
-        let spec: ProfileSpec = yaml_serde::from_str(text).map_err(|e| Error::ProfileSyntax {
-            origin: origin.to_owned(),
-            message: e.to_string(),
-        })?;
+        let spec: ProfileSpec =
+            bounded_yaml::from_str(text, MAX_PROFILE_BYTES).map_err(|e| Error::ProfileSyntax {
+                origin: origin.to_owned(),
+                message: e.to_string(),
+            })?;
         validate(spec).map_err(|message| Error::ProfileInvalid {
             origin: origin.to_owned(),
             message,
         })
     }
 }
+
+/// Largest profile file read: 1 MiB, a hundred times the largest shipped
+/// one, room for [`MAX_GPUS`] GPUs with every field spelled out. Nesting
+/// and alias expansion are held to [`bounded_yaml`]'s limits.
+pub const MAX_PROFILE_BYTES: usize = 1024 * 1024;
 
 /// Most GPUs a profile may have (handles carry the index in 8 bits).
 pub const MAX_GPUS: usize = 256;

@@ -461,3 +461,42 @@ fn unreadable_file_is_a_clear_error() {
         "{err}"
     );
 }
+
+#[test]
+fn limits_are_checked_while_reading() {
+    // Depth: refused where the 129th level opens, whatever follows.
+    for n in [20_000, 40_000, 80_000, 100_000, 200_000] {
+        let deep = format!("gpus: {}", "[".repeat(n));
+        assert_eq!(
+            error(&deep),
+            "profile <inline>: collections nested deeper than 128 levels at line 1 column 134"
+        );
+    }
+    // Aliases: held to the node budget.
+    let mut lines = vec!["a0: &a0 [x, x, x, x, x, x, x, x, x, x]".to_owned()];
+    for i in 1..12 {
+        let refs = vec![format!("*a{}", i - 1); 10].join(", ");
+        lines.push(format!("a{i}: &a{i} [{refs}]"));
+    }
+    let bomb = lines.join("\n");
+    assert!(error(&bomb).contains("nodes (aliases expanded)"));
+    // Size: a profile of exactly the limit is read, one byte more is not.
+    let mut text = BASE.to_owned() + "#";
+    text += &"x".repeat(MAX_PROFILE_BYTES - text.len() - 1);
+    text.push('\n');
+    assert_eq!(text.len(), MAX_PROFILE_BYTES);
+    parse(&text);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.yaml");
+    std::fs::write(&path, &text).unwrap();
+    assert!(Profile::load(&path).is_ok());
+    text.push('\n');
+    std::fs::write(&path, &text).unwrap();
+    assert_eq!(
+        Profile::load(&path).unwrap_err().to_string(),
+        format!(
+            "profile {}: 1048577 bytes, more than the 1048576 bytes allowed",
+            path.display()
+        )
+    );
+}
