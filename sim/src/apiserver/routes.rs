@@ -315,7 +315,15 @@ fn parse_apply(bytes: &[u8]) -> Result<Value, ApiError> {
     if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
         return Ok(v);
     }
-    yaml_serde::from_slice::<Value>(bytes)
+    // The body is already within `max_body_bytes`; bounded-yaml holds its
+    // nesting and alias expansion to limits checked while reading.
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        ApiError::bad_request(format!(
+            "error decoding YAML: invalid UTF-8 at byte {}",
+            e.valid_up_to()
+        ))
+    })?;
+    bounded_yaml::to_value(text, bytes.len())
         .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
 }
 
@@ -725,6 +733,36 @@ mod tests {
         let v = parse_apply(b"apiVersion: v1\nkind: Node\nmetadata:\n  name: n\n").unwrap();
         assert_eq!(v["metadata"]["name"], "n");
         assert_eq!(parse_apply(b"a: [unclosed").unwrap_err().code, 400);
+    }
+
+    #[test]
+    fn hostile_apply_bodies_are_refused_where_they_cross_a_limit() {
+        // Nesting (not JSON, so read as YAML): refused at the 129th level
+        // for n, 2n, 4n, ... levels alike (the pre-scan counts a sequence
+        // at its mapping's column with it, a lower bound: the 129th `-`).
+        for n in [20_000, 40_000, 80_000, 100_000, 200_000] {
+            let body = format!("kind: Node\nspec:\n{}", "- ".repeat(n));
+            let err = parse_apply(body.as_bytes()).unwrap_err();
+            assert_eq!(err.code, 400);
+            assert_eq!(
+                err.message,
+                "error decoding YAML: collections nested deeper than 128 levels at line 3 column 257"
+            );
+        }
+        // Aliases: held to a node budget.
+        let mut lines = vec!["a0: &a0 [x, x, x, x, x, x, x, x, x, x]".to_owned()];
+        for i in 1..10 {
+            let refs = vec![format!("*a{}", i - 1); 10].join(", ");
+            lines.push(format!("a{i}: &a{i} [{refs}]"));
+        }
+        let err = parse_apply(lines.join("\n").as_bytes()).unwrap_err();
+        assert!(
+            err.message.contains("nodes (aliases expanded)"),
+            "{}",
+            err.message
+        );
+        let err = parse_apply(b"a: \xff").unwrap_err();
+        assert_eq!(err.message, "error decoding YAML: invalid UTF-8 at byte 3");
     }
 
     #[test]
