@@ -82,15 +82,6 @@ fn reject(kind: Kind, message: impl Into<String>) -> Rejection {
     Rejection { kind, message }
 }
 
-/// The type fields of a review, read before the rest.
-#[derive(serde::Deserialize)]
-#[serde(rename = "AdmissionReview")]
-struct Head {
-    #[serde(rename = "apiVersion")]
-    api_version: Option<serde_json::Value>,
-    kind: Option<serde_json::Value>,
-}
-
 /// Judges reviews with a [`Validator`] and the cluster's DeviceClasses.
 /// Shared by all connections (`Send + Sync`).
 pub struct Reviewer {
@@ -122,7 +113,7 @@ impl Reviewer {
     pub fn review_json(&self, body: &[u8]) -> Result<Verdict, Rejection> {
         // The type fields first, on their own: the full decode flattens them
         // and would lose the field name in its error.
-        let head: Head = serde_json::from_slice(body)
+        let head: head::Head = serde_json::from_slice(body)
             .map_err(|e| reject(Kind::Unknown, format!("malformed AdmissionReview: {e}")))?;
         let is = |v: &Option<serde_json::Value>, want: &str| {
             v.as_ref().and_then(serde_json::Value::as_str) == Some(want)
@@ -382,6 +373,8 @@ fn one_line(text: &str, max: usize) -> String {
     cut.push('…');
     cut
 }
+
+mod head;
 
 #[cfg(test)]
 mod tests;

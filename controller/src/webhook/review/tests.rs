@@ -306,3 +306,43 @@ fn warnings_are_single_lines_within_the_api_server_limits() {
         "{last}"
     );
 }
+
+/// A review whose `request` nests `n` levels deep, unterminated.
+fn deep_review(open: &str, n: usize) -> Vec<u8> {
+    format!(
+        "{{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\",\"request\":{}",
+        open.repeat(n)
+    )
+    .into_bytes()
+}
+
+#[test]
+fn deep_bodies_are_refused_at_the_depth_limit_whatever_their_size() {
+    // n, 2n, 4n, ... levels: refused at the same byte each time, the
+    // recursion limit's, so what is read does not grow with the body.
+    let prefix = deep_review("", 0).len();
+    for (open, per) in [("[", 1), ("{\"a\":", 5)] {
+        // Where serde_json stops: at the opener that would be the 129th
+        // level, the review's own object being the first.
+        let at = prefix + 126 * per + 1;
+        for n in [20_000, 40_000, 80_000, 100_000, 200_000] {
+            let err = reviewer().review_json(&deep_review(open, n)).unwrap_err();
+            assert_eq!(
+                err.message,
+                format!(
+                    "malformed AdmissionReview: recursion limit exceeded at line 1 column {at}"
+                ),
+                "{open} {n}"
+            );
+        }
+    }
+    // A duplicated type field is still refused by the first pass.
+    let err = reviewer()
+        .review_json(br#"{"kind":"AdmissionReview","kind":"AdmissionReview"}"#)
+        .unwrap_err();
+    assert!(
+        err.message.contains("duplicate field `kind`"),
+        "{}",
+        err.message
+    );
+}
