@@ -914,3 +914,42 @@ fn broken_configs_of_ours_fail_resolution_with_their_index() {
     );
     assert_eq!("FromClass".parse::<ConfigSource>(), Ok(FromClass));
 }
+
+#[test]
+fn rejection_reads_a_bounded_prefix_at_any_size() {
+    // Over the size limit: refused on the length alone, before parsing.
+    for n in [20_000, 40_000, 80_000, 100_000, 200_000] {
+        let deep = "[".repeat(n);
+        assert!(
+            matches!(decode_bytes(deep.as_bytes()), Err(ConfigError::TooLarge { size, max: 10240 }) if size == n),
+            "{n}"
+        );
+    }
+    // Within it: refused at the same byte, serde_json's recursion limit
+    // (never turned off in this workspace), for n, 2n, 4n, ... levels.
+    for n in [640, 1_280, 2_560, 5_120, 10_240] {
+        let deep = "[".repeat(n);
+        match decode_bytes(deep.as_bytes()) {
+            Err(ConfigError::Malformed(m)) => {
+                assert_eq!(m, "recursion limit exceeded at line 1 column 128", "{n}");
+            }
+            other => panic!("{n}: {other:?}"),
+        }
+    }
+    // Depth 32 passes the depth check, 33 does not.
+    let nest = |levels: usize| {
+        let mut value = json!({});
+        for _ in 1..levels {
+            value = json!({"a": value});
+        }
+        value
+    };
+    let at =
+        |levels| json!({"apiVersion": NVIDIA_API_VERSION, "kind": "GpuConfig", "x": nest(levels)});
+    assert!(
+        !matches!(decode(&at(MAX_PARAMETERS_DEPTH - 1)), Err(ConfigError::Malformed(m)) if m.contains("nesting deeper")),
+    );
+    assert!(
+        matches!(decode(&at(MAX_PARAMETERS_DEPTH)), Err(ConfigError::Malformed(m)) if m.contains("nesting deeper than 32")),
+    );
+}
