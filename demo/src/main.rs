@@ -160,6 +160,17 @@ fn load_profile(arg: &str) -> Result<(String, String)> {
     }
     let path = Path::new(arg);
     if path.is_file() {
+        // The profile's own limit, before the file is read whole here.
+        let len = std::fs::metadata(path)
+            .with_context(|| format!("read profile {}", path.display()))?
+            .len();
+        let max = nvidia_ml::profile::MAX_PROFILE_BYTES;
+        if len > max as u64 {
+            bail!(
+                "profile {}: {len} bytes, more than the {max} bytes allowed",
+                path.display()
+            );
+        }
         let yaml = std::fs::read_to_string(path)
             .with_context(|| format!("read profile {}", path.display()))?;
         return Ok((arg.to_string(), yaml));
