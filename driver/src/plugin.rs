@@ -176,6 +176,9 @@ impl Plugin {
             "GPU inventory ready"
         );
 
+        // A CDI root that takes no files fails every claim: refuse to start
+        // rather than publish devices no pod could get (docs/troubleshooting.md).
+        preparer_options(flags)?.cdi.check_writable()?;
         let config = grpc_config(flags);
         // Refuse unusable socket paths before anything is created.
         crate::sockets::check_path_len(&config.dra_socket())?;

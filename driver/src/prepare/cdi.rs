@@ -112,6 +112,17 @@ pub enum CdiError {
         /// The serde error.
         source: serde_json::Error,
     },
+    /// The CDI root cannot be written (read-only, full, no permission):
+    /// every claim would fail, so the plugin refuses to start.
+    #[error(
+        "CDI root {root} is not writable ({source}); the plugin writes a CDI spec there for every claim it prepares: mount it read-write"
+    )]
+    NotWritable {
+        /// The CDI root.
+        root: PathBuf,
+        /// The OS error of the probe write.
+        source: std::io::Error,
+    },
     /// A filesystem operation failed.
     #[error("{op} {path}: {source}")]
     Io {

@@ -60,6 +60,11 @@ pub enum PublishError {
     /// Deleting the slices on exit did not finish in time.
     #[error("deleting ResourceSlices on exit timed out after {0:?}")]
     ExitTimeout(Duration),
+    /// One reconcile got no (final) answer in time: a hung API server, or
+    /// one throttling every write (the kube client retries a 429 on its
+    /// own, for minutes, without a word).
+    #[error("publishing ResourceSlices got no answer from the API server within {0:?}")]
+    ReconcileTimeout(Duration),
 }
 
 impl PublishError {
@@ -82,6 +87,9 @@ pub struct PublisherOptions {
     pub resync: Duration,
     /// Longest time spent deleting slices on exit.
     pub exit_timeout: Duration,
+    /// Longest time one reconcile may take before it counts as failed
+    /// (logged, retried with backoff).
+    pub reconcile_timeout: Duration,
 }
 
 impl Default for PublisherOptions {
@@ -92,6 +100,7 @@ impl Default for PublisherOptions {
             debounce: Duration::from_millis(20),
             resync: Duration::from_secs(300),
             exit_timeout: Duration::from_secs(5),
+            reconcile_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -259,8 +268,11 @@ impl Publisher {
                 }
                 () = sleep_until(due), if due.is_some() => {
                     next = None;
+                    let limit = self.options.reconcile_timeout;
                     let result = tokio::select! {
-                        r = reconciler.reconcile(&inventory, taints.as_ref()) => r,
+                        r = tokio::time::timeout(limit, reconciler.reconcile(&inventory, taints.as_ref())) => {
+                            r.unwrap_or(Err(PublishError::ReconcileTimeout(limit)))
+                        }
                         () = &mut shutdown => break,
                     };
                     match result {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_dra_sim::apiserver::{
-    Resource, Selectors, ServerOptions, Store, TestApiServer, ValidationRules,
+    Faults, Resource, Selectors, ServerOptions, Store, TestApiServer, ValidationRules,
 };
 use serde_json::Value;
 
@@ -42,6 +42,7 @@ pub fn short_dir() -> tempfile::TempDir {
 pub struct ApiServer {
     url: String,
     store: Arc<Store>,
+    faults: Arc<Faults>,
     kubeconfig_yaml: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -70,6 +71,7 @@ impl ApiServer {
                         .send((
                             server.url(),
                             server.store().clone(),
+                            server.faults().clone(),
                             server.kubeconfig_yaml(),
                         ))
                         .unwrap();
@@ -80,12 +82,13 @@ impl ApiServer {
                 });
             })
             .unwrap();
-        let (url, store, kubeconfig_yaml) = ready_rx
+        let (url, store, faults, kubeconfig_yaml) = ready_rx
             .recv_timeout(Duration::from_secs(10))
             .expect("test API server did not start");
         Self {
             url,
             store,
+            faults,
             kubeconfig_yaml,
             stop: Some(stop),
             thread: Some(thread),
@@ -99,6 +102,11 @@ impl ApiServer {
     /// The server's object store (in-process access).
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The server's fault knob (writes refused or hung).
+    pub fn faults(&self) -> &Faults {
+        &self.faults
     }
 
     pub fn write_kubeconfig(&self, path: &Path) {

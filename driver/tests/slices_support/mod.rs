@@ -24,6 +24,7 @@ pub fn options() -> PublisherOptions {
         debounce: Duration::from_millis(5),
         resync: Duration::from_secs(300),
         exit_timeout: Duration::from_secs(5),
+        reconcile_timeout: Duration::from_secs(30),
     }
 }
 

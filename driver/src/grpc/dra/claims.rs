@@ -30,18 +30,37 @@ pub fn validate(claim: &ClaimRef, purpose: Purpose) -> Result<(), ClaimError> {
     if purpose == Purpose::Prepare {
         if !is_dns_label(&claim.namespace) {
             return Err(ClaimError::Invalid(format!(
-                "claim {:?}: namespace {:?} is not a valid Kubernetes namespace",
-                claim.uid, claim.namespace
+                "claim {:?}: namespace {} is not a valid Kubernetes namespace",
+                claim.uid,
+                shown(&claim.namespace)
             )));
         }
         if !is_dns_subdomain(&claim.name) {
             return Err(ClaimError::Invalid(format!(
-                "claim {:?}: name {:?} is not a valid ResourceClaim name",
-                claim.uid, claim.name
+                "claim {:?}: name {} is not a valid ResourceClaim name",
+                claim.uid,
+                shown(&claim.name)
             )));
         }
     }
     Ok(())
+}
+
+/// Longest value an error message quotes whole: a longer one (a request
+/// near the message size limit) is cut, so that the answer, which carries
+/// the message once per claim, stays within the limit too.
+const QUOTED_MAX: usize = 256;
+
+/// `value` quoted, cut after [`QUOTED_MAX`] bytes with its length named.
+fn shown(value: &str) -> String {
+    if value.len() <= QUOTED_MAX {
+        return format!("{value:?}");
+    }
+    let mut end = QUOTED_MAX;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}... ({} bytes)", &value[..end], value.len())
 }
 
 fn validate_uid(uid: &str) -> Result<(), ClaimError> {
@@ -79,6 +98,19 @@ mod tests {
             name: name.into(),
             uid: uid.into(),
         }
+    }
+
+    #[test]
+    fn long_values_are_cut_in_the_message() {
+        let long = "é".repeat(10_000);
+        let e = validate(&claim(&long, "n", "u"), Purpose::Prepare).unwrap_err();
+        let text = e.to_string();
+        assert!(text.len() < 400, "{}", text.len());
+        assert!(text.contains("(20000 bytes)"), "{text}");
+        let e = validate(&claim("ns", &"x".repeat(300), "u"), Purpose::Prepare).unwrap_err();
+        assert!(e.to_string().contains("(300 bytes)"), "{e}");
+        let e = validate(&claim("Bad", "n", "u"), Purpose::Prepare).unwrap_err();
+        assert!(e.to_string().contains("namespace \"Bad\" is not"), "{e}");
     }
 
     #[test]

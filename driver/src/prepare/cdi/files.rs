@@ -115,12 +115,52 @@ impl SpecDir {
         Ok(path)
     }
 
+    /// Checks that the CDI root takes files: creates and removes a hidden
+    /// probe file named like a temp file (so the startup sweep removes one
+    /// a crash left). A missing root passes (it is created or reported on
+    /// the first write). For the start: a read-only root would fail every
+    /// claim.
+    pub fn check_writable(&self) -> Result<(), CdiError> {
+        if !self.root.is_dir() {
+            return Ok(());
+        }
+        let probe = self.root.join(format!(
+            ".{}probe-{}.tmp",
+            self.prefix(),
+            std::process::id()
+        ));
+        let created = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(&probe);
+        match created {
+            Ok(_) => {
+                let _ = fs::remove_file(&probe);
+                Ok(())
+            }
+            Err(source) => Err(CdiError::NotWritable {
+                root: self.root.clone(),
+                source,
+            }),
+        }
+    }
+
     /// Removes a claim's spec; `Ok(false)` when there was none.
     pub fn remove(&self, claim_uid: &str) -> Result<bool, CdiError> {
         let path = self.path(claim_uid)?;
         match fs::remove_file(&path) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            // A read-only file system refuses the unlink before it looks
+            // for the file: a spec that is not there is removed all the same
+            // (a prepare that failed to write it rolls back cleanly).
+            Err(_)
+                if fs::symlink_metadata(&path).is_err_and(|e| e.kind() == ErrorKind::NotFound) =>
+            {
+                Ok(false)
+            }
             Err(e) => Err(CdiError::io("remove", &path, e)),
         }
     }
@@ -220,6 +260,38 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn a_writable_root_passes_the_probe_and_keeps_no_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = SpecDir::nvidia(tmp.path());
+        dir.check_writable().unwrap();
+        assert!(names(tmp.path()).is_empty());
+        SpecDir::nvidia(tmp.path().join("missing"))
+            .check_writable()
+            .unwrap();
+    }
+
+    #[test]
+    fn an_unwritable_root_fails_the_probe_naming_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        // The probe's path taken by a directory: the probe fails whoever
+        // runs the test (root ignores mode bits; a read-only mount is in
+        // tests/node_faults.rs).
+        let root = tmp.path().join("root");
+        fs::create_dir(&root).unwrap();
+        let dir = SpecDir::nvidia(&root);
+        let probe = root.join(format!(".{}probe-{}.tmp", dir.prefix(), std::process::id()));
+        fs::create_dir(&probe).unwrap();
+        match dir.check_writable() {
+            Err(e @ CdiError::NotWritable { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains(root.to_str().unwrap()), "{text}");
+                assert!(text.contains("read-write"), "{text}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
