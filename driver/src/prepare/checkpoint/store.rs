@@ -790,11 +790,17 @@ impl Store {
         // Written from the start, then cut: an older, longer version in the
         // file leaves no tail. fdatasync covers the size (needed to read
         // the data back); the times need no flush.
+        // A failed write (a full disk) removes the temp file: it is only a
+        // buffer, and a partial one would hold on to the space.
+        let unwritten = |what, e| {
+            let _ = fs::remove_file(&temp);
+            before(failure(what, &temp, e))
+        };
         file.write_all(bytes)
             .and_then(|()| file.set_len(bytes.len() as u64))
-            .map_err(|e| before(failure("write temp file", &temp, e)))?;
+            .map_err(|e| unwritten("write temp file", e))?;
         file.sync_data()
-            .map_err(|e| before(failure("fsync temp file", &temp, e)))?;
+            .map_err(|e| unwritten("fsync temp file", e))?;
         drop(file);
         Failpoint::hit(failpoint, Failpoint::AfterTempWrite);
         exchange_or_rename(&temp, path)
