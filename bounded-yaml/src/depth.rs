@@ -92,6 +92,18 @@ impl Scanner<'_> {
             .map_or(self.b.len(), |n| from + n)
     }
 
+    /// Whether `i` is at a line break or the end of the text.
+    fn eol(&self, i: usize) -> bool {
+        self.b.get(i).is_none_or(|&c| c == b'\n')
+    }
+
+    /// Moves on to the line after the one holding `from`. Only a line
+    /// that is done with is searched to its end: the scan never reads past
+    /// a crossing, however long its line.
+    fn next_line(&mut self, from: usize) {
+        self.i = self.line_end(from) + 1;
+    }
+
     /// Whether the byte at `i` is a blank or the end of the text.
     fn blank_at(&self, i: usize) -> bool {
         self.b.get(i).is_none_or(|&c| is_blank(c))
@@ -121,54 +133,49 @@ impl Scanner<'_> {
     /// One line, in block context, from its start.
     fn line(&mut self) -> Step<()> {
         let start = self.i;
-        let end = self.line_end(start);
-        let next = end + 1;
         if self.marker(start, b"---") || self.marker(start, b"...") {
             self.block.clear();
             self.skip_deeper_than = None;
             if self.b[start] == b'.' {
-                self.i = next;
+                self.next_line(start);
                 return Ok(());
             }
-            return self.nodes(start, start + 3, end);
+            return self.nodes(start, start + 3);
         }
-        let indent = self.b[start..end]
-            .iter()
-            .take_while(|&&c| c == b' ')
-            .count();
+        let indent = self.b[start..].iter().take_while(|&&c| c == b' ').count();
         let content = start + indent;
         let first = self.b.get(content).copied();
         if first.is_none_or(|c| c == b'#' || is_blank(c)) {
-            self.i = next;
+            self.next_line(start);
             return Ok(());
         }
         if let Some(t) = self.skip_deeper_than {
             if indent as isize > t {
-                self.i = next;
+                self.next_line(start);
                 return Ok(());
             }
             self.skip_deeper_than = None;
         }
         if indent == 0 && first == Some(b'%') {
-            self.i = next;
+            self.next_line(start);
             return Ok(());
         }
         while self.block.last().is_some_and(|&top| top > indent) {
             self.block.pop();
         }
-        self.nodes(start, content, end)
+        self.nodes(start, content)
     }
 
-    /// The nodes of a line from `p` (a node's start) to `end`; `start` is
+    /// The nodes of a line from `p` (a node's start) to its end; `start` is
     /// where the line starts, for columns. Leaves `self.i` at the next line.
-    fn nodes(&mut self, mut start: usize, mut p: usize, mut end: usize) -> Step<()> {
+    fn nodes(&mut self, mut start: usize, mut p: usize) -> Step<()> {
         loop {
-            while p < end && matches!(self.b[p], b' ' | b'\t') {
+            while !self.eol(p) && matches!(self.b[p], b' ' | b'\t') {
                 p += 1;
             }
-            if p >= end || matches!(self.b[p], b'#' | b'\r') {
+            if self.eol(p) || matches!(self.b[p], b'#' | b'\r') {
                 // An empty node: what follows on deeper lines is its content.
-                self.i = end + 1;
+                self.next_line(p);
                 return Ok(());
             }
             let column = p - start;
@@ -178,13 +185,13 @@ impl Scanner<'_> {
                     p += 1;
                 }
                 b'&' | b'!' => {
-                    while p < end && !is_blank(self.b[p]) {
+                    while !self.blank_at(p) {
                         p += 1;
                     }
                 }
                 b'|' | b'>' => {
                     self.scalar_ends_line();
-                    self.i = end + 1;
+                    self.next_line(p);
                     return Ok(());
                 }
                 c @ (b'[' | b'{' | b'"' | b'\'') => {
@@ -196,13 +203,12 @@ impl Scanner<'_> {
                     let crossed = self.b[p..q].contains(&b'\n');
                     if crossed {
                         start = p + self.b[p..q].iter().rposition(|&c| c == b'\n').unwrap_or(0) + 1;
-                        end = self.line_end(q);
                     }
                     let mut k = q;
-                    while k < end && matches!(self.b[k], b' ' | b'\t') {
+                    while !self.eol(k) && matches!(self.b[k], b' ' | b'\t') {
                         k += 1;
                     }
-                    if !crossed && k < end && self.b[k] == b':' && self.blank_at(k + 1) {
+                    if !crossed && !self.eol(k) && self.b[k] == b':' && self.blank_at(k + 1) {
                         // A single-line flow or quoted key.
                         self.open_block(column, p)?;
                         p = k + 1;
@@ -211,7 +217,7 @@ impl Scanner<'_> {
                     if c == b'"' || c == b'\'' {
                         self.scalar_ends_line();
                     }
-                    self.i = end + 1;
+                    self.next_line(k);
                     return Ok(());
                 }
                 _ => {
@@ -219,7 +225,7 @@ impl Scanner<'_> {
                     // this line, else a value that may continue below.
                     let mut k = p;
                     let mut key = None;
-                    while k < end {
+                    while !self.eol(k) {
                         match self.b[k] {
                             b':' if self.blank_at(k + 1) => {
                                 key = Some(k);
@@ -231,7 +237,7 @@ impl Scanner<'_> {
                     }
                     let Some(k) = key else {
                         self.scalar_ends_line();
-                        self.i = end + 1;
+                        self.next_line(k);
                         return Ok(());
                     };
                     self.open_block(column, p)?;
