@@ -9,6 +9,9 @@
 
 use std::time::{Duration, Instant};
 
+/// A named way to build an input `n` levels deep.
+type Shape = (&'static str, fn(usize) -> String);
+
 /// Median wall time of `runs` calls of `f`, which must fail.
 fn median<T, E>(runs: usize, mut f: impl FnMut() -> Result<T, E>) -> Duration {
     let mut times: Vec<Duration> = (0..runs)
@@ -38,7 +41,7 @@ fn main() {
         .skip(1)
         .find(|a| !a.starts_with('-'))
         .map_or(5, |a| a.parse().expect("runs: a number"));
-    let shapes: [(&str, fn(usize) -> String); 3] = [
+    let shapes: [Shape; 3] = [
         ("YAML nested `[`", |n| "[".repeat(n)),
         ("YAML nested `{`", |n| "{".repeat(n)),
         ("YAML nested block lists (`- - - x`)", |n| {
