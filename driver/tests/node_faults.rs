@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::prepare::{Node, gpu_config, node, node_with, result};
 use common::{DRIVER, NODE, Plugin, SMALL_PROFILE, short_dir};
-use gpu_dra_sim::apiserver::{Resource, Selectors, WriteFault};
+use gpu_dra_sim::apiserver::{DeleteOptions, Resource, Selectors, WriteFault};
 use gpu_dra_sim::kubelet::{Claim, DraVersion, KubeletSim};
 use serde_json::json;
 
@@ -56,9 +56,11 @@ impl Tmpfs {
             });
         }
         let why = String::from_utf8_lossy(&out.stderr);
-        if std::env::var("GPU_DRA_E2E_REQUIRE_MOUNT").as_deref() == Ok("1") {
-            panic!("mount -t tmpfs on {} refused: {why}", dir.display());
-        }
+        assert!(
+            std::env::var("GPU_DRA_E2E_REQUIRE_MOUNT").as_deref() != Ok("1"),
+            "mount -t tmpfs on {} refused: {why}",
+            dir.display()
+        );
         eprintln!(
             "\n*** SKIPPED: mount -t tmpfs on {} refused ({}); this test needs root. \
              Set GPU_DRA_E2E_REQUIRE_MOUNT=1 to make this a failure. ***\n",
@@ -310,7 +312,12 @@ fn delete_slices(n: &Node) {
     for s in items {
         let name = s["metadata"]["name"].as_str().unwrap();
         store
-            .delete(Resource::ResourceSlices, None, name, &Default::default())
+            .delete(
+                Resource::ResourceSlices,
+                None,
+                name,
+                &DeleteOptions::default(),
+            )
             .unwrap();
     }
 }

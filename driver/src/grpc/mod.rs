@@ -13,7 +13,10 @@
 //! health through the [`health::HealthSender`] watch channel. In a rolling
 //! update with per-instance socket names ([`instance`]), [`Server::bind`]
 //! registers a new instance while the old one still serves, and passes
-//! kubelet's calls on to it until the new one takes over.
+//! kubelet's calls on to it until the new one takes over. Sockets removed
+//! under the running server (kubelet's directories wiped) are bound again
+//! (`rebind`), and every service has explicit message size limits
+//! ([`limits`]).
 
 mod authority;
 pub mod dra;

@@ -55,7 +55,7 @@ pub struct Config {
     /// This instance's socket tag ([`instance`]); `None`: the shared names.
     pub instance: Option<String>,
     /// How often the socket paths are checked, to bind them again when
-    /// they were removed under the plugin ([`super::rebind`]).
+    /// they were removed under the plugin (`grpc::rebind`).
     pub socket_check_interval: Duration,
 }
 
