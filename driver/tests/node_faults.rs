@@ -248,6 +248,9 @@ async fn a_full_cdi_root_fails_the_claim_cleanly_and_it_prepares_once_freed() {
         error.contains("No space left on device") && error.contains(root),
         "not precise: {error}"
     );
+    // The time slice was set (journalled first) before the spec write
+    // failed, and set back by the rollback.
+    assert_eq!(time_slice_calls(&n), ["3", "0"]);
     nothing_left_of(&n, &claim, &checkpoint);
     assert_eq!(
         cdi.names(),
