@@ -427,7 +427,7 @@ impl Preparer {
             // find nothing, and that prepare's devices would stay.
             inner.pending.wait_idle(&uid).await;
             let Some(seen) = inner.store.get(&uid) else {
-                if inner.store.is_lost(&uid) {
+                if inner.store.is_lost(&uid) || lost::names_daemon_of(inner, &uid) {
                     self.release_lost(&uid).await.map_err(ClaimError::Failed)?;
                     tracing::info!(claim = %claim.uid, namespace = %claim.namespace, name = %claim.name, "claim whose entry was lost unprepared");
                 } else {
@@ -457,10 +457,15 @@ impl Preparer {
         };
         let worker = Arc::clone(inner);
         let undone = uid.clone();
-        tokio::task::spawn_blocking(move || apply::unprepare(&worker, &undone, &entry))
-            .await
-            .map_err(|e| ClaimError::Failed(format!("internal error: unprepare task failed: {e}")))?
-            .map_err(|e| ClaimError::Failed(e.to_string()))?;
+        tokio::task::spawn_blocking(move || {
+            // The claim's daemons among the ledger's unattributed names go
+            // with it (those its entry records, with the entry's undo).
+            lost::release_unattributed(&worker, &undone).map_err(error::PrepareError::Undo)?;
+            apply::unprepare(&worker, &undone, &entry)
+        })
+        .await
+        .map_err(|e| ClaimError::Failed(format!("internal error: unprepare task failed: {e}")))?
+        .map_err(|e| ClaimError::Failed(e.to_string()))?;
         drop(held);
         if inner.store.is_lost(&uid) {
             // Prepared again after its entry was lost, and the release

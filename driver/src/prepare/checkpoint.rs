@@ -22,6 +22,7 @@
 
 mod format;
 mod lost;
+mod near;
 mod store;
 
 use std::collections::BTreeMap;
@@ -33,7 +34,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use format::{CURRENT_VERSION, MAX_FILE_BYTES};
-pub use lost::{LOST_FILE_NAME, LostClaim};
+pub use lost::{LOST_FILE_NAME, LostClaim, MAX_SCAN_BYTES, UNATTRIBUTED, daemon_id, is_daemon_of};
 pub use store::{Batch, FAILPOINT_ENV, Store};
 
 /// File name of the checkpoint inside the plugin's state directory.
@@ -345,5 +346,7 @@ pub enum Error {
     Write(#[from] WriteFailure),
 }
 
+#[cfg(test)]
+mod damage_tests;
 #[cfg(test)]
 mod tests;

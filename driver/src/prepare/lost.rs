@@ -18,6 +18,7 @@ use gpu_nvml::ComputeMode;
 use super::Inner;
 use super::checkpoint::{
     Batch, ClaimEntry, ClaimUid, ComputeModeChange, DeviceKind, LostClaim, PreparedDeviceRecord,
+    UNATTRIBUTED, is_daemon_of,
 };
 use super::compute_mode::{index_of, mode_name, needed_by_others, parse_mode};
 use super::kinds::{KINDS, Release};
@@ -33,6 +34,91 @@ pub(super) fn all_minors(inner: &Inner) -> Vec<u32> {
 /// drops the claim from it (blocking; under every GPU's lock). On failure
 /// the claim stays in the ledger, for the retry.
 pub(super) fn release(inner: &Inner, uid: &ClaimUid) -> Result<(), Vec<String>> {
+    // Names no claim owns are never a claim's to release.
+    if uid.0 == UNATTRIBUTED {
+        return Ok(());
+    }
+    release_claim(inner, uid)?;
+    release_unattributed(inner, uid)
+}
+
+/// Whether the ledger's unattributed names hold an MPS daemon of `uid`
+/// (see [`release_unattributed`]).
+pub(super) fn names_daemon_of(inner: &Inner, uid: &ClaimUid) -> bool {
+    inner.store.any_lost_where(|key, l| {
+        key.0 == UNATTRIBUTED && l.mps_daemons.iter().any(|d| is_daemon_of(d, uid))
+    })
+}
+
+/// Takes the MPS daemons of claim `uid` out of the ledger's unattributed
+/// names, at kubelet's unprepare of the claim, and stops those that no
+/// checkpoint entry and no other lost claim names (blocking). The only
+/// unattributed names a claim's unprepare releases: a daemon's id names
+/// the claim it was started for ([`is_daemon_of`]), so this holds however
+/// damaged the text it was found in; MIG device UUIDs name no claim and
+/// stay until they are gone or the ledger is removed by hand. Called
+/// before the claim's entry, if it has one, is undone: a daemon the entry
+/// records is left to that undo (which then also restores the compute
+/// mode), as it is no longer held by the ledger.
+pub(super) fn release_unattributed(inner: &Inner, uid: &ClaimUid) -> Result<(), Vec<String>> {
+    let key = ClaimUid::from(UNATTRIBUTED);
+    let ledger = inner.store.lost();
+    let Some(names) = ledger.get(&key) else {
+        return Ok(());
+    };
+    let ids: Vec<&String> = names
+        .mps_daemons
+        .iter()
+        .filter(|d| is_daemon_of(d, uid))
+        .collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let checkpoint = inner.store.snapshot();
+    let named = |id: &str| {
+        checkpoint
+            .claims
+            .values()
+            .flat_map(|e| e.devices.iter())
+            .any(|r| r.sharing.mps_daemon.as_ref().is_some_and(|m| m.id == id))
+            || ledger
+                .iter()
+                .any(|(k, l)| *k != key && l.mps_daemons.contains(id))
+    };
+    let mut errors = Vec::new();
+    let mut released = Vec::new();
+    for id in ids {
+        if !named(id)
+            && let Err(e) = inner.mps.stop(id)
+        {
+            errors.push(format!(
+                "stop MPS daemon {id} (an unattributed name of the ledger of lost entries): {e}"
+            ));
+            continue;
+        }
+        released.push(id.clone());
+    }
+    if let Err(e) = inner.store.update_lost(|ledger| {
+        if let Some(names) = ledger.get_mut(&key) {
+            names.mps_daemons.retain(|d| !released.contains(d));
+            if names.names_nothing() {
+                ledger.remove(&key);
+            }
+        }
+    }) {
+        errors.push(format!(
+            "drop the claim's MPS daemons from the ledger of lost entries: {e}"
+        ));
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    tracing::info!(claim = %uid, daemons = ?released, "released the claim's MPS daemons the ledger kept as unattributed names of damaged checkpoint text");
+    Ok(())
+}
+
+/// [`release`] of what the ledger names under the claim's own UID.
+fn release_claim(inner: &Inner, uid: &ClaimUid) -> Result<(), Vec<String>> {
     let ledger = inner.store.lost();
     let Some(claim) = ledger.get(uid) else {
         return Ok(());

@@ -740,6 +740,25 @@ impl fmt::Display for SweepFailure {
     }
 }
 
+/// The UUIDs of every MIG device on the node (GPUs in MIG mode only), for
+/// the startup recovery's look into damaged checkpoint text.
+pub fn node_uuids(backend: &dyn GpuBackend) -> Result<Vec<String>, MigError> {
+    let count = backend.gpu_count().map_err(|e| MigError::Node {
+        action: "count the GPUs".to_owned(),
+        source: e,
+    })?;
+    let mut uuids = Vec::new();
+    for gpu in 0..count {
+        if !read_mig_mode(backend, gpu)?.is_some_and(|m| m.current_enabled) {
+            continue;
+        }
+        for gi in list_instances(backend, gpu)? {
+            uuids.extend(gi.compute_instances.into_iter().filter_map(|c| c.uuid));
+        }
+    }
+    Ok(uuids)
+}
+
 /// What [`sweep`] did.
 #[derive(Debug, Default)]
 pub struct SweepReport {

@@ -36,9 +36,11 @@ use gpu_nvml::ComputeMode;
 use super::Inner;
 use super::checkpoint::{
     Batch, Checkpoint, ClaimState, ClaimUid, LoadReport, LostClaim, PreparedDeviceRecord,
+    UNATTRIBUTED,
 };
 use super::compute_mode::mode_name;
 use super::kinds::{KINDS, Recovery, undo};
+use super::mig;
 use super::plan::{GpuTarget, Target};
 use super::report::{Found, RecoveryReport};
 
@@ -79,7 +81,8 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
     }
 
     let remaining = inner.store.snapshot();
-    let lost = inner.store.lost();
+    let mut lost = inner.store.lost();
+    let read_whole = look_in_damaged_text(inner, &mut lost, &mut report);
     let mut found = Found::default();
     let mut cx = Recovery {
         inner,
@@ -117,8 +120,64 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
         }
         Err(e) => report.errors.push(format!("list CDI specs: {e}")),
     }
-    prune_lost(inner, lost, &found, &mut report);
+    prune_lost(inner, lost, &found, read_whole, &mut report);
     report
+}
+
+/// Adds to each lost claim the names of the MIG devices (with dynamic MIG,
+/// the only ones a sweep or release touches) and MPS daemons on the node
+/// that its damaged text holds, one byte off at most
+/// ([`LostClaim::holds_nearly`]). Whether every name on the node could be
+/// read: if not, the text stays for the next start.
+fn look_in_damaged_text(
+    inner: &Inner,
+    lost: &mut BTreeMap<ClaimUid, LostClaim>,
+    report: &mut RecoveryReport,
+) -> bool {
+    if lost.values().all(|l| l.damaged_text.is_empty()) {
+        return true;
+    }
+    let mut whole = true;
+    let mig = if inner.opts.build.dynamic_mig {
+        mig::node_uuids(&*inner.backend).unwrap_or_else(|e| {
+            report.errors.push(format!(
+                "list MIG devices for the damaged checkpoint text: {e}"
+            ));
+            whole = false;
+            Vec::new()
+        })
+    } else {
+        Vec::new()
+    };
+    let daemons = inner.mps.list().unwrap_or_else(|e| {
+        report.errors.push(format!(
+            "list MPS daemons for the damaged checkpoint text: {e}"
+        ));
+        whole = false;
+        Vec::new()
+    });
+    for (uid, claim) in lost.iter_mut() {
+        let found_mig: Vec<&String> = mig
+            .iter()
+            .filter(|u| !claim.mig_uuids.contains(*u) && claim.holds_nearly(u))
+            .collect();
+        let found_daemons: Vec<&String> = daemons
+            .iter()
+            .filter(|d| !claim.mps_daemons.contains(*d) && claim.holds_nearly(d))
+            .collect();
+        if found_mig.is_empty() && found_daemons.is_empty() {
+            continue;
+        }
+        tracing::warn!(
+            claim = %uid,
+            mig = ?found_mig,
+            mps = ?found_daemons,
+            "damaged checkpoint text names these, a byte off: kept as named"
+        );
+        claim.mig_uuids.extend(found_mig.into_iter().cloned());
+        claim.mps_daemons.extend(found_daemons.into_iter().cloned());
+    }
+    whole
 }
 
 /// Forgets the names of lost claims whose things are gone, drops claims
@@ -127,14 +186,19 @@ fn prune_lost(
     inner: &Inner,
     lost: BTreeMap<ClaimUid, LostClaim>,
     found: &Found,
+    read_whole: bool,
     report: &mut RecoveryReport,
 ) {
     let mut pruned = BTreeMap::new();
     for (uid, mut claim) in lost {
         claim.mig_uuids.retain(|u| found.mig.contains(u));
         claim.mps_daemons.retain(|d| found.daemons.contains(d));
+        // Looked in: what it names on the node is named now.
+        if read_whole {
+            claim.damaged_text.clear();
+        }
         let spec = found.cdi.contains(&uid.0);
-        if claim.names_nothing() && !spec {
+        if claim.names_nothing() && !spec && claim.damaged_text.is_empty() {
             report.lost_forgotten.push(uid.0);
             continue;
         }
@@ -148,9 +212,14 @@ fn prune_lost(
         if spec {
             kept.push("its CDI spec".to_owned());
         }
+        let whose = if uid.0 == UNATTRIBUTED {
+            "no claim (unattributed names of damaged checkpoint text)".to_owned()
+        } else {
+            uid.0.clone()
+        };
         report
             .lost_kept
-            .push(format!("{uid} ({}): {}", claim.source, kept.join(", ")));
+            .push(format!("{whose} ({}): {}", claim.source, kept.join(", ")));
         pruned.insert(uid, claim);
     }
     if let Err(e) = inner.store.update_lost(|ledger| *ledger = pruned) {

@@ -34,9 +34,12 @@
 //! names goes into the ledger of lost claims (`lost`), written before the
 //! checkpoint is rewritten without them: the startup sweep of the prepare
 //! code leaves it for the claims' running pods, and kubelet's unprepare of
-//! such a claim releases it. What nothing names any more (the text of a file
-//! cut short) is found and removed by the sweep. The file is kept for
-//! humans.
+//! such a claim releases it. Names the damaged text holds outside every
+//! entry that verified (an entry whose key was damaged) are kept too,
+//! unattributed, and a file over the size limit is scanned for names
+//! without being loaded (see `lost`). What nothing names any more (the
+//! text of a file cut short) is found and removed by the sweep. The file
+//! is kept for humans.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
@@ -363,9 +366,22 @@ impl Store {
                     format!("the file is {len} bytes, more than the {MAX_FILE_BYTES}-byte limit"),
                     &mut report,
                 )?;
-                tracing::error!(
-                    "the moved-aside checkpoint is too large to be read for what its entries set up: the startup sweep removes it"
-                );
+                if let Some((path, reason)) = &report.moved_aside {
+                    // Not this plugin's writing: every name in it is kept,
+                    // none of them for a claim.
+                    let source = format!("checkpoint moved aside to {} ({reason})", path.display());
+                    match lost::from_large_file(path, &source, now) {
+                        Ok(names) if !names.names_nothing() => {
+                            newly_lost.insert(ClaimUid::from(lost::UNATTRIBUTED), names);
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::error!(
+                            path = %path.display(),
+                            error = %e,
+                            "the moved-aside checkpoint cannot be read for what it names: the startup sweep removes it"
+                        ),
+                    }
+                }
                 false
             }
             Capped::Bytes(bytes) => match format::decode(&bytes) {
@@ -377,18 +393,22 @@ impl Store {
                 }
                 Decoded::Unusable(reason) => {
                     store.move_aside(reason, &mut report)?;
+                    // Entries that still verify are taken back one by one
+                    // (those of another boot are left to the ledger).
+                    let salvaged = format::salvage(&bytes).filter(|s| s.boot_id == boot_id);
                     if let Some((path, reason)) = &report.moved_aside {
                         let source =
                             format!("checkpoint moved aside to {} ({reason})", path.display());
-                        newly_lost = lost::from_file(&bytes, &source, now);
+                        let verified = salvaged.as_ref().map(|s| &s.claims);
+                        newly_lost = lost::from_file(
+                            &bytes,
+                            true,
+                            verified.unwrap_or(&BTreeMap::new()),
+                            &source,
+                            now,
+                        );
                     }
-                    // Entries that still verify are taken back one by one
-                    // (those of another boot are left to the ledger).
-                    if let Some(salvaged) = format::salvage(&bytes).filter(|s| s.boot_id == boot_id)
-                    {
-                        for uid in salvaged.claims.keys() {
-                            newly_lost.remove(uid);
-                        }
+                    if let Some(salvaged) = salvaged {
                         report.salvaged = salvaged.claims.len();
                         report.salvaged_all = salvaged.damaged.is_empty();
                         tracing::warn!(
@@ -424,14 +444,20 @@ impl Store {
                         // recovery forgets them; a damaged boot id reads as
                         // a reboot too, and then it keeps them.
                         let source = format!("checkpoint of boot {file_boot}");
-                        for (uid, entry) in &claims {
-                            newly_lost.insert(uid.clone(), lost::from_entry(entry, &source, now));
-                        }
-                        for q in &quarantined {
-                            newly_lost.insert(
-                                ClaimUid(q.uid.clone()),
-                                lost::from_stored(&q.raw, &source, now),
-                            );
+                        newly_lost = lost::from_file(&bytes, false, &BTreeMap::new(), &source, now);
+                        let each = claims
+                            .iter()
+                            .map(|(uid, entry)| {
+                                (uid.clone(), lost::from_entry(entry, &source, now))
+                            })
+                            .chain(quarantined.iter().map(|q| {
+                                (
+                                    ClaimUid(q.uid.clone()),
+                                    lost::from_stored(&q.raw, &source, now),
+                                )
+                            }));
+                        for (uid, claim) in each {
+                            merge_into(&mut newly_lost, uid, claim);
                         }
                     }
                     report.previous_boot_id = Some(file_boot);
@@ -442,8 +468,18 @@ impl Store {
                     quarantined,
                     ..
                 } => {
+                    // What the text names beyond the verified entries: the
+                    // quarantined ones, and the text of an entry whose key
+                    // a damage made another's (JSON keeps the last).
+                    newly_lost = lost::from_file(
+                        &bytes,
+                        !quarantined.is_empty(),
+                        &loaded,
+                        "checkpoint text no verified entry owns",
+                        now,
+                    );
                     claims = loaded;
-                    let clean = quarantined.is_empty();
+                    let clean = quarantined.is_empty() && newly_lost.is_empty();
                     store.quarantine(quarantined, now, &mut newly_lost, &mut report)?;
                     clean
                 }
@@ -512,6 +548,12 @@ impl Store {
         self.lost_ledger().values().any(test)
     }
 
+    /// Whether a record of the ledger of lost claims passes `test`, given
+    /// its key too (one is [`lost::UNATTRIBUTED`]).
+    pub fn any_lost_where(&self, test: impl Fn(&ClaimUid, &LostClaim) -> bool) -> bool {
+        self.lost_ledger().iter().any(|(uid, l)| test(uid, l))
+    }
+
     /// The first `Some` that `find` gives for a claim of the ledger of lost
     /// claims.
     pub fn find_lost<T>(&self, find: impl Fn(&LostClaim) -> Option<T>) -> Option<T> {
@@ -546,7 +588,7 @@ impl Store {
     /// replaced.
     fn open_ledger(&self, newly_lost: Ledger) -> Result<(), Error> {
         let path = self.dir.join(LOST_FILE_NAME);
-        let unusable = match read_capped(&path)? {
+        let unusable = match read_capped_at(&path, lost::MAX_LEDGER_BYTES)? {
             Capped::Missing => None,
             Capped::TooLarge(len) => Some(format!("{len} bytes, over the limit")),
             Capped::Bytes(bytes) => match lost::decode_ledger(&bytes) {
@@ -572,6 +614,15 @@ impl Store {
             return Ok(());
         }
         for (uid, claim) in &newly_lost {
+            if uid.0 == lost::UNATTRIBUTED {
+                tracing::warn!(
+                    source = %claim.source,
+                    mig = ?claim.mig_uuids,
+                    mps = ?claim.mps_daemons,
+                    "damaged checkpoint text names these outside any entry that verified: kept for whichever claim's pods use them, until they are gone or the ledger is removed by hand (a claim's own MPS daemons go at its unprepare)"
+                );
+                continue;
+            }
             tracing::warn!(
                 claim = %uid,
                 source = %claim.source,
@@ -886,10 +937,17 @@ impl Store {
         for q in entries {
             tracing::error!(claim = %q.uid, reason = %q.reason, "checkpoint entry quarantined");
             let source = format!("quarantined ({})", q.reason);
-            newly_lost.insert(
-                ClaimUid(q.uid.clone()),
-                lost::from_stored(&q.raw, &source, now),
-            );
+            let claim = lost::from_stored(&q.raw, &source, now);
+            match newly_lost.get_mut(&ClaimUid(q.uid.clone())) {
+                // Its text's names were found already: the source is this.
+                Some(known) => {
+                    known.source.clone_from(&claim.source);
+                    known.merge(claim);
+                }
+                None => {
+                    newly_lost.insert(ClaimUid(q.uid.clone()), claim);
+                }
+            }
             let mut record = Map::new();
             record.insert("reason".into(), q.reason.clone().into());
             record.insert("quarantinedAtUnixSeconds".into(), now.into());
@@ -905,9 +963,24 @@ impl Store {
     }
 }
 
+/// Adds `claim` to what `ledger` holds for `uid`.
+fn merge_into(ledger: &mut Ledger, uid: ClaimUid, claim: LostClaim) {
+    match ledger.get_mut(&uid) {
+        Some(known) => known.merge(claim),
+        None => {
+            ledger.insert(uid, claim);
+        }
+    }
+}
+
 /// Reads `path`, refusing files over [`MAX_FILE_BYTES`] without reading them.
 fn read_capped(path: &Path) -> Result<Capped, Error> {
-    crate::prepare::capped::read_capped(path, MAX_FILE_BYTES).map_err(|source| Error::Read {
+    read_capped_at(path, MAX_FILE_BYTES)
+}
+
+/// Reads `path`, refusing files over `max` bytes without reading them.
+fn read_capped_at(path: &Path, max: u64) -> Result<Capped, Error> {
+    crate::prepare::capped::read_capped(path, max).map_err(|source| Error::Read {
         path: path.to_owned(),
         source,
     })

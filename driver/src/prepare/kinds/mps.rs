@@ -89,7 +89,7 @@ impl Kind for Mps {
                         reason: format!("MPS config: {e}"),
                     })?;
             configs.push(DaemonConfig {
-                id: format!("claim-{}-{n}", claim.plan.uid.0),
+                id: crate::prepare::checkpoint::daemon_id(&claim.plan.uid, n),
                 gpu_uuids: uuids.iter().map(|u| (*u).to_owned()).collect(),
                 active_thread_percentage: config
                     .default_active_thread_percentage
