@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::prepare::{Node, long_time_slices, node, result, shared_claim};
+use common::prepare::{Node, long_time_slices, mig_config, node, result, shared_claim};
 use gpu_dra_sim::kubelet::{Claim, DraVersion};
 use serde_json::json;
 
@@ -446,4 +446,121 @@ async fn a_release_that_failed_after_a_second_prepare_is_done_at_the_unprepare()
         "{calls:?}"
     );
     assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+}
+
+/// The review's case: a damaged quote of an entry's key. The entry is not
+/// found as one, its text reads as the tail of the entry before it (or as
+/// the head of the file), and that entry still verifies on its own. What
+/// the damaged text names (a MIG device, an MPS daemon) is kept anyway, as
+/// names no claim owns: the start sweeps neither. The claim's unprepare
+/// stops its daemon (whose id names the claim) and removes its spec; its
+/// MIG device names no claim and stays until the ledger is removed by hand,
+/// when the next start sweeps it.
+#[tokio::test]
+async fn a_damaged_key_quote_keeps_the_entrys_mig_device_and_daemon_until_released() {
+    let mut n = node("dgx-h100", &["--dynamic-mig"], DraVersion::V1).await;
+    let on0 = n.device_starting_with("gpu-0-mig-1g10gb").await;
+    let on1 = n.device_starting_with("gpu-1-mig-1g10gb").await;
+    let whole = n.gpu_claim("whole", "gpu-2").await;
+    let mig = n
+        .claim("mig", json!([result("mig", &on0)]), json!([]))
+        .await;
+    let shared = n
+        .claim(
+            "shared",
+            json!([result("mig", &on1)]),
+            json!([mig_config(
+                &["mig"],
+                json!({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 20}})
+            )]),
+        )
+        .await;
+    for c in [&whole, &mig, &shared] {
+        n.prepare_ok(c).await;
+    }
+    let before = n.mig_instances();
+    assert_eq!(before.len(), 2);
+    let running = n.live_processes();
+    assert!(!running.is_empty(), "the daemon runs");
+
+    n.stop();
+    let path = n.state_dir().join("checkpoint.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    // The opening quote of the shared claim's key, one bit flipped: a space.
+    let key = format!("\"{}\": {{", shared.uid);
+    assert_eq!(text.matches(&key).count(), 1);
+    std::fs::write(&path, text.replacen(&key, &format!(" {}", &key[1..]), 1)).unwrap();
+    n.restart(&[]).await;
+
+    let logs = n.logs();
+    assert!(logs.contains("unusable checkpoint moved aside"), "{logs}");
+    assert!(
+        !logs.contains("unreferenced MIG devices destroyed")
+            && !logs.contains("unreferenced MPS daemons stopped"),
+        "{logs}"
+    );
+    assert_eq!(n.mig_instances(), before, "nothing swept");
+    assert_eq!(n.live_processes(), running, "the same daemon serves on");
+    let mut loaded = n.checkpoint_claims();
+    loaded.sort();
+    let mut expected = vec![whole.uid.clone(), mig.uid.clone()];
+    expected.sort();
+    assert_eq!(loaded, expected, "the other two entries verify");
+    let ledger = n.ledger();
+    let names = &ledger["claims"]["unattributed names"];
+    assert_eq!(
+        names["migUuids"].as_array().map(Vec::len),
+        Some(1),
+        "{ledger}"
+    );
+    assert_eq!(
+        names["mpsDaemons"],
+        json!([format!("claim-{}-0", shared.uid)]),
+        "{ledger}"
+    );
+    for verified in [&whole, &mig] {
+        assert!(ledger["claims"].get(&verified.uid).is_none(), "{ledger}");
+    }
+    assert!(
+        n.spec_path(&shared).exists(),
+        "its UID is in the damaged text"
+    );
+    let line = kept_line(&n);
+    assert!(line.contains("no claim (unattributed"), "{line}");
+
+    // The claim before it in the file let go: its own device goes, the
+    // damaged entry's stays.
+    n.unprepare_ok(&mig).await;
+    assert_eq!(n.mig_instances().len(), 1, "{:?}", n.mig_instances());
+    // The damaged claim's unprepare: its daemon and spec go, its MIG
+    // device names no claim and stays.
+    n.unprepare_ok(&shared).await;
+    assert_eq!(n.processes(), 0, "no process left\n{}", n.logs());
+    assert!(!n.spec_path(&shared).exists());
+    assert_eq!(n.mig_instances().len(), 1);
+    let ledger = n.ledger();
+    assert_eq!(
+        ledger["claims"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["unattributed names"],
+        "{ledger}"
+    );
+    assert!(
+        ledger["claims"]["unattributed names"]
+            .get("mpsDaemons")
+            .is_none()
+    );
+
+    // A start keeps it; the admin's way releases it.
+    n.restart(&[]).await;
+    assert_eq!(n.mig_instances().len(), 1);
+    n.stop();
+    std::fs::remove_file(n.ledger_path()).unwrap();
+    n.restart(&[]).await;
+    assert!(n.mig_instances().is_empty(), "{}", n.logs());
+    assert!(n.logs().contains("unreferenced MIG devices destroyed"));
+    n.unprepare_ok(&whole).await;
 }

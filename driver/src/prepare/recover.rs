@@ -112,6 +112,25 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
                     found.cdi.insert(uid);
                     continue;
                 }
+                // A claim whose entry's key was damaged: its UID is in the
+                // damaged text, a byte off at most. Its spec is its own
+                // (named by its UID), so it is kept for it, in a record
+                // that names nothing else, until its unprepare.
+                if let Some(source) = lost
+                    .values()
+                    .find(|l| l.holds_nearly(&uid))
+                    .map(|l| l.source.clone())
+                {
+                    lost.insert(
+                        ClaimUid(uid.clone()),
+                        LostClaim {
+                            source: format!("its UID in damaged text of {source}"),
+                            ..LostClaim::default()
+                        },
+                    );
+                    found.cdi.insert(uid);
+                    continue;
+                }
                 match cdi.remove(&uid) {
                     Ok(_) => report.cdi_removed.push(uid),
                     Err(e) => report.errors.push(format!("remove CDI spec of {uid}: {e}")),
