@@ -232,6 +232,106 @@ async fn a_full_state_dir_fails_the_claim_cleanly_and_it_prepares_once_freed() {
     nothing_left_of(&n, &claim, &checkpoint);
 }
 
+/// Size of a file, 0 when it is missing.
+fn size(path: &Path) -> usize {
+    std::fs::metadata(path).map_or(0, |m| m.len() as usize)
+}
+
+/// The same claim as [`two_gpu_claim`] on the DGX's GPUs 1 and 2.
+async fn dgx_two_gpu_claim(n: &Node, name: &str) -> Claim {
+    let mut ts =
+        gpu_config(json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}));
+    ts["requests"] = json!(["ts"]);
+    n.claim(
+        name,
+        json!([result("gpu", "gpu-1"), result("ts", "gpu-2")]),
+        json!([ts]),
+    )
+    .await
+}
+
+/// The commit that fails is the second of the prepare, after the time
+/// slice was set: the checkpoint is grown with other claims until the
+/// claim's `PrepareStarted` version still fits into the one page the
+/// store's temp file holds, and its `PrepareCompleted` version does not.
+/// On the full tmpfs the first write then succeeds and the second fails.
+#[tokio::test]
+async fn a_commit_failing_on_a_full_disk_after_the_hardware_was_set_rolls_it_back() {
+    const PAGE: usize = 4096;
+    let mounts = short_dir();
+    let Some(state) = Tmpfs::mount(&mounts.path().join("state"), "1m") else {
+        return;
+    };
+    let state_flag = state.dir.to_str().unwrap().to_owned();
+    let n = node_with(
+        "dgx-h100",
+        &["--dynamic-mig", "--state-dir", &state_flag],
+        DraVersion::V1,
+        &[],
+    )
+    .await;
+    let checkpoint = state.dir.join("checkpoint.json");
+    let temp = state.dir.join("checkpoint.json.tmp");
+
+    // What the claim adds to the checkpoint, started and completed (after
+    // a prepare, the temp file holds the version before the last write).
+    let claim = dgx_two_gpu_claim(&n, "late-full").await;
+    n.prepare_ok(&claim).await;
+    let (started, completed) = (size(&temp), size(&checkpoint));
+    n.unprepare_ok(&claim).await;
+    let base = size(&checkpoint);
+    let (d_started, d_completed) = (started - base, completed - base);
+    assert!(d_completed > d_started + 32, "{d_started} {d_completed}");
+    // The base size that puts the page boundary in the middle of the two.
+    let wanted = PAGE - (d_started + d_completed) / 2;
+
+    // Pad claims on the other GPUs, their names sized to hit it.
+    let mut pad_cost = None;
+    for gpu in [3, 4, 5, 6, 7, 0] {
+        let now = size(&checkpoint);
+        if now >= wanted - 8 {
+            break;
+        }
+        let len = match pad_cost {
+            None => 100,
+            Some(cost) => (wanted - now).saturating_sub(cost).clamp(1, 240),
+        };
+        // DNS labels are at most 63 bytes: a dot every 50.
+        let filling: String = (1..=len)
+            .map(|i| if i % 50 == 0 && i < len { '.' } else { 'a' })
+            .collect();
+        let name = format!("pad{gpu}-{filling}");
+        let pad = n.gpu_claim(&name, &format!("gpu-{gpu}")).await;
+        n.prepare_ok(&pad).await;
+        pad_cost.get_or_insert(size(&checkpoint) - now - len);
+    }
+    let padded = size(&checkpoint);
+    assert!(
+        padded + d_started + 4 <= PAGE && padded + d_completed >= PAGE + 4,
+        "cannot place the page boundary: base {padded}, +{d_started}, +{d_completed}"
+    );
+    assert!(size(&temp) <= PAGE, "the temp file holds more than a page");
+
+    let before = state.names();
+    let filler = state.fill();
+    let error = prepare_error(&n, &claim).await;
+    assert!(
+        error.contains("No space left on device") && error.contains(&state_flag),
+        "not precise: {error}"
+    );
+    // Set by this attempt (after the measuring prepare's set and reset),
+    // and set back by the rollback.
+    assert_eq!(time_slice_calls(&n), ["3", "0", "3", "0"]);
+    nothing_left_of(&n, &claim, &checkpoint);
+    assert_eq!(before, state.names(), "the state directory changed");
+    still_serving(&n).await;
+
+    std::fs::remove_file(filler).unwrap();
+    n.prepare_ok(&claim).await;
+    n.unprepare_ok(&claim).await;
+    nothing_left_of(&n, &claim, &checkpoint);
+}
+
 #[tokio::test]
 async fn a_full_cdi_root_fails_the_claim_cleanly_and_it_prepares_once_freed() {
     let n = node(SMALL_PROFILE, &[], DraVersion::V1).await;
