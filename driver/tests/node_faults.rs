@@ -283,7 +283,7 @@ async fn a_commit_failing_on_a_full_disk_after_the_hardware_was_set_rolls_it_bac
     let (d_started, d_completed) = (started - base, completed - base);
     assert!(d_completed > d_started + 32, "{d_started} {d_completed}");
     // The base size that puts the page boundary in the middle of the two.
-    let wanted = PAGE - (d_started + d_completed) / 2;
+    let wanted = PAGE - usize::midpoint(d_started, d_completed);
 
     // Pad claims on the other GPUs, their names sized to hit it.
     let mut pad_cost = None;
