@@ -564,3 +564,56 @@ async fn a_damaged_key_quote_keeps_the_entrys_mig_device_and_daemon_until_releas
     assert!(n.logs().contains("unreferenced MIG devices destroyed"));
     n.unprepare_ok(&whole).await;
 }
+
+/// A damaged byte inside a MIG device's UUID: the quarantined entry names
+/// a device the node does not have. The start finds the node's device in
+/// the damaged text, one byte off, keeps it for the claim, and the claim's
+/// unprepare destroys it.
+#[tokio::test]
+async fn a_damaged_byte_inside_a_mig_uuid_still_keeps_the_device_for_its_claim() {
+    let mut n = node("dgx-h100", &["--dynamic-mig"], DraVersion::V1).await;
+    let on0 = n.device_starting_with("gpu-0-mig-1g10gb").await;
+    let c = n
+        .claim("mig", json!([result("mig", &on0)]), json!([]))
+        .await;
+    n.prepare_ok(&c).await;
+    let before = n.mig_instances();
+    let uuid = n.checkpoint()["entries"][&c.uid]["entry"]["devices"][0]["kind"]["migUuid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    n.stop();
+    let path = n.state_dir().join("checkpoint.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    // A bit flipped in the UUID's first group: still JSON, still a UUID,
+    // another one.
+    let mut damaged = uuid.clone().into_bytes();
+    damaged[5] ^= 0x01;
+    let damaged = String::from_utf8(damaged).unwrap();
+    std::fs::write(&path, text.replacen(&uuid, &damaged, 1)).unwrap();
+    n.restart(&[]).await;
+
+    let logs = n.logs();
+    assert!(logs.contains("checkpoint entry quarantined"), "{logs}");
+    assert!(logs.contains("a byte off"), "{logs}");
+    assert!(
+        !logs.contains("unreferenced MIG devices destroyed"),
+        "{logs}"
+    );
+    assert_eq!(n.mig_instances(), before, "nothing swept");
+    let ledger = n.ledger();
+    let kept = &ledger["claims"][&c.uid];
+    assert!(
+        kept["migUuids"].as_array().unwrap().contains(&json!(uuid)),
+        "{ledger}"
+    );
+    assert!(
+        kept.get("damagedText").is_none(),
+        "looked in once: {ledger}"
+    );
+
+    n.unprepare_ok(&c).await;
+    assert!(n.mig_instances().is_empty());
+    assert!(!n.ledger_path().exists());
+}

@@ -653,11 +653,26 @@ fn bad_boot_id_files_are_errors() {
 }
 
 #[test]
-fn an_oversized_file_is_refused_without_reading_it() {
+fn an_oversized_file_is_not_loaded_but_every_name_in_it_is_kept_unattributed() {
+    use std::io::{Seek, SeekFrom, Write};
     let env = Env::new();
     fs::create_dir_all(&env.state).unwrap();
-    let file = fs::File::create(env.file()).unwrap();
+    let mut file = fs::File::create(env.file()).unwrap();
     file.set_len(100 << 20).unwrap(); // sparse: 100 MiB of zeros
+    // Names at the start, across the first piece boundary (1 MiB), and
+    // past the size limit.
+    let names = [
+        (0, MIG_UUID.to_owned()),
+        (
+            (1 << 20) - 20,
+            "MIG-11111111-2222-4333-8444-555555555555".to_owned(),
+        ),
+        (90 << 20, r#""id": "claim-x-0""#.to_owned()),
+    ];
+    for (at, name) in &names {
+        file.seek(SeekFrom::Start(*at)).unwrap();
+        file.write_all(name.as_bytes()).unwrap();
+    }
     drop(file);
     let (store, report) = env.open();
     let (_, reason) = report.moved_aside.unwrap();
@@ -666,6 +681,106 @@ fn an_oversized_file_is_refused_without_reading_it() {
         "{reason}"
     );
     assert!(store.snapshot().claims.is_empty());
+    let lost = store.lost();
+    let kept = &lost[&uid(UNATTRIBUTED)];
+    assert_eq!(
+        kept.mig_uuids
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        [MIG_UUID, names[1].1.as_str()]
+    );
+    assert_eq!(kept.mps_daemons.iter().collect::<Vec<_>>(), ["claim-x-0"]);
+    assert_eq!(lost.len(), 1, "{lost:?}");
+}
+
+/// Nesting deeper than serde_json's recursion limit (128, left on) in the
+/// checkpoint, in an entry's value, in the quarantine file and in the
+/// ledger: each is refused with a reason, nothing overflows the stack.
+#[test]
+fn deep_nesting_in_any_file_is_refused_not_followed() {
+    let deep = "[".repeat(200_000);
+    let env = Env::new();
+    fs::create_dir_all(&env.state).unwrap();
+    fs::write(env.file(), &deep).unwrap();
+    let (_, report) = env.open();
+    let (_, reason) = report.moved_aside.unwrap();
+    assert!(reason.contains("recursion limit"), "{reason}");
+
+    // An entry's value nested deep, in a file that is no longer JSON.
+    let env = Env::new();
+    two_claims(&env);
+    let text = fs::read_to_string(env.file()).unwrap();
+    let nested = text.replacen("\"entry\": {", &format!("\"entry\": {deep}"), 1);
+    fs::write(env.file(), nested).unwrap();
+    fs::write(env.state.join(LOST_FILE_NAME), &deep).unwrap();
+    let (store, report) = env.open();
+    assert!(report.moved_aside.is_some());
+    assert_eq!((report.salvaged, report.salvaged_all), (1, false));
+    assert!(store.get(&uid("b")).is_some() && store.is_lost(&uid("a")));
+    // The unusable ledger was set aside, and a new one written.
+    assert!(
+        env.state
+            .join(format!("{LOST_FILE_NAME}.unusable"))
+            .exists()
+    );
+    assert!(ledger(&env)["claims"]["a"].is_object());
+
+    // A quarantine file nested deep is replaced when an entry is
+    // quarantined.
+    let env = Env::new();
+    two_claims(&env);
+    let text = fs::read_to_string(env.file()).unwrap();
+    fs::write(
+        env.file(),
+        text.replacen("\"name\": \"a\"", "\"name\": \"q\"", 1),
+    )
+    .unwrap();
+    fs::write(env.state.join(QUARANTINE_FILE_NAME), &deep).unwrap();
+    let (_, report) = env.open();
+    assert_eq!(report.quarantined.len(), 1);
+    let quarantine: Value =
+        serde_json::from_slice(&fs::read(env.state.join(QUARANTINE_FILE_NAME)).unwrap()).unwrap();
+    assert!(quarantine["a"]["reason"].is_string(), "{quarantine}");
+}
+
+/// A damaged key that turns into another entry's key while the file still
+/// parses: JSON keeps one of the two values. The other's names are kept,
+/// not given to the claim whose key it now has.
+#[test]
+fn a_key_made_another_entrys_in_a_file_that_still_parses_keeps_both_entries_names() {
+    let env = Env::new();
+    let (store, _) = env.open();
+    let mut first = created_mig_entry();
+    first.state = ClaimState::PrepareCompleted;
+    let mut second = first.clone();
+    let other = "MIG-99999999-8888-4777-8666-555555555555";
+    if let DeviceKind::Mig { mig_uuid, .. } = &mut second.devices[0].kind {
+        *mig_uuid = Some(other.into());
+    }
+    second.devices[0].sharing.mps_daemon = None;
+    store
+        .commit(
+            Batch::new()
+                .put(uid("uid-a"), first.clone())
+                .put(uid("uid-b"), second),
+        )
+        .unwrap();
+    drop(store);
+    let text = fs::read_to_string(env.file()).unwrap();
+    // `a` and `b` differ by one bit: a's key becomes b's.
+    let damaged = text.replacen("\"uid-a\"", "\"uid-b\"", 1);
+    serde_json::from_str::<Value>(&damaged).unwrap();
+    fs::write(env.file(), damaged).unwrap();
+    let (store, report) = env.open();
+    // The last value under `uid-b` is b's own: it verifies.
+    assert_eq!(report.loaded, 1);
+    assert!(store.get(&uid("uid-b")).is_some());
+    let lost = store.lost();
+    assert!(!lost.contains_key(&uid("uid-b")), "{lost:?}");
+    let kept = &lost[&uid(UNATTRIBUTED)];
+    assert_eq!(kept.mig_uuids.iter().collect::<Vec<_>>(), [MIG_UUID]);
+    assert_eq!(kept.mps_daemons.iter().collect::<Vec<_>>(), ["mps-train"]);
 }
 
 #[test]
