@@ -441,9 +441,10 @@ async fn serves_and_republishes_despite(fault: WriteFault) {
 
     // The publisher retries with backoff (250 ms doubling; a 429 is
     // retried by the kube client after `Retry-After`, 1 s), and so do the
-    // claim's `status.devices` writes (3 attempts of 5 s): tens of writes
-    // in these seconds (measured: 11 for a 500, 30 for a 429, 5 hung),
-    // where a spinning client makes thousands.
+    // claim's `status.devices` writes (3 attempts of 5 s each): tens of
+    // writes in these seconds (measured: 11 for a 500, 30 for a 429, 5
+    // hung; the publisher alone, without the claim: 5, 4 and 1), where a
+    // spinning client makes thousands.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let writes = faults.faulted_writes();
     eprintln!("{fault:?}: {writes} writes met the fault in 4 s");
