@@ -21,8 +21,6 @@ use axum::response::{IntoResponse, Response};
 use http::{Method, StatusCode, header};
 use serde_json::json;
 
-use super::http::json_response;
-
 /// What the server does with every write request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WriteFault {
@@ -131,13 +129,17 @@ fn refusal(code: u16) -> Response {
     if !reason.is_empty() {
         body["reason"] = json!(reason);
     }
-    let mut response = json_response(status, &body);
+    // Built here, not with the HTTP layer's helper: the HTTP layer's state
+    // holds the faults, and modules import one way.
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    let mut response =
+        (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response();
     if code == 429 {
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
     }
-    response.into_response()
+    response
 }
 
 #[cfg(test)]
@@ -167,6 +169,7 @@ mod tests {
             .unwrap();
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
         faults.set_writes(WriteFault::Status(500));
         let r = faults
             .intercept(&Method::DELETE, &mut shutdown)
