@@ -194,3 +194,43 @@ fn shipped_files_are_never_refused() {
     }
     assert!(parsed >= 25, "{parsed} of {} parsed", files.len());
 }
+
+/// A value `depth` levels deep, its collections chosen by `seed`, with
+/// multi-line strings, keys needing quotes and empty collections on the way.
+fn generated(depth: usize, seed: u64) -> serde_json::Value {
+    use serde_json::json;
+    let mut v = json!("leaf: [x] - y # z\nsecond line");
+    let mut s = seed;
+    for level in 0..depth {
+        s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        v = match (s >> 33) % 4 {
+            0 => json!([v, "- a", [], {}]),
+            1 => json!({"k": v, "[q]": "{x}", "e": []}),
+            2 => json!([{"a": level, "b": v}]),
+            _ => json!({"l": ["|", ">", v, "'s"]}),
+        };
+    }
+    v
+}
+
+/// Whatever shapes the YAML and JSON writers give a document, the scan
+/// never counts deeper than it is (the lower bound that keeps it from
+/// refusing what the library accepts).
+#[test]
+fn written_documents_are_never_overcounted() {
+    for seed in 0..200 {
+        // Up to two levels a step: at most MAX_DEPTH in all.
+        let depth = 1 + (seed as usize * 7) % (MAX_DEPTH / 2);
+        let value = generated(depth, seed);
+        let depth = depth_of(&value);
+        for text in [
+            yaml_serde::to_string(&value).unwrap(),
+            serde_json::to_string(&value).unwrap(),
+            serde_json::to_string_pretty(&value).unwrap(),
+        ] {
+            assert_eq!(scan(&text, depth), Ok(()), "seed {seed}:\n{text}");
+            let back: serde_json::Value = yaml_serde::from_str(&text).unwrap();
+            assert_eq!(back, value, "seed {seed}");
+        }
+    }
+}
