@@ -24,7 +24,9 @@ pub struct Crossing {
     /// character of a key) that opened the collection one level too deep.
     /// The scan read nothing past it.
     pub offset: usize,
-    /// Its 1-based line.
+    /// Its 1-based line, counting `\n` only: the lines a file split on
+    /// `\n` has, as the CLI numbers them (libyaml's own messages count a
+    /// lone `\r` too).
     pub line: usize,
     /// Its 1-based column, in characters.
     pub column: usize,
@@ -61,7 +63,14 @@ fn crossing(text: &str, offset: usize) -> Crossing {
     }
 }
 
-/// Space, tab, or a line break (`\r` included).
+/// A line break: YAML's are `\n`, `\r` and `\r\n`, and libyaml takes a
+/// lone `\r` as one, so the scan must too (or a `\r`-separated document
+/// would read as one line, and its nesting go uncounted).
+fn is_break(c: u8) -> bool {
+    matches!(c, b'\n' | b'\r')
+}
+
+/// Space, tab, or a line break.
 fn is_blank(c: u8) -> bool {
     matches!(c, b' ' | b'\t' | b'\r' | b'\n')
 }
@@ -84,24 +93,29 @@ struct Scanner<'a> {
 type Step<T> = Result<T, usize>;
 
 impl Scanner<'_> {
-    /// Index of the end of the line holding `from` (its `\n`, or the end).
+    /// Index of the end of the line holding `from` (its line break, or the
+    /// end of the text).
     fn line_end(&self, from: usize) -> usize {
         self.b[from..]
             .iter()
-            .position(|&c| c == b'\n')
+            .position(|&c| is_break(c))
             .map_or(self.b.len(), |n| from + n)
     }
 
     /// Whether `i` is at a line break or the end of the text.
     fn eol(&self, i: usize) -> bool {
-        self.b.get(i).is_none_or(|&c| c == b'\n')
+        self.b.get(i).is_none_or(|&c| is_break(c))
     }
 
     /// Moves on to the line after the one holding `from`. Only a line
     /// that is done with is searched to its end: the scan never reads past
     /// a crossing, however long its line.
     fn next_line(&mut self, from: usize) {
-        self.i = self.line_end(from) + 1;
+        let end = self.line_end(from);
+        self.i = end + 1;
+        if self.b.get(end) == Some(&b'\r') && self.b.get(end + 1) == Some(&b'\n') {
+            self.i += 1;
+        }
     }
 
     /// Whether the byte at `i` is a blank or the end of the text.
@@ -200,9 +214,10 @@ impl Scanner<'_> {
                     } else {
                         self.quoted(p)
                     };
-                    let crossed = self.b[p..q].contains(&b'\n');
+                    let crossed = self.b[p..q].iter().any(|&c| is_break(c));
                     if crossed {
-                        start = p + self.b[p..q].iter().rposition(|&c| c == b'\n').unwrap_or(0) + 1;
+                        start =
+                            p + self.b[p..q].iter().rposition(|&c| is_break(c)).unwrap_or(0) + 1;
                     }
                     let mut k = q;
                     while !self.eol(k) && matches!(self.b[k], b' ' | b'\t') {

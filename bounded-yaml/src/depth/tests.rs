@@ -234,3 +234,28 @@ fn written_documents_are_never_overcounted() {
         }
     }
 }
+
+/// A lone `\r` breaks lines for libyaml, so it does for the scan: nesting
+/// after one is counted, not skipped as the rest of a line.
+#[test]
+fn carriage_returns_break_lines() {
+    for (text, line) in [
+        ("a:\r  b:\r    c: 1\r", 1),
+        ("a:\r\n  b:\r\n    c: 1\r\n", 3),
+    ] {
+        let v: serde_json::Value = yaml_serde::from_str(text).unwrap();
+        assert_eq!(depth_of(&v), 3);
+        assert_eq!(scan(text, 3), Ok(()), "{text:?}");
+        let at = scan(text, 2).unwrap_err();
+        assert_eq!(at.line, line, "{text:?}: lines are counted by \\n");
+    }
+    let stops: Vec<usize> = [20_000, 200_000]
+        .iter()
+        .map(|&n| {
+            scan(&("a:\r".to_owned() + &"[".repeat(n)), MAX_DEPTH)
+                .unwrap_err()
+                .offset
+        })
+        .collect();
+    assert_eq!(stops, [3 + 127, 3 + 127]);
+}
