@@ -324,6 +324,7 @@ impl Preparer {
         let period = inner.opts.mps_check_interval;
         tokio::spawn(supervise_mps(Arc::downgrade(&inner), period));
         tokio::spawn(status::republish_missing(Arc::downgrade(&inner)));
+        tokio::spawn(keep_state_on_disk(Arc::downgrade(&inner)));
         Ok((Self { inner }, report))
     }
 
@@ -740,6 +741,37 @@ async fn supervise_mps(inner: std::sync::Weak<Inner>, period: Duration) {
             return;
         };
         let _ = tokio::task::spawn_blocking(move || kinds::mps::supervise(&inner)).await;
+    }
+}
+
+/// How often [`keep_state_on_disk`] looks for the checkpoint file.
+const STATE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Writes the checkpoint again whenever its file was removed under the
+/// running plugin (`checkpoint::Store::restore_if_removed`), until the
+/// preparer is dropped: kubelet's sockets are bound again in the same case
+/// (`grpc::rebind`), and a crash must not find the prepared claims gone.
+async fn keep_state_on_disk(inner: std::sync::Weak<Inner>) {
+    loop {
+        tokio::time::sleep(STATE_CHECK_INTERVAL).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let store_of = inner.clone();
+        match tokio::task::spawn_blocking(move || store_of.store.restore_if_removed()).await {
+            Ok(Ok(true)) => tracing::warn!(
+                path = %inner.store.path().display(),
+                claims = inner.store.snapshot().claims.len(),
+                "the checkpoint file was removed under the plugin; written again"
+            ),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::error!(
+                error = %e,
+                retry_in = ?STATE_CHECK_INTERVAL,
+                "the checkpoint file was removed under the plugin and cannot be written again"
+            ),
+            Err(e) => tracing::error!(error = %e, "the checkpoint check task failed"),
+        }
     }
 }
 

@@ -507,6 +507,31 @@ async fn socket_directories_removed_under_the_plugin_are_bound_again_and_kubelet
         .unwrap_or_else(|e| panic!("{e}\n{}", n.logs()));
     eprintln!("registered again {:?} after the removal", removed.elapsed());
     assert!(n.logs().contains("kubelet plugin sockets bound again"));
+    // The checkpoint lived in the removed directory: it is written again
+    // before any call comes, so a crash now would still find the claim.
+    let checkpoint = n.state_dir().join("checkpoint.json");
+    assert!(
+        n.state_dir().starts_with(&n.plugin.plugins_dir),
+        "the state dir is under the removed directory"
+    );
+    let deadline = Instant::now() + WAIT;
+    while !checkpoint.exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        n.checkpoint_claims(),
+        vec![first.uid.clone()],
+        "{}",
+        n.logs()
+    );
+    eprintln!(
+        "checkpoint written again {:?} after the removal",
+        removed.elapsed()
+    );
+    assert!(
+        n.logs()
+            .contains("the checkpoint file was removed under the plugin; written again")
+    );
 
     // The prepared claim is still known; a new one prepares.
     let second = n.gpu_claim("after", "gpu-1").await;

@@ -772,6 +772,50 @@ impl Store {
         }
     }
 
+    /// Writes the checkpoint and the ledger again when the checkpoint file
+    /// is gone from disk (its directory removed under the running plugin:
+    /// by default the state directory is kubelet's `plugins/<driver>`,
+    /// which node clean-ups and kubelet reinstalls remove), so a crash
+    /// after that still finds every prepared claim. Returns whether it
+    /// wrote. Waits for a commit in progress and holds the writer's turn,
+    /// so no commit writes at the same time.
+    pub fn restore_if_removed(&self) -> Result<bool, Error> {
+        if fs::symlink_metadata(&self.path).is_ok() {
+            return Ok(false);
+        }
+        let mut shared = self.lock();
+        while shared.writing {
+            shared = self
+                .written
+                .wait(shared)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        if fs::symlink_metadata(&self.path).is_ok() {
+            return Ok(false);
+        }
+        shared.writing = true;
+        let durable = Arc::clone(&shared.durable);
+        drop(shared);
+        let written = fs::create_dir_all(&self.dir)
+            .map_err(|e| failure("create state directory", &self.dir, e).into())
+            .and_then(|()| {
+                encode_with(&self.boot_id, &durable, &Changed::new())
+                    .map_err(|e| failure("serialise checkpoint", &self.path, e.into()).into())
+            })
+            .and_then(|bytes| {
+                self.write_atomic(&self.path, &bytes, None)
+                    .map_err(|u| u.failure.into())
+            })
+            .and_then(|()| self.write_ledger(&self.lost_ledger()));
+        drop(durable);
+        let mut shared = self.lock();
+        shared.writing = false;
+        drop(shared);
+        // Commits queued meanwhile wait for a writer's turn.
+        self.written.notify_all();
+        written.map(|()| true)
+    }
+
     /// Installs a hook the writer calls right before each commit write.
     #[cfg(test)]
     pub(super) fn set_before_write(&self, hook: Box<dyn Fn() + Send>) {

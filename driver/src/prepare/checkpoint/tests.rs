@@ -784,6 +784,51 @@ fn a_key_made_another_entrys_in_a_file_that_still_parses_keeps_both_entries_name
 }
 
 #[test]
+fn a_state_directory_removed_under_the_store_is_written_again_whole() {
+    let env = Env::new();
+    // b's entry quarantined: the ledger names its MIG device.
+    created_then_damaged(&env, |t| t.replacen("\"ml\"", "\"mx\"", 1));
+    let (store, _) = env.open();
+    store
+        .commit(Batch::new().put(uid("a"), gpu_entry(ClaimState::PrepareCompleted, "a")))
+        .unwrap();
+    assert!(!store.restore_if_removed().unwrap(), "nothing was removed");
+    let (checkpoint, ledger_before) = (env.doc(), ledger(&env));
+
+    fs::remove_dir_all(&env.state).unwrap();
+    assert!(store.restore_if_removed().unwrap());
+    assert_eq!(env.doc(), checkpoint);
+    assert_eq!(ledger(&env), ledger_before);
+    assert!(!store.restore_if_removed().unwrap(), "written once");
+    // Commits go on as before, and a new open finds everything.
+    store
+        .commit(Batch::new().put(uid("c"), gpu_entry(ClaimState::PrepareCompleted, "c")))
+        .unwrap();
+    drop(store);
+    let (store, report) = env.open();
+    assert_eq!(report.loaded, 2);
+    assert!(store.get(&uid("a")).is_some() && store.get(&uid("c")).is_some());
+    assert!(store.is_lost(&uid("b")));
+}
+
+#[test]
+fn a_state_directory_that_cannot_be_made_again_is_an_error_and_retried() {
+    let env = Env::new();
+    let (store, _) = env.open();
+    store
+        .commit(Batch::new().put(uid("a"), gpu_entry(ClaimState::PrepareCompleted, "a")))
+        .unwrap();
+    fs::remove_dir_all(&env.state).unwrap();
+    // A file where the directory was: it cannot be made.
+    fs::write(&env.state, "").unwrap();
+    let err = store.restore_if_removed().unwrap_err();
+    assert!(err.to_string().contains("create state directory"), "{err}");
+    fs::remove_file(&env.state).unwrap();
+    assert!(store.restore_if_removed().unwrap());
+    assert!(env.doc()["entries"].get("a").is_some());
+}
+
+#[test]
 fn an_unreadable_checkpoint_is_an_error() {
     let env = Env::new();
     fs::create_dir_all(env.file()).unwrap(); // a directory where the file should be
