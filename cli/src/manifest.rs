@@ -414,8 +414,17 @@ fn first_content_line(text: &str) -> Option<usize> {
 
 fn yaml_error(file: &str, index: usize, segment: &Chunk<'_>, e: &bounded_yaml::Error) -> YamlError {
     let offset = segment.first_line - 1;
+    // The YAML reader puts an error at the end of a document without a
+    // final line break one line past its last line: held to the last line
+    // that has text, so the position is always in the file.
+    let last_line = segment.first_line
+        + segment
+            .text
+            .trim_end_matches(['\n', '\r'])
+            .matches('\n')
+            .count();
     let (line, column) = match e.location() {
-        Some((line, column)) => (line + offset, Some(column)),
+        Some((line, column)) => ((line + offset).min(last_line), Some(column)),
         None => (
             first_content_line(segment.text).map_or(segment.first_line, |l| segment.first_line + l),
             None,
@@ -426,13 +435,14 @@ fn yaml_error(file: &str, index: usize, segment: &Chunk<'_>, e: &bounded_yaml::E
         index,
         line,
         column,
-        message: shift_lines(&e.to_string(), offset),
+        message: shift_lines(&e.to_string(), offset, last_line),
     }
 }
 
 /// Rewrites every "line N column" in a parser message by `offset` lines, so
-/// that positions inside one document read as positions in the file.
-fn shift_lines(message: &str, offset: usize) -> String {
+/// that positions inside one document read as positions in the file, held
+/// to `last_line` (see `yaml_error`).
+fn shift_lines(message: &str, offset: usize, last_line: usize) -> String {
     const WORD: &str = "line ";
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
@@ -444,7 +454,7 @@ fn shift_lines(message: &str, offset: usize) -> String {
             && rest[digits..].starts_with(" column")
             && let Ok(n) = rest[..digits].parse::<usize>()
         {
-            out.push_str(&(n + offset).to_string());
+            out.push_str(&(n + offset).min(last_line).to_string());
             rest = &rest[digits..];
         }
     }

@@ -19,9 +19,9 @@ use gpu_dra_controller::webhook::review::{
 use libfuzzer_sys::fuzz_target;
 
 /// The longest rejection message: the handler's own private bound, 512
-/// characters, plus the `…` its truncation appends
-/// (findings/admission/crash-rejection-513-chars, not fixed yet).
-const MAX_REJECTION_CHARS: usize = 512 + 1;
+/// characters, the `…` of its truncation included (corpus file
+/// crash-rejection-513-chars: it was one over).
+const MAX_REJECTION_CHARS: usize = 512;
 
 /// One reviewer for the run, with the shipped `gpu.nvidia.com` class and a
 /// MIG class, as the controller resolves class names.

@@ -306,10 +306,43 @@ fn line_shifting_only_touches_positions() {
     assert_eq!(
         shift_lines(
             "did not find key at line 2 column 3, while parsing at line 1 column 1",
-            10
+            10,
+            usize::MAX
         ),
         "did not find key at line 12 column 3, while parsing at line 11 column 1"
     );
-    assert_eq!(shift_lines("the line 5 is fine", 10), "the line 5 is fine");
-    assert_eq!(shift_lines("ends with line ", 3), "ends with line ");
+    assert_eq!(
+        shift_lines("at line 9 column 1", 10, 12),
+        "at line 12 column 1",
+        "held to the last line"
+    );
+    assert_eq!(
+        shift_lines("the line 5 is fine", 10, usize::MAX),
+        "the line 5 is fine"
+    );
+    assert_eq!(
+        shift_lines("ends with line ", 3, usize::MAX),
+        "ends with line "
+    );
+}
+
+#[test]
+fn an_error_at_the_end_of_a_file_without_a_final_break_is_on_its_last_line() {
+    // Found by the manifest fuzz target (corpus file
+    // crash-eof-error-line-past-end): the reader put it one line past.
+    for text in [
+        "a: 1\nb: [1, 2",
+        "a: 1\nb: [1, 2\n",
+        "x: 0\n---\na: 1\nb: [1, 2",
+    ] {
+        let parsed = parse("f.yaml", text);
+        assert_eq!(parsed.errors.len(), 1, "{text:?}");
+        let e = &parsed.errors[0];
+        let last = text.trim_end().lines().count();
+        assert_eq!(e.line, last, "{text:?}: {e:?}");
+        assert!(
+            e.message.contains(&format!("line {last} column")),
+            "{text:?}: {e:?}"
+        );
+    }
 }

@@ -73,9 +73,10 @@ pub struct Rejection {
 fn reject(kind: Kind, message: impl Into<String>) -> Rejection {
     let mut message = message.into();
     if message.chars().count() > MAX_REJECTION_CHARS {
+        // The `…` counts: the message stays within the bound.
         message = message
             .chars()
-            .take(MAX_REJECTION_CHARS)
+            .take(MAX_REJECTION_CHARS - 1)
             .collect::<String>()
             + "…";
     }
