@@ -126,12 +126,17 @@ impl Drop for Tmpfs {
 /// A claim for a whole GPU and a time-sliced one: the time slice is a
 /// hardware change the checkpoint journals before it is made.
 async fn two_gpu_claim(n: &Node, name: &str) -> Claim {
+    two_gpu_claim_on(n, name, "gpu-0").await
+}
+
+/// [`two_gpu_claim`] with `whole` as the whole GPU (`gpu-2` time-sliced).
+async fn two_gpu_claim_on(n: &Node, name: &str, whole: &str) -> Claim {
     let mut ts =
         gpu_config(json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}));
     ts["requests"] = json!(["ts"]);
     n.claim(
         name,
-        json!([result("gpu", "gpu-0"), result("ts", "gpu-2")]),
+        json!([result("gpu", whole), result("ts", "gpu-2")]),
         json!([ts]),
     )
     .await
@@ -237,19 +242,6 @@ fn size(path: &Path) -> usize {
     std::fs::metadata(path).map_or(0, |m| m.len() as usize)
 }
 
-/// The same claim as [`two_gpu_claim`] on the DGX's GPUs 1 and 2.
-async fn dgx_two_gpu_claim(n: &Node, name: &str) -> Claim {
-    let mut ts =
-        gpu_config(json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}));
-    ts["requests"] = json!(["ts"]);
-    n.claim(
-        name,
-        json!([result("gpu", "gpu-1"), result("ts", "gpu-2")]),
-        json!([ts]),
-    )
-    .await
-}
-
 /// The commit that fails is the second of the prepare, after the time
 /// slice was set: the checkpoint is grown with other claims until the
 /// claim's `PrepareStarted` version still fits into the one page the
@@ -275,7 +267,8 @@ async fn a_commit_failing_on_a_full_disk_after_the_hardware_was_set_rolls_it_bac
 
     // What the claim adds to the checkpoint, started and completed (after
     // a prepare, the temp file holds the version before the last write).
-    let claim = dgx_two_gpu_claim(&n, "late-full").await;
+    // The same claim on the DGX's GPUs 1 and 2.
+    let claim = two_gpu_claim_on(&n, "late-full", "gpu-1").await;
     n.prepare_ok(&claim).await;
     let (started, completed) = (size(&temp), size(&checkpoint));
     n.unprepare_ok(&claim).await;
