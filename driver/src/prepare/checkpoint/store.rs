@@ -470,14 +470,21 @@ impl Store {
                 } => {
                     // What the text names beyond the verified entries: the
                     // quarantined ones, and the text of an entry whose key
-                    // a damage made another's (JSON keeps the last).
-                    newly_lost = lost::from_file(
-                        &bytes,
-                        !quarantined.is_empty(),
-                        &loaded,
-                        "checkpoint text no verified entry owns",
-                        now,
-                    );
+                    // a damage made another's (JSON keeps the last). A file
+                    // whose every key verified, each once, names nothing
+                    // more: the common start reads its text only once.
+                    let whole = quarantined.is_empty()
+                        && std::str::from_utf8(&bytes)
+                            .is_ok_and(|text| format::entry_keys(text).len() == loaded.len());
+                    if !whole {
+                        newly_lost = lost::from_file(
+                            &bytes,
+                            !quarantined.is_empty(),
+                            &loaded,
+                            "checkpoint text no verified entry owns",
+                            now,
+                        );
+                    }
                     claims = loaded;
                     let clean = quarantined.is_empty() && newly_lost.is_empty();
                     store.quarantine(quarantined, now, &mut newly_lost, &mut report)?;
