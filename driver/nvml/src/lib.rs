@@ -7,10 +7,15 @@
 //! workspace allowed to contain `unsafe` code.
 
 mod backend;
+pub mod health;
 pub mod naming;
 pub mod types;
 
 pub use backend::{DEFAULT_LIBRARY, NvmlBackend};
+pub use health::{
+    EventKind, EventWatch, HealthEvent, HealthPoll, HealthSource, LinkState, Liveness, RecoveryAction,
+    RemapState,
+};
 pub use types::{
     ComputeMode, ComputeSlices, GpuInfo, MigComputeInstance, MigDevice, MigGpuInstance, MigInfo,
     MigMode, MigPlacement, MigProfile, NvLinkInfo, SystemInfo,
