@@ -4,8 +4,9 @@
 //! reads), the opaque config types ([`config`]) and Kubernetes quantities
 //! ([`quantity`]), and the health taint keys devices carry ([`health`]).
 //! Used by everyone, the kubelet plugin included, so it holds types and
-//! their rules and nothing that evaluates a cluster: the CEL environment, validation and the allocation simulator live in
-//! `gpu-dra-analysis`, as kube-core keeps types apart from kube-runtime.
+//! their rules and nothing that evaluates a cluster: the CEL environment,
+//! validation and the allocation simulator live in `gpu-dra-analysis`, as
+//! kube-core keeps types apart from kube-runtime.
 
 pub mod config;
 pub mod health;
