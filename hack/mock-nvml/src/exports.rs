@@ -41,6 +41,8 @@ pub const NVML_FUNCTIONS: &[&str] = &[
     "nvmlDeviceGetNvLinkRemotePciInfo_v2",
     "nvmlDeviceGetNvLinkRemoteDeviceType",
     "nvmlDeviceGetNvLinkCapability",
+    "nvmlDeviceGetGpuFabricInfo",
+    "nvmlDeviceGetGpuFabricInfoV",
     "nvmlDeviceGetMigMode",
     "nvmlDeviceSetMigMode",
     "nvmlDeviceGetMaxMigDeviceCount",

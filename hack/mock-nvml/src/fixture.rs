@@ -30,6 +30,7 @@ pub const BUNDLED_PROFILES: &[&str] = &[
     "pcie-a100-bridged",
     "t4-inference",
     "mixed",
+    "gb200-nvl",
 ];
 
 /// Finds the built library from the running test executable: cargo puts

@@ -473,6 +473,7 @@ pub const MODEL_KEYS: &[&str] = &[
     "A100-PCIE-40GB",
     "T4",
     "L4",
+    "GB200",
 ];
 
 /// Looks a model up by its profile key.
@@ -547,6 +548,21 @@ pub fn model(key: &str) -> Option<GpuModel> {
             multiprocessors: 58,
             nvlink_count: 0,
             nvlink_version: 0,
+            mig: None,
+        },
+        "GB200" => GpuModel {
+            key: "GB200",
+            name: "NVIDIA GB200".into(),
+            architecture: sys::NVML_DEVICE_ARCH_BLACKWELL,
+            brand: sys::nvmlBrandType_enum_NVML_BRAND_NVIDIA,
+            compute_capability: (10, 0),
+            memory_mib: 189_471,
+            pci_device_id: (0x2941 << 16) | vendor,
+            pci_subsystem_id: (0x2046 << 16) | vendor,
+            multiprocessors: 148,
+            nvlink_count: 18,
+            nvlink_version: sys::nvmlNvlinkVersion_enum_NVML_NVLINK_VERSION_5_0,
+            // Blackwell has MIG; its table is not modelled yet.
             mig: None,
         },
         _ => return None,

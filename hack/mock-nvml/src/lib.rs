@@ -11,6 +11,7 @@ pub mod codes;
 pub mod config;
 pub mod error;
 pub mod exports;
+pub mod fabric;
 pub mod fixture;
 pub mod hardware;
 pub mod ids;

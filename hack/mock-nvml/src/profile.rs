@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::codes::{self, Code};
 use crate::error::Error;
 use crate::exports;
+use crate::fabric::{self, Fabric, FabricSpec};
 use crate::hardware::{self, GpuModel, MigTable};
 use crate::ids;
 use crate::mig::MigState;
@@ -74,6 +75,9 @@ pub struct GpuSpec {
     /// Active NVLinks.
     #[serde(default)]
     pub nvlinks: Vec<NvLinkSpec>,
+    /// GPU fabric facts (Hopper and later); absent: state "not supported".
+    #[serde(default)]
+    pub fabric: Option<FabricSpec>,
     /// Injected failures of functions called on this GPU.
     #[serde(default)]
     pub fail: BTreeMap<String, String>,
@@ -255,6 +259,8 @@ pub struct Gpu {
     pub mig_created: u64,
     /// Active NVLinks: link number to remote address.
     pub nvlinks: BTreeMap<u32, PciAddress>,
+    /// GPU fabric facts; `None` when the model has no fabric call.
+    pub fabric: Option<Fabric>,
     /// Injected failures.
     pub fail: BTreeMap<String, Code>,
 }
@@ -638,6 +644,13 @@ fn validate_gpu(
         }
     }
 
+    let fabric_spec = g
+        .fabric
+        .as_ref()
+        .map(|f| fabric::validate(f, &model))
+        .transpose()?;
+    let fabric = Fabric::of(&model, fabric_spec);
+
     let (mig_current, mig_pending, mig, mig_created) = match &g.mig {
         None => (false, false, MigState::default(), 0),
         Some(spec) => {
@@ -674,6 +687,7 @@ fn validate_gpu(
         mig,
         mig_created,
         nvlinks,
+        fabric,
         fail,
     })
 }

@@ -195,7 +195,10 @@ fn nvswitch_fabric_connects_every_pair() {
     for a in &gpus {
         let link = a.link_wrapper_for(0);
         assert_eq!(link.version().unwrap(), 6, "NVML_NVLINK_VERSION_4_0");
-        assert_eq!(link.remote_pci_info().unwrap().bus_id, "00000000:05:00.0");
+        // An NVSwitch is no PCI device of the node: NVML reports the sentinel.
+        let remote = link.remote_pci_info().unwrap();
+        assert_eq!(remote.bus_id, "FFFFFFFF:FF:FF.0");
+        assert_eq!((remote.domain, remote.bus, remote.device), (0xFFFF_FFFF, 0xFF, 0xFF));
         assert_eq!(
             remote_device_type(&nvml, a, 0),
             sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH

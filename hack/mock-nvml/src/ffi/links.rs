@@ -6,7 +6,7 @@ use std::ffi::c_uint;
 use nvml_wrapper_sys::bindings as sys;
 
 use super::device::pci_info;
-use super::{export, full_gpu, write};
+use super::{export, fill, full_gpu, write};
 use crate::codes::{self, Code};
 use crate::machine::Machine;
 use crate::pci::PciAddress;
@@ -90,24 +90,36 @@ export! {
     }
 }
 
-/// PCI device id of an NVSwitch of the same generation as the GPU.
-fn nvswitch_device_id(architecture: u32) -> u32 {
-    if architecture >= sys::NVML_DEVICE_ARCH_HOPPER {
-        (0x22a3 << 16) | 0x10de
-    } else {
-        (0x1af1 << 16) | 0x10de
+/// The bus id NVML reports for the far end of a link that is not a PCI
+/// device the GPU can enumerate (an NVSwitch): every field all ones.
+pub(crate) const SWITCH_SENTINEL_BUS_ID: &str = "FFFFFFFF:FF:FF.0";
+
+/// The PCI info NVML reports for a link into an NVSwitch, as real HGX and
+/// GB200 systems do: domain 0xFFFFFFFF, bus 0xFF, device 0xFF, the bus id
+/// strings spelled that way, no device ids. Every switch link reports the
+/// same value, so it names no device.
+fn switch_sentinel() -> sys::nvmlPciInfo_t {
+    sys::nvmlPciInfo_t {
+        busIdLegacy: fill("FFFF:FF:FF.0"),
+        domain: 0xFFFF_FFFF,
+        bus: 0xFF,
+        device: 0xFF,
+        pciDeviceId: 0,
+        pciSubSystemId: 0,
+        busId: fill(SWITCH_SENTINEL_BUS_ID),
     }
 }
 
 export! {
-    /// PCI information of the device at the other end of an active link.
+    /// PCI information of the device at the other end of an active link:
+    /// the peer GPU's, or the sentinel for an NVSwitch.
     fn nvmlDeviceGetNvLinkRemotePciInfo_v2(handle: sys::nvmlDevice_t, link: c_uint, pci: *mut sys::nvmlPciInfo_t) {
         let info = runtime::with_machine(|m| {
             let g = full_gpu(m, handle, NAME)?;
             let address = remote(m, g, link)?.ok_or(codes::NOT_SUPPORTED)?;
             Ok(match m.gpus.iter().find(|p| p.pci == address) {
                 Some(peer) => pci_info(address, peer.model.pci_device_id, peer.model.pci_subsystem_id),
-                None => pci_info(address, nvswitch_device_id(m.gpus[g].model.architecture), 0),
+                None => switch_sentinel(),
             })
         })?;
         // SAFETY: output pointer per the contract.

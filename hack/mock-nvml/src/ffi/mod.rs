@@ -15,6 +15,7 @@ use crate::codes::{self, Code};
 use crate::machine::{DeviceRef, Handle, Machine};
 
 mod device;
+mod fabric;
 mod instances;
 mod links;
 mod mig_device;
