@@ -11,6 +11,7 @@
 //! and may be called from several threads at once (e.g. MIG changes on
 //! different GPUs).
 
+mod health;
 mod mig;
 mod query;
 mod raw;
@@ -18,7 +19,7 @@ mod raw;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
@@ -35,7 +36,9 @@ pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 
 /// [`GpuBackend`] over nvml-wrapper.
 pub struct NvmlBackend {
-    nvml: Nvml,
+    /// Shared with the event watches of [`crate::HealthSource::watch`], so
+    /// NVML stays initialised while a watch lives.
+    nvml: Arc<Nvml>,
     library: String,
     handles: Mutex<HashMap<u32, RawDevice>>,
 }
@@ -74,7 +77,7 @@ impl NvmlBackend {
         drop(loaded);
         tracing::info!(library = %library, "NVML initialised");
         Ok(Self {
-            nvml,
+            nvml: Arc::new(nvml),
             library,
             handles: Mutex::new(HashMap::new()),
         })

@@ -44,6 +44,12 @@ impl RawDevice {
         Self(unsafe { device.handle() })
     }
 
+    /// The raw handle, for the NVML calls made without nvml-wrapper
+    /// (see `backend::health`).
+    pub(crate) fn raw(self) -> sys::nvmlDevice_t {
+        self.0
+    }
+
     /// Turns the cached handle back into a `Device` for the safe API.
     pub(crate) fn device<'n>(&self, nvml: &'n Nvml) -> Device<'n> {
         // SAFETY: the handle came from this same `Nvml` (the backend never
