@@ -125,6 +125,9 @@ pub struct Taint {
 /// Effect of a [`Taint`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaintEffect {
+    /// Informational only (Kubernetes 1.35 and later; dropped before
+    /// publishing to a 1.34 API server, see [`crate::slices::split`]).
+    None,
     /// No new allocations.
     NoSchedule,
     /// No new allocations, and running pods are evicted.

@@ -5,6 +5,7 @@
 //! Module ownership (one job each):
 //! - [`flags`]: the command line, one flattened group per module;
 //! - [`grpc`]: registration, DRAPlugin v1/v1beta1 and health services;
+//! - [`health`]: the GPU health monitor (conditions, taints, checkpoint);
 //! - [`sockets`]: the plugin's Unix sockets (paths, locks, stale ones) and
 //!   their errors, shared by the gRPC servers and the MPS daemon host;
 //! - [`paths`]: checks of the absolute host paths the flags take;
@@ -21,6 +22,7 @@ pub mod devices;
 pub mod discovery;
 pub mod flags;
 pub mod grpc;
+pub mod health;
 pub mod paths;
 pub mod phase;
 pub mod plugin;

@@ -53,6 +53,7 @@ pub fn device(d: &Device) -> api::Device {
                     key: t.key.clone(),
                     value: t.value.clone(),
                     effect: match t.effect {
+                        TaintEffect::None => "None",
                         TaintEffect::NoSchedule => "NoSchedule",
                         TaintEffect::NoExecute => "NoExecute",
                     }

@@ -1,0 +1,1215 @@
+//! The health conditions of each GPU over time: what the events and polls
+//! raised, what is sticky, what expires and when a GPU counts as recovered
+//! (issue #43, health.md §8.2–8.5). Pure and synchronous: every call takes
+//! the time, so tests run whole fault histories in microseconds.
+//!
+//! A condition lives on a GPU ([`Scope::Gpu`], meaning the GPU and every
+//! device on it) or on one MIG device ([`Scope::Mig`], by GPU instance
+//! profile and placement, the parts of its device name). It is one of three
+//! sorts:
+//! - **recoverable**: `gpu-lost`, `reset-required`, `reboot-required`, fatal
+//!   `xid`, `degraded=p2p` (the recovery action `DRAIN_P2P`). Cleared
+//!   together by [`Tracker::tick`] once the last poll is after the last
+//!   fault, the GPU answered it, the recovery action is `NONE` (or unknown on
+//!   drivers without one), no remap or page retirement is pending, and
+//!   nothing recoverable was raised or seen again for [`Policy::quiet`];
+//! - **expiring**: informational `xid`, `degraded` (`thermal`, `pcie`,
+//!   `nvlink`, `xid-rate`): removed [`Policy::info_ttl`] after last seen;
+//!   `remap-pending` is cleared by the first poll that reports nothing
+//!   pending (and expires like these when the GPU reports neither);
+//! - **sticky**: `hardware-failure`, cleared only by an admin (see
+//!   [`Tracker::clear_hardware_failure`] and docs/health.md); `unmonitored`,
+//!   cleared when the event watch works again ([`Tracker::monitored`]).
+//!
+//! A fatal condition never turns informational: a later informational XID
+//! of the same number only refreshes it. A new boot id clears everything but
+//! `hardware-failure` (a reboot resets the GPU).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use gpu_nvml::MigDevice;
+use gpu_nvml::health::{EventKind, HealthEvent, HealthPoll, Liveness, RecoveryAction};
+use serde::{Deserialize, Serialize};
+
+use super::classify::{self, ActionClass, Implied, Policy, rfc3339};
+
+/// Most conditions one GPU keeps (all scopes); beyond it the oldest
+/// informational ones go first.
+pub const MAX_CONDITIONS_PER_GPU: usize = 128;
+/// Longest condition message kept.
+pub const MAX_MESSAGE: usize = 512;
+/// The value of `hardware-failure` for a failed row remap.
+pub const ROW_REMAP_FAILURE: &str = "row-remap-failure";
+/// PCIe replays per minute above which a GPU is `degraded=pcie` (DCGM's
+/// `DCGM_LIMIT_MAX_PCIREPLAY_RATE`).
+pub const PCIE_REPLAYS_PER_MINUTE: u64 = 8;
+
+/// A GPU the monitor watches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuId {
+    /// NVML index (what events and polls name).
+    pub index: u32,
+    /// Device minor (what device names use: `gpu-<minor>`).
+    pub minor: u32,
+    /// GPU UUID (what the checkpoint and metrics use).
+    pub uuid: String,
+}
+
+/// Where a condition applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Scope {
+    /// The whole GPU and every device on it.
+    Gpu,
+    /// The MIG device with this GPU instance profile and placement.
+    Mig {
+        /// GPU instance profile id.
+        profile_id: u32,
+        /// First memory slice of the placement.
+        placement_start: u32,
+    },
+}
+
+/// Why a GPU is `degraded` (the taint's value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Degradation {
+    /// Thermal or hardware slowdown.
+    Thermal,
+    /// PCIe replays above 8 a minute.
+    Pcie,
+    /// An NVLink that was up went down, or an NVLink XID.
+    Nvlink,
+    /// Repeated informational XIDs.
+    XidRate,
+    /// The recovery action `DRAIN_P2P`.
+    P2p,
+}
+
+impl Degradation {
+    /// The taint value.
+    pub fn value(self) -> &'static str {
+        match self {
+            Self::Thermal => "thermal",
+            Self::Pcie => "pcie",
+            Self::Nvlink => "nvlink",
+            Self::XidRate => "xid-rate",
+            Self::P2p => "p2p",
+        }
+    }
+}
+
+/// What a condition is: one taint key (and, for `xid` and `degraded`, its
+/// value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Key {
+    /// `hardware-failure` (value in the condition).
+    HardwareFailure,
+    /// `gpu-lost`.
+    GpuLost,
+    /// `reboot-required`.
+    RebootRequired,
+    /// `reset-required` (value: the recovery action, in the condition).
+    ResetRequired,
+    /// `xid=<n>`.
+    Xid(u64),
+    /// `unmonitored`.
+    Unmonitored,
+    /// `remap-pending`.
+    RemapPending,
+    /// `degraded=<why>`.
+    Degraded(Degradation),
+}
+
+impl Key {
+    /// The short key name (`gpu-lost`); the taint key is
+    /// `gpu.nvidia.com/<short>`.
+    pub fn short(self) -> &'static str {
+        match self {
+            Self::HardwareFailure => "hardware-failure",
+            Self::GpuLost => "gpu-lost",
+            Self::RebootRequired => "reboot-required",
+            Self::ResetRequired => "reset-required",
+            Self::Xid(_) => "xid",
+            Self::Unmonitored => "unmonitored",
+            Self::RemapPending => "remap-pending",
+            Self::Degraded(_) => "degraded",
+        }
+    }
+
+    /// Whether a condition of this key with `fatal` blocks scheduling
+    /// (`NoSchedule`) rather than informs (`None`).
+    pub fn blocks(self, fatal: bool) -> bool {
+        match self {
+            Self::HardwareFailure | Self::GpuLost | Self::RebootRequired | Self::ResetRequired => {
+                true
+            }
+            Self::Xid(_) => fatal,
+            Self::Unmonitored | Self::RemapPending | Self::Degraded(_) => false,
+        }
+    }
+
+    fn sort(self, fatal: bool) -> Sort {
+        match self {
+            Self::HardwareFailure | Self::Unmonitored => Sort::Sticky,
+            Self::GpuLost | Self::RebootRequired | Self::ResetRequired => Sort::Recoverable,
+            Self::Degraded(Degradation::P2p) => Sort::Recoverable,
+            Self::Xid(_) if fatal => Sort::Recoverable,
+            Self::Xid(_) | Self::Degraded(_) => Sort::Expiring,
+            Self::RemapPending => Sort::Remap,
+        }
+    }
+}
+
+/// How a condition ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sort {
+    Recoverable,
+    Expiring,
+    Remap,
+    Sticky,
+}
+
+/// The health of a GPU or MIG device, worst first in severity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum HealthState {
+    /// No condition.
+    Healthy,
+    /// Informational conditions only (still usable; KEP-4680 Healthy with a
+    /// message).
+    Degraded,
+    /// Not watched by events (KEP-4680 Unknown).
+    Unknown,
+    /// Needs a reset, a reboot or repair, or is lost (KEP-4680 Unhealthy).
+    Unhealthy,
+}
+
+impl HealthState {
+    /// The lower-case name (metrics label values).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Healthy => "healthy",
+            Self::Degraded => "degraded",
+            Self::Unknown => "unknown",
+            Self::Unhealthy => "unhealthy",
+        }
+    }
+}
+
+/// One active condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    /// Where.
+    pub scope: Scope,
+    /// What.
+    pub key: Key,
+    /// The taint value where the key does not carry it (`reset-required`,
+    /// `hardware-failure`).
+    pub value: Option<String>,
+    /// For `xid`: fatal (`NoSchedule`) rather than informational.
+    pub fatal: bool,
+    /// First raised.
+    pub since: SystemTime,
+    /// Last raised or seen again.
+    pub last: SystemTime,
+    /// How often raised or seen.
+    pub count: u64,
+    /// What happened, for people (`XID 119 at ...; recovery action GPU_RESET`).
+    pub message: String,
+}
+
+impl Condition {
+    /// The taint value.
+    pub fn taint_value(&self) -> Option<String> {
+        match self.key {
+            Key::Xid(n) => Some(n.to_string()),
+            Key::Degraded(d) => Some(d.value().to_owned()),
+            Key::ResetRequired | Key::HardwareFailure => self.value.clone(),
+            _ => None,
+        }
+    }
+
+    /// Whether it blocks scheduling.
+    pub fn blocks(&self) -> bool {
+        self.key.blocks(self.fatal)
+    }
+
+    /// The health this condition alone gives.
+    pub fn state(&self) -> HealthState {
+        if self.blocks() {
+            HealthState::Unhealthy
+        } else if self.key == Key::Unmonitored {
+            HealthState::Unknown
+        } else {
+            HealthState::Degraded
+        }
+    }
+}
+
+/// A change of health of a GPU or MIG device, for Node events and logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    /// The GPU.
+    pub uuid: String,
+    /// Its device minor.
+    pub minor: u32,
+    /// The GPU or one MIG device on it.
+    pub scope: Scope,
+    /// Health before.
+    pub from: HealthState,
+    /// Health after.
+    pub to: HealthState,
+    /// Event reason: `GpuUnhealthy`, `GpuRecovered`, `GpuDegraded`,
+    /// `GpuUnmonitored`.
+    pub reason: &'static str,
+    /// What is active now (or what cleared).
+    pub message: String,
+}
+
+/// What the monitor knows of one GPU, for metrics and the taints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuReport {
+    /// The GPU.
+    pub id: GpuId,
+    /// Its health (GPU scope; MIG devices may be worse).
+    pub state: HealthState,
+    /// The recovery action of the last poll or event (`None`: unknown).
+    pub recovery_action: Option<RecoveryAction>,
+    /// XID events seen since start, per XID.
+    pub xid_counts: BTreeMap<u64, u64>,
+    /// Active conditions, GPU scope first, then by key.
+    pub conditions: Vec<Condition>,
+}
+
+impl GpuReport {
+    /// Full taint keys of the active conditions of the GPU scope
+    /// (`gpu.nvidia.com/xid`), without repeats.
+    pub fn taint_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .conditions
+            .iter()
+            .filter(|c| c.scope == Scope::Gpu)
+            .map(|c| format!("gpu.nvidia.com/{}", c.key.short()))
+            .collect();
+        keys.dedup();
+        keys
+    }
+}
+
+/// One MIG device as NVML numbers it, to attribute events with a GPU
+/// instance id to the device (static MIG: from discovery; dynamic MIG: the
+/// live instances).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigInstance {
+    /// GPU instance id.
+    pub gpu_instance_id: u32,
+    /// GPU instance profile id.
+    pub profile_id: u32,
+    /// First memory slice of the placement.
+    pub placement_start: u32,
+}
+
+impl From<&MigDevice> for MigInstance {
+    fn from(d: &MigDevice) -> Self {
+        Self {
+            gpu_instance_id: d.gpu_instance_id,
+            profile_id: d.profile_id,
+            placement_start: d.placement.start,
+        }
+    }
+}
+
+/// The checkpointed state: active conditions per GPU UUID, and the boot
+/// they were seen in.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Saved {
+    /// `/proc/sys/kernel/random/boot_id` when saved.
+    pub boot_id: String,
+    /// Per GPU UUID.
+    pub gpus: BTreeMap<String, SavedGpu>,
+}
+
+/// One GPU in [`Saved`].
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedGpu {
+    /// Active conditions.
+    pub conditions: Vec<SavedCondition>,
+    /// Volatile uncorrected ECC count of the last poll (to see growth
+    /// across a restart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volatile_uncorrected_ecc: Option<u64>,
+}
+
+/// One condition in [`Saved`]; times in seconds since the epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedCondition {
+    /// Where.
+    pub scope: Scope,
+    /// What.
+    pub key: Key,
+    /// The value where the key does not carry it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Fatal (for `xid`).
+    #[serde(default)]
+    pub fatal: bool,
+    /// First raised.
+    pub since: u64,
+    /// Last seen.
+    pub last: u64,
+    /// How often.
+    pub count: u64,
+    /// What happened.
+    pub message: String,
+}
+
+/// The facts of the last poll that recovery needs.
+#[derive(Debug, Clone, Copy)]
+struct PollFacts {
+    at: SystemTime,
+    alive: bool,
+    pending: bool,
+    remap_known: bool,
+}
+
+/// The state of one GPU.
+#[derive(Debug, Clone)]
+struct GpuState {
+    id: GpuId,
+    conditions: BTreeMap<(Scope, Key), Condition>,
+    action: Option<RecoveryAction>,
+    last_poll: Option<PollFacts>,
+    /// Last time a recoverable condition was raised or seen again.
+    last_fault: Option<SystemTime>,
+    ecc: Option<u64>,
+    pcie: Option<(u64, SystemTime)>,
+    links_up: BTreeSet<u32>,
+    info_xids: BTreeMap<Scope, VecDeque<SystemTime>>,
+    xid_counts: BTreeMap<u64, u64>,
+    mig: BTreeMap<u32, (u32, u32)>,
+}
+
+/// A condition to raise.
+struct Raise {
+    scope: Scope,
+    key: Key,
+    value: Option<String>,
+    fatal: bool,
+    message: String,
+    /// Replace the message of an existing condition (events); polls keep
+    /// the first one.
+    fresh_message: bool,
+}
+
+/// The health conditions of the node's GPUs.
+#[derive(Debug, Clone)]
+pub struct Tracker {
+    policy: Policy,
+    boot_id: String,
+    gpus: Vec<GpuState>,
+    /// Saved GPUs not present now: their hardware failures are kept.
+    dormant: BTreeMap<String, SavedGpu>,
+    transitions: Vec<Transition>,
+    changed: bool,
+}
+
+/// Health per (GPU position, scope), plus what decides the taints.
+type Snapshot = (
+    BTreeMap<(usize, Scope), HealthState>,
+    Vec<(usize, Scope, Key, Option<String>, bool)>,
+);
+
+impl Tracker {
+    /// A tracker for `gpus`, restoring `saved` conditions of the same GPUs.
+    /// From another boot only `hardware-failure` is restored.
+    pub fn new(
+        policy: Policy,
+        gpus: Vec<GpuId>,
+        boot_id: String,
+        saved: Option<Saved>,
+        now: SystemTime,
+    ) -> Self {
+        let mut tracker = Self {
+            policy,
+            boot_id,
+            gpus: gpus
+                .into_iter()
+                .map(|id| GpuState {
+                    id,
+                    conditions: BTreeMap::new(),
+                    action: None,
+                    last_poll: None,
+                    last_fault: None,
+                    ecc: None,
+                    pcie: None,
+                    links_up: BTreeSet::new(),
+                    info_xids: BTreeMap::new(),
+                    xid_counts: BTreeMap::new(),
+                    mig: BTreeMap::new(),
+                })
+                .collect(),
+            dormant: BTreeMap::new(),
+            transitions: Vec::new(),
+            changed: false,
+        };
+        let before = tracker.snapshot();
+        if let Some(saved) = saved {
+            tracker.restore(saved, now);
+        }
+        tracker.finish(&before);
+        // A restored fault is news to whoever publishes: report it.
+        tracker.changed = true;
+        tracker
+    }
+
+    fn restore(&mut self, saved: Saved, now: SystemTime) {
+        let same_boot = saved.boot_id == self.boot_id;
+        for (uuid, mut entry) in saved.gpus {
+            if !same_boot {
+                entry
+                    .conditions
+                    .retain(|c| c.key == Key::HardwareFailure && c.scope == Scope::Gpu);
+                entry.volatile_uncorrected_ecc = None;
+            }
+            let Some(gpu) = self.gpus.iter_mut().find(|g| g.id.uuid == uuid) else {
+                if !entry.conditions.is_empty() {
+                    entry
+                        .conditions
+                        .retain(|c| c.key == Key::HardwareFailure && c.scope == Scope::Gpu);
+                    entry.volatile_uncorrected_ecc = None;
+                    if !entry.conditions.is_empty() {
+                        self.dormant.insert(uuid, entry);
+                    }
+                }
+                continue;
+            };
+            gpu.ecc = entry.volatile_uncorrected_ecc;
+            for c in entry.conditions {
+                let condition = Condition {
+                    scope: c.scope,
+                    key: c.key,
+                    value: c.value,
+                    fatal: c.fatal,
+                    since: from_secs(c.since).min(now),
+                    last: from_secs(c.last).min(now),
+                    count: c.count,
+                    message: cut(&c.message, MAX_MESSAGE),
+                };
+                if condition.key.sort(condition.fatal) == Sort::Recoverable {
+                    gpu.last_fault = gpu.last_fault.max(Some(condition.last));
+                }
+                if gpu.conditions.len() < MAX_CONDITIONS_PER_GPU {
+                    gpu.conditions.insert((c.scope, c.key), condition);
+                }
+            }
+        }
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Tells the tracker which MIG devices GPU `index` has now, so events
+    /// with a GPU instance id land on the right device. Without it (or for
+    /// an id not listed) such an event counts for the whole GPU.
+    pub fn set_mig_instances(&mut self, index: u32, instances: &[MigInstance]) {
+        if let Some(gpu) = self.gpus.iter_mut().find(|g| g.id.index == index) {
+            gpu.mig = instances
+                .iter()
+                .map(|m| (m.gpu_instance_id, (m.profile_id, m.placement_start)))
+                .collect();
+        }
+    }
+
+    /// One NVML event. Events of GPUs the tracker does not know are
+    /// ignored.
+    pub fn event(&mut self, event: &HealthEvent, now: SystemTime) {
+        let before = self.snapshot();
+        let policy = self.policy.clone();
+        if let Some(gpu) = self.gpus.iter_mut().find(|g| g.id.index == event.gpu_index) {
+            gpu.event(&policy, event, now);
+        } else {
+            tracing::debug!(
+                gpu_index = event.gpu_index,
+                "health event of an unknown GPU ignored"
+            );
+        }
+        self.finish(&before);
+    }
+
+    /// One poll of GPU `index`.
+    pub fn poll(&mut self, index: u32, poll: &HealthPoll, now: SystemTime) {
+        let before = self.snapshot();
+        if let Some(gpu) = self.gpus.iter_mut().find(|g| g.id.index == index) {
+            gpu.poll(poll, now);
+        }
+        self.finish(&before);
+    }
+
+    /// Events of GPU `index` cannot be watched (registration failed).
+    pub fn unmonitored(&mut self, index: u32, why: &str, now: SystemTime) {
+        let before = self.snapshot();
+        if let Some(gpu) = self.gpus.iter_mut().find(|g| g.id.index == index) {
+            gpu.raise(
+                Raise {
+                    scope: Scope::Gpu,
+                    key: Key::Unmonitored,
+                    value: None,
+                    fatal: false,
+                    message: format!(
+                        "GPU events not watched since {}: {}",
+                        rfc3339(now),
+                        cut(why, 256)
+                    ),
+                    fresh_message: false,
+                },
+                now,
+            );
+        }
+        self.finish(&before);
+    }
+
+    /// Events of GPU `index` are watched again: clears `unmonitored`.
+    pub fn monitored(&mut self, index: u32) {
+        let before = self.snapshot();
+        if let Some(gpu) = self.gpus.iter_mut().find(|g| g.id.index == index) {
+            gpu.conditions.remove(&(Scope::Gpu, Key::Unmonitored));
+        }
+        self.finish(&before);
+    }
+
+    /// Clears the `hardware-failure` of the GPU with `uuid` (present or only
+    /// saved): the admin's way out once the GPU was repaired or replaced.
+    /// Returns whether there was one. (A GPU whose poll still reports the
+    /// failure gets it back at the next poll.)
+    pub fn clear_hardware_failure(&mut self, uuid: &str) -> bool {
+        let before = self.snapshot();
+        let mut found = self.dormant.remove(uuid).is_some();
+        if let Some(gpu) = self.gpus.iter_mut().find(|g| g.id.uuid == uuid) {
+            let old = gpu.conditions.len();
+            gpu.conditions
+                .retain(|(_, k), _| *k != Key::HardwareFailure);
+            found |= gpu.conditions.len() != old;
+        }
+        self.finish(&before);
+        found
+    }
+
+    /// Time passes: informational conditions expire, recovered GPUs clear.
+    pub fn tick(&mut self, now: SystemTime) {
+        let before = self.snapshot();
+        let policy = self.policy.clone();
+        for gpu in &mut self.gpus {
+            gpu.tick(&policy, now);
+        }
+        self.finish(&before);
+    }
+
+    /// The health changes since the last call.
+    pub fn take_transitions(&mut self) -> Vec<Transition> {
+        std::mem::take(&mut self.transitions)
+    }
+
+    /// Everything known per GPU, in the order given to [`Tracker::new`].
+    pub fn conditions(&self) -> Vec<GpuReport> {
+        self.gpus
+            .iter()
+            .map(|g| GpuReport {
+                id: g.id.clone(),
+                state: g.state(Scope::Gpu),
+                recovery_action: g.action,
+                xid_counts: g.xid_counts.clone(),
+                conditions: g.conditions.values().cloned().collect(),
+            })
+            .collect()
+    }
+
+    /// The state to checkpoint.
+    pub fn saved(&self) -> Saved {
+        let mut gpus = self.dormant.clone();
+        for g in &self.gpus {
+            if g.conditions.is_empty() && g.ecc.is_none() {
+                continue;
+            }
+            gpus.insert(
+                g.id.uuid.clone(),
+                SavedGpu {
+                    conditions: g
+                        .conditions
+                        .values()
+                        .map(|c| SavedCondition {
+                            scope: c.scope,
+                            key: c.key,
+                            value: c.value.clone(),
+                            fatal: c.fatal,
+                            since: secs(c.since),
+                            last: secs(c.last),
+                            count: c.count,
+                            message: c.message.clone(),
+                        })
+                        .collect(),
+                    volatile_uncorrected_ecc: g.ecc,
+                },
+            );
+        }
+        Saved {
+            boot_id: self.boot_id.clone(),
+            gpus,
+        }
+    }
+
+    /// True once after any change of what the taints or health show.
+    pub fn changed(&mut self) -> bool {
+        std::mem::take(&mut self.changed)
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let mut states = BTreeMap::new();
+        let mut taints = Vec::new();
+        for (i, g) in self.gpus.iter().enumerate() {
+            states.insert((i, Scope::Gpu), g.state(Scope::Gpu));
+            for ((scope, key), c) in &g.conditions {
+                states.insert((i, *scope), g.state(*scope));
+                taints.push((i, *scope, *key, c.taint_value(), c.blocks()));
+            }
+        }
+        (states, taints)
+    }
+
+    /// Records the transitions and the change flag since `before`.
+    fn finish(&mut self, before: &Snapshot) {
+        let after = self.snapshot();
+        if after.1 != before.1 {
+            self.changed = true;
+        }
+        let scopes: BTreeSet<(usize, Scope)> =
+            before.0.keys().chain(after.0.keys()).copied().collect();
+        for (i, scope) in scopes {
+            let from = before
+                .0
+                .get(&(i, scope))
+                .copied()
+                .unwrap_or(HealthState::Healthy);
+            let to = after
+                .0
+                .get(&(i, scope))
+                .copied()
+                .unwrap_or(HealthState::Healthy);
+            if from == to {
+                continue;
+            }
+            let gpu = &self.gpus[i];
+            let reason = match to {
+                HealthState::Unhealthy => "GpuUnhealthy",
+                HealthState::Unknown => "GpuUnmonitored",
+                HealthState::Degraded if from < to => "GpuDegraded",
+                HealthState::Degraded | HealthState::Healthy => "GpuRecovered",
+            };
+            let message = match gpu.summary(scope) {
+                Some(s) => s,
+                None => format!("no active health condition (was {})", from.name()),
+            };
+            tracing::info!(
+                gpu = %gpu.id.uuid,
+                minor = gpu.id.minor,
+                scope = ?scope,
+                from = from.name(),
+                to = to.name(),
+                reason,
+                %message,
+                "GPU health changed"
+            );
+            self.transitions.push(Transition {
+                uuid: gpu.id.uuid.clone(),
+                minor: gpu.id.minor,
+                scope,
+                from,
+                to,
+                reason,
+                message,
+            });
+        }
+    }
+}
+
+impl GpuState {
+    fn state(&self, scope: Scope) -> HealthState {
+        self.conditions
+            .values()
+            .filter(|c| c.scope == scope)
+            .map(Condition::state)
+            .max()
+            .unwrap_or(HealthState::Healthy)
+    }
+
+    /// The messages of the scope's conditions, worst first.
+    fn summary(&self, scope: Scope) -> Option<String> {
+        let mut list: Vec<&Condition> = self
+            .conditions
+            .values()
+            .filter(|c| c.scope == scope)
+            .collect();
+        list.sort_by_key(|c| std::cmp::Reverse(c.state()));
+        let text = list
+            .iter()
+            .map(|c| c.message.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        (!list.is_empty()).then(|| cut(&text, 1024))
+    }
+
+    fn raise(&mut self, r: Raise, now: SystemTime) {
+        let fatal = r.fatal;
+        let entry = self.conditions.get_mut(&(r.scope, r.key));
+        match entry {
+            Some(c) => {
+                c.last = now.max(c.last);
+                c.count = c.count.saturating_add(1);
+                // Sticky fatal: an informational repeat never downgrades.
+                c.fatal |= fatal;
+                if r.value.is_some() {
+                    c.value = r.value;
+                }
+                if r.fresh_message {
+                    c.message = cut(&r.message, MAX_MESSAGE);
+                }
+            }
+            None => {
+                if self.conditions.len() >= MAX_CONDITIONS_PER_GPU {
+                    self.evict_one_informational();
+                }
+                if self.conditions.len() >= MAX_CONDITIONS_PER_GPU {
+                    return;
+                }
+                self.conditions.insert(
+                    (r.scope, r.key),
+                    Condition {
+                        scope: r.scope,
+                        key: r.key,
+                        value: r.value,
+                        fatal,
+                        since: now,
+                        last: now,
+                        count: 1,
+                        message: cut(&r.message, MAX_MESSAGE),
+                    },
+                );
+            }
+        }
+        let c = &self.conditions[&(r.scope, r.key)];
+        if c.key.sort(c.fatal) == Sort::Recoverable {
+            self.last_fault = Some(self.last_fault.map_or(now, |t| t.max(now)));
+        }
+    }
+
+    fn evict_one_informational(&mut self) {
+        let oldest = self
+            .conditions
+            .iter()
+            .filter(|(_, c)| c.key.sort(c.fatal) == Sort::Expiring)
+            .min_by_key(|(_, c)| c.last)
+            .map(|(k, _)| *k);
+        if let Some(k) = oldest {
+            self.conditions.remove(&k);
+        }
+    }
+
+    fn raise_simple(&mut self, key: Key, value: Option<String>, message: String, now: SystemTime) {
+        self.raise(
+            Raise {
+                scope: Scope::Gpu,
+                key,
+                value,
+                fatal: false,
+                message,
+                fresh_message: false,
+            },
+            now,
+        );
+    }
+
+    fn event(&mut self, policy: &Policy, event: &HealthEvent, now: SystemTime) {
+        let at = rfc3339(event.at);
+        match event.kind {
+            EventKind::Xid(xid) => self.xid(policy, event, xid, now),
+            EventKind::DoubleBitEcc => {
+                self.memory_fault(&format!("double-bit ECC error at {at}"), now);
+            }
+            EventKind::FatalPoison => {
+                self.memory_fault(&format!("fatal poison error at {at}"), now);
+            }
+            EventKind::SingleBitEcc => {}
+            EventKind::RecoveryAction(action) => {
+                self.apply_action(action, &format!("recovery action event at {at}"), now);
+            }
+            EventKind::GpuUnavailable => {
+                self.raise_simple(Key::GpuLost, None, format!("GPU unavailable at {at}"), now)
+            }
+            EventKind::DramRetirement => self.raise_simple(
+                Key::RemapPending,
+                None,
+                format!("DRAM row retirement at {at}; a GPU reset applies it"),
+                now,
+            ),
+            EventKind::DramRetirementFailure => self.raise_simple(
+                Key::HardwareFailure,
+                Some(ROW_REMAP_FAILURE.to_owned()),
+                format!("DRAM row retirement failed at {at}"),
+                now,
+            ),
+        }
+    }
+
+    /// The scope of an event's GPU instance id: the MIG device when known,
+    /// the whole GPU otherwise.
+    fn scope_of(&self, event: &HealthEvent) -> Scope {
+        event
+            .gpu_instance_id
+            .and_then(|gi| self.mig.get(&gi))
+            .map_or(Scope::Gpu, |&(profile_id, placement_start)| Scope::Mig {
+                profile_id,
+                placement_start,
+            })
+    }
+
+    fn xid(&mut self, policy: &Policy, event: &HealthEvent, xid: u64, now: SystemTime) {
+        let count = self.xid_counts.entry(xid).or_insert(0);
+        *count = count.saturating_add(1);
+        let scope = self.scope_of(event);
+        let verdict = classify::classify_xid(policy, xid, self.action);
+        let mut message = format!("XID {xid} at {}", rfc3339(event.at));
+        if let (Some(gi), Scope::Gpu) = (event.gpu_instance_id, scope) {
+            message.push_str(&format!(
+                " (unknown GPU instance {gi}: counted for the whole GPU)"
+            ));
+        }
+        match (verdict.why, self.action) {
+            ("recovery action", Some(a)) => {
+                message.push_str(&format!("; recovery action {}", classify::action_name(a)));
+            }
+            (why, _) => {
+                let class = if verdict.fatal {
+                    "fatal"
+                } else {
+                    "informational"
+                };
+                message.push_str(&format!("; {class} ({why})"));
+            }
+        }
+        self.raise(
+            Raise {
+                scope,
+                key: Key::Xid(xid),
+                value: None,
+                fatal: verdict.fatal,
+                message: message.clone(),
+                fresh_message: true,
+            },
+            now,
+        );
+        if !verdict.fatal {
+            self.escalate(policy, scope, now);
+        }
+        match verdict.implied {
+            None => {}
+            Some(Implied::Reset(action)) => {
+                self.raise_simple(Key::ResetRequired, Some(action), message, now);
+            }
+            Some(Implied::Reboot) => self.raise_simple(Key::RebootRequired, None, message, now),
+            Some(Implied::Lost) => self.raise_simple(Key::GpuLost, None, message, now),
+            Some(Implied::Nvlink) => {
+                self.raise_simple(Key::Degraded(Degradation::Nvlink), None, message, now);
+            }
+        }
+    }
+
+    /// Counts an informational XID on `scope`; too many in the window raise
+    /// `degraded=xid-rate`.
+    fn escalate(&mut self, policy: &Policy, scope: Scope, now: SystemTime) {
+        if policy.escalate_after == 0 {
+            return;
+        }
+        let window = self.info_xids.entry(scope).or_default();
+        window.push_back(now);
+        while window
+            .front()
+            .is_some_and(|&t| elapsed(t, now) >= policy.escalate_window)
+        {
+            window.pop_front();
+        }
+        let cap = usize::try_from(policy.escalate_after).unwrap_or(usize::MAX);
+        while window.len() > cap {
+            window.pop_front();
+        }
+        if window.len() >= cap {
+            let message = format!(
+                "{} informational XIDs within {} s, the last at {}",
+                window.len(),
+                policy.escalate_window.as_secs(),
+                rfc3339(now)
+            );
+            self.raise(
+                Raise {
+                    scope,
+                    key: Key::Degraded(Degradation::XidRate),
+                    value: None,
+                    fatal: false,
+                    message,
+                    fresh_message: true,
+                },
+                now,
+            );
+        }
+    }
+
+    /// A double-bit ECC or fatal poison error, or uncorrected ECC growth:
+    /// the recovery action decides where the driver has one; without it the
+    /// catalog's answer for XID 48 alone (reset).
+    fn memory_fault(&mut self, message: &str, now: SystemTime) {
+        match self.action.map(classify::action_class) {
+            None => self.raise_simple(
+                Key::ResetRequired,
+                Some("GPU_RESET".to_owned()),
+                message.to_owned(),
+                now,
+            ),
+            Some(ActionClass::Reset(action)) => self.raise_simple(
+                Key::ResetRequired,
+                Some(action),
+                format!("{message}; recovery action set"),
+                now,
+            ),
+            Some(ActionClass::Reboot) => self.raise_simple(
+                Key::RebootRequired,
+                None,
+                format!("{message}; recovery action set"),
+                now,
+            ),
+            Some(ActionClass::Fine | ActionClass::DrainP2p) => {
+                tracing::info!(gpu = %self.id.uuid, %message, "memory error contained: recovery action needs nothing");
+            }
+        }
+    }
+
+    fn apply_action(&mut self, action: RecoveryAction, source: &str, now: SystemTime) {
+        self.action = Some(action);
+        let name = classify::action_name(action);
+        match classify::action_class(action) {
+            ActionClass::Fine => {}
+            ActionClass::DrainP2p => self.raise_simple(
+                Key::Degraded(Degradation::P2p),
+                None,
+                format!("recovery action {name} ({source})"),
+                now,
+            ),
+            ActionClass::Reset(value) => {
+                let message = format!("recovery action {name} ({source})");
+                self.raise_simple(Key::ResetRequired, Some(value), message, now);
+            }
+            ActionClass::Reboot => self.raise_simple(
+                Key::RebootRequired,
+                None,
+                format!("recovery action {name} ({source})"),
+                now,
+            ),
+        }
+    }
+
+    fn poll(&mut self, poll: &HealthPoll, now: SystemTime) {
+        let at = rfc3339(now);
+        let alive = poll.liveness == Liveness::Alive;
+        match &poll.liveness {
+            Liveness::Alive | Liveness::Error(_) => {}
+            Liveness::Lost => self.raise_simple(
+                Key::GpuLost,
+                None,
+                format!("GPU lost (NVML: GPU is lost) at {at}"),
+                now,
+            ),
+            Liveness::ResetRequired => self.raise_simple(
+                Key::ResetRequired,
+                Some("GPU_RESET".to_owned()),
+                format!("NVML reports reset required at {at}"),
+                now,
+            ),
+        }
+        match poll.recovery_action {
+            Some(action) => self.apply_action(action, &format!("poll at {at}"), now),
+            None => self.action = None,
+        }
+        if let Some(remap) = poll.remap {
+            if remap.failure {
+                self.raise_simple(
+                    Key::HardwareFailure,
+                    Some(ROW_REMAP_FAILURE.to_owned()),
+                    format!("row remapping failed (seen at {at})"),
+                    now,
+                );
+            }
+            if remap.pending {
+                self.raise_simple(
+                    Key::RemapPending,
+                    None,
+                    format!("row remap pending since {at}; a GPU reset applies it"),
+                    now,
+                );
+            }
+        }
+        if poll.retired_pages_pending == Some(true) {
+            self.raise_simple(
+                Key::RemapPending,
+                None,
+                format!("page retirement pending since {at}; a GPU reset applies it"),
+                now,
+            );
+        }
+        let pending =
+            poll.remap.is_some_and(|r| r.pending) || poll.retired_pages_pending == Some(true);
+        let remap_known = poll.remap.is_some() || poll.retired_pages_pending.is_some();
+        if remap_known && !pending {
+            self.conditions.remove(&(Scope::Gpu, Key::RemapPending));
+        }
+        if let Some(count) = poll.volatile_uncorrected_ecc {
+            if let Some(before) = self.ecc
+                && count > before
+            {
+                self.memory_fault(
+                    &format!("volatile uncorrected ECC errors grew from {before} to {count} (seen at {at})"),
+                    now,
+                );
+            }
+            self.ecc = Some(count);
+        }
+        if poll.thermal_slowdown == Some(true) || poll.hw_slowdown == Some(true) {
+            let what = if poll.thermal_slowdown == Some(true) {
+                "thermal"
+            } else {
+                "hardware"
+            };
+            self.raise_simple(
+                Key::Degraded(Degradation::Thermal),
+                None,
+                format!("{what} slowdown since {at}"),
+                now,
+            );
+        }
+        if let Some(replays) = poll.pcie_replays {
+            if let Some((before, then)) = self.pcie
+                && replays >= before
+            {
+                let secs = elapsed(then, now).as_secs();
+                if secs > 0
+                    && (replays - before).saturating_mul(60) / secs > PCIE_REPLAYS_PER_MINUTE
+                {
+                    self.raise_simple(
+                        Key::Degraded(Degradation::Pcie),
+                        None,
+                        format!(
+                            "{} PCIe replays in {secs} s (over {PCIE_REPLAYS_PER_MINUTE}/min) at {at}",
+                            replays - before
+                        ),
+                        now,
+                    );
+                }
+            }
+            self.pcie = Some((replays, now));
+        }
+        let mut down = Vec::new();
+        for link in &poll.nvlinks {
+            if link.active {
+                self.links_up.insert(link.link);
+            } else if self.links_up.contains(&link.link) {
+                down.push(link.link.to_string());
+            }
+        }
+        if !down.is_empty() {
+            self.raise_simple(
+                Key::Degraded(Degradation::Nvlink),
+                None,
+                format!("NVLink {} down since {at}", down.join(", ")),
+                now,
+            );
+        }
+        self.last_poll = Some(PollFacts {
+            at: now,
+            alive,
+            pending,
+            remap_known,
+        });
+    }
+
+    fn tick(&mut self, policy: &Policy, now: SystemTime) {
+        let remap_unknown = self.last_poll.is_none_or(|p| !p.remap_known);
+        self.conditions.retain(|_, c| match c.key.sort(c.fatal) {
+            Sort::Expiring => elapsed(c.last, now) < policy.info_ttl,
+            Sort::Remap => !remap_unknown || elapsed(c.last, now) < policy.info_ttl,
+            Sort::Recoverable | Sort::Sticky => true,
+        });
+        for window in self.info_xids.values_mut() {
+            while window
+                .front()
+                .is_some_and(|&t| elapsed(t, now) >= policy.escalate_window)
+            {
+                window.pop_front();
+            }
+        }
+        self.info_xids.retain(|_, w| !w.is_empty());
+        if self.recovered(policy, now) {
+            self.conditions
+                .retain(|_, c| c.key.sort(c.fatal) != Sort::Recoverable);
+            self.last_fault = None;
+        }
+    }
+
+    /// Whether the recoverable conditions may clear now.
+    fn recovered(&self, policy: &Policy, now: SystemTime) -> bool {
+        let Some(last_fault) = self.last_fault else {
+            return false;
+        };
+        let Some(poll) = self.last_poll else {
+            return false;
+        };
+        let action_fine = self
+            .action
+            .is_none_or(|a| classify::action_class(a) == ActionClass::Fine);
+        poll.at > last_fault
+            && poll.alive
+            && action_fine
+            && !poll.pending
+            && elapsed(last_fault, now) >= policy.quiet
+    }
+}
+
+/// `now - then`, zero when the clock went back.
+fn elapsed(then: SystemTime, now: SystemTime) -> Duration {
+    now.duration_since(then).unwrap_or(Duration::ZERO)
+}
+
+fn secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn from_secs(s: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(s.min(u64::from(u32::MAX) * 4))
+}
+
+/// `text` cut to `max` bytes at a character boundary, with `...` when cut.
+pub(crate) fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max.saturating_sub(3);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
+
+#[cfg(test)]
+mod tests;
