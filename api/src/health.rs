@@ -107,7 +107,7 @@ pub const KEYS: &[TaintKey] = &[
         default_effect: "NoSchedule",
         value: "what failed, e.g. row-remap-failure",
         clears: Clears::Admin,
-        meaning: "the GPU's hardware failed (replace it); never cleared by the driver",
+        meaning: "the GPU's hardware failed: replace it",
     },
     TaintKey {
         name: "remap-pending",
@@ -148,10 +148,11 @@ fn degraded_value(value: &str) -> Option<&'static str> {
 }
 
 /// A sentence for a health taint `key` with `value` (empty when it has
-/// none), for an admin: what it means and when it clears. `None` for keys
-/// that are not health keys.
+/// none) and `effect` (as published: `None`, `NoSchedule`, `NoExecute`), for
+/// an admin: what it means and when it clears. `None` for keys that are not
+/// health keys.
 #[must_use]
-pub fn explain(key: &str, value: &str) -> Option<String> {
+pub fn explain(key: &str, value: &str, effect: &str) -> Option<String> {
     let entry = lookup(key)?;
     let clears = match entry.clears {
         Clears::Recovery => "clears once the GPU recovers and stays quiet",
@@ -160,15 +161,22 @@ pub fn explain(key: &str, value: &str) -> Option<String> {
         Clears::Admin => "stays until an admin clears it",
     };
     let what = match entry.name {
-        "xid" => match value.parse::<u64>() {
-            Ok(xid) => match xid_action(xid) {
-                Some(action) => {
-                    format!("XID {xid} (NVIDIA's catalog: {action}): {}", entry.meaning)
-                }
-                None => format!("XID {xid}: {}", entry.meaning),
-            },
-            Err(_) => format!("{} (the value is not an XID number)", entry.meaning),
-        },
+        "xid" => {
+            let verdict = if effect == "None" {
+                "informational, the GPU stays usable"
+            } else {
+                "fatal (a reset or reboot is needed, or --xids-fatal names it)"
+            };
+            match value.parse::<u64>() {
+                Ok(xid) => match xid_action(xid) {
+                    Some(action) => {
+                        format!("XID {xid} (NVIDIA's catalog: {action}): {verdict}")
+                    }
+                    None => format!("XID {xid}: {verdict}"),
+                },
+                Err(_) => format!("an XID error, {verdict} (the value is not an XID number)"),
+            }
+        }
         "degraded" => match degraded_value(value) {
             Some(why) => format!("{}: {why}", entry.meaning),
             None if value.is_empty() => entry.meaning.to_owned(),
@@ -177,7 +185,9 @@ pub fn explain(key: &str, value: &str) -> Option<String> {
         "reset-required" if !value.is_empty() => {
             format!("{} (recovery action {value})", entry.meaning)
         }
-        "hardware-failure" if !value.is_empty() => format!("{}: {value}", entry.meaning),
+        "hardware-failure" if !value.is_empty() => {
+            format!("the GPU's hardware failed ({value}): replace it")
+        }
         _ => entry.meaning.to_owned(),
     };
     Some(format!("{what}; {clears}"))
@@ -261,30 +271,38 @@ mod tests {
 
     #[test]
     fn explanations_use_the_value() {
-        let lost = explain("gpu.nvidia.com/xid", "79").unwrap();
-        assert!(
-            lost.starts_with("XID 79 (NVIDIA's catalog: RESTART_BM): "),
-            "{lost}"
+        let lost = explain("gpu.nvidia.com/xid", "79", "NoSchedule").unwrap();
+        assert_eq!(
+            lost,
+            "XID 79 (NVIDIA's catalog: RESTART_BM): fatal (a reset or reboot is needed, or --xids-fatal names it); clears once the GPU recovers and stays quiet"
         );
-        let app = explain("gpu.nvidia.com/xid", "13").unwrap();
-        assert!(app.contains("RESTART_APP"), "{app}");
-        let unknown = explain("gpu.nvidia.com/xid", "999").unwrap();
-        assert!(unknown.starts_with("XID 999: "), "{unknown}");
-        let garbage = explain("gpu.nvidia.com/xid", "x1").unwrap();
+        let app = explain("gpu.nvidia.com/xid", "13", "None").unwrap();
+        assert!(
+            app.starts_with("XID 13 (NVIDIA's catalog: RESTART_APP): informational"),
+            "{app}"
+        );
+        let unknown = explain("gpu.nvidia.com/xid", "999", "None").unwrap();
+        assert!(unknown.starts_with("XID 999: informational"), "{unknown}");
+        let garbage = explain("gpu.nvidia.com/xid", "x1", "NoSchedule").unwrap();
         assert!(garbage.contains("not an XID number"), "{garbage}");
-        let reset = explain("gpu.nvidia.com/reset-required", "GPU_RESET").unwrap();
+        let reset = explain("gpu.nvidia.com/reset-required", "GPU_RESET", "NoSchedule").unwrap();
         assert!(reset.contains("recovery action GPU_RESET"), "{reset}");
-        let hw = explain("gpu.nvidia.com/hardware-failure", "row-remap-failure").unwrap();
-        assert!(
-            hw.contains("row-remap-failure; stays until an admin"),
-            "{hw}"
+        let hw = explain(
+            "gpu.nvidia.com/hardware-failure",
+            "row-remap-failure",
+            "NoSchedule",
+        )
+        .unwrap();
+        assert_eq!(
+            hw,
+            "the GPU's hardware failed (row-remap-failure): replace it; stays until an admin clears it"
         );
-        let thermal = explain("gpu.nvidia.com/degraded", "thermal").unwrap();
+        let thermal = explain("gpu.nvidia.com/degraded", "thermal", "None").unwrap();
         assert!(thermal.contains("slowdown"), "{thermal}");
-        let odd = explain("gpu.nvidia.com/degraded", "cosmic-rays").unwrap();
+        let odd = explain("gpu.nvidia.com/degraded", "cosmic-rays", "None").unwrap();
         assert!(odd.contains("(cosmic-rays)"), "{odd}");
-        assert_eq!(explain("gpu.nvidia.com/other", ""), None);
-        assert_eq!(explain("example.com/xid", "79"), None);
+        assert_eq!(explain("gpu.nvidia.com/other", "", "None"), None);
+        assert_eq!(explain("example.com/xid", "79", "None"), None);
     }
 
     #[test]

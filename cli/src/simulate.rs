@@ -20,7 +20,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use gpu_dra_analysis::allocator::{
@@ -401,27 +400,16 @@ fn read_cluster(
     claim: &mut ClaimInput,
     state: &mut State,
 ) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = crate::cluster::runtime()?;
     runtime.block_on(async {
-        let file = kube::config::Kubeconfig::read_from(kubeconfig)
-            .with_context(|| format!("reading kubeconfig {}", kubeconfig.display()))?;
-        let options = kube::config::KubeConfigOptions {
-            context: context.map(str::to_owned),
-            ..Default::default()
-        };
-        let mut config = kube::Config::from_custom_kubeconfig(file, &options)
-            .await
-            .with_context(|| format!("loading kubeconfig {}", kubeconfig.display()))?;
-        config.connect_timeout = Some(Duration::from_secs(10));
-        config.read_timeout = Some(Duration::from_secs(60));
+        let crate::cluster::Cluster {
+            client,
+            server,
+            default_namespace,
+        } = crate::cluster::connect(kubeconfig, context).await?;
         if !claim.namespaced {
-            set_id_from(claim, &config.default_namespace);
+            set_id_from(claim, &default_namespace);
         }
-        let server = config.cluster_url.to_string();
-        let client = kube::Client::try_from(config).context("creating the Kubernetes client")?;
         let slices: Vec<ResourceSlice> = list_all(&client, &server, "resourceslices").await?;
         let classes: Vec<DeviceClass> = list_all(&client, &server, "deviceclasses").await?;
         let claims: Vec<ResourceClaim> = list_all(&client, &server, "resourceclaims").await?;
