@@ -144,6 +144,132 @@ REFUSED: list[tuple[dict, str]] = [
     ({"kubeletPlugin": {"mpsHost": {"socket": "/run/h.sock"}}}, "mpsHost"),
 ]
 
+# Values files written for NVIDIA's chart (dra-driver-nvidia-gpu v0.5.0; keys and defaults
+# from its values.yaml and install docs) and the values of this chart they stand for: both
+# must render exactly the same objects. Each pair is checked like a variant too.
+NVIDIA_DEFAULTS_COPY = {
+    # A copy of NVIDIA's values.yaml defaults, ComputeDomains turned off (they are not
+    # supported here) and the GPU part acknowledged as its chart demands.
+    "nvidiaDriverRoot": "/",
+    "nvidiaCDIHookPath": "",
+    "gpuResourcesEnabledOverride": True,
+    "consumableShares": "",
+    "allowDefaultNamespace": False,
+    "resourceApiVersion": "",
+    "resources": {
+        "gpus": {"enabled": True},
+        "computeDomains": {
+            "enabled": False,
+            "imex": {"mode": "driverManaged", "isolation": "domain", "hostSocketPath": "/etc/nvidia-imex/imex_ctrl.sock"},
+        },
+    },
+    "featureGates": {},
+    "logVerbosity": "4",
+    "webhook": {"enabled": False},
+    "kubeletPlugin": {
+        "metrics": {"enabled": True, "gpuHttpEndpoint": ":8080", "computeDomainHttpEndpoint": ":8081", "metricsPath": "/metrics"},
+        "priorityClassName": "system-node-critical",
+        "kubeletRegistrarDirectoryPath": "/var/lib/kubelet/plugins_registry",
+        "kubeletPluginsDirectoryPath": "/var/lib/kubelet/plugins",
+        "containers": {
+            "computeDomains": {"gpuCliqueLabelEnabled": False},
+            "gpus": {"env": [], "securityContext": {"privileged": True}, "resources": {}, "healthcheckPort": 51516},
+        },
+    },
+}
+NVIDIA_EQUIVALENTS: list[tuple[str, dict, dict]] = [
+    # NVIDIA's install docs: GPU part on a host-installed driver.
+    ("nvidia-docs-gpus", {"gpuResourcesEnabledOverride": True, "resources": {"computeDomains": {"enabled": False}}},
+     {"deviceClasses": {"gpuExtendedResourceName": "nvidia.com/gpu"}}),
+    # Under the GPU operator: its driver root and hook.
+    ("nvidia-docs-gpu-operator", {
+        "nvidiaDriverRoot": "/run/nvidia/driver",
+        "nvidiaCDIHookPath": "/usr/local/nvidia/toolkit/nvidia-cdi-hook",
+        "gpuResourcesEnabledOverride": True,
+        "resources": {"gpus": {"enabled": True}, "computeDomains": {"enabled": False}},
+    }, {
+        "kubeletPlugin": {"driverRoot": "/run/nvidia/driver", "nvidiaCdiHookPath": "/usr/local/nvidia/toolkit/nvidia-cdi-hook"},
+        "deviceClasses": {"gpuExtendedResourceName": "nvidia.com/gpu"},
+    }),
+    ("nvidia-values-defaults-copy", NVIDIA_DEFAULTS_COPY,
+     {"webhook": {"enabled": False}, "deviceClasses": {"gpuExtendedResourceName": "nvidia.com/gpu"}}),
+    # Every gate that maps onto something, consumable shares, the clique label, paths, the
+    # metrics endpoint, the container's env and resources, verbosity.
+    ("nvidia-gates-and-settings", merge(NVIDIA_DEFAULTS_COPY, {
+        "featureGates": {"TimeSlicingSettings": True, "MPSSupport": True, "DynamicMIG": True,
+                         "PassthroughSupport": True, "NVMLDeviceHealthCheck": True, "DeviceMetadata": True,
+                         "ConsumableShares": True, "IMEXDaemonsWithDNSNames": True, "ComputeDomainCliques": True,
+                         "CrashOnNVLinkFabricErrors": False, "DRAListTypeAttributes": False},
+        "consumableShares": "memory",
+        "logVerbosity": "6",
+        "gpuCliqueLabelEnabled": True,
+        "resourceApiVersion": "resource.k8s.io/v1",
+        "webhook": {"enabled": True, "failurePolicy": "Fail"},
+        "kubeletPlugin": {
+            "kubeletRegistrarDirectoryPath": "/var/lib/k0s/kubelet/plugins_registry",
+            "kubeletPluginsDirectoryPath": "/var/lib/k0s/kubelet/plugins",
+            "metrics": {"gpuHttpEndpoint": "0.0.0.0:9400"},
+            "containers": {"gpus": {"env": [{"name": "EXTRA", "value": "1"}], "resources": {"limits": {"memory": "1Gi"}}}},
+        },
+    }), {
+        "logLevel": "debug",
+        "webhook": {"failurePolicy": "Fail"},
+        "deviceClasses": {"gpuExtendedResourceName": "nvidia.com/gpu"},
+        "kubeletPlugin": {
+            "dynamicMig": True,
+            "kubeletRegistrarDir": "/var/lib/k0s/kubelet/plugins_registry",
+            "kubeletPluginsDir": "/var/lib/k0s/kubelet/plugins",
+            "metrics": {"port": 9400, "bindAddress": "0.0.0.0"},
+            "extraArgs": ["--health", "--passthrough", "--consumable-shares=memory", "--gpu-clique-label"],
+            "extraEnv": [{"name": "EXTRA", "value": "1"}],
+            # NVIDIA's container resources replace this chart's (null deletes a default).
+            "resources": {"limits": {"memory": "1Gi"}, "requests": None},
+        },
+    }),
+    # The clique label under NVIDIA's older key, trace verbosity, an IPv6 endpoint.
+    ("nvidia-clique-label-v6-endpoint", {
+        "logVerbosity": 7,
+        "kubeletPlugin": {"containers": {"computeDomains": {"gpuCliqueLabelEnabled": True}},
+                          "metrics": {"gpuHttpEndpoint": "[::]:8080"}},
+    }, {
+        "logLevel": "trace",
+        "kubeletPlugin": {"extraArgs": ["--gpu-clique-label"], "metrics": {"bindAddress": "::"}},
+    }),
+    # This chart's own extended-resource value.
+    ("extended-resource", {"deviceClasses": {"gpuExtendedResourceName": "nvidia.com/gpu"}},
+     {"deviceClasses": {"gpuExtendedResourceName": "nvidia.com/gpu"}}),
+]
+
+# NVIDIA values that must be refused, each naming the value.
+REFUSED += [
+    ({"resources": {"computeDomains": {"enabled": True}}}, "resources.computeDomains.enabled"),
+    ({"resources": {"computeDomains": {"imex": {"mode": "hostManaged"}}}}, "resources.computeDomains.imex.mode"),
+    ({"resources": {"computeDomains": {"imex": {"isolation": "channel"}}}}, "resources.computeDomains.imex.isolation"),
+    ({"resources": {"gpus": {"enabled": False}}}, "resources.gpus.enabled"),
+    ({"featureGates": {"FabricManagerPartitioning": True}}, "featureGates.FabricManagerPartitioning"),
+    ({"featureGates": {"DRAListTypeAttributes": True}}, "featureGates.DRAListTypeAttributes"),
+    ({"featureGates": {"HostManagedIMEXDaemon": True}}, "featureGates.HostManagedIMEXDaemon"),
+    ({"featureGates": {"NoSuchGate": True}}, "featureGates.NoSuchGate"),
+    ({"featureGates": {"DynamicMIG": "yes"}}, "featureGates.DynamicMIG"),
+    ({"consumableShares": "memory"}, "featureGates.ConsumableShares"),
+    ({"consumableShares": "0", "featureGates": {"ConsumableShares": True}}, "consumableShares"),
+    ({"consumableShares": "half"}, "consumableShares"),
+    ({"resourceApiVersion": "resource.k8s.io/v1beta1"}, "resourceApiVersion"),
+    ({"logVerbosity": "loud"}, "logVerbosity"),
+    ({"kubeletPlugin": {"metrics": {"enabled": False}}}, "kubeletPlugin.metrics.enabled"),
+    ({"kubeletPlugin": {"metrics": {"metricsPath": "/m"}}}, "kubeletPlugin.metrics.metricsPath"),
+    ({"kubeletPlugin": {"metrics": {"gpuHttpEndpoint": "8080"}}}, "kubeletPlugin.metrics.gpuHttpEndpoint"),
+    ({"kubeletPlugin": {"metrics": {"gpuHttpEndpoint": ":99999"}}}, "kubeletPlugin.metrics.gpuHttpEndpoint"),
+    ({"kubeletPlugin": {"kubeletPluginsDirectoryPath": "var/lib/kubelet/plugins"}}, "kubeletPluginsDirectoryPath"),
+    ({"nvidiaDriverRoot": "run/nvidia/driver"}, "nvidiaDriverRoot"),
+    # NVIDIA keys with no equivalent here are named by the schema.
+    ({"image": {"repository": "registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu"}}, "'image'"),
+    ({"maskNvidiaDriverParams": True}, "maskNvidiaDriverParams"),
+    ({"webhook": {"tls": {"mode": "secret"}}}, "'mode'"),
+    ({"controller": {"leaderElection": {"leaseDuration": "15s"}}}, "leaseDuration"),
+    ({"deviceClasses": {"gpuExtendedResourceName": "gpu"}}, "gpuExtendedResourceName"),
+]
+
 # The part of cert-manager.io/v1 the chart writes; unknown fields are errors.
 _META = {
     "type": "object",
@@ -471,6 +597,9 @@ def check_cross_references(name: str, values: dict, objects) -> None:
         expect(set(classes) == wanted, f"DeviceClasses {sorted(classes)} != {sorted(wanted)}")
         for cname, obj in classes.items():
             spec = json.loads(json.dumps(files[cname]["spec"]).replace("'gpu.nvidia.com'", f"'{driver}'"))
+            extended = v["deviceClasses"]["gpuExtendedResourceName"]
+            if cname == "gpu.nvidia.com" and extended:
+                spec["extendedResourceName"] = extended
             expect(obj["spec"] == spec, f"DeviceClass {cname} differs from deviceclasses/{cname}.yaml")
             keep = obj["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep"
             expect(keep == v["deviceClasses"]["keepOnUninstall"], f"DeviceClass {cname}: resource-policy")
@@ -563,6 +692,30 @@ def main() -> int:
             failures += 1
             print(f"FAIL {name}: helm: {e}")
 
+    for name, nvidia, ours in NVIDIA_EQUIVALENTS:
+        try:
+            problems = lint(nvidia)
+            if problems:
+                raise Failure("helm lint --strict:\n    " + "\n    ".join(problems))
+            objects = render(nvidia)
+            for template, obj in objects:
+                validate_object(template, obj)
+            check_cross_references(name, ours, objects)
+            theirs = sorted((json.dumps(o, sort_keys=True) for _, o in objects))
+            equivalent = sorted((json.dumps(o, sort_keys=True) for _, o in render(ours)))
+            if theirs != equivalent:
+                extra = sorted(set(theirs) - set(equivalent))
+                missing = sorted(set(equivalent) - set(theirs))
+                raise Failure(f"renders differently from {json.dumps(ours)}:\n  only with NVIDIA's values: {extra[:2]}\n  only with ours: {missing[:2]}")
+            total += len(objects)
+            print(f"ok   {name}: lint clean; {len(objects)} objects valid, the same as {json.dumps(ours, separators=(',', ':'))}")
+        except Failure as e:
+            failures += 1
+            print(f"FAIL {name}: {e}")
+        except helm.HelmError as e:
+            failures += 1
+            print(f"FAIL {name}: helm: {e}")
+
     for values, needle in REFUSED:
         label = json.dumps(values, separators=(",", ":"))
         try:
@@ -580,7 +733,8 @@ def main() -> int:
     if failures:
         print(f"FAILED: {failures} chart check(s) failed", file=sys.stderr)
         return 1
-    print(f"ok: chart lint-clean in {len(VARIANTS)} variants, {total} rendered objects valid "
+    print(f"ok: chart lint-clean in {len(VARIANTS)} variants and {len(NVIDIA_EQUIVALENTS)} NVIDIA values files "
+          f"(each rendering as its equivalent), {total} rendered objects valid "
           f"against Kubernetes {K8S_VERSION}, {len(REFUSED)} bad values refused")
     return 0
 

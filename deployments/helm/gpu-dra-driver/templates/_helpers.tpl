@@ -81,6 +81,8 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* Checks of value combinations that the schema cannot express. */}}
 {{- define "gpu-dra-driver.checks" -}}
+{{- /* NVIDIA's chart values first: refused ones fail, the others are mapped (_nvidia.tpl). */ -}}
+{{- include "gpu-dra-driver.nvidia.apply" . }}
 {{- if and .Values.controller.enabled (gt (int .Values.controller.replicas) 1) (not .Values.controller.leaderElection.enabled) }}
 {{- fail "controller.replicas > 1 needs controller.leaderElection.enabled: true (only one replica may run the claim diagnostics and slice GC)" }}
 {{- end }}
