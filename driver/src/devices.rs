@@ -397,18 +397,7 @@ impl DeviceModel {
         };
 
         let gpus = accepted_gpus(&inventory.gpus, &mut notes);
-        let domains = nvlink_domains(
-            &gpus
-                .iter()
-                .map(|g| {
-                    (
-                        g.info.uuid.as_str(),
-                        g.info.pci_bus_id.as_str(),
-                        g.info.nvlinks.as_slice(),
-                    )
-                })
-                .collect::<Vec<_>>(),
-        );
+        let domains = nvlink_domains(&gpus.iter().map(|g| &g.info).collect::<Vec<_>>());
 
         let infos: Vec<&gpu_nvml::GpuInfo> = gpus.iter().map(|g| &g.info).collect();
         for selector in options.memory_sharing.unmatched(&infos) {

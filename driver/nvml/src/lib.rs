@@ -9,6 +9,7 @@
 mod backend;
 pub mod health;
 pub mod naming;
+pub mod topology;
 pub mod types;
 
 pub use backend::{DEFAULT_LIBRARY, NvmlBackend};
@@ -18,7 +19,7 @@ pub use health::{
 };
 pub use types::{
     ComputeMode, ComputeSlices, GpuInfo, MigComputeInstance, MigDevice, MigGpuInstance, MigInfo,
-    MigMode, MigPlacement, MigProfile, NvLinkInfo, SystemInfo,
+    FabricInfo, MigMode, MigPlacement, MigProfile, NvLinkInfo, NvLinkRemote, SystemInfo,
 };
 
 /// Errors from the GPU backend.

@@ -45,6 +45,36 @@ pub struct GpuInfo {
     pub mig: Option<MigInfo>,
     /// Active NVLinks only (inactive or unsupported links are left out).
     pub nvlinks: Vec<NvLinkInfo>,
+    /// The GPU's NVLink fabric membership (GPU fabric info, Hopper and
+    /// later): `None` when NVML has none, the registration is not complete
+    /// or the GPU is in no cluster (single-node NVSwitch systems).
+    #[serde(default)]
+    pub fabric: Option<FabricInfo>,
+    /// UUIDs of the node's other GPUs that NVML's P2P status over NVLink
+    /// (`NVML_P2P_CAPS_INDEX_NVLINK`) calls OK, sorted. Read only for a GPU
+    /// with switch links and no fabric membership (what joins switch-attached
+    /// GPUs then); empty otherwise.
+    #[serde(default)]
+    pub nvlink_p2p_peers: Vec<String>,
+}
+
+/// A GPU's place in a (multi-node) NVLink fabric, from NVML's GPU fabric
+/// info: GPUs with the same cluster UUID and clique id reach each other over
+/// NVLink through the switches.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct FabricInfo {
+    /// The fabric's cluster UUID, lower case `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+    pub cluster_uuid: String,
+    /// The clique id inside the cluster.
+    pub clique_id: u32,
+}
+
+impl FabricInfo {
+    /// `<clusterUUID>.<cliqueId>` (decimal clique id): the value of NVIDIA's
+    /// node label `nvidia.com/gpu.clique`.
+    pub fn clique(&self) -> String {
+        format!("{}.{}", self.cluster_uuid, self.clique_id)
+    }
 }
 
 /// NVML compute modes.
@@ -63,10 +93,27 @@ pub enum ComputeMode {
 pub struct NvLinkInfo {
     /// Link number on this GPU.
     pub link: u32,
-    /// PCI bus id (normalised like [`GpuInfo::pci_bus_id`]) of the device at the
-    /// other end: another GPU (bridge) or an NVSwitch. GPUs whose links reach
-    /// each other, directly or through a shared switch, form one NVLink domain.
-    pub remote_pci_bus_id: String,
+    /// What is at the other end (NVML's remote device type, with the remote
+    /// bus id as a second signal).
+    pub remote: NvLinkRemote,
+    /// PCI bus id (normalised like [`GpuInfo::pci_bus_id`]) of the device at
+    /// the other end when it is a PCI device (a GPU through a bridge). `None`
+    /// for switch links (NVML reports the sentinel `FFFFFFFF:FF:FF.0` for
+    /// every one of them, which names no device) and unreadable ends.
+    pub remote_pci_bus_id: Option<String>,
+}
+
+/// What is at the far end of an NVLink (`nvmlIntNvLinkDeviceType_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum NvLinkRemote {
+    /// Another GPU, through a bridge or a direct board link.
+    Gpu,
+    /// An NVSwitch.
+    Switch,
+    /// An IBM NPU (POWER9 CPUs with NVLink).
+    IbmNpu,
+    /// NVML could not say.
+    Unknown,
 }
 
 /// The MIG mode of a MIG-capable GPU, read alone ([`crate::GpuBackend::mig_mode`]).

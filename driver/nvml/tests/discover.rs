@@ -7,7 +7,9 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::Machine;
-use gpu_nvml::{ComputeMode, GpuBackend, GpuInfo, MigPlacement, MigProfile};
+use gpu_nvml::{
+    ComputeMode, GpuBackend, GpuInfo, MigPlacement, MigProfile, NvLinkInfo, NvLinkRemote,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -99,22 +101,25 @@ fn dgx_a100_every_gpu_mig_table_and_existing_mig_devices() {
         assert_eq!(gpu.compute_mode, ComputeMode::Default);
         assert_eq!(gpu.addressing_mode, None);
         assert!(gpu.uuid.starts_with("GPU-"), "{}", gpu.uuid);
-        // 12 links, two to each of the six NVSwitches.
-        let links: Vec<(u32, &str)> = gpu
-            .nvlinks
+        // 12 links into the NVSwitches, which have no bus id NVML reports
+        // (the sentinel): classified by the remote device type.
+        let expected: Vec<NvLinkInfo> = (0..12)
+            .map(|link| NvLinkInfo {
+                link,
+                remote: NvLinkRemote::Switch,
+                remote_pci_bus_id: None,
+            })
+            .collect();
+        assert_eq!(gpu.nvlinks, expected);
+        // Ampere: no fabric info; the switches join every pair by P2P.
+        assert_eq!(gpu.fabric, None);
+        let mut others: Vec<&str> = gpus
             .iter()
-            .map(|l| (l.link, l.remote_pci_bus_id.as_str()))
+            .filter(|g| g.index != gpu.index)
+            .map(|g| g.uuid.as_str())
             .collect();
-        let expected: Vec<(u32, String)> = (0..12)
-            .map(|l| (l, format!("0000:c{}:00.0", 4 + l / 2)))
-            .collect();
-        assert_eq!(
-            links,
-            expected
-                .iter()
-                .map(|(l, r)| (*l, r.as_str()))
-                .collect::<Vec<_>>()
-        );
+        others.sort_unstable();
+        assert_eq!(gpu.nvlink_p2p_peers, others, "GPU {i}");
 
         let mig = gpu.mig.as_ref().unwrap();
         assert_eq!(mig.current_enabled, i < 4, "GPU {i}");
@@ -247,21 +252,18 @@ fn dgx_h100_hopper_with_eighteen_links_and_mig_off() {
         assert_eq!(gpu.cuda_compute_capability, (9, 0));
         assert_eq!(gpu.memory_bytes, 81559 * MIB);
         assert_eq!(gpu.nvlinks.len(), 18, "GPU {}", gpu.index);
-        let mut switches: Vec<&str> = gpu
-            .nvlinks
-            .iter()
-            .map(|l| l.remote_pci_bus_id.as_str())
-            .collect();
-        switches.dedup();
-        assert_eq!(
-            switches,
-            [
-                "0000:05:00.0",
-                "0000:06:00.0",
-                "0000:07:00.0",
-                "0000:08:00.0"
-            ]
+        // Every link ends at a switch; the sentinel bus id is no peer.
+        assert!(
+            gpu.nvlinks
+                .iter()
+                .all(|l| l.remote == NvLinkRemote::Switch && l.remote_pci_bus_id.is_none()),
+            "{:?}",
+            gpu.nvlinks
         );
+        // Hopper HGX: fabric state "not supported", so P2P joins the GPUs.
+        assert_eq!(gpu.fabric, None);
+        assert_eq!(gpu.nvlink_p2p_peers.len(), 7, "GPU {}", gpu.index);
+        assert!(!gpu.nvlink_p2p_peers.contains(&gpu.uuid));
         let mig = gpu.mig.as_ref().unwrap();
         assert!(!mig.current_enabled && !mig.pending_enabled);
         assert!(mig.devices.is_empty());
@@ -292,10 +294,15 @@ fn pcie_a100_bridged_pairs_and_40gb_profile_names() {
         assert_eq!(gpu.memory_bytes, 40960 * MIB);
         assert_eq!(gpu.nvlinks.len(), 12);
         assert!(
-            gpu.nvlinks.iter().all(|l| l.remote_pci_bus_id == peer),
+            gpu.nvlinks
+                .iter()
+                .all(|l| l.remote == NvLinkRemote::Gpu
+                    && l.remote_pci_bus_id.as_deref() == Some(peer)),
             "{:?}",
             gpu.nvlinks
         );
+        // Bridges only: no switch, so no P2P peers are read.
+        assert!(gpu.nvlink_p2p_peers.is_empty() && gpu.fabric.is_none());
         assert!(!gpu.mig.as_ref().unwrap().current_enabled);
     }
 }

@@ -5,7 +5,7 @@
 mod common;
 
 use common::Machine;
-use gpu_nvml::{Error, GpuBackend, NvmlBackend};
+use gpu_nvml::{Error, GpuBackend, NvLinkRemote, NvmlBackend};
 
 /// Three A100-SXM4-80GB GPUs, each with one NVLink to each other GPU, MIG on for all; GPU
 /// `failing` gets `fail` as its failure-injection map.
@@ -123,12 +123,41 @@ fn unreadable_nvlinks_count_as_absent() {
     for fail in [
         "{nvmlDeviceGetNvLinkState: UNKNOWN}",
         "{nvmlDeviceGetNvLinkState: NOT_SUPPORTED}",
-        "{nvmlDeviceGetNvLinkRemotePciInfo: GPU_IS_LOST}",
     ] {
         let machine = Machine::from_yaml(&three_gpus(1, fail));
         let backend = machine.open();
         let gpu = backend.gpu(1).unwrap_or_else(|e| panic!("{fail}: {e}"));
         assert!(gpu.nvlinks.is_empty(), "{fail}: {:?}", gpu.nvlinks);
+        assert_eq!(backend.gpu(0).unwrap().nvlinks.len(), 2);
+    }
+}
+
+/// An active link whose far end cannot be read still counts (nvlinkCount is
+/// every active link); it names no peer, and what NVML's device type says is
+/// kept, or Unknown when that fails too.
+#[test]
+fn active_links_with_unreadable_far_ends_are_kept_without_a_peer() {
+    for (fail, kind) in [
+        (
+            "{nvmlDeviceGetNvLinkRemotePciInfo: GPU_IS_LOST}",
+            NvLinkRemote::Gpu,
+        ),
+        (
+            "{nvmlDeviceGetNvLinkRemotePciInfo: UNKNOWN, nvmlDeviceGetNvLinkRemoteDeviceType: UNKNOWN}",
+            NvLinkRemote::Unknown,
+        ),
+    ] {
+        let machine = Machine::from_yaml(&three_gpus(1, fail));
+        let backend = machine.open();
+        let gpu = backend.gpu(1).unwrap_or_else(|e| panic!("{fail}: {e}"));
+        assert_eq!(gpu.nvlinks.len(), 2, "{fail}");
+        assert!(
+            gpu.nvlinks
+                .iter()
+                .all(|l| l.remote == kind && l.remote_pci_bus_id.is_none()),
+            "{fail}: {:?}",
+            gpu.nvlinks
+        );
         assert_eq!(backend.gpu(0).unwrap().nvlinks.len(), 2);
     }
 }

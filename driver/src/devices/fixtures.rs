@@ -4,7 +4,8 @@
 use super::*;
 use gpu_dra_api::schema::AttributeValue;
 use gpu_nvml::{
-    ComputeMode, GpuInfo, MigDevice, MigInfo, MigPlacement, MigProfile, NvLinkInfo, SystemInfo,
+    ComputeMode, GpuInfo, MigDevice, MigInfo, MigPlacement, MigProfile, NvLinkInfo, NvLinkRemote,
+    SystemInfo,
 };
 
 pub(crate) fn system() -> SystemInfo {
@@ -120,14 +121,32 @@ pub(crate) fn gpu(
             nvlinks: links
                 .iter()
                 .enumerate()
-                .map(|(i, r)| NvLinkInfo {
-                    link: i as u32,
-                    remote_pci_bus_id: (*r).into(),
-                })
+                .map(|(i, r)| link(i as u32, r))
                 .collect(),
+            fabric: None,
+            nvlink_p2p_peers: Vec::new(),
         },
         pcie_root: Some(format!("pci0000:{:02x}", index * 16)),
         numa_node: Some(i64::from(index / 4)),
+    }
+}
+
+/// Link `link` to the device at bus id `remote`: a peer GPU, or an NVSwitch
+/// when `remote` is NVML's sentinel (any case), as the NVML backend
+/// classifies them.
+pub(crate) fn link(link: u32, remote: &str) -> NvLinkInfo {
+    if remote.eq_ignore_ascii_case(gpu_nvml::topology::SWITCH_SENTINEL_BUS_ID) {
+        NvLinkInfo {
+            link,
+            remote: NvLinkRemote::Switch,
+            remote_pci_bus_id: None,
+        }
+    } else {
+        NvLinkInfo {
+            link,
+            remote: NvLinkRemote::Gpu,
+            remote_pci_bus_id: Some(remote.into()),
+        }
     }
 }
 
@@ -163,6 +182,7 @@ pub(crate) fn dynamic() -> BuildOptions {
         dynamic_mig: true,
         group_limits: GroupLimits::default(),
         memory_sharing: MemorySharing::None,
+        consumable_shares: crate::devices::ConsumableShares::Disabled,
     }
 }
 

@@ -79,6 +79,8 @@ fn gpu(index: u32, bus: &str) -> GpuInfo {
         compute_mode: ComputeMode::Default,
         mig: None,
         nvlinks: Vec::new(),
+        fabric: None,
+        nvlink_p2p_peers: Vec::new(),
     }
 }
 

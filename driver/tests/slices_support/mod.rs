@@ -9,7 +9,10 @@ use std::time::Duration;
 use gpu_dra_sim::apiserver::{Resource, Selectors, ServerOptions, TestApiServer, ValidationRules};
 use gpu_kubelet_plugin::discovery::{DiscoveredGpu, Inventory};
 use gpu_kubelet_plugin::slices::{Flags, PublishStatus, Publisher, PublisherOptions};
-use gpu_nvml::{ComputeMode, GpuInfo, MigInfo, MigPlacement, MigProfile, NvLinkInfo, SystemInfo};
+use gpu_nvml::topology::SWITCH_SENTINEL_BUS_ID;
+use gpu_nvml::{
+    ComputeMode, GpuInfo, MigInfo, MigPlacement, MigProfile, NvLinkInfo, NvLinkRemote, SystemInfo,
+};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use tokio::sync::{oneshot, watch};
 
@@ -119,14 +122,23 @@ pub fn gpu(
             addressing_mode: None,
             compute_mode: ComputeMode::Default,
             mig,
+            // A link to NVML's switch sentinel is a switch link; any other
+            // far end a GPU through a bridge.
             nvlinks: links
                 .iter()
                 .enumerate()
                 .map(|(i, r)| NvLinkInfo {
                     link: i as u32,
-                    remote_pci_bus_id: r.clone(),
+                    remote: if r.as_str() == SWITCH_SENTINEL_BUS_ID {
+                        NvLinkRemote::Switch
+                    } else {
+                        NvLinkRemote::Gpu
+                    },
+                    remote_pci_bus_id: (r.as_str() != SWITCH_SENTINEL_BUS_ID).then(|| r.clone()),
                 })
                 .collect(),
+            fabric: None,
+            nvlink_p2p_peers: Vec::new(),
         },
         pcie_root: Some(format!("pci0000:{:02x}", index * 16)),
         numa_node: Some(i64::from(index / 4)),
@@ -144,26 +156,33 @@ fn system() -> SystemInfo {
     }
 }
 
-/// Like the dgx-h100 profile: 8 H100 SXM GPUs, 18 NVLinks each to four
-/// NVSwitches, MIG capable, MIG mode off.
+/// Like the dgx-h100 profile: 8 H100 SXM GPUs, 18 NVLinks each to the
+/// NVSwitches (NVML's sentinel far end), P2P over NVLink OK between every
+/// pair, no fabric clique, MIG capable, MIG mode off.
 pub fn dgx_h100() -> Inventory {
-    let switches: Vec<String> = (0..4)
-        .map(|i| format!("0000:{:02x}:00.0", 0xf0 + i))
+    let links: Vec<String> = vec![SWITCH_SENTINEL_BUS_ID.to_owned(); 18];
+    let mut gpus: Vec<DiscoveredGpu> = (0..8)
+        .map(|i| {
+            let mig = MigInfo {
+                current_enabled: false,
+                pending_enabled: false,
+                profiles: h100_profiles(),
+                devices: vec![],
+            };
+            gpu(i, "NVIDIA H100 80GB HBM3", (9, 0), Some(mig), &links)
+        })
         .collect();
-    let links: Vec<String> = (0..18).map(|i| switches[i % 4].clone()).collect();
+    let uuids: Vec<String> = gpus.iter().map(|g| g.info.uuid.clone()).collect();
+    for g in &mut gpus {
+        g.info.nvlink_p2p_peers = uuids
+            .iter()
+            .filter(|u| **u != g.info.uuid)
+            .cloned()
+            .collect();
+    }
     Inventory {
         system: system(),
-        gpus: (0..8)
-            .map(|i| {
-                let mig = MigInfo {
-                    current_enabled: false,
-                    pending_enabled: false,
-                    profiles: h100_profiles(),
-                    devices: vec![],
-                };
-                gpu(i, "NVIDIA H100 80GB HBM3", (9, 0), Some(mig), &links)
-            })
-            .collect(),
+        gpus,
     }
 }
 

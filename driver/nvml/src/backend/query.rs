@@ -1,6 +1,6 @@
 //! Reading everything about one GPU into an owned [`GpuInfo`]: identity,
 //! memory, PCI bus id, compute mode, addressing mode, MIG state and
-//! capabilities, and active NVLinks.
+//! capabilities, and the NVLink topology (`nvlink`).
 
 use nvml_wrapper::Device;
 use nvml_wrapper::Nvml;
@@ -9,12 +9,14 @@ use nvml_wrapper::enums::device::DeviceArchitecture;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper_sys::bindings as sys;
 
+mod nvlink;
+
 use super::call;
 use super::raw::{self, RawDevice};
 use crate::naming;
 use crate::{
     ComputeMode, ComputeSlices, Error, GpuInfo, MigDevice, MigInfo, MigMode, MigPlacement,
-    MigProfile, NvLinkInfo, Result,
+    MigProfile, NvLinkRemote, Result,
 };
 
 /// Everything about GPU `index`. Any failing query fails this GPU only.
@@ -70,7 +72,15 @@ pub(super) fn gpu_info(nvml: &Nvml, handle: RawDevice, index: u32) -> Result<Gpu
     let compute_mode = compute_mode(&device, index)?;
     let addressing_mode = addressing_mode(nvml, handle, index)?;
     let mig = mig_info(nvml, &device, handle, index, memory_bytes)?;
-    let nvlinks = nvlinks(&device, index);
+    let nvlinks = nvlink::nvlinks(nvml, &device, index);
+    let fabric = nvlink::fabric(nvml, &device, index);
+    // Switch-attached GPUs outside a fabric are joined by P2P status.
+    let nvlink_p2p_peers =
+        if fabric.is_none() && nvlinks.iter().any(|l| l.remote == NvLinkRemote::Switch) {
+            nvlink::p2p_nvlink_peers(nvml, &device, index)
+        } else {
+            Vec::new()
+        };
     Ok(GpuInfo {
         index,
         minor,
@@ -85,6 +95,8 @@ pub(super) fn gpu_info(nvml: &Nvml, handle: RawDevice, index: u32) -> Result<Gpu
         compute_mode,
         mig,
         nvlinks,
+        fabric,
+        nvlink_p2p_peers,
     })
 }
 
@@ -298,40 +310,4 @@ pub(super) fn mig_devices(
     }
     devices.sort_by_key(|d| (d.gpu_instance_id, d.compute_instance_id));
     Ok(devices)
-}
-
-/// Active NVLinks with the bus id of the device at the other end. A link
-/// whose state or remote end cannot be read counts as absent.
-fn nvlinks(device: &Device<'_>, index: u32) -> Vec<NvLinkInfo> {
-    let mut links = Vec::new();
-    for link in 0..sys::NVML_NVLINK_MAX_LINKS {
-        let wrapper = device.link_wrapper_for(link);
-        match wrapper.is_active() {
-            Ok(true) => {}
-            Ok(false) => continue,
-            Err(e) => {
-                if !matches!(e, NvmlError::NotSupported | NvmlError::InvalidArg) {
-                    tracing::debug!(gpu = index, link, error = %e, "NVLink state unreadable, treated as no link");
-                }
-                continue;
-            }
-        }
-        let remote = match wrapper.remote_pci_info() {
-            Ok(pci) => pci.bus_id,
-            Err(e) => {
-                tracing::warn!(gpu = index, link, error = %e, "active NVLink without a readable remote end, left out");
-                continue;
-            }
-        };
-        match naming::normalize_pci_bus_id(&remote) {
-            Ok(remote_pci_bus_id) => links.push(NvLinkInfo {
-                link,
-                remote_pci_bus_id,
-            }),
-            Err(e) => {
-                tracing::warn!(gpu = index, link, error = %e, "NVLink remote bus id malformed, left out");
-            }
-        }
-    }
-    links
 }
