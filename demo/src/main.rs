@@ -222,6 +222,7 @@ fn machine(root: &Path, profile_yaml: &str) -> Result<Machine> {
         state: Some(root.join("nvml-state.json")),
         proc_root: Some(proc_root.clone()),
         dev_root: Some(dev_root.clone()),
+        control: None,
     };
     let nvml_lib = nvidia_ml::fixture::install_with(&nvml_dir, &profile_path, &options)
         .context("install the fake NVML library")?;

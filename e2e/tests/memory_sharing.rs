@@ -101,6 +101,7 @@ fn machine(root: &Path, kubeconfig: &Path) -> (Vec<String>, fake_driver_root::Pr
         state: Some(root.join("nvml-state.json")),
         proc_root: Some(proc_root.clone()),
         dev_root: Some(dev_root.clone()),
+        control: None,
     };
     let library = nvidia_ml::fixture::install_with(&root.join("nvml"), &profile, &options)
         .expect("install the fake NVML");

@@ -213,6 +213,7 @@ impl EnvBuilder {
             state: Some(state),
             proc_root: Some(proc_root.clone()),
             dev_root: Some(dev_root.clone()),
+            control: None,
         };
         let (library, profile) = match &self.profile {
             ProfileSource::Bundled(name) => {

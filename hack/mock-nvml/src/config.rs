@@ -1,7 +1,8 @@
 //! Where `nvmlInit` finds its machine: a `mock-nvml.env` file next to the
 //! loaded library (so tests can run isolated copies of the library side by
 //! side) or else the environment variables `MOCK_NVML_PROFILE`,
-//! `MOCK_NVML_STATE`, `MOCK_NVML_PROC_ROOT` and `MOCK_NVML_DEV_ROOT`.
+//! `MOCK_NVML_STATE`, `MOCK_NVML_PROC_ROOT`, `MOCK_NVML_DEV_ROOT` and
+//! `MOCK_NVML_CONTROL`.
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +19,9 @@ pub const PROC_ROOT_ENV: &str = "MOCK_NVML_PROC_ROOT";
 /// Environment variable naming the directory that stands for `/`: stand-in
 /// capability nodes are kept in `<it>/dev/nvidia-caps/` (optional).
 pub const DEV_ROOT_ENV: &str = "MOCK_NVML_DEV_ROOT";
+/// Environment variable naming the control file or FIFO whose commands
+/// change GPU health while the library runs (optional; see `control.rs`).
+pub const CONTROL_ENV: &str = "MOCK_NVML_CONTROL";
 /// Name of the sidecar file looked for next to the library.
 pub const SIDECAR: &str = "mock-nvml.env";
 
@@ -33,6 +37,8 @@ pub struct Config {
     pub proc_root: Option<PathBuf>,
     /// Where stand-in capability nodes are kept, like `/` (none: not kept).
     pub dev_root: Option<PathBuf>,
+    /// The control file or FIFO (none: no commands).
+    pub control: Option<PathBuf>,
 }
 
 /// Resolves the configuration: the sidecar in `library_dir` wins over the
@@ -56,6 +62,7 @@ pub fn resolve(library_dir: Option<&Path>) -> Result<Config, Error> {
         state: var(STATE_ENV),
         proc_root: var(PROC_ROOT_ENV),
         dev_root: var(DEV_ROOT_ENV),
+        control: var(CONTROL_ENV),
     })
 }
 
@@ -71,6 +78,7 @@ pub fn parse_sidecar(text: &str, path: &Path) -> Result<Config, Error> {
     let mut state = None;
     let mut proc_root = None;
     let mut dev_root = None;
+    let mut control = None;
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -88,10 +96,11 @@ pub fn parse_sidecar(text: &str, path: &Path) -> Result<Config, Error> {
             STATE_ENV => &mut state,
             PROC_ROOT_ENV => &mut proc_root,
             DEV_ROOT_ENV => &mut dev_root,
+            CONTROL_ENV => &mut control,
             _ => {
                 return Err(fail(format!(
                     "line {}: unknown key {key:?} (expected {PROFILE_ENV}, {STATE_ENV}, \
-                     {PROC_ROOT_ENV} or {DEV_ROOT_ENV})",
+                     {PROC_ROOT_ENV}, {DEV_ROOT_ENV} or {CONTROL_ENV})",
                     n + 1
                 )));
             }
@@ -105,6 +114,7 @@ pub fn parse_sidecar(text: &str, path: &Path) -> Result<Config, Error> {
         state,
         proc_root,
         dev_root,
+        control,
     })
 }
 
@@ -119,6 +129,7 @@ pub fn sidecar_text(config: &Config) -> String {
         (STATE_ENV, &config.state),
         (PROC_ROOT_ENV, &config.proc_root),
         (DEV_ROOT_ENV, &config.dev_root),
+        (CONTROL_ENV, &config.control),
     ] {
         if let Some(path) = value {
             text.push_str(key);
@@ -160,12 +171,14 @@ mod tests {
             state: Some("/a/s.json".into()),
             proc_root: None,
             dev_root: None,
+            control: None,
         };
         let parsed = parse_sidecar(&sidecar_text(&cfg), Path::new("/x/mock-nvml.env")).unwrap();
         assert_eq!(parsed, cfg);
         let cfg = Config {
             proc_root: Some("/r/proc".into()),
             dev_root: Some("/r".into()),
+            control: Some("/r/control".into()),
             ..cfg
         };
         let parsed = parse_sidecar(&sidecar_text(&cfg), Path::new("/x/mock-nvml.env")).unwrap();

@@ -72,6 +72,19 @@ pub const NVML_FUNCTIONS: &[&str] = &[
     "nvmlGpuInstanceGetComputeInstanceById",
     "nvmlComputeInstanceGetInfo_v2",
     "nvmlComputeInstanceDestroy",
+    "nvmlEventSetCreate",
+    "nvmlEventSetFree",
+    "nvmlEventSetWait",
+    "nvmlEventSetWait_v2",
+    "nvmlDeviceRegisterEvents",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetPcieReplayCounter",
 ];
 
 /// The extra, non-NVML function that returns why `nvmlInit` failed.

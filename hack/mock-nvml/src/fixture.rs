@@ -77,6 +77,8 @@ pub struct InstallOptions {
     pub proc_root: Option<PathBuf>,
     /// `MOCK_NVML_DEV_ROOT`.
     pub dev_root: Option<PathBuf>,
+    /// `MOCK_NVML_CONTROL`.
+    pub control: Option<PathBuf>,
 }
 
 /// Installs a private copy of the library in `dir` (as
@@ -114,6 +116,7 @@ pub fn install_with(
         state: options.state.as_deref().map(absolute),
         proc_root: options.proc_root.as_deref().map(absolute),
         dev_root: options.dev_root.as_deref().map(absolute),
+        control: options.control.as_deref().map(absolute),
     };
     let sidecar = dir.join(config::SIDECAR);
     std::fs::write(&sidecar, config::sidecar_text(&config))

@@ -9,11 +9,14 @@
 pub mod caps;
 pub mod codes;
 pub mod config;
+pub mod control;
 pub mod error;
 pub mod exports;
 pub mod fabric;
+pub mod faults;
 pub mod fixture;
 pub mod hardware;
+pub mod health;
 pub mod ids;
 pub mod machine;
 pub mod mig;

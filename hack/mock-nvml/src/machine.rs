@@ -289,8 +289,15 @@ impl Machine {
 
     // ---- failure injection -----------------------------------------------
 
-    /// The failure a profile injects into `function` (globally, or for `gpu`).
+    /// The failure a profile injects into `function` (globally, or for `gpu`);
+    /// every call on a GPU that fell off the bus (`lose`, `health.lost`) is
+    /// GPU_IS_LOST.
     pub fn injected(&self, function: &str, gpu: Option<usize>) -> Result<(), Code> {
+        if let Some(g) = gpu
+            && crate::faults::is_lost(g)
+        {
+            return Err(codes::GPU_IS_LOST);
+        }
         let global = self.profile.fail.iter();
         let local = gpu.into_iter().flat_map(|g| self.gpus[g].fail.iter());
         match global
@@ -625,6 +632,7 @@ mod tests {
             state: Some("/nonexistent-mock-nvml-dir/state.json".into()),
             proc_root: None,
             dev_root: None,
+            control: None,
         };
         let mut m = Machine::build(&config).unwrap();
         let change = |g: &mut Gpu| {

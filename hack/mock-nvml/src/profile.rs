@@ -12,6 +12,7 @@ use crate::error::Error;
 use crate::exports;
 use crate::fabric::{self, Fabric, FabricSpec};
 use crate::hardware::{self, GpuModel, MigTable};
+use crate::health::{GpuHealth, HealthSpec};
 use crate::ids;
 use crate::mig::MigState;
 use crate::pci::{self, PciAddress};
@@ -84,6 +85,9 @@ pub struct GpuSpec {
     /// Values that replace the hardware table's.
     #[serde(default)]
     pub overrides: Option<Overrides>,
+    /// Faults present at start (see `health.rs` and the README).
+    #[serde(default)]
+    pub health: Option<HealthSpec>,
 }
 
 /// Compute modes (`nvmlComputeMode_t`).
@@ -261,6 +265,8 @@ pub struct Gpu {
     pub nvlinks: BTreeMap<u32, PciAddress>,
     /// GPU fabric facts; `None` when the model has no fabric call.
     pub fabric: Option<Fabric>,
+    /// Health at start: the faults of the `health:` block.
+    pub health: GpuHealth,
     /// Injected failures.
     pub fail: BTreeMap<String, Code>,
 }
@@ -508,6 +514,7 @@ fn validate(spec: ProfileSpec) -> Result<Profile, String> {
     let mut mig_uuids = HashSet::new();
     for (i, g) in spec.gpus.iter().enumerate() {
         let gpu = validate_gpu(g, gpu_addrs[i], &gpu_addrs, &nvswitches, &mut mig_uuids)
+            .and_then(|gpu| with_health(gpu, g.health.as_ref(), &spec.driver_version))
             .map_err(|e| format!("gpus[{i}] ({}): {e}", g.uuid))?;
         if !uuids.insert(gpu.uuid.clone()) {
             return Err(format!(
@@ -545,6 +552,17 @@ fn validate(spec: ProfileSpec) -> Result<Profile, String> {
         nvml_version,
         fail,
     })
+}
+
+/// Sets a validated GPU's health at start from its `health:` block.
+fn with_health(mut gpu: Gpu, spec: Option<&HealthSpec>, driver: &str) -> Result<Gpu, String> {
+    let links = gpu.nvlinks.keys().copied().collect();
+    let healthy = GpuHealth::healthy(&gpu.model, gpu.minor, links, driver);
+    gpu.health = match spec {
+        Some(spec) => healthy.with_spec(spec)?,
+        None => healthy,
+    };
+    Ok(gpu)
 }
 
 fn validate_gpu(
@@ -668,6 +686,8 @@ fn validate_gpu(
         }
     };
 
+    // Replaced by `with_health`, which knows the driver version.
+    let health = GpuHealth::healthy(&model, g.minor, nvlinks.keys().copied().collect(), "");
     Ok(Gpu {
         serial: g.serial.clone().unwrap_or_else(|| ids::serial_for(&g.uuid)),
         board_id: g.board_id.unwrap_or(
@@ -686,6 +706,7 @@ fn validate_gpu(
         mig_pending,
         mig,
         mig_created,
+        health,
         nvlinks,
         fabric,
         fail,

@@ -97,6 +97,13 @@ pub fn init(function: &str, library_dir: Option<&std::path::Path>) -> Code {
         rt.retained = Some((config, digest, machine));
         return fail_init(code, "failure injected by the profile");
     }
+    crate::faults::install(
+        &digest,
+        machine.gpus.iter().map(|g| g.health.clone()).collect(),
+    );
+    if let Some(control) = &config.control {
+        crate::control::start(control);
+    }
     rt.retained = Some((config, digest, machine.clone()));
     rt.machine = Some(machine);
     rt.init_count = 1;

@@ -43,6 +43,7 @@ impl Machine {
                 state: None,
                 proc_root: Some(dir.path().join("proc")),
                 dev_root: Some(dir.path().join("root")),
+                control: None,
             },
         )
         .unwrap();

@@ -44,6 +44,7 @@ impl Machine {
             state: Some(dir.path().join("state.json")),
             proc_root: Some(dir.path().join("proc")),
             dev_root: Some(dir.path().join("root")),
+            control: None,
         };
         let library = install(&dir.path().join("nvml"), &options).unwrap();
         // Stand-ins for the GPU nodes the CDI locator requires.

@@ -72,6 +72,7 @@ impl Machine {
                 state: Some(volatile.join("nvml-state.json")),
                 proc_root: Some(proc_root.clone()),
                 dev_root: Some(dev_root.clone()),
+                control: None,
             },
         )
         .context("installing the fake NVML (build it with `cargo build --release -p mock-nvml`)")?;

@@ -60,6 +60,9 @@ fn remote(m: &Machine, gpu: usize, link: c_uint) -> Result<Option<PciAddress>, C
     if link >= g.model.nvlink_count {
         return Err(codes::INVALID_ARGUMENT);
     }
+    if !crate::faults::link_up(gpu, link) {
+        return Ok(None);
+    }
     Ok(g.nvlinks.get(&link).copied())
 }
 

@@ -16,6 +16,7 @@ use crate::machine::{DeviceRef, Handle, Machine};
 
 mod device;
 mod fabric;
+mod health;
 mod instances;
 mod links;
 mod mig_device;
