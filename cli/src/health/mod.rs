@@ -111,6 +111,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     notes.append(&mut report.notes);
     report.notes = notes;
     if report.nodes.is_empty() {
+        for note in &report.notes {
+            eprintln!("note: {}", render::clean(note));
+        }
         anyhow::bail!(
             "no ResourceSlice of driver {DRIVER}{} in {}{}",
             args.node

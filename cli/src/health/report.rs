@@ -237,7 +237,12 @@ struct Builder {
     notes: Vec<String>,
     other_drivers: usize,
     other_nodes: usize,
+    /// The first few other nodes' names, for the note.
+    other_node_names: std::collections::BTreeSet<String>,
 }
+
+/// How many other nodes the note names.
+const OTHER_NODES_NAMED: usize = 10;
 
 /// `s` cut to [`MAX_TEXT`] characters (with `…` when cut).
 pub fn cut(s: &str) -> String {
@@ -343,6 +348,9 @@ impl Builder {
         };
         if only.is_some_and(|n| n != node) {
             self.other_nodes += 1;
+            if self.other_node_names.len() < OTHER_NODES_NAMED {
+                self.other_node_names.insert(node);
+            }
             return;
         }
         let pool_obj = spec.get("pool").and_then(Value::as_object);
@@ -597,9 +605,16 @@ impl Builder {
             ));
         }
         if self.other_nodes > 0 {
+            let names: Vec<&str> = self.other_node_names.iter().map(String::as_str).collect();
             self.notes.push(format!(
-                "{} of other nodes skipped",
-                plural(self.other_nodes, "ResourceSlice", "ResourceSlices")
+                "{} of other nodes skipped ({}{})",
+                plural(self.other_nodes, "ResourceSlice", "ResourceSlices"),
+                names.join(", "),
+                if names.len() == OTHER_NODES_NAMED {
+                    ", ..."
+                } else {
+                    ""
+                }
             ));
         }
         let mut nodes: BTreeMap<String, NodeReport> = BTreeMap::new();
