@@ -522,6 +522,10 @@ def check_cross_references(name: str, values: dict, objects) -> None:
         expect(len(driver_rules) == 1 and driver_rules[0].get("resourceNames") == [driver],
                f"resourceclaims/driver is not limited to [{driver}]")
         expect(not any("*" in r["verbs"] or "*" in r["resources"] for r in rules), "wildcard in the plugin's ClusterRole")
+        # patch on nodes exactly when the plugin writes the clique label.
+        labels_node = any("nodes" in r["resources"] and "patch" in r["verbs"] for r in rules)
+        clique = any(a in ("--gpu-clique-label", "--gpu-clique-label=true") for a in args)
+        expect(labels_node == clique, f"patch on nodes is {labels_node} but --gpu-clique-label is {clique}")
         if v["resourceSlicePolicy"]["enabled"]:
             policy = one(objects, "ValidatingAdmissionPolicy")
             binding = one(objects, "ValidatingAdmissionPolicyBinding")

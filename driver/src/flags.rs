@@ -182,6 +182,22 @@ pub struct Flags {
     #[arg(skip)]
     pub mps_launcher: Option<PathBuf>,
 
+    /// Label the Node with NVIDIA's `nvidia.com/gpu.clique`: the NVLink
+    /// fabric clique of its GPUs, `<clusterUUID>.<cliqueId>` (GPU Feature
+    /// Discovery's format, from NVML's GPU fabric info; multi-node NVLink
+    /// systems such as GB200). The label is removed where the GPUs are in no
+    /// clique or in different ones. Needs `patch` on nodes (the chart grants
+    /// it with `gpuCliqueLabelEnabled`). Off: the label is left alone.
+    #[arg(
+        long,
+        env = "GPU_CLIQUE_LABEL",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new(),
+    )]
+    pub gpu_clique_label: bool,
+
     /// GPU discovery's flags.
     #[command(flatten)]
     pub discovery: crate::discovery::Flags,
@@ -480,6 +496,27 @@ mod tests {
             assert!(line.starts_with("error: "), "{line}");
             assert!(!line.contains('\n'), "{line}");
             assert!(line.contains(needle), "{args:?}: {line}");
+        }
+    }
+
+    #[test]
+    fn gpu_clique_label_is_off_unless_asked() {
+        assert!(!parse(&["--node-name=n"]).unwrap().gpu_clique_label);
+        assert!(
+            parse(&["--node-name=n", "--gpu-clique-label"])
+                .unwrap()
+                .gpu_clique_label
+        );
+        assert!(
+            !parse(&["--node-name=n", "--gpu-clique-label=false"])
+                .unwrap()
+                .gpu_clique_label
+        );
+        for bad in ["maybe", "", "1; rm -rf /", "\u{0}"] {
+            let err = parse(&["--node-name=n", &format!("--gpu-clique-label={bad}")])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("--gpu-clique-label"), "{bad:?}: {err}");
         }
     }
 }

@@ -10,6 +10,7 @@
 //!   their errors, shared by the gRPC servers and the MPS daemon host;
 //! - [`paths`]: checks of the absolute host paths the flags take;
 //! - [`discovery`]: the node's GPUs through the NVML backend, plus sysfs topology;
+//! - [`clique`]: NVIDIA's optional node label `nvidia.com/gpu.clique`;
 //! - [`devices`]: the device model (GPUs, MIG devices, dynamic MIG placements);
 //! - [`slices`]: building and publishing ResourceSlices;
 //! - [`prepare`]: claim preparation (plan, locks, the kinds of device,
@@ -18,6 +19,7 @@
 //! - [`phase`]: how far the start has got, for the probes (rolling updates);
 //! - [`supervise`]: `--supervise`, the plugin as a restarted child process.
 
+pub mod clique;
 pub mod devices;
 pub mod discovery;
 pub mod flags;

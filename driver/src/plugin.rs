@@ -175,6 +175,16 @@ impl Plugin {
             gpus = inventory.gpus.len(),
             "GPU inventory ready"
         );
+        if flags.gpu_clique_label {
+            let (client, node, inventory) = (
+                parts.client.clone(),
+                flags.node_name.clone(),
+                inventory.clone(),
+            );
+            tokio::spawn(async move {
+                crate::clique::label_node(client, node, &inventory).await;
+            });
+        }
 
         // A CDI root that takes no files fails every claim: refuse to start
         // rather than publish devices no pod could get (docs/troubleshooting.md).
