@@ -22,7 +22,7 @@ use crate::health::{Recovery, Slowdown};
 pub const MAX_LINE: usize = 1024;
 
 /// How often a regular file is checked for new lines.
-const FOLLOW_INTERVAL: Duration = Duration::from_millis(20);
+const FOLLOW_INTERVAL: Duration = Duration::from_millis(50);
 /// How often a missing control file is looked for.
 const MISSING_INTERVAL: Duration = Duration::from_millis(100);
 
