@@ -163,6 +163,9 @@ pub struct Limits {
     pub max_consumptions_per_slice: Option<usize>,
     /// Taints of one device.
     pub max_taints_per_device: usize,
+    /// Whether taints with effect `None` are valid (1.35 and later); under
+    /// 1.34 rules they are dropped before publishing.
+    pub taint_effect_none: bool,
 }
 
 impl SliceRules {
@@ -180,6 +183,7 @@ impl SliceRules {
                 max_counters_per_device: 32,
                 max_consumptions_per_slice: Some(1024),
                 max_taints_per_device: 4,
+                taint_effect_none: false,
             },
             Self::V1_35 => Limits {
                 max_devices: 128,
@@ -192,6 +196,7 @@ impl SliceRules {
                 max_counters_per_device: 32,
                 max_consumptions_per_slice: None,
                 max_taints_per_device: 16,
+                taint_effect_none: true,
             },
         }
     }

@@ -26,6 +26,7 @@
 //! `hardware-failure` (a reboot resets the GPU).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gpu_nvml::MigDevice;
@@ -58,7 +59,7 @@ pub struct GpuId {
 
 /// Where a condition applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+#[serde(rename_all = "kebab-case")]
 pub enum Scope {
     /// The whole GPU and every device on it.
     Gpu,
@@ -154,8 +155,10 @@ impl Key {
     fn sort(self, fatal: bool) -> Sort {
         match self {
             Self::HardwareFailure | Self::Unmonitored => Sort::Sticky,
-            Self::GpuLost | Self::RebootRequired | Self::ResetRequired => Sort::Recoverable,
-            Self::Degraded(Degradation::P2p) => Sort::Recoverable,
+            Self::GpuLost
+            | Self::RebootRequired
+            | Self::ResetRequired
+            | Self::Degraded(Degradation::P2p) => Sort::Recoverable,
             Self::Xid(_) if fatal => Sort::Recoverable,
             Self::Xid(_) | Self::Degraded(_) => Sort::Expiring,
             Self::RemapPending => Sort::Remap,
@@ -766,41 +769,37 @@ impl GpuState {
 
     fn raise(&mut self, r: Raise, now: SystemTime) {
         let fatal = r.fatal;
-        let entry = self.conditions.get_mut(&(r.scope, r.key));
-        match entry {
-            Some(c) => {
-                c.last = now.max(c.last);
-                c.count = c.count.saturating_add(1);
-                // Sticky fatal: an informational repeat never downgrades.
-                c.fatal |= fatal;
-                if r.value.is_some() {
-                    c.value = r.value;
-                }
-                if r.fresh_message {
-                    c.message = cut(&r.message, MAX_MESSAGE);
-                }
+        if let Some(c) = self.conditions.get_mut(&(r.scope, r.key)) {
+            c.last = now.max(c.last);
+            c.count = c.count.saturating_add(1);
+            // Sticky fatal: an informational repeat never downgrades.
+            c.fatal |= fatal;
+            if r.value.is_some() {
+                c.value = r.value;
             }
-            None => {
-                if self.conditions.len() >= MAX_CONDITIONS_PER_GPU {
-                    self.evict_one_informational();
-                }
-                if self.conditions.len() >= MAX_CONDITIONS_PER_GPU {
-                    return;
-                }
-                self.conditions.insert(
-                    (r.scope, r.key),
-                    Condition {
-                        scope: r.scope,
-                        key: r.key,
-                        value: r.value,
-                        fatal,
-                        since: now,
-                        last: now,
-                        count: 1,
-                        message: cut(&r.message, MAX_MESSAGE),
-                    },
-                );
+            if r.fresh_message {
+                c.message = cut(&r.message, MAX_MESSAGE);
             }
+        } else {
+            if self.conditions.len() >= MAX_CONDITIONS_PER_GPU {
+                self.evict_one_informational();
+            }
+            if self.conditions.len() >= MAX_CONDITIONS_PER_GPU {
+                return;
+            }
+            self.conditions.insert(
+                (r.scope, r.key),
+                Condition {
+                    scope: r.scope,
+                    key: r.key,
+                    value: r.value,
+                    fatal,
+                    since: now,
+                    last: now,
+                    count: 1,
+                    message: cut(&r.message, MAX_MESSAGE),
+                },
+            );
         }
         let c = &self.conditions[&(r.scope, r.key)];
         if c.key.sort(c.fatal) == Sort::Recoverable {
@@ -849,7 +848,7 @@ impl GpuState {
                 self.apply_action(action, &format!("recovery action event at {at}"), now);
             }
             EventKind::GpuUnavailable => {
-                self.raise_simple(Key::GpuLost, None, format!("GPU unavailable at {at}"), now)
+                self.raise_simple(Key::GpuLost, None, format!("GPU unavailable at {at}"), now);
             }
             EventKind::DramRetirement => self.raise_simple(
                 Key::RemapPending,
@@ -885,13 +884,14 @@ impl GpuState {
         let verdict = classify::classify_xid(policy, xid, self.action);
         let mut message = format!("XID {xid} at {}", rfc3339(event.at));
         if let (Some(gi), Scope::Gpu) = (event.gpu_instance_id, scope) {
-            message.push_str(&format!(
+            let _ = write!(
+                message,
                 " (unknown GPU instance {gi}: counted for the whole GPU)"
-            ));
+            );
         }
         match (verdict.why, self.action) {
             ("recovery action", Some(a)) => {
-                message.push_str(&format!("; recovery action {}", classify::action_name(a)));
+                let _ = write!(message, "; recovery action {}", classify::action_name(a));
             }
             (why, _) => {
                 let class = if verdict.fatal {
@@ -899,7 +899,7 @@ impl GpuState {
                 } else {
                     "informational"
                 };
-                message.push_str(&format!("; {class} ({why})"));
+                let _ = write!(message, "; {class} ({why})");
             }
         }
         self.raise(

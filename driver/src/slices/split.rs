@@ -13,9 +13,14 @@
 //!   consumptions per slice.
 //!
 //! Taints beyond a rule set's per-device limit are dropped here (the first
-//! ones are kept), so a flood of health events cannot make the slice invalid.
+//! ones are kept: the health monitor orders them worst first), so a flood of
+//! health events cannot make the slice invalid. Under 1.34 rules taints with
+//! effect `None` (a 1.35 addition) are dropped first, before the 64-device
+//! limit of slices with taints is applied.
 
-use crate::devices::{CounterSet, Device, DeviceModel};
+use std::borrow::Cow;
+
+use crate::devices::{CounterSet, Device, DeviceModel, TaintEffect};
 
 use super::Limits;
 
@@ -71,10 +76,11 @@ fn consumption_count(d: &Device) -> usize {
 /// without devices publishes one empty slice, so the pool shows the driver
 /// runs there.
 pub fn split(model: &DeviceModel, limits: &Limits) -> Vec<SliceContent> {
+    let model = without_none_taints(model, limits);
     let mut out = if limits.counters_in_own_slices {
-        split_separate(model, limits)
+        split_separate(&model, limits)
     } else {
-        split_together(model, limits)
+        split_together(&model, limits)
     };
     if out.is_empty() {
         out.push(SliceContent::default());
@@ -85,6 +91,26 @@ pub fn split(model: &DeviceModel, limits: &Limits) -> Vec<SliceContent> {
         }
     }
     out
+}
+
+/// `model` without taints of effect `None` when `limits` do not allow them
+/// (borrowed unchanged otherwise).
+fn without_none_taints<'a>(model: &'a DeviceModel, limits: &Limits) -> Cow<'a, DeviceModel> {
+    let has_none = || {
+        model
+            .devices()
+            .any(|d| d.taints.iter().any(|t| t.effect == TaintEffect::None))
+    };
+    if limits.taint_effect_none || !has_none() {
+        return Cow::Borrowed(model);
+    }
+    let mut owned = model.clone();
+    for group in &mut owned.groups {
+        for d in &mut group.devices {
+            d.taints.retain(|t| t.effect != TaintEffect::None);
+        }
+    }
+    Cow::Owned(owned)
 }
 
 /// 1.35 rules.
