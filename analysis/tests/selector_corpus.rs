@@ -178,6 +178,7 @@ fn device_kind(kind: &str) -> DeviceKind {
         "gpu" => DeviceKind::Gpu,
         "mig_static" => DeviceKind::MigStatic,
         "mig_dynamic" => DeviceKind::MigDynamic,
+        "vfio" => DeviceKind::Vfio,
         other => panic!("unknown device kind {other}"),
     }
 }

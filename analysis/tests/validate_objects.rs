@@ -39,6 +39,12 @@ fn classes() -> StaticClasses {
                 "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
             ],
         ),
+        class(
+            "vfio.gpu.nvidia.com",
+            &[
+                "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'vfio'",
+            ],
+        ),
         class("any.nvidia.com", &["device.driver == 'gpu.nvidia.com'"]),
         class(
             "nic.example.com",
@@ -89,7 +95,7 @@ fn assert_clean(report: &Report) {
 fn nvidia_shipped_classes_pass() {
     let validator = Validator::new(DRIVER);
     let lookup = classes();
-    for name in ["gpu.nvidia.com", "mig.nvidia.com"] {
+    for name in ["gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com"] {
         let object = lookup.device_class(name).unwrap();
         let report = validator.validate(&object, &lookup);
         assert_clean(&report);
@@ -367,7 +373,7 @@ fn a_config_for_both_kinds_of_device_is_a_warning() {
     assert!(
         warning
             .message
-            .contains("can get MIG devices as well as full GPUs"),
+            .contains("can get MIG devices and VFIO passthrough GPUs as well as full GPUs"),
         "{warning:?}"
     );
 }
@@ -727,4 +733,98 @@ fn reports_serialise_for_the_webhook_and_the_cli() {
     );
     assert!(json["errors"][0]["hint"].is_string());
     assert!(json["warnings"].is_array());
+}
+
+// ------------------------------------------------------------------ VFIO
+
+fn vfio_config(iommu: Option<Value>) -> Value {
+    let mut v = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig"});
+    if let Some(iommu) = iommu {
+        v["iommu"] = iommu;
+    }
+    v
+}
+
+/// NVIDIA's VFIO claims (KubeVirt passthrough) pass unchanged: the class,
+/// no config, and each backend policy with or without the API device.
+#[test]
+fn nvidia_vfio_claims_pass() {
+    for config in [
+        None,
+        Some(vfio_config(None)),
+        Some(vfio_config(Some(json!({"backendPolicy": "LegacyOnly"})))),
+        Some(vfio_config(Some(
+            json!({"backendPolicy": "PreferIommuFD", "enableAPIDevice": true}),
+        ))),
+    ] {
+        let mut devices = json!({
+            "requests": [{"name": "vfio-gpu", "exactly": {"deviceClassName": "vfio.gpu.nvidia.com"}}],
+        });
+        if let Some(config) = &config {
+            devices["config"] = json!([opaque(&["vfio-gpu"], config.clone())]);
+        }
+        assert_clean(&validate(&claim(devices)));
+    }
+}
+
+/// Bad VFIO configs are denied at the field, and a VFIO config on a
+/// request for full GPUs (or a GPU config on VFIO devices) names the kind
+/// to use.
+#[test]
+fn bad_vfio_configs_are_denied_with_paths() {
+    let object = claim(json!({
+        "requests": [
+            {"name": "vm", "exactly": {"deviceClassName": "vfio.gpu.nvidia.com"}},
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+        ],
+        "config": [
+            opaque(&["vm"], vfio_config(Some(json!({"backendPolicy": "RequireIommuFD"})))),
+            opaque(&["vm"], vfio_config(Some(json!({})))),
+            opaque(&["vm"], vfio_config(Some(json!({"backendPolicy": "LegacyOnly", "enableAPIDevice": 1})))),
+            opaque(&["gpu"], vfio_config(None)),
+            opaque(&["vm"], gpu_config(json!({"strategy": "TimeSlicing"}))),
+        ],
+    }));
+    let report = validate(&object);
+    let base = "spec.devices.config";
+    let policy = find(
+        &report.errors,
+        &format!("{base}[0].opaque.parameters.iommu.backendPolicy"),
+    );
+    assert!(
+        policy
+            .message
+            .contains("unknown variant `RequireIommuFD`, expected `LegacyOnly` or `PreferIommuFD`"),
+        "{policy:?}"
+    );
+    let missing = find(
+        &report.errors,
+        &format!("{base}[1].opaque.parameters.iommu.backendPolicy"),
+    );
+    assert_eq!(
+        missing.message,
+        "required when iommu is given: LegacyOnly or PreferIommuFD"
+    );
+    let api = find(
+        &report.errors,
+        &format!("{base}[2].opaque.parameters.iommu.enableAPIDevice"),
+    );
+    assert!(api.message.contains("expected a boolean"), "{api:?}");
+    let on_gpu = find(&report.errors, &format!("{base}[3].opaque.parameters"));
+    assert!(
+        on_gpu
+            .message
+            .contains("a VfioDeviceConfig cannot be applied to full GPUs")
+            && on_gpu.message.contains("use a GpuConfig"),
+        "{on_gpu:?}"
+    );
+    let on_vfio = find(&report.errors, &format!("{base}[4].opaque.parameters"));
+    assert!(
+        on_vfio
+            .message
+            .contains("a GpuConfig cannot be applied to VFIO passthrough GPUs")
+            && on_vfio.message.contains("use a VfioDeviceConfig"),
+        "{on_vfio:?}"
+    );
+    assert_eq!(report.errors.len(), 5, "{:#?}", report.errors);
 }

@@ -29,7 +29,7 @@ pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 
 /// Attribute and capacity names, as published (see [`SCHEMA`] for their meaning).
 pub mod names {
-    /// `gpu` or `mig` (NVIDIA's `vfio` is not published by this driver).
+    /// `gpu`, `mig` or `vfio`.
     pub const TYPE: &str = "type";
     /// `GPU-...` or `MIG-...` UUID.
     pub const UUID: &str = "uuid";
@@ -63,9 +63,17 @@ pub mod names {
     pub const NVLINK_DOMAIN: &str = "nvlinkDomain";
     /// Number of active NVLinks of the GPU.
     pub const NVLINK_COUNT: &str = "nvlinkCount";
+    /// PCI device id of a VFIO GPU, hex (`0x2330`).
+    pub const DEVICE_ID: &str = "deviceID";
+    /// PCI vendor id of a VFIO GPU, hex (`0x10de`).
+    pub const VENDOR_ID: &str = "vendorID";
+    /// Whether the node offers iommufd (`/dev/iommu`) for a VFIO GPU.
+    pub const IOMMU_FD_ENABLED: &str = "iommuFDEnabled";
 
     /// Capacity: memory in bytes.
     pub const MEMORY: &str = "memory";
+    /// Capacity: memory a VFIO GPU's guest can address, in bytes.
+    pub const ADDRESSABLE_MEMORY: &str = "addressableMemory";
     /// Capacity: streaming multiprocessors.
     pub const MULTIPROCESSORS: &str = "multiprocessors";
     /// Capacity: copy engines.
@@ -78,6 +86,8 @@ pub mod names {
     pub const JPEG_ENGINES: &str = "jpegEngines";
     /// Capacity: optical flow accelerators.
     pub const OFA_ENGINES: &str = "ofaEngines";
+    /// Capacity: consumable shares of the device (`--consumable-shares=<N>`).
+    pub const SHARES: &str = "shares";
 }
 
 /// Values of the `type` attribute.
@@ -86,6 +96,8 @@ pub mod device_types {
     pub const GPU: &str = "gpu";
     /// A MIG device (static or dynamic).
     pub const MIG: &str = "mig";
+    /// A full GPU for VFIO passthrough (`--passthrough`).
+    pub const VFIO: &str = "vfio";
 }
 
 /// Names of the shared counters of a dynamic-MIG GPU's counter set.
@@ -102,7 +114,9 @@ pub mod counters {
     pub const JPEG_ENGINES: &str = "jpeg-engines";
     /// Optical flow accelerators.
     pub const OFA_ENGINES: &str = "ofa-engines";
-    /// Memory in bytes.
+    /// Memory in bytes. Also the one counter of a GPU's counter set under
+    /// `--passthrough` without dynamic MIG: the full GPU and its VFIO
+    /// sibling each consume all of it, so only one is allocated at a time.
     pub const MEMORY: &str = "memory";
     /// Prefix of the per-memory-slice counters `memory-slice-0..N-1`.
     pub const MEMORY_SLICE_PREFIX: &str = "memory-slice-";
@@ -180,17 +194,21 @@ pub enum DeviceKind {
     MigStatic,
     /// A MIG profile x placement the plugin creates on demand (dynamic MIG).
     MigDynamic,
+    /// A full GPU handed to a container through VFIO (`gpu-vfio-<index>`,
+    /// `--passthrough`).
+    Vfio,
 }
 
 impl DeviceKind {
     /// Every kind, in documentation order.
-    pub const ALL: [DeviceKind; 3] = [Self::Gpu, Self::MigStatic, Self::MigDynamic];
+    pub const ALL: [DeviceKind; 4] = [Self::Gpu, Self::MigStatic, Self::MigDynamic, Self::Vfio];
 
     /// The value of the `type` attribute for this kind.
     pub fn type_value(self) -> &'static str {
         match self {
             Self::Gpu => device_types::GPU,
             Self::MigStatic | Self::MigDynamic => device_types::MIG,
+            Self::Vfio => device_types::VFIO,
         }
     }
 
@@ -200,6 +218,7 @@ impl DeviceKind {
             Self::Gpu => "gpu",
             Self::MigStatic => "mig (static)",
             Self::MigDynamic => "mig (dynamic)",
+            Self::Vfio => "vfio",
         }
     }
 }
@@ -265,12 +284,14 @@ impl Entry {
     }
 }
 
-use DeviceKind::{Gpu, MigDynamic, MigStatic};
+use DeviceKind::{Gpu, MigDynamic, MigStatic, Vfio};
 
-const ALL_KINDS: &[DeviceKind] = &[Gpu, MigStatic, MigDynamic];
+const ALL_KINDS: &[DeviceKind] = &[Gpu, MigStatic, MigDynamic, Vfio];
+const CUDA_KINDS: &[DeviceKind] = &[Gpu, MigStatic, MigDynamic];
 const GPU_ONLY: &[DeviceKind] = &[Gpu];
 const MIG_KINDS: &[DeviceKind] = &[MigStatic, MigDynamic];
-const EXISTING: &[DeviceKind] = &[Gpu, MigStatic];
+const EXISTING: &[DeviceKind] = &[Gpu, MigStatic, Vfio];
+const VFIO_ONLY: &[DeviceKind] = &[Vfio];
 
 const SYSFS: Presence = Presence::When("when sysfs has an entry for the GPU");
 
@@ -283,7 +304,7 @@ pub static SCHEMA: &[Entry] = &[
         kinds: ALL_KINDS,
         presence: Presence::Always,
         origin: Origin::Nvidia,
-        description: "`gpu` for a full GPU, `mig` for a MIG device (static or dynamic)",
+        description: "`gpu` for a full GPU, `mig` for a MIG device (static or dynamic), `vfio` for a full GPU for VFIO passthrough",
     },
     Entry {
         name: names::UUID,
@@ -292,7 +313,7 @@ pub static SCHEMA: &[Entry] = &[
         kinds: EXISTING,
         presence: Presence::Always,
         origin: Origin::Nvidia,
-        description: "`GPU-...` or `MIG-...` UUID; a dynamic MIG device has none until it is created",
+        description: "`GPU-...` or `MIG-...` UUID (a VFIO device has its GPU's); a dynamic MIG device has none until it is created",
     },
     Entry {
         name: names::PARENT_UUID,
@@ -334,7 +355,7 @@ pub static SCHEMA: &[Entry] = &[
         name: names::BRAND,
         section: Section::Attribute,
         value_type: ValueType::String,
-        kinds: ALL_KINDS,
+        kinds: CUDA_KINDS,
         presence: Presence::Always,
         origin: Origin::Nvidia,
         description: "brand of the (parent) GPU, e.g. `Nvidia`, `Tesla`",
@@ -343,7 +364,7 @@ pub static SCHEMA: &[Entry] = &[
         name: names::ARCHITECTURE,
         section: Section::Attribute,
         value_type: ValueType::String,
-        kinds: ALL_KINDS,
+        kinds: CUDA_KINDS,
         presence: Presence::Always,
         origin: Origin::Nvidia,
         description: "architecture of the (parent) GPU, e.g. `Hopper`, `Ampere`, `Turing`",
@@ -352,7 +373,7 @@ pub static SCHEMA: &[Entry] = &[
         name: names::CUDA_COMPUTE_CAPABILITY,
         section: Section::Attribute,
         value_type: ValueType::Version,
-        kinds: ALL_KINDS,
+        kinds: CUDA_KINDS,
         presence: Presence::Always,
         origin: Origin::Nvidia,
         description: "CUDA compute capability of the (parent) GPU as `<major>.<minor>.0`, e.g. `9.0.0`",
@@ -361,7 +382,7 @@ pub static SCHEMA: &[Entry] = &[
         name: names::DRIVER_VERSION,
         section: Section::Attribute,
         value_type: ValueType::Version,
-        kinds: ALL_KINDS,
+        kinds: CUDA_KINDS,
         presence: Presence::When(
             "when the NVIDIA driver reports a version of at most three numeric parts (every released driver does)",
         ),
@@ -372,7 +393,7 @@ pub static SCHEMA: &[Entry] = &[
         name: names::CUDA_DRIVER_VERSION,
         section: Section::Attribute,
         value_type: ValueType::Version,
-        kinds: ALL_KINDS,
+        kinds: CUDA_KINDS,
         presence: Presence::Always,
         origin: Origin::Nvidia,
         description: "CUDA driver API version as `<major>.<minor>.0`, e.g. `13.0.0`",
@@ -408,7 +429,7 @@ pub static SCHEMA: &[Entry] = &[
         name: names::ADDRESSING_MODE,
         section: Section::Attribute,
         value_type: ValueType::String,
-        kinds: ALL_KINDS,
+        kinds: CUDA_KINDS,
         presence: Presence::When("when NVML reports an addressing mode"),
         origin: Origin::Nvidia,
         description: "`HMM` or `ATS`",
@@ -432,13 +453,49 @@ pub static SCHEMA: &[Entry] = &[
         description: "number of active NVLinks of the GPU (0 without NVLink)",
     },
     Entry {
+        name: names::DEVICE_ID,
+        section: Section::Attribute,
+        value_type: ValueType::String,
+        kinds: VFIO_ONLY,
+        presence: Presence::Always,
+        origin: Origin::Nvidia,
+        description: "PCI device id of the GPU, hex, e.g. `0x2330`",
+    },
+    Entry {
+        name: names::VENDOR_ID,
+        section: Section::Attribute,
+        value_type: ValueType::String,
+        kinds: VFIO_ONLY,
+        presence: Presence::Always,
+        origin: Origin::Nvidia,
+        description: "PCI vendor id of the GPU, hex: `0x10de`",
+    },
+    Entry {
+        name: names::IOMMU_FD_ENABLED,
+        section: Section::Attribute,
+        value_type: ValueType::Bool,
+        kinds: VFIO_ONLY,
+        presence: Presence::Always,
+        origin: Origin::Nvidia,
+        description: "whether the node offers iommufd (`/dev/iommu`), so `VfioDeviceConfig` `backendPolicy: PreferIommuFD` gets the device's iommufd cdev",
+    },
+    Entry {
         name: names::MEMORY,
         section: Section::Capacity,
         value_type: ValueType::Quantity,
-        kinds: ALL_KINDS,
+        kinds: CUDA_KINDS,
         presence: Presence::Always,
         origin: Origin::Nvidia,
         description: "memory in bytes",
+    },
+    Entry {
+        name: names::ADDRESSABLE_MEMORY,
+        section: Section::Capacity,
+        value_type: ValueType::Quantity,
+        kinds: VFIO_ONLY,
+        presence: Presence::Always,
+        origin: Origin::Nvidia,
+        description: "memory of the GPU in bytes, which the guest addresses",
     },
     Entry {
         name: names::MULTIPROCESSORS,
@@ -493,6 +550,15 @@ pub static SCHEMA: &[Entry] = &[
         presence: Presence::Always,
         origin: Origin::Nvidia,
         description: "optical flow accelerators of the MIG device",
+    },
+    Entry {
+        name: names::SHARES,
+        section: Section::Capacity,
+        value_type: ValueType::Quantity,
+        kinds: &[Gpu, MigStatic],
+        presence: Presence::When("with `--consumable-shares=<N>`"),
+        origin: Origin::Nvidia,
+        description: "consumable shares: N claims can share the device, each consuming 1 unless it asks for more (`capacity.requests.shares`)",
     },
 ];
 
@@ -764,6 +830,11 @@ impl DeviceAttributes {
         self.set(name, AttributeValue::Int(value))
     }
 
+    /// Sets a bool attribute.
+    pub fn set_bool(&mut self, name: &str, value: bool) -> Result<(), SchemaError> {
+        self.set(name, AttributeValue::Bool(value))
+    }
+
     /// Sets a version attribute.
     pub fn set_version(&mut self, name: &str, value: impl Into<String>) -> Result<(), SchemaError> {
         self.set(name, AttributeValue::Version(value.into()))
@@ -919,8 +990,8 @@ pub fn is_dns_label(s: &str) -> bool {
 /// The schema as a Markdown table, for the user documentation.
 pub fn markdown_table() -> String {
     let mut out = String::from(
-        "| name | kind | type | gpu | mig (static) | mig (dynamic) | present | origin | meaning |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+        "| name | kind | type | gpu | mig (static) | mig (dynamic) | vfio | present | origin | meaning |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for e in SCHEMA {
         let mark = |k| if e.carried_by(k) { "yes" } else { "" };
@@ -934,13 +1005,14 @@ pub fn markdown_table() -> String {
         };
         let _ = writeln!(
             out,
-            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             e.name,
             e.section.as_str(),
             e.value_type,
             mark(Gpu),
             mark(MigStatic),
             mark(MigDynamic),
+            mark(Vfio),
             presence,
             origin,
             e.description

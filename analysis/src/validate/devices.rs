@@ -1,4 +1,4 @@
-//! The kinds of devices a selector can be evaluated on: the three kinds
+//! The kinds of devices a selector can be evaluated on: the four kinds
 //! this driver publishes ([`DeviceKind`]) and "a device of another driver"
 //! (DeviceClass selectors see every device of the node).
 
@@ -15,6 +15,7 @@ const GPU: u8 = 1;
 const MIG_STATIC: u8 = 2;
 const MIG_DYNAMIC: u8 = 4;
 const OTHER: u8 = 8;
+const VFIO: u8 = 16;
 
 /// One device kind of a [`DeviceSet`], for the per-kind analysis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -31,6 +32,7 @@ impl Kind {
             Kind::Ours(DeviceKind::Gpu) => GPU,
             Kind::Ours(DeviceKind::MigStatic) => MIG_STATIC,
             Kind::Ours(DeviceKind::MigDynamic) => MIG_DYNAMIC,
+            Kind::Ours(DeviceKind::Vfio) => VFIO,
             Kind::Other => OTHER,
         }
     }
@@ -40,10 +42,10 @@ impl DeviceSet {
     /// No device.
     pub const NONE: DeviceSet = DeviceSet(0);
     /// Every device this driver publishes.
-    pub const OURS: DeviceSet = DeviceSet(GPU | MIG_STATIC | MIG_DYNAMIC);
+    pub const OURS: DeviceSet = DeviceSet(GPU | MIG_STATIC | MIG_DYNAMIC | VFIO);
     /// Every device of every driver: what the first selector of a
     /// DeviceClass is evaluated on.
-    pub const ALL: DeviceSet = DeviceSet(GPU | MIG_STATIC | MIG_DYNAMIC | OTHER);
+    pub const ALL: DeviceSet = DeviceSet(GPU | MIG_STATIC | MIG_DYNAMIC | VFIO | OTHER);
     /// Devices of other drivers only.
     pub const OTHER_DRIVERS: DeviceSet = DeviceSet(OTHER);
 
@@ -119,6 +121,9 @@ impl DeviceSet {
             (true, false) => parts.push("static MIG devices"),
             (false, true) => parts.push("dynamic MIG devices"),
             (false, false) => {}
+        }
+        if self.contains(DeviceKind::Vfio) {
+            parts.push("VFIO passthrough GPUs");
         }
         if self.has_other_drivers() {
             parts.push("devices of other drivers");

@@ -379,6 +379,7 @@ impl Walk<'_> {
             _ if api_version != Some(config::NVIDIA_API_VERSION) => None,
             Some(config::GPU_CONFIG_KIND) => Some(config::DeviceKind::Gpu),
             Some(config::MIG_DEVICE_CONFIG_KIND) => Some(config::DeviceKind::Mig),
+            Some(config::VFIO_DEVICE_CONFIG_KIND) => Some(config::DeviceKind::Vfio),
             _ => None,
         };
         Some((kind, parameters_path))
@@ -428,27 +429,30 @@ impl Walk<'_> {
         targets: &[(&str, DeviceSet)],
         class_of: Option<&dyn Fn(&str) -> String>,
     ) {
-        let (this_kind, fits, wrong_kinds, other_kind, wrong_words) = match kind {
-            config::DeviceKind::Gpu => (
-                config::GPU_CONFIG_KIND,
-                DeviceSet::of(DeviceKind::Gpu),
-                DeviceSet::of_kinds(&[DeviceKind::MigStatic, DeviceKind::MigDynamic]),
-                config::MIG_DEVICE_CONFIG_KIND,
-                "MIG devices",
-            ),
+        let (this_kind, fits) = match kind {
+            config::DeviceKind::Gpu => (config::GPU_CONFIG_KIND, DeviceSet::of(DeviceKind::Gpu)),
             config::DeviceKind::Mig => (
                 config::MIG_DEVICE_CONFIG_KIND,
                 DeviceSet::of_kinds(&[DeviceKind::MigStatic, DeviceKind::MigDynamic]),
-                DeviceSet::of(DeviceKind::Gpu),
-                config::GPU_CONFIG_KIND,
-                "full GPUs",
+            ),
+            config::DeviceKind::Vfio => (
+                config::VFIO_DEVICE_CONFIG_KIND,
+                DeviceSet::of(DeviceKind::Vfio),
             ),
         };
+        let wrong_kinds = DeviceSet::OURS.intersection(DeviceSet::of_kinds(
+            &DeviceKind::ALL
+                .into_iter()
+                .filter(|k| !fits.contains(*k))
+                .collect::<Vec<_>>(),
+        ));
         for (target, reach) in targets {
             let ours = reach.intersection(DeviceSet::OURS);
             if ours.is_empty() || ours.intersection(wrong_kinds).is_empty() {
                 continue;
             }
+            let wrong_words = families(ours.intersection(wrong_kinds));
+            let other_kind = config_for(ours);
             let whose = class_of.map(|f| f(target)).unwrap_or_default();
             if ours.intersection(fits).is_empty() {
                 self.push(
@@ -867,5 +871,35 @@ impl Walk<'_> {
                 }
             }
         }
+    }
+}
+
+/// The device families of `set` in words, as config errors name them:
+/// "MIG devices", "full GPUs", "VFIO passthrough GPUs".
+fn families(set: DeviceSet) -> String {
+    let mut parts = Vec::new();
+    if set.contains(DeviceKind::Gpu) {
+        parts.push("full GPUs");
+    }
+    if set.contains(DeviceKind::MigStatic) || set.contains(DeviceKind::MigDynamic) {
+        parts.push("MIG devices");
+    }
+    if set.contains(DeviceKind::Vfio) {
+        parts.push("VFIO passthrough GPUs");
+    }
+    parts.join(" or ")
+}
+
+/// The config kind for the devices of `set`, when they are of one family.
+fn config_for(set: DeviceSet) -> &'static str {
+    let mig = DeviceSet::of_kinds(&[DeviceKind::MigStatic, DeviceKind::MigDynamic]);
+    if set.intersection(mig) == set {
+        config::MIG_DEVICE_CONFIG_KIND
+    } else if set == DeviceSet::of(DeviceKind::Gpu) {
+        config::GPU_CONFIG_KIND
+    } else if set == DeviceSet::of(DeviceKind::Vfio) {
+        config::VFIO_DEVICE_CONFIG_KIND
+    } else {
+        "config of each device's kind"
     }
 }

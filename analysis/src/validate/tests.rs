@@ -28,7 +28,9 @@ fn checks(analysis: &SelectorAnalysis) -> Vec<(Check, Severity)> {
 fn device_sets_combine_and_describe_themselves() {
     let gpu = DeviceSet::of(DeviceKind::Gpu);
     let mig = DeviceSet::of_kinds(&[DeviceKind::MigStatic, DeviceKind::MigDynamic]);
-    assert_eq!(gpu.union(mig), DeviceSet::OURS);
+    let vfio = DeviceSet::of(DeviceKind::Vfio);
+    assert_eq!(gpu.union(mig).union(vfio), DeviceSet::OURS);
+    assert_eq!(vfio.describe(), "VFIO passthrough GPUs");
     assert_eq!(DeviceSet::ALL.intersection(mig), mig);
     assert!(DeviceSet::ALL.has_other_drivers() && !DeviceSet::OURS.has_other_drivers());
     assert!(DeviceSet::NONE.is_empty());
@@ -44,7 +46,7 @@ fn device_sets_combine_and_describe_themselves() {
     );
     assert_eq!(
         DeviceSet::ALL.describe(),
-        "full GPUs, MIG devices and devices of other drivers"
+        "full GPUs, MIG devices, VFIO passthrough GPUs and devices of other drivers"
     );
     assert_eq!(DeviceSet::NONE.to_string(), "no device");
 }
@@ -167,7 +169,9 @@ fn guards_silence_conditional_and_missing_reads() {
         format!("{d}.?driverVersion.orValue(semver('0.0.0')).major() > 500"),
         format!("{d}.type == 'gpu' && {d}.index == 0"),
         format!("{d}.type != 'gpu' || {d}.index == 0"),
-        format!("{d}.type == 'mig' ? {d}.profile == '1g.10gb' : {d}.index == 0"),
+        format!("{d}.type == 'mig' ? {d}.profile == '1g.10gb' : {d}.uuid == 'x'"),
+        format!("{d}.type == 'vfio' && {d}.deviceID == '0x2330'"),
+        format!("{d}.type == 'vfio' || {d}.brand == 'Nvidia'"),
         format!("has({d}.profile) && {d}.profile == '1g.10gb'"),
     ] {
         let analysis = check(&expression, DeviceSet::OURS);
@@ -180,7 +184,11 @@ fn guards_silence_conditional_and_missing_reads() {
     // the guard must cover the read
     let analysis = check(
         &format!("has({d}.driverVersion) || {d}.driverVersion.major() > 500"),
-        DeviceSet::OURS,
+        DeviceSet::of_kinds(&[
+            DeviceKind::Gpu,
+            DeviceKind::MigStatic,
+            DeviceKind::MigDynamic,
+        ]),
     );
     assert_eq!(
         checks(&analysis),
@@ -203,7 +211,11 @@ fn device_kinds_narrow_through_the_selector() {
         ),
         (
             &*format!("has({d}.uuid)"),
-            DeviceSet::of_kinds(&[DeviceKind::Gpu, DeviceKind::MigStatic]),
+            DeviceSet::of_kinds(&[DeviceKind::Gpu, DeviceKind::MigStatic, DeviceKind::Vfio]),
+        ),
+        (
+            &*format!("{d}.type == 'vfio'"),
+            DeviceSet::of(DeviceKind::Vfio),
         ),
         (
             &*format!("{d}.?profile.hasValue()"),
@@ -211,7 +223,11 @@ fn device_kinds_narrow_through_the_selector() {
         ),
         (
             &*format!("!has({d}.index)"),
-            DeviceSet::of_kinds(&[DeviceKind::MigStatic, DeviceKind::MigDynamic]),
+            DeviceSet::of_kinds(&[
+                DeviceKind::MigStatic,
+                DeviceKind::MigDynamic,
+                DeviceKind::Vfio,
+            ]),
         ),
         (&*format!("{d}.productName == 'x'"), DeviceSet::OURS),
     ];
@@ -271,7 +287,11 @@ fn scopes_and_bindings_are_typed() {
     // a bound variable has the type of its value
     let analysis = check(
         "cel.bind(m, device.capacity['gpu.nvidia.com'].memory, m > 1)",
-        DeviceSet::OURS,
+        DeviceSet::OURS.intersection(DeviceSet::of_kinds(&[
+            DeviceKind::Gpu,
+            DeviceKind::MigStatic,
+            DeviceKind::MigDynamic,
+        ])),
     );
     assert_eq!(checks(&analysis), [(Check::TypeMismatch, Severity::Error)]);
     // non-literal keys are not second-guessed

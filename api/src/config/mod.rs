@@ -3,8 +3,8 @@
 //! ResourceClaims carry for this driver.
 //!
 //! Supported today is NVIDIA's API, drop-in compatible:
-//! `resource.nvidia.com/v1beta1` `GpuConfig` and `MigDeviceConfig` (see
-//! [`v1beta1`]). Decoding is strict, as NVIDIA's `StrictDecoder` is: unknown
+//! `resource.nvidia.com/v1beta1` `GpuConfig`, `MigDeviceConfig` and
+//! `VfioDeviceConfig` (see [`v1beta1`]). Decoding is strict, as NVIDIA's `StrictDecoder` is: unknown
 //! fields, duplicate fields and wrong types are errors, each reported with
 //! the path of the offending field. The same code serves the kubelet plugin
 //! (at prepare time) and the admission webhook, so a config the webhook
@@ -28,8 +28,9 @@ use std::fmt;
 
 pub use resolve::{AllocationConfig, ConfigSource, OpaqueConfig, resolve_entry};
 pub use v1beta1::{
-    GpuConfig, GpuSharing, MAX_PINNED_LIMIT_MIB, MigDeviceConfig, MigDeviceSharing, MpsConfig,
-    SharingStrategy, TimeSliceInterval, TimeSlicingConfig, mps_memory_limit,
+    GpuConfig, GpuSharing, IommuBackendPolicy, IommuConfig, MAX_PINNED_LIMIT_MIB, MigDeviceConfig,
+    MigDeviceSharing, MpsConfig, SharingStrategy, TimeSliceInterval, TimeSlicingConfig,
+    VfioDeviceConfig, mps_memory_limit,
 };
 
 /// The only API group/version decoded today.
@@ -38,6 +39,10 @@ pub const NVIDIA_API_VERSION: &str = "resource.nvidia.com/v1beta1";
 pub const GPU_CONFIG_KIND: &str = "GpuConfig";
 /// Kind of a MIG device config.
 pub const MIG_DEVICE_CONFIG_KIND: &str = "MigDeviceConfig";
+/// Kind of a VFIO passthrough GPU config.
+pub const VFIO_DEVICE_CONFIG_KIND: &str = "VfioDeviceConfig";
+/// The kinds of [`NVIDIA_API_VERSION`] this driver decodes, for messages.
+pub const SUPPORTED_KINDS: &str = "GpuConfig, MigDeviceConfig, VfioDeviceConfig";
 /// Kubernetes' limit on opaque parameters (a RawExtension of at most 10 KiB).
 pub const MAX_PARAMETERS_BYTES: usize = 10 * 1024;
 /// The deepest JSON nesting decoded (the API itself nests four levels).
@@ -52,6 +57,8 @@ pub enum DeviceConfig {
     Gpu(GpuConfig),
     /// `resource.nvidia.com/v1beta1` `MigDeviceConfig`.
     Mig(MigDeviceConfig),
+    /// `resource.nvidia.com/v1beta1` `VfioDeviceConfig`.
+    Vfio(VfioDeviceConfig),
 }
 
 /// The kind of device a config is applied to.
@@ -61,6 +68,8 @@ pub enum DeviceKind {
     Gpu,
     /// A MIG device (static or dynamically created).
     Mig,
+    /// A full GPU handed to the container through VFIO (`type=vfio`).
+    Vfio,
 }
 
 impl fmt::Display for DeviceKind {
@@ -68,6 +77,7 @@ impl fmt::Display for DeviceKind {
         f.write_str(match self {
             DeviceKind::Gpu => "GPU",
             DeviceKind::Mig => "MIG device",
+            DeviceKind::Vfio => "VFIO passthrough GPU",
         })
     }
 }
@@ -165,7 +175,7 @@ pub enum ConfigError {
     /// e.g. a `GpuConfig` for a MIG request.
     #[error("{config_kind} cannot be applied to {device} of request {request:?}")]
     WrongDeviceKind {
-        /// `GpuConfig` or `MigDeviceConfig`.
+        /// `GpuConfig`, `MigDeviceConfig` or `VfioDeviceConfig`.
         config_kind: &'static str,
         /// The device the request was allocated.
         device: DeviceKind,
@@ -191,6 +201,7 @@ impl DeviceConfig {
         match self {
             DeviceConfig::Gpu(_) => GPU_CONFIG_KIND,
             DeviceConfig::Mig(_) => MIG_DEVICE_CONFIG_KIND,
+            DeviceConfig::Vfio(_) => VFIO_DEVICE_CONFIG_KIND,
         }
     }
 
@@ -199,15 +210,18 @@ impl DeviceConfig {
         match self {
             DeviceConfig::Gpu(_) => DeviceKind::Gpu,
             DeviceConfig::Mig(_) => DeviceKind::Mig,
+            DeviceConfig::Vfio(_) => DeviceKind::Vfio,
         }
     }
 
     /// The config applied when none is given, already normalized: a GPU gets
-    /// time-slicing with the default interval, a MIG device nothing.
+    /// time-slicing with the default interval, a MIG device nothing, a VFIO
+    /// GPU the legacy IOMMU backend without the API device.
     pub fn default_for(kind: DeviceKind) -> Self {
         match kind {
             DeviceKind::Gpu => DeviceConfig::Gpu(GpuConfig::default_config()),
             DeviceKind::Mig => DeviceConfig::Mig(MigDeviceConfig::default_config()),
+            DeviceKind::Vfio => DeviceConfig::Vfio(VfioDeviceConfig::default_config()),
         }
     }
 
@@ -217,6 +231,7 @@ impl DeviceConfig {
         match self {
             DeviceConfig::Gpu(c) => c.normalize(),
             DeviceConfig::Mig(c) => c.normalize(),
+            DeviceConfig::Vfio(c) => c.normalize(),
         }
     }
 
@@ -225,6 +240,7 @@ impl DeviceConfig {
         let errors = match self {
             DeviceConfig::Gpu(c) => c.validate(),
             DeviceConfig::Mig(c) => c.validate(),
+            DeviceConfig::Vfio(c) => c.validate(),
         };
         if errors.is_empty() {
             Ok(())
@@ -253,6 +269,7 @@ pub fn decode_bytes(raw: &[u8]) -> Result<DeviceConfig, ConfigError> {
     match kind {
         Kind::Gpu => typed(&mut de).map(DeviceConfig::Gpu),
         Kind::Mig => typed(&mut de).map(DeviceConfig::Mig),
+        Kind::Vfio => typed(&mut de).map(DeviceConfig::Vfio),
     }
 }
 
@@ -272,6 +289,7 @@ pub fn decode(parameters: &serde_json::Value) -> Result<DeviceConfig, ConfigErro
     match type_of(parameters)? {
         Kind::Gpu => typed(parameters).map(DeviceConfig::Gpu),
         Kind::Mig => typed(parameters).map(DeviceConfig::Mig),
+        Kind::Vfio => typed(parameters).map(DeviceConfig::Vfio),
     }
 }
 
@@ -296,6 +314,7 @@ pub fn decode_bytes_validated(raw: &[u8]) -> Result<DeviceConfig, ConfigError> {
 enum Kind {
     Gpu,
     Mig,
+    Vfio,
 }
 
 fn type_of(value: &serde_json::Value) -> Result<Kind, ConfigError> {
@@ -326,10 +345,11 @@ fn type_of(value: &serde_json::Value) -> Result<Kind, ConfigError> {
     match kind {
         GPU_CONFIG_KIND => Ok(Kind::Gpu),
         MIG_DEVICE_CONFIG_KIND => Ok(Kind::Mig),
+        VFIO_DEVICE_CONFIG_KIND => Ok(Kind::Vfio),
         _ => Err(ConfigError::UnsupportedKind {
             api_version: api_version.to_owned(),
             kind: kind.to_owned(),
-            supported: "GpuConfig, MigDeviceConfig",
+            supported: SUPPORTED_KINDS,
         }),
     }
 }

@@ -523,6 +523,21 @@ fn wrong_types_and_values_are_rejected_with_their_path() {
             "out of range",
         ),
         (
+            mps(json!({"multiUser": "true"})),
+            "sharing.mpsConfig.multiUser",
+            "invalid type: string \"true\", expected a boolean",
+        ),
+        (
+            mps(json!({"multiUser": 1})),
+            "sharing.mpsConfig.multiUser",
+            "invalid type: integer `1`, expected a boolean",
+        ),
+        (
+            mps(json!({"multiuser": true})),
+            "sharing.mpsConfig.multiuser",
+            "unknown field `multiuser`",
+        ),
+        (
             mps(json!({"defaultPerDevicePinnedMemoryLimit": ["1Gi"]})),
             "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit",
             "invalid type: sequence",
@@ -587,11 +602,11 @@ fn type_fields_dispatch_with_precise_errors() {
             },
         ),
         (
-            json!({"apiVersion": NVIDIA_API_VERSION, "kind": "VfioDeviceConfig"}),
+            json!({"apiVersion": NVIDIA_API_VERSION, "kind": "ComputeDomainChannelConfig"}),
             ConfigError::UnsupportedKind {
                 api_version: NVIDIA_API_VERSION.to_owned(),
-                kind: "VfioDeviceConfig".to_owned(),
-                supported: "GpuConfig, MigDeviceConfig",
+                kind: "ComputeDomainChannelConfig".to_owned(),
+                supported: "GpuConfig, MigDeviceConfig, VfioDeviceConfig",
             },
         ),
         (
@@ -599,7 +614,7 @@ fn type_fields_dispatch_with_precise_errors() {
             ConfigError::UnsupportedKind {
                 api_version: NVIDIA_API_VERSION.to_owned(),
                 kind: "gpuconfig".to_owned(),
-                supported: "GpuConfig, MigDeviceConfig",
+                supported: "GpuConfig, MigDeviceConfig, VfioDeviceConfig",
             },
         ),
     ];
@@ -952,4 +967,180 @@ fn rejection_reads_a_bounded_prefix_at_any_size() {
     assert!(
         matches!(decode(&at(MAX_PARAMETERS_DEPTH)), Err(ConfigError::Malformed(m)) if m.contains("nesting deeper than 32")),
     );
+}
+
+/// NVIDIA's VFIO configs decode, with their defaults: no `iommu` is the
+/// legacy backend without the API device; `enableAPIDevice` defaults to
+/// false.
+#[test]
+fn vfio_configs_decode_with_nvidias_defaults() {
+    let vfio = |iommu: serde_json::Value| {
+        let mut v = json!({"apiVersion": NVIDIA_API_VERSION, "kind": "VfioDeviceConfig"});
+        if !iommu.is_null() {
+            v["iommu"] = iommu;
+        }
+        v
+    };
+    for (params, policy, api_device) in [
+        (
+            vfio(serde_json::Value::Null),
+            IommuBackendPolicy::LegacyOnly,
+            false,
+        ),
+        (
+            vfio(json!({"backendPolicy": "LegacyOnly"})),
+            IommuBackendPolicy::LegacyOnly,
+            false,
+        ),
+        (
+            vfio(json!({"backendPolicy": "PreferIommuFD", "enableAPIDevice": true})),
+            IommuBackendPolicy::PreferIommuFd,
+            true,
+        ),
+        (
+            vfio(json!({"backendPolicy": "PreferIommuFD", "enableAPIDevice": null})),
+            IommuBackendPolicy::PreferIommuFd,
+            false,
+        ),
+    ] {
+        let Ok(DeviceConfig::Vfio(c)) = decode_validated(&params) else {
+            panic!("{params}");
+        };
+        assert_eq!(c.backend_policy(), policy, "{params}");
+        assert_eq!(c.enable_api_device(), api_device, "{params}");
+        let raw = serde_json::to_vec(&params).unwrap();
+        assert_eq!(
+            decode_bytes_validated(&raw).unwrap(),
+            DeviceConfig::Vfio(c),
+            "{params}"
+        );
+    }
+    assert_eq!(
+        DeviceConfig::default_for(DeviceKind::Vfio),
+        decode_validated(&vfio(serde_json::Value::Null)).unwrap()
+    );
+    assert_eq!(
+        decode_validated(&vfio(serde_json::Value::Null))
+            .unwrap()
+            .device_kind(),
+        DeviceKind::Vfio
+    );
+}
+
+/// Bad VFIO configs are refused with the field's path and what is wrong.
+#[test]
+fn bad_vfio_configs_are_refused_precisely() {
+    let vfio = |extra: serde_json::Value| {
+        let mut v = json!({"apiVersion": NVIDIA_API_VERSION, "kind": "VfioDeviceConfig"});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        v
+    };
+    let cases = [
+        (
+            vfio(json!({"iommu": {"backendPolicy": "RequireIommuFD"}})),
+            "iommu.backendPolicy: unknown variant `RequireIommuFD`, expected `LegacyOnly` or `PreferIommuFD`",
+        ),
+        (
+            vfio(json!({"iommu": {"backendPolicy": "legacyonly"}})),
+            "iommu.backendPolicy: unknown variant `legacyonly`, expected `LegacyOnly` or `PreferIommuFD`",
+        ),
+        (
+            vfio(json!({"iommu": {}})),
+            "iommu.backendPolicy: required when iommu is given: LegacyOnly or PreferIommuFD",
+        ),
+        (
+            vfio(json!({"iommu": {"backendPolicy": null}})),
+            "iommu.backendPolicy: required when iommu is given: LegacyOnly or PreferIommuFD",
+        ),
+        (
+            vfio(json!({"iommu": {"backendPolicy": "LegacyOnly", "enableAPIDevice": "yes"}})),
+            "iommu.enableAPIDevice: invalid type: string \"yes\", expected a boolean",
+        ),
+        (
+            vfio(json!({"iommu": {"backendPolicy": "LegacyOnly", "enableApiDevice": true}})),
+            "iommu.enableApiDevice: unknown field `enableApiDevice`, expected `backendPolicy` or `enableAPIDevice`",
+        ),
+        (
+            vfio(json!({"iommu": "LegacyOnly"})),
+            "iommu: invalid type: string \"LegacyOnly\", expected struct IommuConfig",
+        ),
+        (
+            vfio(json!({"sharing": {"strategy": "MPS"}})),
+            "sharing: unknown field `sharing`, expected one of `apiVersion`, `kind`, `iommu`",
+        ),
+    ];
+    for (params, expected) in cases {
+        let error = decode_validated(&params).unwrap_err().to_string();
+        assert_eq!(error, expected, "{params}");
+        // From bytes, the same message, with the position added.
+        let raw = serde_json::to_vec(&params).unwrap();
+        let from_bytes = decode_bytes_validated(&raw).unwrap_err().to_string();
+        assert!(from_bytes.starts_with(expected), "{params}: {from_bytes}");
+    }
+    // A duplicate field, seen only in the raw text.
+    let raw = br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"VfioDeviceConfig","iommu":{"backendPolicy":"LegacyOnly","backendPolicy":"PreferIommuFD"}}"#;
+    let error = decode_bytes_validated(raw).unwrap_err().to_string();
+    assert!(
+        error.starts_with("iommu: duplicate field `backendPolicy`"),
+        "{error}"
+    );
+}
+
+/// A VFIO config names a VFIO device; on a GPU request it is an error.
+#[test]
+fn a_vfio_config_applies_only_to_vfio_devices() {
+    let configs = vec![AllocationConfig {
+        source: ConfigSource::FromClaim,
+        requests: vec!["vm".to_owned()],
+        opaque: Some(OpaqueConfig {
+            driver: DRIVER.to_owned(),
+            parameters: json!({"apiVersion": NVIDIA_API_VERSION, "kind": "VfioDeviceConfig",
+                "iommu": {"backendPolicy": "PreferIommuFD"}}),
+        }),
+    }];
+    let found = resolve_entry(&configs, "vm", DRIVER, DeviceKind::Vfio)
+        .unwrap()
+        .unwrap();
+    assert_eq!(found.1.kind(), "VfioDeviceConfig");
+    assert_eq!(
+        resolve_entry(&configs, "vm", DRIVER, DeviceKind::Gpu)
+            .unwrap_err()
+            .to_string(),
+        "VfioDeviceConfig cannot be applied to GPU of request \"vm\""
+    );
+}
+
+#[test]
+fn mps_multi_user_is_accepted_on_gpus_and_mig_devices_and_round_trips() {
+    for params in [
+        gpu(&json!({"strategy": "MPS", "mpsConfig": {"multiUser": true}})),
+        mig(
+            &json!({"strategy": "MPS", "mpsConfig": {"multiUser": false, "defaultActiveThreadPercentage": 20}}),
+        ),
+    ] {
+        let config = decode_validated(&params).unwrap();
+        let mps = match &config {
+            DeviceConfig::Gpu(c) => c.mps(),
+            DeviceConfig::Mig(c) => c.mps(),
+            other => panic!("{other:?}"),
+        }
+        .unwrap();
+        assert_eq!(
+            mps.multi_user,
+            Some(params.to_string().contains("\"multiUser\":true"))
+        );
+        let back = serde_json::to_value(&config).unwrap();
+        assert_eq!(back, params);
+    }
+    // Absent means off; null means unset.
+    let config = decode_validated(&gpu(
+        &json!({"strategy": "MPS", "mpsConfig": {"multiUser": null}}),
+    ))
+    .unwrap();
+    let DeviceConfig::Gpu(c) = &config else {
+        panic!("{config:?}")
+    };
+    assert_eq!(c.mps().unwrap().multi_user, None);
 }

@@ -1,5 +1,5 @@
-//! `resource.nvidia.com/v1beta1`: NVIDIA's `GpuConfig` and `MigDeviceConfig`,
-//! with their defaults (`normalize`) and validation rules.
+//! `resource.nvidia.com/v1beta1`: NVIDIA's `GpuConfig`, `MigDeviceConfig` and
+//! `VfioDeviceConfig`, with their defaults (`normalize`) and validation rules.
 //!
 //! Field names, enum values and defaults follow NVIDIA's driver:
 //! - a `GpuConfig` without `sharing` means time-slicing with the `Default`
@@ -10,6 +10,11 @@
 //!   `timeSlicingConfig` field; `TimeSlicing` is accepted and has no effect
 //!   (time slices cannot be set on MIG devices), and an `mpsConfig` next to
 //!   it is ignored, unchecked, as in NVIDIA's driver;
+//! - a `VfioDeviceConfig` without `iommu` means `backendPolicy: LegacyOnly`
+//!   and `enableAPIDevice: false`; an `iommu` given must name its
+//!   `backendPolicy` (`LegacyOnly` or `PreferIommuFD`; NVIDIA's decoder
+//!   leaves a missing one empty and its validation then refuses it), and a
+//!   missing `enableAPIDevice` is `false`;
 //! - `defaultActiveThreadPercentage` is 0 to 100; pinned memory limits are
 //!   handed to MPS in MiB (`<N>M`) and must be at least 1 MiB.
 //!
@@ -53,6 +58,57 @@ pub struct MigDeviceConfig {
     /// How the MIG device is shared between the claim's containers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing: Option<MigDeviceSharing>,
+}
+
+/// A VFIO passthrough GPU's config (`type=vfio` devices).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct VfioDeviceConfig {
+    /// `resource.nvidia.com/v1beta1`.
+    pub api_version: String,
+    /// `VfioDeviceConfig`.
+    pub kind: String,
+    /// Which IOMMU interface the container gets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iommu: Option<IommuConfig>,
+}
+
+/// The IOMMU settings of a VFIO passthrough GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct IommuConfig {
+    /// `LegacyOnly` or `PreferIommuFD`; required when `iommu` is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_policy: Option<IommuBackendPolicy>,
+    /// Also hand the container the IOMMU API device: `/dev/iommu` with the
+    /// iommufd backend, `/dev/vfio/vfio` with the legacy one.
+    #[serde(
+        default,
+        rename = "enableAPIDevice",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub enable_api_device: Option<bool>,
+}
+
+/// How the IOMMU backend of a VFIO GPU is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum IommuBackendPolicy {
+    /// The VFIO group (`/dev/vfio/<group>`), whatever the host offers.
+    #[default]
+    LegacyOnly,
+    /// The device's iommufd cdev (`/dev/vfio/devices/vfio<N>`) when the host
+    /// has iommufd (`/dev/iommu`), else the VFIO group.
+    #[serde(rename = "PreferIommuFD")]
+    PreferIommuFd,
+}
+
+impl fmt::Display for IommuBackendPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IommuBackendPolicy::LegacyOnly => "LegacyOnly",
+            IommuBackendPolicy::PreferIommuFd => "PreferIommuFD",
+        })
+    }
 }
 
 /// Sharing of a full GPU.
@@ -153,6 +209,13 @@ pub struct MpsConfig {
         deserialize_with = "unique_keys"
     )]
     pub default_per_device_pinned_memory_limit: Option<BTreeMap<String, Quantity>>,
+    /// Runs the control daemon as a multi-user server
+    /// (`nvidia-cuda-mps-control -d -M`, NVIDIA v0.5.0): clients of every
+    /// Linux user share one MPS server, appearing as root's clients, so the
+    /// claim's containers need not run as one user. Needs compute
+    /// capability 7.0 (Volta) or later; absent means `false`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multi_user: Option<bool>,
 }
 
 /// A map that rejects duplicate keys, as Kubernetes' strict decoder does.
@@ -326,6 +389,61 @@ impl MigDeviceConfig {
         } else {
             None
         }
+    }
+}
+
+impl VfioDeviceConfig {
+    /// NVIDIA's default VFIO config: the legacy backend, no API device.
+    pub fn default_config() -> Self {
+        let mut config = VfioDeviceConfig {
+            api_version: super::NVIDIA_API_VERSION.to_owned(),
+            kind: super::VFIO_DEVICE_CONFIG_KIND.to_owned(),
+            iommu: None,
+        };
+        config.normalize();
+        config
+    }
+
+    /// Fills in implied defaults: no `iommu` is `LegacyOnly` without the API
+    /// device; an `iommu` without `enableAPIDevice` does not enable it. A
+    /// missing `backendPolicy` stays missing, for [`Self::validate`] to
+    /// refuse, as NVIDIA's driver does.
+    pub fn normalize(&mut self) {
+        let iommu = self.iommu.get_or_insert(IommuConfig {
+            backend_policy: Some(IommuBackendPolicy::LegacyOnly),
+            enable_api_device: None,
+        });
+        iommu.enable_api_device.get_or_insert(false);
+    }
+
+    /// Every invalid field.
+    pub fn validate(&self) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        if let Some(iommu) = &self.iommu
+            && iommu.backend_policy.is_none()
+        {
+            errors.push(field(
+                "iommu.backendPolicy",
+                "required when iommu is given: LegacyOnly or PreferIommuFD",
+            ));
+        }
+        errors
+    }
+
+    /// The backend policy (after [`Self::normalize`]).
+    pub fn backend_policy(&self) -> IommuBackendPolicy {
+        self.iommu
+            .as_ref()
+            .and_then(|i| i.backend_policy)
+            .unwrap_or_default()
+    }
+
+    /// Whether the container gets the IOMMU API device.
+    pub fn enable_api_device(&self) -> bool {
+        self.iommu
+            .as_ref()
+            .and_then(|i| i.enable_api_device)
+            .unwrap_or(false)
     }
 }
 

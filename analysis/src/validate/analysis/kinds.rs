@@ -301,6 +301,8 @@ impl Analysis<'_> {
                     == DeviceSet::of_kinds(&[DeviceKind::MigStatic, DeviceKind::MigDynamic])
                 {
                     type_guard(device_types::MIG)
+                } else if carried == DeviceSet::of(DeviceKind::Vfio) {
+                    type_guard(device_types::VFIO)
                 } else {
                     format!("has({text})")
                 };

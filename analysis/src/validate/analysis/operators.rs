@@ -249,7 +249,7 @@ impl Analysis<'_> {
             .map(|_| call(None, "quantity", vec![string(&text)]))
     }
 
-    /// `type == 'vfio'`: a value this driver never publishes.
+    /// `type == 'vgpu'`: a value this driver never publishes.
     pub(super) fn note_type_value(&mut self, e: &IdedExpr, op: &str, a: &IdedExpr, b: &IdedExpr) {
         if op != operators::EQUALS && op != operators::NOT_EQUALS {
             return;
@@ -261,17 +261,15 @@ impl Analysis<'_> {
             if let (true, Some(value)) = (is_type, literal_str(literal))
                 && value != device_types::GPU
                 && value != device_types::MIG
+                && value != device_types::VFIO
             {
-                let mut message = format!(
-                    "`type` is '{}' or '{}' on the devices of {}, never '{value}'",
+                let message = format!(
+                    "`type` is '{}', '{}' or '{}' on the devices of {}, never '{value}'",
                     device_types::GPU,
                     device_types::MIG,
+                    device_types::VFIO,
                     self.driver
                 );
-                if value == "vfio" {
-                    message
-                        .push_str(" (vfio passthrough devices are not supported by this driver)");
-                }
                 self.impossible_types.push((e.id, message));
             }
         }
