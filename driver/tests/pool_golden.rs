@@ -44,8 +44,11 @@ async fn golden(
     check_sharing(&pool);
     check_limits(&pool, rules);
     assert_eq!(domain_sizes(&pool), nvlink_domains, "NVLink domains");
+    check_nvlink_counts(&machine, &pool);
     let log = plugin.stderr();
     assert!(!log.contains("panicked"), "{log}");
+    // Switch links (NVML's sentinel far end) are no malformed bus ids.
+    assert!(!log.contains("malformed"), "{log}");
     insta::assert_json_snapshot!(name, redact(&pool));
     (pool, log)
 }
@@ -203,6 +206,24 @@ fn check_sharing(pool: &[Value]) {
     }
 }
 
+/// Every full GPU's `nvlinkCount` is the number of active links the profile
+/// gives it, whether they end at a GPU or at a switch.
+fn check_nvlink_counts(machine: &nvidia_ml::Profile, pool: &[Value]) {
+    for device in devices(pool) {
+        if attr(device, "type").and_then(Value::as_str) != Some("gpu") {
+            continue;
+        }
+        let uuid = attr(device, "uuid").and_then(Value::as_str).unwrap();
+        let gpu = machine.gpus.iter().find(|g| g.uuid == uuid).unwrap();
+        assert_eq!(
+            attr(device, "nvlinkCount").and_then(Value::as_i64),
+            Some(gpu.nvlinks.len() as i64),
+            "{}",
+            device["name"]
+        );
+    }
+}
+
 /// How many full GPUs share each `nvlinkDomain`, largest first.
 fn domain_sizes(pool: &[Value]) -> Vec<usize> {
     let mut domains: BTreeMap<&str, usize> = BTreeMap::new();
@@ -331,6 +352,13 @@ async fn pcie_a100_bridged() {
         &[2, 2],
     )
     .await;
+}
+
+/// GB200: every link ends at a switch (the sentinel far end); the fabric
+/// clique joins the four GPUs into one domain.
+#[tokio::test]
+async fn gb200_nvl() {
+    golden("gb200-nvl", "gb200-nvl", ValidationRules::V1_35, &[], &[4]).await;
 }
 
 #[tokio::test]
