@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Checks the driver on a machine with a real NVIDIA GPU and driver (never in
 # CI; see README.md beside this file). Read-only for the GPU: it records what
-# the machine and NVML report (facts.sh), then runs the ignored tests of
-# driver/tests/real_gpu.rs: the plugin's pool against nvidia-smi, and a
-# whole-GPU claim consumed by podman running nvidia-smi and a CUDA kernel.
+# the machine and NVML report (facts.sh), runs the read-only health check of
+# driver/nvml/tests/real_gpu_health.rs (NVML events registered and waited on
+# with a timeout, recovery action and remap state read; nothing injected),
+# then the ignored tests of driver/tests/real_gpu.rs: the plugin's pool
+# against nvidia-smi, and a whole-GPU claim consumed by podman running
+# nvidia-smi and a CUDA kernel.
 #
 #   hack/real-gpu/run.sh [TEST-BINARY]
 #
 # TEST-BINARY: the real_gpu test binary built elsewhere (with
-# GPU_DRA_REAL_PLUGIN naming the plugin binary); by default cargo builds both.
+# GPU_DRA_REAL_PLUGIN naming the plugin binary, and GPU_DRA_REAL_HEALTH_TEST
+# the real_gpu_health test binary); by default cargo builds them.
 # Results go to $GPU_DRA_REAL_OUT (default $OUT, else /tmp/gpu-dra-real).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,6 +41,16 @@ if [ -z "${GPU_DRA_REAL_CUDA_CHECK:-}" ]; then
     else
         echo "!!!!!!!! no nvcc: the container part of the tests is skipped" >&2
     fi
+fi
+
+health_bin=${GPU_DRA_REAL_HEALTH_TEST:-}
+if [ -n "$health_bin" ]; then
+    "$health_bin" --ignored --nocapture 2>&1 | tee "$out/health.txt"
+elif [ -z "${1:-}" ]; then
+    (cd "$here/../.." && cargo test --profile plugin -p gpu-nvml --test real_gpu_health -- --ignored --nocapture) \
+        2>&1 | tee "$out/health.txt"
+else
+    echo "!!!!!!!! health check skipped: GPU_DRA_REAL_HEALTH_TEST is not set" >&2
 fi
 
 test_bin=${1:-}
