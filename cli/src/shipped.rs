@@ -17,6 +17,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../../deviceclasses/mig.nvidia.com.yaml"),
     ),
     (
+        "vfio.gpu.nvidia.com.yaml",
+        include_str!("../../deviceclasses/vfio.gpu.nvidia.com.yaml"),
+    ),
+    (
         "nvlink.gpu.nvidia.com.yaml",
         include_str!("../../deviceclasses/nvlink.gpu.nvidia.com.yaml"),
     ),
