@@ -19,6 +19,7 @@ fn example(name: &str) -> PathBuf {
 
 const PCIE: &str = "slices/pcie-a100-bridged.yaml";
 const DGX_A100: &str = "slices/dgx-a100.yaml";
+const DGX_H100: &str = "slices/dgx-h100.yaml";
 
 fn simulate<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Run {
     common::gpu_dra("simulate", args)
@@ -86,6 +87,53 @@ fn two_nvlink_gpus_on_a_bridged_server_are_a_linked_pair() {
         run.stdout
     );
     assert!(run.stdout.contains("gpus     gpu-0   node-a  type=gpu productName=NVIDIA A100-PCIE-40GB memory=40Gi nvlinkDomain="), "{}", run.stdout);
+}
+
+/// HGX H100: every NVLink ends at an NVSwitch (NVML's sentinel far end), and
+/// the plugin publishes one NVLink domain for the 8 GPUs, so a claim for all
+/// of them in one domain is satisfiable. The same pool with a domain per GPU
+/// (what a plugin keyed on the sentinel published) is not.
+#[test]
+fn eight_nvlink_gpus_on_hgx_h100() {
+    let claim = data("claims/eight-nvlink-gpus.yaml");
+    let (code, report) = simulate_json(&[
+        "--slices".as_ref(),
+        data(DGX_H100).as_os_str(),
+        "--claim".as_ref(),
+        claim.as_os_str(),
+    ]);
+    assert_eq!(code, 0, "{report:#}");
+    let mut names = devices(&report);
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7"
+        ]
+    );
+    let domains: std::collections::BTreeSet<&str> = results(&report)
+        .iter()
+        .map(|r| r["attributes"]["nvlinkDomain"].as_str().unwrap())
+        .collect();
+    assert_eq!(domains.len(), 1, "{domains:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let split = dir.path().join("split.yaml");
+    let mut text = std::fs::read_to_string(data(DGX_H100)).unwrap();
+    let domain = *domains.iter().next().unwrap();
+    for i in 0..8 {
+        text = text.replacen(domain, &format!("{i:016x}"), 1);
+    }
+    assert!(!text.contains(domain));
+    std::fs::write(&split, text).unwrap();
+    let (code, report) = simulate_json(&[
+        "--slices".as_ref(),
+        split.as_os_str(),
+        "--claim".as_ref(),
+        claim.as_os_str(),
+    ]);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(report["satisfiable"], false);
 }
 
 #[test]
@@ -499,7 +547,7 @@ fn golden_pool(profile: &str) -> Value {
 /// `UPDATE_SAMPLES=1` to rewrite them from the snapshots.
 #[test]
 fn sample_slices_agree_with_the_golden_snapshots() {
-    for profile in ["pcie-a100-bridged", "dgx-a100"] {
+    for profile in ["pcie-a100-bridged", "dgx-a100", "dgx-h100", "gb200-nvl"] {
         let golden = golden_pool(profile);
         let path = data(&format!("slices/{profile}.yaml"));
         if std::env::var_os("UPDATE_SAMPLES").is_some() {
