@@ -10,16 +10,21 @@
 //! `<name>.damaged` for inspection, and the plugin starts without saved
 //! faults; it is never a crash.
 //!
+//! An admin clears a `hardware-failure` (sticky by design) by writing the
+//! GPU's UUID (or `all`) into `<state-dir>/health-clear` on the node
+//! ([`take_clear_request`]); the monitor takes the file at its next tick.
+//!
 //! Separate from the claim checkpoint (`prepare::checkpoint`): losing this
 //! file costs only memory of past faults, never a prepared claim.
 
+use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read as _, Write as _};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::tracker::{Key, MAX_CONDITIONS_PER_GPU, MAX_MESSAGE, Saved};
+use super::tracker::{ClearRequest, Key, MAX_CONDITIONS_PER_GPU, MAX_MESSAGE, Saved};
 
 /// The file format version this build writes and reads.
 pub const VERSION: u32 = 1;
@@ -200,6 +205,106 @@ impl HealthStore {
         File::open(dir)
             .and_then(|d| d.sync_all())
             .map_err(io("sync directory"))
+    }
+}
+
+/// The file name of an admin's request to clear hardware failures, in the
+/// plugin's state directory (next to the checkpoint).
+pub const CLEAR_FILE: &str = "health-clear";
+/// The largest clear request read.
+pub const MAX_CLEAR_BYTES: u64 = 64 << 10;
+
+/// Takes an admin's request to clear `hardware-failure` conditions: reads
+/// `path` (one GPU UUID per line, or `all`; blank lines and `#` comments
+/// ignored) and removes the file, malformed or not, so a bad request is
+/// reported once. `None` when there is no file.
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be read or removed;
+/// [`Error::TooLarge`] or [`Error::Damaged`] (naming the line) for a
+/// request that is not a list of UUIDs.
+pub fn take_clear_request(path: &Path) -> Result<Option<ClearRequest>, Error> {
+    let bytes = match File::open(path) {
+        Ok(file) => {
+            let mut bytes = Vec::new();
+            let read = file.take(MAX_CLEAR_BYTES + 1).read_to_end(&mut bytes);
+            remove(path)?;
+            read.map_err(|source| Error::Io {
+                path: path.to_owned(),
+                op: "read",
+                source,
+            })?;
+            bytes
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            // A directory or an unreadable file: remove what can be removed
+            // so the request does not fail on every tick.
+            let _ = fs::remove_file(path);
+            return Err(Error::Io {
+                path: path.to_owned(),
+                op: "open",
+                source,
+            });
+        }
+    };
+    if bytes.len() as u64 > MAX_CLEAR_BYTES {
+        return Err(Error::TooLarge {
+            path: path.to_owned(),
+            max: MAX_CLEAR_BYTES,
+        });
+    }
+    parse_clear_request(&bytes)
+        .map(Some)
+        .map_err(|reason| Error::Damaged {
+            path: path.to_owned(),
+            reason,
+        })
+}
+
+fn remove(path: &Path) -> Result<(), Error> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(Error::Io {
+            path: path.to_owned(),
+            op: "remove",
+            source,
+        }),
+    }
+}
+
+/// Parses a clear request (see [`take_clear_request`]).
+fn parse_clear_request(bytes: &[u8]) -> Result<ClearRequest, String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+    let mut gpus = BTreeSet::new();
+    let mut all = false;
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if line == "all" {
+            all = true;
+        } else if line.starts_with("GPU-")
+            && line.len() <= MAX_ID
+            && line.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        {
+            gpus.insert(line.to_owned());
+        } else {
+            return Err(format!(
+                "line {}: {:?} is neither a GPU UUID (GPU-...) nor `all`",
+                i + 1,
+                cut(line)
+            ));
+        }
+    }
+    if all {
+        Ok(ClearRequest::All)
+    } else if gpus.is_empty() {
+        Err("names no GPU (write GPU UUIDs, one a line, or `all`)".to_owned())
+    } else {
+        Ok(ClearRequest::Gpus(gpus))
     }
 }
 

@@ -301,6 +301,15 @@ impl GpuReport {
     }
 }
 
+/// Which GPUs an admin's clear request names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClearRequest {
+    /// Every GPU (`all`).
+    All,
+    /// These GPU UUIDs.
+    Gpus(BTreeSet<String>),
+}
+
 /// One MIG device as NVML numbers it, to attribute events with a GPU
 /// instance id to the device (static MIG: from discovery; dynamic MIG: the
 /// live instances).
@@ -604,6 +613,25 @@ impl Tracker {
         found
     }
 
+    /// Clears the `hardware-failure` of the GPUs `which` names (see
+    /// [`crate::health::store::take_clear_request`]); returns the UUIDs
+    /// that had one.
+    pub fn clear_hardware_failures(&mut self, which: &ClearRequest) -> Vec<String> {
+        let uuids: Vec<String> = match which {
+            ClearRequest::All => self
+                .gpus
+                .iter()
+                .map(|g| g.id.uuid.clone())
+                .chain(self.dormant.keys().cloned())
+                .collect(),
+            ClearRequest::Gpus(list) => list.iter().cloned().collect(),
+        };
+        uuids
+            .into_iter()
+            .filter(|u| self.clear_hardware_failure(u))
+            .collect()
+    }
+
     /// Time passes: informational conditions expire, recovered GPUs clear.
     pub fn tick(&mut self, now: SystemTime) {
         let before = self.snapshot();
@@ -774,7 +802,9 @@ impl GpuState {
             c.count = c.count.saturating_add(1);
             // Sticky fatal: an informational repeat never downgrades.
             c.fatal |= fatal;
-            if r.value.is_some() {
+            // The first value stands (a recovery action sets its own, see
+            // `apply_action`).
+            if c.value.is_none() {
                 c.value = r.value;
             }
             if r.fresh_message {
@@ -1010,7 +1040,12 @@ impl GpuState {
             ),
             ActionClass::Reset(value) => {
                 let message = format!("recovery action {name} ({source})");
-                self.raise_simple(Key::ResetRequired, Some(value), message, now);
+                self.raise_simple(Key::ResetRequired, Some(value.clone()), message, now);
+                // The driver's current action names the reset, whatever
+                // raised the condition first.
+                if let Some(c) = self.conditions.get_mut(&(Scope::Gpu, Key::ResetRequired)) {
+                    c.value = Some(value);
+                }
             }
             ActionClass::Reboot => self.raise_simple(
                 Key::RebootRequired,

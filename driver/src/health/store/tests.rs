@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
 
-use super::super::tracker::{SavedCondition, SavedGpu, Scope};
+use super::super::tracker::{ClearRequest, SavedCondition, SavedGpu, Scope};
 use super::*;
 
 fn sample() -> Saved {
@@ -297,4 +297,55 @@ fn label_values() {
     for bad in ["", "-a", "a-", "a b", "ä", &"a".repeat(64), "a/b"] {
         assert!(!is_label_value(bad), "{bad}");
     }
+}
+
+#[test]
+fn clear_requests() {
+    let d = dir();
+    let path = d.path().join(CLEAR_FILE);
+    assert!(take_clear_request(&path).unwrap().is_none());
+    std::fs::write(
+        &path,
+        "# repaired\nGPU-0000-aaaa\n\n  GPU-1111-bbbb  \nGPU-0000-aaaa\n",
+    )
+    .unwrap();
+    let req = take_clear_request(&path).unwrap().unwrap();
+    assert_eq!(
+        req,
+        ClearRequest::Gpus(["GPU-0000-aaaa".to_owned(), "GPU-1111-bbbb".to_owned()].into())
+    );
+    assert!(!path.exists(), "taken");
+    std::fs::write(&path, "GPU-x\nall\n").unwrap();
+    assert_eq!(take_clear_request(&path).unwrap(), Some(ClearRequest::All));
+    for (body, want) in [
+        (
+            &b"GPU-1\nrm -rf /\n"[..],
+            "line 2: \"rm -rf /\" is neither a GPU UUID",
+        ),
+        (b"", "names no GPU"),
+        (b"# only a comment\n", "names no GPU"),
+        (b"MIG-1234\n", "line 1"),
+        (b"GPU-1/../../etc\n", "line 1"),
+        (b"\xff\xfe", "not UTF-8"),
+    ] {
+        std::fs::write(&path, body).unwrap();
+        let err = take_clear_request(&path).unwrap_err().to_string();
+        assert!(err.contains(want), "{err}");
+        assert!(!path.exists(), "a bad request is taken too");
+    }
+    let long = format!("GPU-{}\n", "a".repeat(200));
+    std::fs::write(&path, long).unwrap();
+    assert!(
+        take_clear_request(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("line 1")
+    );
+    std::fs::write(&path, "GPU-1\n".repeat(20_000)).unwrap();
+    let err = take_clear_request(&path).unwrap_err().to_string();
+    assert!(err.contains("larger than 65536 bytes"), "{err}");
+    assert!(!path.exists());
+    // A directory in its place: an error, and it goes (if empty).
+    std::fs::create_dir(&path).unwrap();
+    assert!(take_clear_request(&path).is_err());
 }

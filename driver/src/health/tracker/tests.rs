@@ -807,3 +807,45 @@ fn clock_going_back_is_harmless() {
     tr.tick(t(10));
     assert_eq!(keys(&tr, 0).len(), 2);
 }
+
+#[test]
+fn clear_requests_name_gpus_or_all() {
+    let mut tr = tracker();
+    for i in 0..2 {
+        tr.event(&event(i, EventKind::DramRetirementFailure, 0), t(0));
+    }
+    let mut saved = tr.saved();
+    saved
+        .gpus
+        .insert("GPU-gone".into(), saved.gpus["GPU-0"].clone());
+    let mut tr = Tracker::new(Policy::default(), gpus(), BOOT.into(), Some(saved), t(1));
+    let which = ClearRequest::Gpus(["GPU-1".to_owned(), "GPU-9".to_owned()].into());
+    assert_eq!(tr.clear_hardware_failures(&which), ["GPU-1"]);
+    assert_eq!(keys(&tr, 0), [Key::HardwareFailure]);
+    assert!(keys(&tr, 1).is_empty());
+    assert_eq!(
+        tr.clear_hardware_failures(&ClearRequest::All),
+        ["GPU-0", "GPU-gone"]
+    );
+    assert!(keys(&tr, 0).is_empty());
+    assert!(tr.saved().gpus.is_empty());
+}
+
+#[test]
+fn the_recovery_action_names_the_reset() {
+    let mut tr = tracker();
+    tr.event(&xid(0, 119, None, 0), t(0));
+    let value = |tr: &Tracker| active(tr, 0)[0].2.clone();
+    assert_eq!(value(&tr), Some("GPU_RESET".into()));
+    let mut p = healthy();
+    p.recovery_action = Some(RecoveryAction::DrainAndReset);
+    tr.poll(0, &p, t(1));
+    assert_eq!(value(&tr), Some("DRAIN_AND_RESET".into()));
+    assert!(tr.changed());
+    // The action query fails once; a DBE then (which alone says GPU_RESET)
+    // keeps the driver's name.
+    tr.poll(0, &old_driver(), t(2));
+    tr.event(&event(0, EventKind::DoubleBitEcc, 3), t(3));
+    assert_eq!(tr.conditions()[0].conditions[0].count, 3);
+    assert_eq!(value(&tr), Some("DRAIN_AND_RESET".into()));
+}
