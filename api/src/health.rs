@@ -154,7 +154,13 @@ fn degraded_value(value: &str) -> Option<&'static str> {
 #[must_use]
 pub fn explain(key: &str, value: &str, effect: &str) -> Option<String> {
     let entry = lookup(key)?;
-    let clears = match entry.clears {
+    // An informational XID expires like the other informational taints.
+    let clears = if entry.name == "xid" && effect == "None" {
+        Clears::Expiry
+    } else {
+        entry.clears
+    };
+    let clears = match clears {
         Clears::Recovery => "clears once the GPU recovers and stays quiet",
         Clears::Expiry => "expires unless it happens again",
         Clears::Condition => "clears when the condition is gone",
@@ -277,9 +283,9 @@ mod tests {
             "XID 79 (NVIDIA's catalog: RESTART_BM): fatal (a reset or reboot is needed, or --xids-fatal names it); clears once the GPU recovers and stays quiet"
         );
         let app = explain("gpu.nvidia.com/xid", "13", "None").unwrap();
-        assert!(
-            app.starts_with("XID 13 (NVIDIA's catalog: RESTART_APP): informational"),
-            "{app}"
+        assert_eq!(
+            app,
+            "XID 13 (NVIDIA's catalog: RESTART_APP): informational, the GPU stays usable; expires unless it happens again"
         );
         let unknown = explain("gpu.nvidia.com/xid", "999", "None").unwrap();
         assert!(unknown.starts_with("XID 999: informational"), "{unknown}");

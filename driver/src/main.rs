@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use gpu_kubelet_plugin::flags::Flags;
 use gpu_kubelet_plugin::grpc::{self, metrics::GrpcMetrics};
+use gpu_kubelet_plugin::health::metrics::HealthMetrics;
 use gpu_kubelet_plugin::phase::{self, Phase};
 use gpu_kubelet_plugin::plugin::{self, Plugin};
 use gpu_kubelet_plugin::prepare::mps::{host, launch};
@@ -115,10 +116,19 @@ async fn run(mut flags: Flags) -> anyhow::Result<()> {
     tracing::info!("Kubernetes client ready");
     flags.instance = plugin::choose_instance(&flags, &client).await;
     let config = plugin::grpc_config(&flags);
-    let mut registry = Registry::with_prefix("gpu_kubelet_plugin");
-    let metrics = GrpcMetrics::register(&mut registry);
+    // Ours under `gpu_kubelet_plugin_`, NVIDIA's `nvidia_dra_*` beside them.
+    let mut registry = Registry::default();
+    let metrics = GrpcMetrics::register_with_nvidia(
+        &mut registry,
+        "gpu_kubelet_plugin",
+        &flags.driver_name,
+        &flags.node_name,
+    );
+    // The health monitor's under the names of issue #43, unprefixed.
+    let health_metrics = HealthMetrics::register(&mut registry);
     let services = grpc::Services {
         metrics,
+        health_metrics,
         ..grpc::Services::default()
     };
     let (stop_metrics, metrics_stopped) = watch::channel(false);

@@ -218,6 +218,14 @@ impl Plugin {
         .await?;
         tracing::info!(elapsed_us = micros(started), "claim preparer ready");
         let mut services = parts.services;
+        // NVIDIA's prepared-device gauge counts the claims a restart finds
+        // prepared, as NVIDIA's plugin reads them from its checkpoint.
+        for (uid, entry) in preparer.checkpoint().claims {
+            if entry.state == prepare::checkpoint::ClaimState::PrepareCompleted {
+                let devices = entry.devices.iter().map(|d| d.device.as_str());
+                services.metrics.nvidia().prepared(&uid.0, devices);
+            }
+        }
         services.preparer = Arc::new(preparer.clone());
 
         let server = match bound {
