@@ -1,6 +1,9 @@
 //! Prometheus metrics of the kubelet-facing services: calls by service,
 //! method and result, claims by operation and result, and whether kubelet
-//! has accepted the registration.
+//! has accepted the registration; beside them NVIDIA's `nvidia_dra_*`
+//! request metrics ([`nvidia`]).
+
+pub mod nvidia;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -86,6 +89,7 @@ pub struct GrpcMetrics {
     requests: Family<RequestLabels, Counter>,
     claims: Family<ClaimLabels, Counter>,
     registered: Gauge,
+    nvidia: nvidia::NvidiaMetrics,
 }
 
 impl GrpcMetrics {
@@ -110,6 +114,28 @@ impl GrpcMetrics {
             m.registered.clone(),
         );
         m
+    }
+
+    /// Our metrics under `prefix` in `root` (a registry without a prefix
+    /// of its own), and NVIDIA's `nvidia_dra_*` ones for `driver` on
+    /// `node` beside them.
+    pub fn register_with_nvidia(
+        root: &mut Registry,
+        prefix: &str,
+        driver: &str,
+        node: &str,
+    ) -> Self {
+        let mut m = Self::register(root.sub_registry_with_prefix(prefix));
+        m.nvidia = nvidia::NvidiaMetrics::new(driver, node);
+        m.nvidia.register(root);
+        m
+    }
+
+    /// NVIDIA's request metrics (unregistered unless made by
+    /// [`Self::register_with_nvidia`]).
+    #[must_use]
+    pub fn nvidia(&self) -> &nvidia::NvidiaMetrics {
+        &self.nvidia
     }
 
     /// Counts one call.

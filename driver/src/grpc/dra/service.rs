@@ -4,11 +4,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Instant;
 
 use dra_proto::dra::{v1, v1beta1};
 use tonic::{Request, Response, Status};
 
 use super::claims::{self, Purpose};
+use crate::grpc::metrics::nvidia::Operation as Nvidia;
 use crate::grpc::metrics::{GrpcMetrics, Method, Operation, Outcome, Service};
 use crate::prepare::claim::{ClaimError, ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
 
@@ -29,22 +31,53 @@ impl DraCore {
 
     pub(crate) async fn prepare(&self, claims: Vec<ClaimRef>) -> Answers<Vec<PreparedDevice>> {
         let (valid, answers) = screen(claims, Purpose::Prepare);
+        let started = Instant::now();
         let results = if valid.is_empty() {
             HashMap::new()
         } else {
+            let _in_flight = self
+                .metrics
+                .nvidia()
+                .in_flight(Nvidia::prepare, valid.len());
             self.preparer.prepare(&valid).await
         };
-        self.finish(Operation::prepare, &valid, results, answers)
+        let answers = self.finish(Operation::prepare, &valid, results, answers);
+        let nvidia = self.metrics.nvidia();
+        for (uid, r) in &answers {
+            match r {
+                Ok(devices) => {
+                    nvidia.succeeded(Nvidia::prepare, started.elapsed());
+                    nvidia.prepared(uid, devices.iter().map(|d| d.device_name.as_str()));
+                }
+                Err(_) => nvidia.failed(Nvidia::prepare),
+            }
+        }
+        answers
     }
 
     pub(crate) async fn unprepare(&self, claims: Vec<ClaimRef>) -> Answers<()> {
         let (valid, answers) = screen(claims, Purpose::Unprepare);
+        let started = Instant::now();
         let results = if valid.is_empty() {
             HashMap::new()
         } else {
+            let _in_flight = self
+                .metrics
+                .nvidia()
+                .in_flight(Nvidia::unprepare, valid.len());
             self.preparer.unprepare(&valid).await
         };
-        self.finish(Operation::unprepare, &valid, results, answers)
+        let answers = self.finish(Operation::unprepare, &valid, results, answers);
+        let nvidia = self.metrics.nvidia();
+        for (uid, r) in &answers {
+            if r.is_ok() {
+                nvidia.succeeded(Nvidia::unprepare, started.elapsed());
+                nvidia.unprepared(uid);
+            } else {
+                nvidia.failed(Nvidia::unprepare);
+            }
+        }
+        answers
     }
 
     /// Merges the preparer's results into the answers: exactly one entry per
