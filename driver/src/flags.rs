@@ -205,6 +205,10 @@ pub struct Flags {
     /// The slice publisher's flags.
     #[command(flatten)]
     pub slices: crate::slices::Flags,
+
+    /// The GPU health monitor's flags.
+    #[command(flatten)]
+    pub health: crate::health::flags::Flags,
 }
 
 /// `--per-instance-sockets`.

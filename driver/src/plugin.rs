@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpu_nvml::GpuBackend;
+use gpu_nvml::{GpuBackend, HealthSource};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -40,6 +40,7 @@ use crate::devices::BuildOptions;
 use crate::discovery::{self, Inventory};
 use crate::flags::{Flags, PerInstanceSockets};
 use crate::grpc::{self, ServerHandle};
+use crate::health::monitor::{self as health_monitor, MonitorHandle, TaintMap};
 use crate::micros;
 use crate::phase::Phase;
 use crate::prepare::cdi::{HostRoot, SpecDir};
@@ -81,6 +82,9 @@ pub enum Error {
     /// The kubelet-facing gRPC servers failed to start or to stop.
     #[error(transparent)]
     Grpc(#[from] grpc::Error),
+    /// The GPU health monitor could not start.
+    #[error(transparent)]
+    Health(#[from] health_monitor::Error),
     /// The publisher failed on exit (deleting the slices with
     /// `--delete-slices-on-exit`).
     #[error(transparent)]
@@ -109,6 +113,9 @@ pub struct Parts {
     pub publisher: PublisherOptions,
     /// Where the start reports its phase (for the probes).
     pub phase: watch::Sender<Phase>,
+    /// Where the health monitor gets its events and polls (the NVML
+    /// backend); `None`: no monitor, whatever `--health` says.
+    pub health: Option<Arc<dyn HealthSource>>,
 }
 
 impl std::fmt::Debug for Parts {
@@ -140,11 +147,15 @@ impl Plugin {
         if discovery_flags.nvml_lib.is_none() {
             discovery_flags.nvml_lib = nvml_in_driver_root(&flags.container_driver_root());
         }
-        let backend =
-            tokio::task::spawn_blocking(move || discovery::open_backend(&discovery_flags))
-                .await
-                .map_err(|e| discovery::Error::Task(e.to_string()))??;
+        let nvml = tokio::task::spawn_blocking(move || {
+            gpu_nvml::NvmlBackend::open(discovery_flags.nvml_lib.as_deref()).map(Arc::new)
+        })
+        .await
+        .map_err(|e| discovery::Error::Task(e.to_string()))?
+        .map_err(discovery::Error::from)?;
         tracing::info!(elapsed_us = micros(started), "NVML loaded");
+        let backend: Arc<dyn GpuBackend> = nvml.clone();
+        let health: Arc<dyn HealthSource> = nvml;
         Self::start_with(
             flags,
             Parts {
@@ -153,6 +164,7 @@ impl Plugin {
                 services,
                 publisher: PublisherOptions::default(),
                 phase,
+                health: Some(health),
             },
         )
         .await
@@ -190,6 +202,20 @@ impl Plugin {
         // rather than publish devices no pod could get (docs/troubleshooting.md).
         preparer_options(flags)?.cdi.check_writable()?;
         let config = grpc_config(flags);
+        // The health list the streams send comes from the monitor, when it runs.
+        let mut services = parts.services;
+        let health = match (&parts.health, flags.health.enabled()) {
+            (Some(source), true) => {
+                let (tx, rx) = grpc::health::channel();
+                services.health = rx;
+                Some((source.clone(), tx))
+            }
+            (None, true) => {
+                tracing::warn!("no health source: the GPU health monitor does not run");
+                None
+            }
+            (_, false) => None,
+        };
         // Refuse unusable socket paths before anything is created.
         crate::sockets::check_path_len(&config.dra_socket())?;
         crate::sockets::check_path_len(&config.registration_socket())?;
@@ -197,7 +223,7 @@ impl Plugin {
         // registers now and passes kubelet's calls on to the old one while
         // it waits below.
         let bound = match config.instance {
-            Some(_) => Some(grpc::Server::bind(config.clone(), parts.services.clone()).await?),
+            Some(_) => Some(grpc::Server::bind(config.clone(), services.clone()).await?),
             None => None,
         };
         // The preparer recovers from a crash (checkpoint, MIG, MPS, CDI)
@@ -217,7 +243,6 @@ impl Plugin {
         )
         .await?;
         tracing::info!(elapsed_us = micros(started), "claim preparer ready");
-        let mut services = parts.services;
         // NVIDIA's prepared-device gauge counts the claims a restart finds
         // prepared, as NVIDIA's plugin reads them from its checkpoint.
         for (uid, entry) in preparer.checkpoint().claims {
@@ -228,6 +253,34 @@ impl Plugin {
         }
         services.preparer = Arc::new(preparer.clone());
 
+        // The health monitor's first poll runs before kubelet's calls are
+        // served, and its taints are in the first publication.
+        let (inventory_tx, inventory_rx) = watch::channel(inventory);
+        let (taints_tx, taints_rx) = watch::channel(TaintMap::new());
+        let monitor = match health {
+            Some((source, health_tx)) => Some(
+                start_monitor(
+                    flags,
+                    source,
+                    &parts.backend,
+                    health_monitor::Outputs {
+                        taints: taints_tx,
+                        health: health_tx,
+                        inventory: inventory_tx.clone(),
+                        metrics: services.health_metrics.clone(),
+                        events: Some(crate::health::events::NodeEvents::new(
+                            parts.client.clone(),
+                            &flags.node_name,
+                            &flags.driver_name,
+                        )),
+                    },
+                )
+                .await?,
+            ),
+            None => None,
+        };
+
+        let health_metrics = services.health_metrics.clone();
         let server = match bound {
             Some(bound) => bound.serve(services.preparer),
             None => grpc::Server::start(config, services).await?,
@@ -241,13 +294,19 @@ impl Plugin {
             flags.slices.clone(),
         )
         .with_options(parts.publisher);
+        let publisher = match monitor {
+            Some(_) => publisher.with_taints(taints_rx),
+            None => publisher,
+        };
         let status = publisher.status();
-        let (inventory_tx, inventory_rx) = watch::channel(inventory);
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(publisher.run(inventory_rx, async move {
             let _ = stopped.await;
         }));
         tokio::spawn(log_first_publication(status.clone(), started));
+        if monitor.is_some() {
+            tokio::spawn(count_publish_failures(status.clone(), health_metrics));
+        }
 
         Ok(PluginHandle {
             server,
@@ -259,7 +318,50 @@ impl Plugin {
             inventory: inventory_tx,
             backend: parts.backend,
             preparer,
+            monitor,
         })
+    }
+}
+
+/// Starts the GPU health monitor from the flags: checkpoint in the state
+/// directory, boot id under `--proc-root`, the preparer's device model.
+async fn start_monitor(
+    flags: &Flags,
+    source: Arc<dyn HealthSource>,
+    backend: &Arc<dyn GpuBackend>,
+    outputs: health_monitor::Outputs,
+) -> Result<MonitorHandle, Error> {
+    let inventory = outputs.inventory.borrow().clone();
+    let proc_root = flags.proc_root.clone();
+    let boot_id = tokio::task::spawn_blocking(move || health_monitor::boot_id(&proc_root))
+        .await
+        .unwrap_or_default();
+    let setup = health_monitor::Setup::new(
+        source,
+        backend.clone(),
+        inventory,
+        preparer_options(flags)?.build,
+        flags.health.policy(),
+        flags.health.poll_interval,
+        flags.state_dir().join(crate::health::CHECKPOINT_FILE),
+        boot_id,
+        flags.node_name.clone(),
+    );
+    Ok(health_monitor::start(setup, outputs).await?)
+}
+
+/// Counts the publisher's failed reconciles in the health metrics.
+async fn count_publish_failures(
+    mut status: watch::Receiver<PublishStatus>,
+    metrics: crate::health::metrics::HealthMetrics,
+) {
+    let mut counted = status.borrow_and_update().failures;
+    while status.changed().await.is_ok() {
+        let failures = status.borrow_and_update().failures;
+        if failures > counted {
+            metrics.publish_failures(failures - counted);
+            counted = failures;
+        }
     }
 }
 
@@ -510,6 +612,7 @@ pub struct PluginHandle {
     inventory: watch::Sender<Inventory>,
     backend: Arc<dyn GpuBackend>,
     preparer: Preparer,
+    monitor: Option<MonitorHandle>,
 }
 
 impl std::fmt::Debug for PluginHandle {
@@ -563,6 +666,9 @@ impl PluginHandle {
             Err(grpc::Error::DrainTimeout { .. }) | Ok(()) => Ok(()),
             Err(e) => Err(Error::Grpc(e)),
         };
+        if let Some(monitor) = self.monitor {
+            monitor.stop().await;
+        }
         let published = self.publisher.stop().await;
         tracing::info!("plugin stopped");
         match (grpc, published) {

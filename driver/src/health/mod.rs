@@ -6,9 +6,21 @@
 //!   recovered), pure and clock-injected;
 //! - [`taints`]: the conditions as device taints and device health, for every
 //!   device that sits on a GPU;
-//! - [`store`]: the checkpoint of active conditions (per GPU UUID and boot id).
+//! - [`store`]: the checkpoint of active conditions (per GPU UUID and boot id);
+//! - [`monitor`]: the runtime: event threads, polls, the heartbeat, and the
+//!   results sent to the publisher, the health stream, the checkpoint;
+//! - [`flags`]: `--health`, `--health-poll-interval` and the policy flags;
+//! - [`metrics`]: the `gpu_health_*` Prometheus metrics;
+//! - [`events`]: Node Events at transitions.
 
 pub mod classify;
+pub mod events;
+pub mod flags;
+pub mod metrics;
+pub mod monitor;
 pub mod store;
 pub mod taints;
 pub mod tracker;
+
+/// The health checkpoint's file name in the plugin's state directory.
+pub const CHECKPOINT_FILE: &str = "health.json";

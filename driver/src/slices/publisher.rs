@@ -120,6 +120,8 @@ pub struct PublishStatus {
     pub writes: u64,
     /// Successful reconciles so far.
     pub reconciles: u64,
+    /// Failed reconciles so far (each retried with backoff).
+    pub failures: u64,
     /// The rules in use, once known.
     pub rules: Option<SliceRules>,
     /// The last error, while failing.
@@ -288,6 +290,7 @@ impl Publisher {
                             let message = error_message(&e);
                             errors.failure("publish ResourceSlices", &message, delay);
                             self.status.send_modify(|s| {
+                                s.failures += 1;
                                 s.in_sync = false;
                                 s.last_error = Some(message.clone());
                             });

@@ -148,6 +148,7 @@ pub struct EnvBuilder {
     rules: ValidationRules,
     node: Option<String>,
     cdi_root: Option<PathBuf>,
+    control: Option<PathBuf>,
 }
 
 impl EnvBuilder {
@@ -178,6 +179,13 @@ impl EnvBuilder {
     /// The CDI spec directory (default: a fresh one in the environment).
     pub fn cdi_root(mut self, path: &Path) -> Self {
         self.cdi_root = Some(path.to_owned());
+        self
+    }
+
+    /// The fake NVML's control file (`MOCK_NVML_CONTROL`, in its sidecar):
+    /// fault commands, one per line, applied while it runs.
+    pub fn control(mut self, path: &Path) -> Self {
+        self.control = Some(path.to_owned());
         self
     }
 
@@ -213,7 +221,7 @@ impl EnvBuilder {
             state: Some(state),
             proc_root: Some(proc_root.clone()),
             dev_root: Some(dev_root.clone()),
-            control: None,
+            control: self.control.clone(),
         };
         let (library, profile) = match &self.profile {
             ProfileSource::Bundled(name) => {
@@ -293,6 +301,7 @@ impl TestEnv {
             rules: ValidationRules::V1_35,
             node: Some(NODE.to_owned()),
             cdi_root: None,
+            control: None,
         }
     }
 

@@ -1,0 +1,756 @@
+//! The health monitor's runtime: one blocking thread per physical GPU waits
+//! on its NVML event set, a poll of every GPU runs every
+//! `--health-poll-interval` (and once at start, before kubelet's calls are
+//! served), a tick ages conditions; one task owns the [`Tracker`] and, on a
+//! change (debounced), sends the device taints to the slice publisher, the
+//! device health list to the KEP-4680 stream, saves the checkpoint, updates
+//! the metrics and records Node Events for the transitions.
+//!
+//! Heartbeat: the same task re-sends the whole health list every
+//! [`Setup::heartbeat`] (10 s) even when nothing changed, so kubelet never
+//! ages a device to Unknown; if the task wedges (an NVML poll that never
+//! returns), the re-sends stop and kubelet's 30 s timeout shows Unknown.
+//!
+//! NVLink: a poll whose link states differ from the published inventory
+//! reads that GPU again and republishes the inventory (`nvlinkCount` and
+//! `nvlinkDomain` follow the active links).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use gpu_nvml::{EventKind, GpuBackend, HealthEvent, HealthPoll, HealthSource};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::classify::Policy;
+use super::events::NodeEvents;
+use super::metrics::{DeviceView, HealthMetrics, recovery_raw};
+use super::store::HealthStore;
+use super::taints::{device_health, device_taints};
+use super::tracker::{GpuId, MigInstance, Tracker, Transition};
+use crate::devices::{BuildOptions, DeviceModel, Taint, TaintEffect};
+use crate::discovery::Inventory;
+use crate::grpc::health::{DeviceHealth, HealthSender, HealthStatus};
+
+/// Device name to its health taints, as the slice publisher reads them.
+pub type TaintMap = BTreeMap<String, Vec<Taint>>;
+
+/// How long one event wait blocks before the thread looks at the stop flag.
+pub const EVENT_WAIT: Duration = Duration::from_secs(5);
+
+/// Everything the monitor is built from.
+pub struct Setup {
+    /// Events and polls.
+    pub source: Arc<dyn HealthSource>,
+    /// The GPUs (read again when their NVLinks change).
+    pub backend: Arc<dyn GpuBackend>,
+    /// The inventory being published.
+    pub inventory: Inventory,
+    /// How the publisher builds the device model.
+    pub build: BuildOptions,
+    /// Classification and timing of conditions.
+    pub policy: Policy,
+    /// `--health-poll-interval`.
+    pub poll_interval: Duration,
+    /// Longest time between two sends of the health list.
+    pub heartbeat: Duration,
+    /// Wait after a change before publishing, to batch bursts.
+    pub debounce: Duration,
+    /// How often conditions are aged (expiry, recovery).
+    pub tick: Duration,
+    /// The checkpoint file.
+    pub store_path: PathBuf,
+    /// The node's boot id.
+    pub boot_id: String,
+    /// The pool (node) name the health list names devices in.
+    pub pool: String,
+}
+
+impl std::fmt::Debug for Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Setup")
+            .field("gpus", &self.inventory.gpus.len())
+            .field("poll_interval", &self.poll_interval)
+            .field("store_path", &self.store_path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Setup {
+    /// Default timing (10 s heartbeat, 200 ms debounce, 1 s tick) for the
+    /// given parts.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        source: Arc<dyn HealthSource>,
+        backend: Arc<dyn GpuBackend>,
+        inventory: Inventory,
+        build: BuildOptions,
+        policy: Policy,
+        poll_interval: Duration,
+        store_path: PathBuf,
+        boot_id: String,
+        pool: String,
+    ) -> Self {
+        Self {
+            source,
+            backend,
+            inventory,
+            build,
+            policy,
+            poll_interval,
+            heartbeat: Duration::from_secs(10),
+            debounce: Duration::from_millis(200),
+            tick: Duration::from_secs(1),
+            store_path,
+            boot_id,
+            pool,
+        }
+    }
+}
+
+/// Where the monitor's results go.
+#[derive(Debug)]
+pub struct Outputs {
+    /// Device taints, read by the slice publisher.
+    pub taints: watch::Sender<TaintMap>,
+    /// The device health list of the KEP-4680 stream.
+    pub health: HealthSender,
+    /// The inventory the publisher publishes (replaced on NVLink changes).
+    pub inventory: watch::Sender<Inventory>,
+    /// Metrics.
+    pub metrics: HealthMetrics,
+    /// Node Events at transitions; `None`: none recorded.
+    pub events: Option<NodeEvents>,
+}
+
+/// Errors starting the monitor.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A blocking task of the start panicked.
+    #[error("the health monitor's start failed: {0}")]
+    Task(String),
+}
+
+/// The running monitor.
+#[derive(Debug)]
+pub struct MonitorHandle {
+    stop: Option<oneshot::Sender<()>>,
+    threads_stop: Arc<AtomicBool>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl MonitorHandle {
+    /// Stops the loop and tells the event threads to end (each notices
+    /// within [`EVENT_WAIT`]; they are not waited for).
+    pub async fn stop(mut self) {
+        self.threads_stop.store(true, Ordering::SeqCst);
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for MonitorHandle {
+    fn drop(&mut self) {
+        self.threads_stop.store(true, Ordering::SeqCst);
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// What the event threads tell the loop.
+#[derive(Debug)]
+enum Msg {
+    /// An NVML event.
+    Event(HealthEvent),
+    /// The GPU cannot be watched by events.
+    Unmonitored { index: u32, why: String },
+    /// Its events are watched again.
+    Monitored { index: u32 },
+}
+
+/// Reads the node's boot id from `<proc_root>/sys/kernel/random/boot_id`;
+/// empty (no reboot detection) when it cannot be read.
+pub fn boot_id(proc_root: &std::path::Path) -> String {
+    let path = proc_root.join("sys/kernel/random/boot_id");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text.trim().chars().take(64).collect(),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the boot id: a reboot will not clear reboot-required by itself");
+            String::new()
+        }
+    }
+}
+
+/// Starts the monitor: opens the checkpoint, registers every GPU's event
+/// set (waiting for each registration to succeed or fail), runs the first
+/// poll and publishes its result, then runs in the background.
+pub async fn start(setup: Setup, outputs: Outputs) -> Result<MonitorHandle, Error> {
+    let started = std::time::Instant::now();
+    let now = SystemTime::now();
+    let gpus: Vec<GpuId> = setup
+        .inventory
+        .gpus
+        .iter()
+        .map(|g| GpuId {
+            index: g.info.index,
+            minor: g.info.minor,
+            uuid: g.info.uuid.clone(),
+        })
+        .collect();
+
+    let path = setup.store_path.clone();
+    let (store, saved) = match tokio::task::spawn_blocking(move || HealthStore::open(path))
+        .await
+        .map_err(|e| Error::Task(e.to_string()))?
+    {
+        Ok((store, saved)) => (Some(store), saved),
+        Err(e) => {
+            tracing::warn!(path = %setup.store_path.display(), error = %e, "health checkpoint unreadable: starting without saved faults, and not saving any");
+            (None, None)
+        }
+    };
+    if saved.is_some() {
+        tracing::info!(path = %setup.store_path.display(), "health checkpoint read");
+    }
+    let mut tracker = Tracker::new(
+        setup.policy.clone(),
+        gpus.clone(),
+        setup.boot_id.clone(),
+        saved,
+        now,
+    );
+
+    // One event thread per GPU; wait for every registration.
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let threads_stop = Arc::new(AtomicBool::new(false));
+    let (registered_tx, registered_rx) = std::sync::mpsc::channel::<u32>();
+    for gpu in &gpus {
+        spawn_watch(
+            setup.source.clone(),
+            gpu.index,
+            tx.clone(),
+            threads_stop.clone(),
+            registered_tx.clone(),
+            setup.poll_interval,
+        );
+    }
+    drop(registered_tx);
+    let expected = gpus.len();
+    tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut seen = 0;
+        while seen < expected {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if registered_rx.recv_timeout(left).is_err() {
+                tracing::warn!(
+                    registered = seen,
+                    gpus = expected,
+                    "not every GPU's event registration finished in 10 s"
+                );
+                break;
+            }
+            seen += 1;
+        }
+    })
+    .await
+    .map_err(|e| Error::Task(e.to_string()))?;
+    while let Ok(msg) = rx.try_recv() {
+        apply(
+            &mut tracker,
+            &outputs.metrics,
+            &gpus,
+            msg,
+            SystemTime::now(),
+        );
+    }
+
+    let mut state = State {
+        setup,
+        outputs,
+        tracker,
+        gpus,
+        store,
+        model: None,
+        sent_taints: None,
+    };
+    state.rebuild_model();
+    state.poll().await;
+    // Published now whatever changed; the loop publishes the next change.
+    let _ = state.tracker.changed();
+    state.publish(SystemTime::now());
+    tracing::info!(
+        elapsed_us = crate::micros(started),
+        gpus = state.gpus.len(),
+        "health monitor started: first poll done"
+    );
+
+    let (stop, stopped) = oneshot::channel();
+    let task = tokio::spawn(state.run(rx, stopped));
+    Ok(MonitorHandle {
+        stop: Some(stop),
+        threads_stop,
+        task: Some(task),
+    })
+}
+
+/// Starts the event thread of GPU `index`.
+fn spawn_watch(
+    source: Arc<dyn HealthSource>,
+    index: u32,
+    tx: mpsc::UnboundedSender<Msg>,
+    stop: Arc<AtomicBool>,
+    registered: std::sync::mpsc::Sender<u32>,
+    retry: Duration,
+) {
+    let spawned = std::thread::Builder::new()
+        .name(format!("gpu-health-{index}"))
+        .spawn({
+            let tx = tx.clone();
+            move || watch_gpu(source.as_ref(), index, &tx, &stop, registered, retry)
+        });
+    if let Err(e) = spawned {
+        let _ = tx.send(Msg::Unmonitored {
+            index,
+            why: format!("cannot start the event thread: {e}"),
+        });
+    }
+}
+
+/// The body of one GPU's event thread: registers, waits for events, and
+/// after a failure (registration refused, a broken wait) reports the GPU
+/// unmonitored and registers again every `retry`, reporting it monitored
+/// once that works.
+fn watch_gpu(
+    source: &dyn HealthSource,
+    index: u32,
+    tx: &mpsc::UnboundedSender<Msg>,
+    stop: &AtomicBool,
+    registered: std::sync::mpsc::Sender<u32>,
+    retry: Duration,
+) {
+    let mut registered = Some(registered);
+    let mut unmonitored = false;
+    while !stop.load(Ordering::SeqCst) {
+        match source.watch(index) {
+            Ok(mut watch) => {
+                tracing::debug!(gpu = index, "NVML events registered");
+                if let Some(r) = registered.take() {
+                    let _ = r.send(index);
+                }
+                if unmonitored {
+                    tracing::info!(gpu = index, "NVML events registered again: GPU monitored");
+                    if tx.send(Msg::Monitored { index }).is_err() {
+                        return;
+                    }
+                }
+                loop {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    match watch.wait(EVENT_WAIT) {
+                        Ok(Some(event)) => {
+                            if tx.send(Msg::Event(event)).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            if stop.load(Ordering::SeqCst) {
+                                return;
+                            }
+                            tracing::warn!(gpu = index, error = %e, "NVML event wait failed: GPU unmonitored (still polled)");
+                            unmonitored = true;
+                            let why = format!("event wait failed: {e}");
+                            if tx.send(Msg::Unmonitored { index, why }).is_err() {
+                                return;
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                if !unmonitored {
+                    tracing::warn!(gpu = index, error = %e, "cannot register NVML events: GPU unmonitored (still polled)");
+                    unmonitored = true;
+                    let why = format!("event registration failed: {e}");
+                    if tx.send(Msg::Unmonitored { index, why }).is_err() {
+                        return;
+                    }
+                }
+                if let Some(r) = registered.take() {
+                    let _ = r.send(index);
+                }
+            }
+        }
+        // Register again after `retry`, looking at the stop flag meanwhile.
+        let until = std::time::Instant::now() + retry;
+        while std::time::Instant::now() < until {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100).min(retry));
+        }
+    }
+}
+
+/// Feeds one thread message to the tracker.
+fn apply(
+    tracker: &mut Tracker,
+    metrics: &HealthMetrics,
+    gpus: &[GpuId],
+    msg: Msg,
+    now: SystemTime,
+) {
+    match msg {
+        Msg::Event(event) => {
+            let uuid = gpus
+                .iter()
+                .find(|g| g.index == event.gpu_index)
+                .map(|g| g.uuid.as_str())
+                .unwrap_or_default();
+            tracing::info!(
+                gpu = event.gpu_index,
+                uuid,
+                kind = ?event.kind,
+                gi = ?event.gpu_instance_id,
+                ci = ?event.compute_instance_id,
+                "NVML health event"
+            );
+            if let EventKind::Xid(xid) = event.kind {
+                metrics.xid(uuid, xid);
+            }
+            tracker.event(&event, now);
+        }
+        Msg::Unmonitored { index, why } => tracker.unmonitored(index, &why, now),
+        Msg::Monitored { index } => tracker.monitored(index),
+    }
+}
+
+/// The monitor's loop state.
+struct State {
+    setup: Setup,
+    outputs: Outputs,
+    tracker: Tracker,
+    gpus: Vec<GpuId>,
+    store: Option<HealthStore>,
+    model: Option<DeviceModel>,
+    /// The taints last sent (none sent yet: `None`).
+    sent_taints: Option<TaintMap>,
+}
+
+impl State {
+    /// The loop: events, polls, ticks, debounced publications and the
+    /// heartbeat, until `stopped`.
+    async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<Msg>,
+        mut stopped: oneshot::Receiver<()>,
+    ) {
+        let period = |d: Duration| {
+            let mut i = tokio::time::interval_at(Instant::now() + d, d);
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            i
+        };
+        let mut polls = period(self.setup.poll_interval);
+        let mut ticks = period(self.setup.tick);
+        let mut heartbeat = period(self.setup.heartbeat);
+        let mut due: Option<Instant> = None;
+        let mut events_open = true;
+        loop {
+            tokio::select! {
+                _ = &mut stopped => break,
+                msg = rx.recv(), if events_open => match msg {
+                    Some(msg) => {
+                        apply(&mut self.tracker, &self.outputs.metrics, &self.gpus, msg, SystemTime::now());
+                        due.get_or_insert(Instant::now() + self.setup.debounce);
+                    }
+                    None => events_open = false,
+                },
+                _ = polls.tick() => {
+                    self.poll().await;
+                    due.get_or_insert(Instant::now() + self.setup.debounce);
+                }
+                _ = ticks.tick() => {
+                    self.tracker.tick(SystemTime::now());
+                    due.get_or_insert(Instant::now() + self.setup.debounce);
+                }
+                () = sleep_until(due), if due.is_some() => {
+                    due = None;
+                    if self.tracker.changed() {
+                        self.publish(SystemTime::now());
+                        heartbeat.reset();
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    self.send_health(SystemTime::now());
+                }
+            }
+        }
+        tracing::info!("health monitor stopped");
+    }
+
+    /// Builds the device model of the current inventory.
+    fn rebuild_model(&mut self) {
+        let inventory = self.outputs.inventory.borrow().clone();
+        self.model = Some(DeviceModel::build(&inventory, &self.setup.build));
+    }
+
+    /// Polls every GPU once (on a blocking thread) and feeds the tracker;
+    /// republishes the inventory when NVLinks changed.
+    async fn poll(&mut self) {
+        let source = self.setup.source.clone();
+        let backend = self.setup.backend.clone();
+        let indices: Vec<u32> = self.gpus.iter().map(|g| g.index).collect();
+        let mig: Vec<u32> = self
+            .outputs
+            .inventory
+            .borrow()
+            .gpus
+            .iter()
+            .filter(|g| g.info.mig.as_ref().is_some_and(|m| m.current_enabled))
+            .map(|g| g.info.index)
+            .collect();
+        let polled = tokio::task::spawn_blocking(move || {
+            indices
+                .into_iter()
+                .map(|i| {
+                    // The live MIG devices, so events with a GPU instance id
+                    // land on the device (dynamic MIG creates them at prepare).
+                    let instances = mig.contains(&i).then(|| backend.gpu_instances(i));
+                    (i, source.poll(i), instances)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await;
+        let Ok(polled) = polled else {
+            tracing::warn!("the health poll task failed");
+            return;
+        };
+        let now = SystemTime::now();
+        let mut reached = false;
+        let mut links_changed = Vec::new();
+        for (index, result, instances) in polled {
+            let uuid = self.uuid(index).to_owned();
+            match instances {
+                Some(Ok(instances)) => {
+                    let instances: Vec<MigInstance> = instances
+                        .iter()
+                        .map(|gi| MigInstance {
+                            gpu_instance_id: gi.id,
+                            profile_id: gi.profile_id,
+                            placement_start: gi.placement.start,
+                        })
+                        .collect();
+                    self.tracker.set_mig_instances(index, &instances);
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(gpu = index, error = %e, "cannot list MIG instances");
+                }
+                None => {}
+            }
+            match result {
+                Ok(poll) => {
+                    reached = true;
+                    self.outputs
+                        .metrics
+                        .recovery_action(&uuid, poll.recovery_action.map(recovery_raw));
+                    if self.links_differ(index, &poll) {
+                        links_changed.push(index);
+                    }
+                    self.tracker.poll(index, &poll, now);
+                }
+                Err(e) => {
+                    tracing::warn!(gpu = index, uuid, error = %e, "health poll failed");
+                }
+            }
+        }
+        if reached {
+            self.outputs.metrics.success(now);
+        }
+        if !links_changed.is_empty() {
+            self.refresh_gpus(links_changed).await;
+        }
+    }
+
+    fn uuid(&self, index: u32) -> &str {
+        self.gpus
+            .iter()
+            .find(|g| g.index == index)
+            .map(|g| g.uuid.as_str())
+            .unwrap_or_default()
+    }
+
+    /// Whether the poll's active links differ from the published ones.
+    fn links_differ(&self, index: u32, poll: &HealthPoll) -> bool {
+        if poll.nvlinks.is_empty() {
+            return false;
+        }
+        let inventory = self.outputs.inventory.borrow();
+        let Some(gpu) = inventory.gpus.iter().find(|g| g.info.index == index) else {
+            return false;
+        };
+        let mut published: Vec<u32> = gpu.info.nvlinks.iter().map(|l| l.link).collect();
+        let mut active: Vec<u32> = poll
+            .nvlinks
+            .iter()
+            .filter(|l| l.active)
+            .map(|l| l.link)
+            .collect();
+        published.sort_unstable();
+        active.sort_unstable();
+        published != active
+    }
+
+    /// Reads GPUs `indices` again and republishes the inventory.
+    async fn refresh_gpus(&mut self, indices: Vec<u32>) {
+        let backend = self.setup.backend.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            indices
+                .into_iter()
+                .map(|i| (i, backend.gpu(i)))
+                .collect::<Vec<_>>()
+        })
+        .await;
+        let Ok(read) = read else {
+            return;
+        };
+        let mut changed = false;
+        self.outputs.inventory.send_if_modified(|inventory| {
+            for (index, info) in read {
+                match info {
+                    Ok(info) => {
+                        if let Some(gpu) = inventory.gpus.iter_mut().find(|g| g.info.index == index)
+                            && gpu.info.nvlinks != info.nvlinks
+                        {
+                            tracing::info!(gpu = index, links = info.nvlinks.len(), "NVLinks changed: republishing the inventory");
+                            gpu.info.nvlinks = info.nvlinks;
+                            changed = true;
+                        }
+                    }
+                    Err(e) => tracing::warn!(gpu = index, error = %e, "cannot read the GPU again after an NVLink change"),
+                }
+            }
+            changed
+        });
+        if changed {
+            self.rebuild_model();
+        }
+    }
+
+    /// Sends the taints (when they changed), the health list, the
+    /// checkpoint, the metrics and the transitions' Events.
+    fn publish(&mut self, now: SystemTime) {
+        let Some(model) = self.model.as_ref() else {
+            return;
+        };
+        let taints = device_taints(&self.tracker, model);
+        if self.sent_taints.as_ref() != Some(&taints) {
+            tracing::info!(
+                tainted = taints.values().filter(|t| !t.is_empty()).count(),
+                "device health taints changed"
+            );
+            self.outputs.taints.send_replace(taints.clone());
+            self.sent_taints = Some(taints);
+        }
+        let health = self.send_health(now);
+        self.update_metrics(&health);
+        if let Some(store) = &self.store
+            && let Err(e) = store.save(&self.tracker.saved())
+        {
+            tracing::warn!(error = %e, "cannot save the health checkpoint");
+        }
+        for transition in self.tracker.take_transitions() {
+            let note = describe(&transition);
+            tracing::info!(
+                uuid = %transition.uuid,
+                minor = transition.minor,
+                from = transition.from.name(),
+                to = transition.to.name(),
+                reason = transition.reason,
+                "GPU health transition: {note}"
+            );
+            if let Some(events) = &self.outputs.events {
+                events.record(transition.reason, &note);
+            }
+        }
+    }
+
+    /// Sends the whole health list (also the heartbeat).
+    fn send_health(&self, now: SystemTime) -> Vec<DeviceHealth> {
+        let Some(model) = self.model.as_ref() else {
+            return Vec::new();
+        };
+        let health = device_health(&self.tracker, model, &self.setup.pool, now);
+        self.outputs.health.send_replace(health.clone());
+        health
+    }
+
+    fn update_metrics(&self, health: &[DeviceHealth]) {
+        let Some(model) = self.model.as_ref() else {
+            return;
+        };
+        let taints = self.sent_taints.clone().unwrap_or_default();
+        let mut views = Vec::new();
+        for group in &model.groups {
+            for device in &group.devices {
+                let state = health
+                    .iter()
+                    .find(|h| h.device_name == device.name)
+                    .map_or(HealthStatus::Unknown, |h| h.status);
+                views.push(DeviceView {
+                    device: device.name.clone(),
+                    uuid: group.uuid.clone(),
+                    state: format!("{state:?}"),
+                    taints: taints
+                        .get(&device.name)
+                        .into_iter()
+                        .flatten()
+                        .map(|t| (t.key.clone(), effect_name(t.effect).to_owned()))
+                        .collect(),
+                });
+            }
+        }
+        self.outputs.metrics.set_devices(&views);
+    }
+}
+
+/// The note of a transition's Node Event: which GPU (or MIG device), the
+/// change, and what is active now.
+fn describe(t: &Transition) -> String {
+    format!(
+        "GPU {} ({}) {:?}: {} -> {}: {}",
+        t.minor,
+        t.uuid,
+        t.scope,
+        t.from.name(),
+        t.to.name(),
+        t.message
+    )
+}
+
+/// The Kubernetes spelling of a taint effect.
+pub fn effect_name(effect: TaintEffect) -> &'static str {
+    match effect {
+        TaintEffect::None => "None",
+        TaintEffect::NoSchedule => "NoSchedule",
+        TaintEffect::NoExecute => "NoExecute",
+    }
+}
+
+/// Sleeps until `at` (forever without one; the select arm is off then).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

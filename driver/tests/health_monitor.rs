@@ -1,0 +1,470 @@
+//! The GPU health monitor through the real plugin binary and the fake NVML:
+//! faults injected through the fake's control file (`MOCK_NVML_CONTROL`)
+//! show up as device taints in the published ResourceSlices, as health
+//! stream messages, as metrics and as Node Events within two poll periods;
+//! recovery clears them; a restart keeps an active fault (checkpoint); a GPU
+//! whose event registration fails is unmonitored while the others are
+//! still watched; the stream repeats every device at least every 10 s.
+
+mod common;
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{DRIVER, NODE, Plugin, TestEnv, http_get, pool_of, short_dir};
+use futures::StreamExt;
+use gpu_dra_sim::apiserver::{Resource, Selectors};
+use gpu_dra_sim::kubelet::{DeviceHealth, HealthStream, KubeletSim};
+use serde_json::Value;
+
+/// How long a fault may take to reach the API server: two poll periods,
+/// the debounce and the publisher's write (with room for a loaded machine).
+const FAULT_WAIT: Duration = Duration::from_secs(5);
+/// How long recovery may take: the quiet period (1 s) plus the above.
+const RECOVERY_WAIT: Duration = Duration::from_secs(8);
+
+const GPU0_UUID: &str = "GPU-3f98e277-4cbd-47ad-9c90-a9587403e430";
+
+/// A plugin on the small profile with the control file `dir/control`
+/// (holding `initial` lines before the start) and fast health timing.
+fn start(dir: &Path, initial: &[&str], extra: &[&str]) -> (Plugin, PathBuf) {
+    let control = dir.join("control");
+    let mut text = String::new();
+    for line in initial {
+        text.push_str(line);
+        text.push('\n');
+    }
+    std::fs::write(&control, text).unwrap();
+    let env = Arc::new(TestEnv::builder(dir).control(&control).build());
+    let plugin = launch(&env, dir, "run", extra);
+    (plugin, control)
+}
+
+fn launch(env: &Arc<TestEnv>, dir: &Path, name: &str, extra: &[&str]) -> Plugin {
+    let mut args = vec![
+        // The poll period of these tests.
+        "--health-poll-interval=300ms",
+        "--health-quiet-period=1s",
+        "--metrics-addr=127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    Plugin::launch(env, dir, name, &args)
+}
+
+/// Appends one command to the fake's control file.
+fn inject(control: &Path, line: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(control)
+        .unwrap();
+    writeln!(f, "{line}").unwrap();
+}
+
+/// `(key, value, effect)` of every taint of `device` in the node's slices.
+fn taints_of(slices: &[Value], device: &str) -> Vec<(String, String, String)> {
+    pool_of(slices, NODE)
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .filter(|d| d["name"] == device)
+        .flat_map(|d| d["taints"].as_array().cloned().unwrap_or_default())
+        .map(|t| {
+            let s = |k: &str| t[k].as_str().unwrap_or_default().to_owned();
+            (s("key"), s("value"), s("effect"))
+        })
+        .collect()
+}
+
+fn has_taint(slices: &[Value], device: &str, key: &str, effect: &str) -> bool {
+    taints_of(slices, device)
+        .iter()
+        .any(|(k, _, e)| k == key && e == effect)
+}
+
+/// Waits until `device` has (or, with `present` false, no longer has) a
+/// taint `key` with `effect` in the API server; returns the time taken.
+async fn wait_taint(
+    env: &TestEnv,
+    device: &str,
+    key: &str,
+    effect: &str,
+    present: bool,
+    timeout: Duration,
+) -> Duration {
+    let started = Instant::now();
+    env.wait_slices(timeout, |slices| {
+        has_taint(slices, device, key, effect) == present
+    })
+    .await;
+    started.elapsed()
+}
+
+/// Reads health messages until one satisfies `want`; panics with the last
+/// one after `timeout`.
+async fn wait_health(
+    stream: &mut HealthStream,
+    timeout: Duration,
+    want: impl Fn(&[DeviceHealth]) -> bool,
+) -> Vec<DeviceHealth> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Ok(Some(Ok(list))) => {
+                if want(&list) {
+                    return list;
+                }
+                last = list;
+            }
+            Ok(other) => panic!("health stream ended: {other:?}"),
+            Err(_) => panic!("no matching health message in {timeout:?}; last: {last:#?}"),
+        }
+    }
+}
+
+fn health_of<'a>(list: &'a [DeviceHealth], device: &str) -> Option<&'a DeviceHealth> {
+    list.iter().find(|d| d.device_name == device)
+}
+
+fn is(list: &[DeviceHealth], device: &str, health: &str) -> bool {
+    health_of(list, device).is_some_and(|d| d.health == health)
+}
+
+async fn health_stream(plugin: &Plugin) -> HealthStream {
+    let mut registrar = KubeletSim::new().watch_registrar(&plugin.reg_dir);
+    let p = registrar
+        .wait_registered(DRIVER, Duration::from_secs(10))
+        .await
+        .unwrap();
+    p.watch_health().await.unwrap()
+}
+
+async fn metrics(plugin: &Plugin) -> String {
+    let addr = plugin.metrics_addr().await;
+    http_get(&addr, "/metrics").await
+}
+
+/// Whether a line of the metrics text starts with `start` (the metric
+/// names carry no prefix).
+fn has_line(text: &str, start: &str) -> bool {
+    text.lines().any(|l| l.starts_with(start))
+}
+
+/// The reasons of the Node Events in the API server.
+fn node_event_reasons(env: &TestEnv) -> Vec<String> {
+    let (items, _) = env
+        .api
+        .store()
+        .list(Resource::Events, Some("default"), &Selectors::default());
+    items
+        .iter()
+        .filter(|e| e["regarding"]["kind"] == "Node" && e["regarding"]["name"] == NODE)
+        .map(|e| e["reason"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+async fn wait_event(env: &TestEnv, reason: &str) {
+    let deadline = Instant::now() + FAULT_WAIT;
+    while !node_event_reasons(env).iter().any(|r| r == reason) {
+        assert!(
+            Instant::now() < deadline,
+            "no {reason} Event: {:?}",
+            node_event_reasons(env)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_xid_79_taints_reports_and_counts_then_recovers() {
+    let dir = short_dir();
+    let (plugin, control) = start(dir.path(), &[], &[]);
+    let env = plugin.env.clone();
+    env.wait_pool(NODE, Duration::from_secs(10)).await;
+    let mut stream = health_stream(&plugin).await;
+    let first = wait_health(&mut stream, Duration::from_secs(5), |_| true).await;
+    assert_eq!(first.len(), 4, "{first:#?}");
+    assert!(first.iter().all(|d| d.health == "Healthy"), "{first:#?}");
+    assert!(first.iter().all(|d| d.pool_name == NODE));
+    assert!(taints_of(&env.slices(NODE), "gpu-0").is_empty());
+
+    inject(&control, "xid 0 79");
+    let took = wait_taint(
+        &env,
+        "gpu-0",
+        "gpu.nvidia.com/gpu-lost",
+        "NoSchedule",
+        true,
+        FAULT_WAIT,
+    )
+    .await;
+    eprintln!("XID 79 to the gpu-lost taint in the API server: {took:?}");
+    let slices = env.slices(NODE);
+    assert!(
+        taints_of(&slices, "gpu-0")
+            .iter()
+            .any(|(k, v, _)| k == "gpu.nvidia.com/xid" && v == "79"),
+        "{:?}",
+        taints_of(&slices, "gpu-0")
+    );
+    // The other GPUs are untouched.
+    for other in ["gpu-1", "gpu-2", "gpu-3"] {
+        assert!(taints_of(&slices, other).is_empty(), "{other}");
+    }
+    let list = wait_health(&mut stream, FAULT_WAIT, |l| is(l, "gpu-0", "Unhealthy")).await;
+    let gpu0 = health_of(&list, "gpu-0").unwrap();
+    assert!(gpu0.message.contains("79"), "{gpu0:?}");
+    assert!(gpu0.message.len() <= 1024);
+    assert_eq!(gpu0.health_check_timeout_seconds, 30);
+    assert!(is(&list, "gpu-1", "Healthy"), "{list:#?}");
+    let text = metrics(&plugin).await;
+    for needle in [
+        format!(r#"gpu_health_state{{device="gpu-0",uuid="{GPU0_UUID}",state="Unhealthy"}} 1"#),
+        format!(r#"gpu_xid_events_total{{uuid="{GPU0_UUID}",xid="79"}} 1"#),
+        r#"gpu_health_taint{device="gpu-0",key="gpu.nvidia.com/gpu-lost",effect="NoSchedule"} 1"#
+            .to_owned(),
+        format!(r#"gpu_recovery_action{{uuid="{GPU0_UUID}"}} 0"#),
+        "gpu_health_monitor_last_success_timestamp ".to_owned(),
+        "gpu_health_publish_failures_total 0".to_owned(),
+    ] {
+        assert!(has_line(&text, &needle), "{needle} not in {text}");
+    }
+    wait_event(&env, "GpuUnhealthy").await;
+
+    // The GPU answers, its recovery action is NONE: after the quiet period
+    // the fatal taint goes; the informational XID stays until its TTL.
+    let took = wait_taint(
+        &env,
+        "gpu-0",
+        "gpu.nvidia.com/gpu-lost",
+        "NoSchedule",
+        false,
+        RECOVERY_WAIT,
+    )
+    .await;
+    eprintln!("gpu-lost cleared after {took:?}");
+    assert!(
+        taints_of(&env.slices(NODE), "gpu-0")
+            .iter()
+            .all(|(_, _, e)| e == "None"),
+        "{:?}",
+        taints_of(&env.slices(NODE), "gpu-0")
+    );
+    wait_health(&mut stream, RECOVERY_WAIT, |l| is(l, "gpu-0", "Healthy")).await;
+    wait_event(&env, "GpuRecovered").await;
+    let text = metrics(&plugin).await;
+    assert!(
+        has_line(
+            &text,
+            &format!(r#"gpu_health_state{{device="gpu-0",uuid="{GPU0_UUID}",state="Healthy"}} 1"#)
+        ),
+        "{text}"
+    );
+    assert!(!text.contains(r#"key="gpu.nvidia.com/gpu-lost""#), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polled_faults_taint_within_two_polls_and_clear() {
+    let dir = short_dir();
+    let (plugin, control) = start(dir.path(), &[], &[]);
+    let env = plugin.env.clone();
+    env.wait_pool(NODE, Duration::from_secs(10)).await;
+    let mut stream = health_stream(&plugin).await;
+
+    // Lost and back.
+    inject(&control, "lose 1");
+    wait_taint(
+        &env,
+        "gpu-1",
+        "gpu.nvidia.com/gpu-lost",
+        "NoSchedule",
+        true,
+        FAULT_WAIT,
+    )
+    .await;
+    wait_health(&mut stream, FAULT_WAIT, |l| is(l, "gpu-1", "Unhealthy")).await;
+    inject(&control, "restore 1");
+    wait_taint(
+        &env,
+        "gpu-1",
+        "gpu.nvidia.com/gpu-lost",
+        "NoSchedule",
+        false,
+        RECOVERY_WAIT,
+    )
+    .await;
+    wait_health(&mut stream, RECOVERY_WAIT, |l| is(l, "gpu-1", "Healthy")).await;
+
+    // A recovery action asking for a reset, then none again.
+    inject(&control, "recovery 2 reset");
+    wait_taint(
+        &env,
+        "gpu-2",
+        "gpu.nvidia.com/reset-required",
+        "NoSchedule",
+        true,
+        FAULT_WAIT,
+    )
+    .await;
+    assert!(
+        taints_of(&env.slices(NODE), "gpu-2")
+            .iter()
+            .any(|(k, v, _)| k == "gpu.nvidia.com/reset-required" && v == "GPU_RESET"),
+        "{:?}",
+        taints_of(&env.slices(NODE), "gpu-2")
+    );
+    let text = metrics(&plugin).await;
+    assert!(
+        has_line(
+            &text,
+            r#"gpu_recovery_action{uuid="GPU-4cdd2055-930d-4eaf-94f4-733f3e7d1bfb"} 1"#
+        ),
+        "{text}"
+    );
+    inject(&control, "recovery 2 none");
+    wait_taint(
+        &env,
+        "gpu-2",
+        "gpu.nvidia.com/reset-required",
+        "NoSchedule",
+        false,
+        RECOVERY_WAIT,
+    )
+    .await;
+
+    // A recovery action asking for a reboot.
+    inject(&control, "recovery 3 reboot");
+    wait_taint(
+        &env,
+        "gpu-3",
+        "gpu.nvidia.com/reboot-required",
+        "NoSchedule",
+        true,
+        FAULT_WAIT,
+    )
+    .await;
+    wait_health(&mut stream, FAULT_WAIT, |l| is(l, "gpu-3", "Unhealthy")).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_keeps_an_active_fault() {
+    let dir = short_dir();
+    let (mut plugin, control) = start(dir.path(), &[], &["--xids-fatal=48"]);
+    let env = plugin.env.clone();
+    env.wait_pool(NODE, Duration::from_secs(10)).await;
+    inject(&control, "xid 0 48");
+    wait_taint(
+        &env,
+        "gpu-0",
+        "gpu.nvidia.com/xid",
+        "NoSchedule",
+        true,
+        FAULT_WAIT,
+    )
+    .await;
+
+    plugin.signal("TERM");
+    tokio::task::block_in_place(|| plugin.wait_exit(Duration::from_secs(10)));
+    // NVML does not replay the XID (nor does the fake, whose XIDs are
+    // events only): only the checkpoint brings it back. The control file
+    // is read from its start again: empty it.
+    std::fs::write(&control, "").unwrap();
+    let plugin = launch(&env, dir.path(), "run2", &["--xids-fatal=48"]);
+    assert!(
+        plugin.stderr().contains("health checkpoint read"),
+        "{}",
+        plugin.stderr()
+    );
+    let mut stream = health_stream(&plugin).await;
+    let first = wait_health(&mut stream, Duration::from_secs(5), |_| true).await;
+    assert!(is(&first, "gpu-0", "Unhealthy"), "{first:#?}");
+    assert!(health_of(&first, "gpu-0").unwrap().message.contains("48"));
+    // Still tainted after the new instance's first publication.
+    let status_logged = "ResourceSlice pool in sync";
+    plugin.wait_log(status_logged).await;
+    assert!(has_taint(
+        &env.slices(NODE),
+        "gpu-0",
+        "gpu.nvidia.com/xid",
+        "NoSchedule"
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gpu_refusing_events_is_unmonitored_while_the_others_are_watched() {
+    let dir = short_dir();
+    let (plugin, control) = start(dir.path(), &["refuse-events 1"], &[]);
+    let env = plugin.env.clone();
+    env.wait_pool(NODE, Duration::from_secs(10)).await;
+    wait_taint(
+        &env,
+        "gpu-1",
+        "gpu.nvidia.com/unmonitored",
+        "None",
+        true,
+        FAULT_WAIT,
+    )
+    .await;
+    let mut stream = health_stream(&plugin).await;
+    let list = wait_health(&mut stream, FAULT_WAIT, |l| is(l, "gpu-1", "Unknown")).await;
+    assert!(is(&list, "gpu-0", "Healthy"), "{list:#?}");
+
+    // The others still deliver events.
+    inject(&control, "xid 0 79");
+    wait_taint(
+        &env,
+        "gpu-0",
+        "gpu.nvidia.com/gpu-lost",
+        "NoSchedule",
+        true,
+        FAULT_WAIT,
+    )
+    .await;
+
+    // Registration works again: monitored after the next retry.
+    inject(&control, "accept-events 1");
+    wait_taint(
+        &env,
+        "gpu-1",
+        "gpu.nvidia.com/unmonitored",
+        "None",
+        false,
+        FAULT_WAIT,
+    )
+    .await;
+    wait_health(&mut stream, FAULT_WAIT, |l| is(l, "gpu-1", "Healthy")).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_stream_repeats_every_device_at_least_every_10_s() {
+    let dir = short_dir();
+    let (plugin, _control) = start(dir.path(), &[], &[]);
+    let mut stream = health_stream(&plugin).await;
+    let first = wait_health(&mut stream, Duration::from_secs(5), |_| true).await;
+    assert_eq!(first.len(), 4);
+    // Nothing changes; the monitor re-sends anyway.
+    for _ in 0..2 {
+        let started = Instant::now();
+        let next = wait_health(&mut stream, Duration::from_millis(10_500), |_| true).await;
+        assert!(started.elapsed() <= Duration::from_millis(10_500));
+        assert_eq!(next.len(), 4, "{next:#?}");
+        assert!(next.iter().all(|d| d.health == "Healthy"), "{next:#?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_off_publishes_no_taints_and_an_empty_list() {
+    let dir = short_dir();
+    let (plugin, control) = start(dir.path(), &[], &["--health=off"]);
+    let env = plugin.env.clone();
+    env.wait_pool(NODE, Duration::from_secs(10)).await;
+    let mut stream = health_stream(&plugin).await;
+    let first = wait_health(&mut stream, Duration::from_secs(5), |_| true).await;
+    assert!(first.is_empty(), "{first:#?}");
+    inject(&control, "xid 0 79");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(taints_of(&env.slices(NODE), "gpu-0").is_empty());
+    let text = metrics(&plugin).await;
+    assert!(!text.contains("gpu_health_state{"), "{text}");
+}
