@@ -1,6 +1,6 @@
 {{- /*
 NVIDIA's chart values (dra-driver-nvidia-gpu v0.5.0), so that a values file written for
-NVIDIA's chart installs the equivalent driver here (docs/nvidia-helm-values.md has the
+NVIDIA's chart installs the equivalent driver here (docs/from-nvidia.md has the
 table). Two parts:
 
 - "gpu-dra-driver.nvidia.apply" runs the checks below, then copies what NVIDIA's names set onto this chart's values
