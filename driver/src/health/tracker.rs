@@ -38,6 +38,9 @@ use super::classify::{self, ActionClass, Implied, Policy, rfc3339};
 /// Most conditions one GPU keeps (all scopes); beyond it the oldest
 /// informational ones go first.
 pub const MAX_CONDITIONS_PER_GPU: usize = 128;
+/// Most distinct XIDs counted per GPU (for metrics); later new numbers
+/// are still classified, just not counted.
+pub const MAX_XID_COUNTS: usize = 256;
 /// Longest condition message kept.
 pub const MAX_MESSAGE: usize = 512;
 /// The value of `hardware-failure` for a failed row remap.
@@ -908,8 +911,10 @@ impl GpuState {
     }
 
     fn xid(&mut self, policy: &Policy, event: &HealthEvent, xid: u64, now: SystemTime) {
-        let count = self.xid_counts.entry(xid).or_insert(0);
-        *count = count.saturating_add(1);
+        if self.xid_counts.len() < MAX_XID_COUNTS || self.xid_counts.contains_key(&xid) {
+            let count = self.xid_counts.entry(xid).or_insert(0);
+            *count = count.saturating_add(1);
+        }
         let scope = self.scope_of(event);
         let verdict = classify::classify_xid(policy, xid, self.action);
         let mut message = format!("XID {xid} at {}", rfc3339(event.at));

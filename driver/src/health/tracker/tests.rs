@@ -796,7 +796,8 @@ fn conditions_per_gpu_are_capped() {
         "the newest informational stays"
     );
     assert!(!k.contains(&Key::Xid(2000)), "the oldest went");
-    assert_eq!(tr.conditions()[0].xid_counts.len(), 1001);
+    assert_eq!(tr.conditions()[0].xid_counts.len(), MAX_XID_COUNTS);
+    assert_eq!(tr.conditions()[0].xid_counts.get(&48), Some(&1));
 }
 
 #[test]
