@@ -55,8 +55,12 @@ pub fn nvlink_domains(gpus: &[&GpuInfo]) -> Vec<String> {
             let first = *cliques.entry(fabric).or_insert(i);
             sets.union(first, i);
         }
+        // A peer without an active link cannot be reached over NVLink,
+        // whatever a stale P2P answer said.
         for peer in &gpu.nvlink_p2p_peers {
-            if let Some(&j) = by_uuid.get(peer.as_str()) {
+            if let Some(&j) = by_uuid.get(peer.as_str())
+                && !gpus[j].nvlinks.is_empty()
+            {
                 sets.union(i, j);
             }
         }
@@ -222,6 +226,14 @@ mod tests {
         for (i, g) in alone.iter().enumerate() {
             assert_eq!(d[i], domain_id(&[g.uuid.as_str()]), "GPU {i}");
         }
+
+        // A GPU whose links are all down is nobody's peer, even where the
+        // others' P2P answers still name it.
+        gpus[7].nvlinks.clear();
+        gpus[7].nvlink_p2p_peers.clear();
+        let d = domains(&gpus);
+        assert!(d[..7].iter().all(|x| *x == d[0]));
+        assert_eq!(d[7], domain_id(&[gpus[7].uuid.as_str()]));
     }
 
     #[test]
