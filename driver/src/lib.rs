@@ -17,7 +17,8 @@
 //!   checkpoint, CDI, status) and crash recovery;
 //! - [`plugin`]: the whole plugin wired together (start, orderly shutdown);
 //! - [`phase`]: how far the start has got, for the probes (rolling updates);
-//! - [`supervise`]: `--supervise`, the plugin as a restarted child process.
+//! - [`supervise`]: `--supervise`, the plugin as a restarted child process;
+//! - [`vfio`]: VFIO passthrough in sysfs (PCI ids, rebinding to `vfio-pci`).
 
 pub mod clique;
 pub mod devices;
@@ -32,6 +33,7 @@ pub mod prepare;
 pub mod slices;
 pub mod sockets;
 pub mod supervise;
+pub mod vfio;
 
 /// Microseconds since `t`, for the timing fields (`..._us`) of log lines.
 pub(crate) fn micros(t: std::time::Instant) -> u64 {

@@ -31,7 +31,8 @@
 //! with [`FakeDriverRoot::set_behaviour`].
 //!
 //! [`create_dev_root`] and [`create_proc_root`] make stand-in `--dev-root`
-//! and `--proc-root` trees. Daemons started from a root are found and killed
+//! and `--proc-root` trees; [`sysfs`] a stand-in `--sysfs-root` with a
+//! stand-in kernel that rebinds GPUs for VFIO passthrough. Daemons started from a root are found and killed
 //! with [`FakeDriverRoot::kill_processes`] or a [`ProcessGuard`].
 
 mod layout;
@@ -39,6 +40,7 @@ mod nodes;
 mod procs;
 mod record;
 mod scripts;
+pub mod sysfs;
 
 use std::collections::BTreeMap;
 use std::fs;
