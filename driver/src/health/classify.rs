@@ -225,51 +225,18 @@ pub enum CatalogClass {
     Other,
 }
 
-/// The class of `xid` in NVIDIA's XID catalog (health.md §6).
+/// The class of `xid` in NVIDIA's XID catalog, from the catalog's
+/// immediate action ([`gpu_dra_api::health::xid_action`], the one copy of
+/// the table the plugin and `gpu-dra health` share).
 pub fn catalog_class(xid: u64) -> CatalogClass {
-    match xid {
-        8
-        | 11
-        | 13
-        | 25
-        | 31
-        | 32
-        | 39..=41
-        | 60
-        | 68..=72
-        | 75..=77
-        | 80
-        | 82..=86
-        | 88
-        | 89
-        | 94
-        | 96..=105
-        | 126..=135
-        | 139 => CatalogClass::RestartApp,
-        14
-        | 37
-        | 38
-        | 43
-        | 44
-        | 63
-        | 66
-        | 67
-        | 92
-        | 93
-        | 106..=108
-        | 121
-        | 137
-        | 141
-        | 157
-        | 160
-        | 161 => CatalogClass::Ignore,
-        45 => CatalogClass::Secondary,
-        46 | 48 | 62 | 64 | 95 | 109 | 110 | 119 | 120 | 136 | 140 | 143 | 155 | 156 | 158 => {
-            CatalogClass::ResetGpu
-        }
-        79 => CatalogClass::Lost,
-        151 => CatalogClass::Reboot,
-        74 | 144..=150 => CatalogClass::Nvlink,
+    match gpu_dra_api::health::xid_action(xid) {
+        Some("RESTART_APP") => CatalogClass::RestartApp,
+        Some("IGNORE") => CatalogClass::Ignore,
+        Some("WORKFLOW_XID_45") => CatalogClass::Secondary,
+        Some("RESET_GPU" | "WORKFLOW_XID_48") => CatalogClass::ResetGpu,
+        Some("RESTART_BM") => CatalogClass::Lost,
+        Some("RESTART_VM") => CatalogClass::Reboot,
+        Some("WORKFLOW_NVLINK_ERR" | "WORKFLOW_NVLINK5_ERR") => CatalogClass::Nvlink,
         _ => CatalogClass::Other,
     }
 }

@@ -32,7 +32,7 @@ pub const MAX_HEALTH_MESSAGE: usize = 1024;
 /// What the stream tells kubelet to trust a report for.
 pub const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 /// The domain of every health taint key.
-pub const KEY_DOMAIN: &str = "gpu.nvidia.com";
+pub const KEY_DOMAIN: &str = gpu_dra_api::health::DOMAIN;
 
 /// The taints of every tainted device, by device name (untainted devices
 /// are absent), for [`crate::slices::publisher::Publisher::with_taints`].

@@ -461,3 +461,34 @@ fn none_effect_in_the_api() {
     assert_eq!(taints[0].key, "gpu.nvidia.com/degraded");
     assert_eq!(taints[0].value.as_deref(), Some("thermal"));
 }
+
+#[test]
+fn every_published_key_is_in_the_shared_table() {
+    use crate::health::tracker::{Degradation, Key};
+    let keys = [
+        Key::HardwareFailure,
+        Key::GpuLost,
+        Key::RebootRequired,
+        Key::ResetRequired,
+        Key::Xid(13),
+        Key::Unmonitored,
+        Key::RemapPending,
+        Key::Degraded(Degradation::Thermal),
+    ];
+    for key in keys {
+        let full = format!("{KEY_DOMAIN}/{}", key.short());
+        let entry = gpu_dra_api::health::lookup(&full).expect(&full);
+        let effect = if key.blocks(true) {
+            "NoSchedule"
+        } else {
+            "None"
+        };
+        assert!(
+            entry.default_effect.contains(effect),
+            "{full}: {}",
+            entry.default_effect
+        );
+        assert!(crate::health::classify::EVICTABLE_KEYS.contains(&key.short()) == key.blocks(true));
+    }
+    assert_eq!(gpu_dra_api::health::KEYS.len(), keys.len());
+}
