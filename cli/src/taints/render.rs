@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use super::report::{DeviceReport, GpuReport, GpuState, NodeReport, Report, TaintReport, plural};
+use super::{DeviceReport, GpuReport, GpuState, NodeReport, Report, TaintReport, plural};
 
 /// `s` with control and bidi characters escaped (`\u{1b}`).
 pub fn clean(s: &str) -> String {

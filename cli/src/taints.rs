@@ -1,4 +1,5 @@
-//! The health report: the ResourceSlices of `gpu.nvidia.com`, read as plain
+//! The health view of `gpu-dra health` (and the demo): the ResourceSlices
+//! of `gpu.nvidia.com`, read as plain
 //! JSON and leniently (a malformed slice, device or taint becomes a
 //! [`Problem`] in the report, never the failure of the whole view), grouped
 //! per node and per GPU, with every taint explained through
@@ -16,6 +17,8 @@ use std::collections::{BTreeMap, HashSet};
 use gpu_dra_api::health;
 use serde::Serialize;
 use serde_json::{Map, Value};
+
+pub mod render;
 
 /// The driver whose slices are read.
 pub const DRIVER: &str = "gpu.nvidia.com";

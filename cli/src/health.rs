@@ -9,9 +9,6 @@
 //! has a `NoSchedule` or `NoExecute` taint, 2 when no view could be made
 //! (bad input, unreachable cluster, no slices of the driver).
 
-mod render;
-mod report;
-
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -21,7 +18,7 @@ use serde_json::Value;
 
 use crate::OutputFormat;
 use crate::manifest::{self, Document};
-use report::{DRIVER, SliceInput};
+use gpu_dra::taints::{self as report, DRIVER, SliceInput, render};
 
 /// `gpu-dra health` flags.
 #[derive(Debug, clap::Args)]
