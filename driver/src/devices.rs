@@ -25,6 +25,11 @@
 //! whole (MIG mode on, and not switchable under dynamic MIG) is published as
 //! usual, with a note.
 //!
+//! Consumable shares (`--consumable-shares`, NVIDIA's names, [`shares`]):
+//! the same publication for every GPU of the node, with NVIDIA's request
+//! policies, also on static MIG devices; `memory` mode is enforced the same
+//! way on full GPUs ([`SharedDevice::enforced`]).
+//!
 //! Every attribute goes through [`gpu_dra_api::schema::DeviceAttributes`], so
 //! nothing outside the schema table is ever published.
 //!
@@ -36,6 +41,7 @@ mod mig;
 mod nvlink;
 
 pub mod k8s;
+pub mod shares;
 pub mod sharing;
 
 use std::collections::{BTreeMap, HashSet};
@@ -47,7 +53,8 @@ use crate::discovery::{DiscoveredGpu, Inventory};
 
 pub use mig::{device_name as mig_device_name, profile_label};
 pub use nvlink::{domain_id, nvlink_domains};
-pub use sharing::{GpuSelector, MemoryRequestPolicy, MemorySharing};
+pub use shares::ConsumableShares;
+pub use sharing::{GpuSelector, MemoryRequestPolicy, MemorySharing, SharedDevice};
 
 /// The devices of one node, grouped by physical GPU, in inventory order.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -86,11 +93,13 @@ pub struct Device {
     pub consumes: Option<CounterConsumption>,
     /// Taints (from health checks); empty when healthy.
     pub taints: Vec<Taint>,
-    /// Set when the device is shared by memory fraction: it is published
-    /// with `allowMultipleAllocations`, and each allocation consumes part of
-    /// its `memory` capacity per this policy (the claim's
-    /// `consumedCapacity`). Only full GPUs are ever shared.
-    pub memory_sharing: Option<MemoryRequestPolicy>,
+    /// Set when several claims can share the device (memory-fraction
+    /// sharing or consumable shares): it is published with
+    /// `allowMultipleAllocations`, and each allocation consumes part of its
+    /// `memory` capacity per this policy (the claim's `consumedCapacity`),
+    /// and of its `shares` if it has them. Full GPUs, and static MIG devices
+    /// under consumable shares.
+    pub memory_sharing: Option<SharedDevice>,
 }
 
 /// A named set of shared counters (`gpu-<minor>-counter-set`).
@@ -379,6 +388,8 @@ pub struct BuildOptions {
     pub group_limits: GroupLimits,
     /// The GPUs shared by memory fraction.
     pub memory_sharing: MemorySharing,
+    /// NVIDIA's consumable shares: every GPU and static MIG device shared.
+    pub consumable_shares: ConsumableShares,
 }
 
 impl DeviceModel {
@@ -604,11 +615,44 @@ fn build_group(
     let full_gpu =
         || full_gpu_device(facts, nvlink_domain).map_err(|e| format!("invalid attributes: {e}"));
 
-    if options.memory_sharing.selects(info) {
+    let shares = options.consumable_shares;
+    if shares.enabled() {
+        // A GPU that can be used whole is published whole, shared; one
+        // with MIG mode on falls through to its MIG devices, shared below.
+        match whole_usable(info, options.dynamic_mig) {
+            Ok(()) => {
+                let mut full = full_gpu()?;
+                if let Err(reason) = share_device(&mut full, shares) {
+                    notes.push(Note::MemorySharingUnavailable {
+                        gpu: info.uuid.clone(),
+                        reason,
+                    });
+                }
+                group.devices.push(full);
+                return Ok(group);
+            }
+            // Under dynamic MIG its placements are published, unshared.
+            Err(_) if !options.dynamic_mig => {
+                if let Some(mig_info) = info.mig.as_ref().filter(|m| m.current_enabled) {
+                    group.devices = mig::static_devices(facts, mig_info, notes);
+                    for device in &mut group.devices {
+                        if let Err(reason) = share_device(device, shares) {
+                            notes.push(Note::MemorySharingUnavailable {
+                                gpu: format!("{} ({})", info.uuid, device.name),
+                                reason,
+                            });
+                        }
+                    }
+                    return Ok(group);
+                }
+            }
+            Err(_) => {}
+        }
+    } else if options.memory_sharing.selects(info) {
         match shareable(info, options.dynamic_mig) {
             Ok(policy) => {
                 let mut full = full_gpu()?;
-                full.memory_sharing = Some(policy);
+                full.memory_sharing = Some(SharedDevice::memory_fraction(policy));
                 group.devices.push(full);
                 return Ok(group);
             }
@@ -664,6 +708,41 @@ fn build_group(
 /// it must be usable whole (MIG mode off, or switchable at prepare time
 /// under dynamic MIG) and have at least 1 GiB.
 fn shareable(info: &gpu_nvml::GpuInfo, dynamic_mig: bool) -> Result<MemoryRequestPolicy, String> {
+    whole_usable(info, dynamic_mig)?;
+    MemoryRequestPolicy::for_memory(info.memory_bytes)
+}
+
+/// Publishes `device` for consumable shares in mode `shares` (enabled):
+/// NVIDIA's memory request policy, and the `shares` capacity in `<N>`
+/// mode. Enforced (MPS limits) in `memory` mode on full GPUs. Unchanged,
+/// with the reason, when its memory is too small for a request policy.
+fn share_device(device: &mut Device, shares: ConsumableShares) -> Result<(), String> {
+    let memory = device
+        .attributes
+        .capacity
+        .get(names::MEMORY)
+        .copied()
+        .unwrap_or(0);
+    let policy = shares.memory_policy(memory).ok_or_else(|| {
+        format!("{memory} bytes of memory is too little to share (2 MiB at least)")
+    })?;
+    if let Some(n) = shares.shares() {
+        device
+            .attributes
+            .capacity
+            .insert(names::SHARES, u64::from(n));
+    }
+    device.memory_sharing = Some(SharedDevice {
+        memory: policy,
+        shares: shares.shares(),
+        enforced: shares.enforces_memory() && device.kind == DeviceKind::Gpu,
+    });
+    Ok(())
+}
+
+/// Whether a GPU can be used whole: MIG mode off, or switchable at
+/// prepare time under dynamic MIG; else why not.
+fn whole_usable(info: &gpu_nvml::GpuInfo, dynamic_mig: bool) -> Result<(), String> {
     if let Some(mig) = &info.mig
         && mig.current_enabled
         && !(dynamic_mig && mig::runtime_switchable(info))
@@ -674,7 +753,7 @@ fn shareable(info: &gpu_nvml::GpuInfo, dynamic_mig: bool) -> Result<MemoryReques
             "MIG mode is on (with --dynamic-mig, Hopper and later GPUs can be shared)".to_owned()
         });
     }
-    MemoryRequestPolicy::for_memory(info.memory_bytes)
+    Ok(())
 }
 
 /// The full GPU device `gpu-<minor>`.

@@ -488,6 +488,7 @@ pub fn preparer_options(flags: &Flags) -> Result<prepare::Options, Error> {
         build: BuildOptions {
             dynamic_mig: flags.slices.dynamic_mig,
             memory_sharing: flags.slices.memory_sharing.clone(),
+            consumable_shares: flags.slices.consumable_shares,
             ..BuildOptions::default()
         },
         mps_launcher: flags.mps_launcher.clone(),

@@ -680,7 +680,9 @@ pub fn catalog(inventory: &Inventory, build: &BuildOptions) -> HashMap<String, T
                     minor,
                     uuid: gpu.info.uuid.clone(),
                     memory_bytes: gpu.info.memory_bytes,
-                    memory_shared: device.memory_sharing.is_some(),
+                    memory_shared: device.memory_sharing.is_some_and(|s| s.enforced),
+                    counted_share: device.memory_sharing.is_some_and(|s| !s.enforced),
+                    compute_capability: gpu.info.cuda_compute_capability,
                     dynamic_mig: build.dynamic_mig
                         && gpu.info.mig.is_some()
                         && gpu.info.cuda_compute_capability.0 >= 9,

@@ -30,7 +30,7 @@ pub use backoff::{Backoff, ErrorLog};
 pub use digest::Digest;
 pub use publisher::{PublishError, PublishStatus, Publisher, PublisherOptions};
 
-use crate::devices::{GroupLimits, MemorySharing};
+use crate::devices::{ConsumableShares, GroupLimits, MemorySharing};
 
 /// Flags of ResourceSlice publication.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
@@ -59,6 +59,19 @@ pub struct Flags {
     #[arg(long, env = "MEMORY_SHARING", default_value = "none", value_parser = parse_memory_sharing)]
     pub memory_sharing: MemorySharing,
 
+    /// NVIDIA's consumable shares, for the whole node: `disabled`,
+    /// `memory`, `unlimited`, or a number of shares N. Any mode but
+    /// `disabled` publishes full GPUs and static MIG devices with
+    /// `allowMultipleAllocations` and a request policy on `memory` (steps
+    /// of 1Mi; a claim that names no memory takes all of it in `memory`
+    /// mode, none otherwise); N adds a capacity `shares` of N (1 per claim
+    /// by default). `memory` mode is enforced with MPS limits on full GPUs
+    /// (it is `--memory-sharing=all` with NVIDIA's request policy); the
+    /// others only count. Not with `--memory-sharing` (needs the
+    /// DRAConsumableCapacity feature gate; docs/sharing.md).
+    #[arg(long, env = "CONSUMABLE_SHARES", default_value = "disabled", value_parser = parse_consumable_shares, conflicts_with = "memory_sharing")]
+    pub consumable_shares: ConsumableShares,
+
     /// API limits to split slices by: `1.35` (counter sets in slices of their
     /// own, at most 64 devices per slice with counters or taints), `1.34`
     /// (counter sets next to the devices that consume them), or `auto` to
@@ -84,6 +97,7 @@ impl Default for Flags {
         Self {
             dynamic_mig: false,
             memory_sharing: MemorySharing::None,
+            consumable_shares: ConsumableShares::Disabled,
             slice_rules: RulesFlag::Auto,
             delete_slices_on_exit: false,
         }
@@ -95,6 +109,13 @@ fn parse_memory_sharing(value: &str) -> Result<MemorySharing, String> {
     value
         .parse()
         .map_err(|e: crate::devices::sharing::ParseError| e.to_string())
+}
+
+/// Parses `--consumable-shares` (see [`ConsumableShares`]'s `FromStr`).
+fn parse_consumable_shares(value: &str) -> Result<ConsumableShares, String> {
+    value
+        .parse()
+        .map_err(|e: crate::devices::shares::ParseError| e.to_string())
 }
 
 /// The `--slice-rules` choice.
@@ -322,6 +343,44 @@ mod tests {
                 text.contains("--memory-sharing") && text.contains(expect),
                 "{value:?}: {text}"
             );
+        }
+    }
+
+    #[test]
+    fn consumable_shares_flag() {
+        assert_eq!(
+            parse(&[]).unwrap().consumable_shares,
+            ConsumableShares::Disabled
+        );
+        for (value, want) in [
+            ("disabled", ConsumableShares::Disabled),
+            ("memory", ConsumableShares::Memory),
+            ("unlimited", ConsumableShares::Unlimited),
+            ("8", ConsumableShares::Shares(8)),
+        ] {
+            let f = parse(&[&format!("--consumable-shares={value}")]).unwrap();
+            assert_eq!(f.consumable_shares, want);
+        }
+        for (args, expect) in [
+            (
+                &["--consumable-shares=0"][..],
+                "0 shares would allow no claim",
+            ),
+            (&["--consumable-shares=-1"], "\"-1\": expected disabled"),
+            (&["--consumable-shares", "-1"], "unexpected argument '-1'"),
+            (&["--consumable-shares=4294967296"], "at most 65536 shares"),
+            (&["--consumable-shares=Memory"], "the modes are lowercase"),
+            (&["--consumable-shares="], "empty; expected disabled"),
+            (&["--consumable-shares=all"], "\"all\": expected disabled"),
+            (
+                &["--consumable-shares=memory", "--memory-sharing=all"],
+                "cannot be used with",
+            ),
+        ] {
+            let err = parse(args).unwrap_err();
+            let line = gpu_dra_cmdline::one_line_error(&err);
+            assert!(!line.contains('\n'), "{line}");
+            assert!(line.contains(expect), "{args:?}: {line}");
         }
     }
 

@@ -139,6 +139,7 @@ fn request(dir: &Path, program: &Path) -> StartRequest {
         .into(),
         output: dir.join("out"),
         timeout_ms: 5_000,
+        multi_user: false,
     }
 }
 
@@ -193,6 +194,15 @@ fn the_host_runs_starts_reaps_its_daemons_and_refuses_bad_requests() {
         fs::read_to_string(dir.join("out")).unwrap(),
         format!("pipe={} home=unset arg=-d\n", dir.join("pipe").display())
     );
+    // A multi-user server (`mpsConfig.multiUser`): `-d -M`.
+    let prog = program(dir, "echo \"args=$*\"\nexit 0");
+    let multi = StartRequest {
+        multi_user: true,
+        ..request(dir, &prog)
+    };
+    let outcome = request_start(&host.socket, &multi).unwrap();
+    assert!(outcome.success(), "{outcome}");
+    assert_eq!(fs::read_to_string(dir.join("out")).unwrap(), "args=-d -M\n");
 
     // A failing start: its status and output.
     let prog = program(dir, "echo no GPU >&2\nexit 3");

@@ -84,6 +84,7 @@ fn a_daemon_started_through_the_launcher_sees_its_own_shm_and_pipe_dirs() {
         gpu_uuids: vec![GPU.into()],
         active_thread_percentage: Some(50),
         pinned_memory_limits: BTreeMap::from([(GPU.into(), "512M".into())]),
+        multi_user: false,
     };
     let pid = mps.start(&cfg).unwrap().pid.unwrap();
     let dirs = mps.dirs("claim-1").unwrap();
@@ -146,6 +147,8 @@ fn a_state_dir_too_long_for_a_socket_path_works_through_the_launcher() {
         gpu_uuids: vec![GPU.into()],
         active_thread_percentage: Some(25),
         pinned_memory_limits: BTreeMap::from([(GPU.into(), "1G".into())]),
+        // Through the launcher, a multi-user server keeps its `-M`.
+        multi_user: true,
     };
     let pid = mps.start(&cfg).unwrap().pid.unwrap();
     assert!(mps.is_running(id));
@@ -166,6 +169,11 @@ fn a_state_dir_too_long_for_a_socket_path_works_through_the_launcher() {
         calls
             .iter()
             .all(|c| c.env("CUDA_MPS_PIPE_DIRECTORY") == Some(CONTAINER_PIPE_DIR)),
+        "{calls:?}"
+    );
+    assert_eq!(
+        calls.iter().filter(|c| c.args == ["-d", "-M"]).count(),
+        1,
         "{calls:?}"
     );
     // Stopping goes through the same way (`quit` answered, no kill needed

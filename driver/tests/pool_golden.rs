@@ -172,13 +172,26 @@ fn check_sharing(pool: &[Value]) {
         let shared = device["allowMultipleAllocations"] == true;
         for (cap, value) in device["capacity"].as_object().into_iter().flatten() {
             let policy = &value["requestPolicy"];
-            if !shared || cap != "memory" {
+            if !shared {
                 assert!(policy.is_null(), "{name}: {cap} has a request policy");
                 continue;
             }
-            assert_eq!(
-                attr(device, "type").and_then(Value::as_str),
-                Some("gpu"),
+            if !(cap == "memory" || cap == "shares") {
+                // A shared MIG device's SMs and engines: no share takes any.
+                assert_eq!(policy["default"], "0", "{name}: {cap}");
+                assert_eq!(
+                    policy["validValues"],
+                    serde_json::json!(["0"]),
+                    "{name}: {cap}"
+                );
+                continue;
+            }
+            // Full GPUs; static MIG devices under consumable shares.
+            assert!(
+                matches!(
+                    attr(device, "type").and_then(Value::as_str),
+                    Some("gpu" | "mig")
+                ),
                 "{name}"
             );
             assert!(device["consumesCounters"].is_null(), "{name}");
@@ -528,4 +541,69 @@ async fn t4_inference_memory_sharing_under_1_34_rules() {
             .count(),
         4
     );
+}
+
+/// NVIDIA's consumable shares on the mixed node: every full GPU and the
+/// static MIG device multi-allocatable, with NVIDIA's memory policy (steps
+/// of 1Mi; default all of it in `memory` mode, none otherwise) and, for
+/// `<N>`, a `shares` capacity of N taken 1 at a time.
+async fn consumable_shares(mode: &str) -> Vec<Value> {
+    let name = format!("mixed-consumable-shares-{mode}");
+    let flag = format!("--consumable-shares={mode}");
+    let (pool, _) = golden(&name, "mixed", ValidationRules::V1_35, &[&flag], &[1, 1, 1]).await;
+    let names = device_names(&pool);
+    assert_eq!(
+        names,
+        BTreeSet::from(["gpu-0", "gpu-1-mig-3g40gb-9-0", "gpu-2", "gpu-3"])
+    );
+    let q = |v: &Value| -> i128 {
+        gpu_kubelet_plugin::devices::k8s::quantity_nanos(v.as_str().unwrap()).unwrap()
+            / 1_000_000_000
+    };
+    for device in devices(&pool) {
+        let name = device["name"].as_str().unwrap();
+        assert_eq!(device["allowMultipleAllocations"], true, "{name}");
+        let memory = &device["capacity"]["memory"];
+        let policy = &memory["requestPolicy"];
+        assert_eq!(q(&policy["validRange"]["step"]), 1 << 20, "{name}");
+        assert_eq!(
+            q(&policy["validRange"]["max"]),
+            q(&memory["value"]),
+            "{name}"
+        );
+        let default = if mode == "memory" {
+            q(&memory["value"])
+        } else {
+            0
+        };
+        assert_eq!(q(&policy["default"]), default, "{name}");
+        let shares = &device["capacity"]["shares"];
+        if let Ok(n) = mode.parse::<i128>() {
+            assert_eq!(q(&shares["value"]), n, "{name}");
+            assert_eq!(q(&shares["requestPolicy"]["default"]), 1, "{name}");
+            assert_eq!(
+                q(&shares["requestPolicy"]["validRange"]["max"]),
+                n,
+                "{name}"
+            );
+        } else {
+            assert!(shares.is_null(), "{name}");
+        }
+    }
+    pool
+}
+
+#[tokio::test]
+async fn mixed_consumable_shares_memory() {
+    consumable_shares("memory").await;
+}
+
+#[tokio::test]
+async fn mixed_consumable_shares_unlimited() {
+    consumable_shares("unlimited").await;
+}
+
+#[tokio::test]
+async fn mixed_consumable_shares_n() {
+    consumable_shares("4").await;
 }

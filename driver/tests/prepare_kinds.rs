@@ -958,7 +958,7 @@ async fn a_refused_time_slice_fails_the_claim_and_leaves_the_gpu_free() {
 }
 
 #[tokio::test]
-async fn an_empty_gpu_config_is_accepted_on_a_memory_shared_gpu_but_a_sharing_one_is_not() {
+async fn an_empty_gpu_config_is_accepted_on_a_memory_shared_gpu_but_time_slicing_is_not() {
     let n = node("t4-inference", &["--memory-sharing=all"], DraVersion::V1).await;
     // `GpuConfig` with nothing set (normalized to time-slicing, default
     // interval: no change).
@@ -989,12 +989,14 @@ async fn an_empty_gpu_config_is_accepted_on_a_memory_shared_gpu_but_a_sharing_on
                 "11111111-0000-4000-8000-0000000000b1",
                 "2Gi"
             )]),
-            json!([gpu_config(json!({"strategy": "MPS"}))]),
+            json!([gpu_config(
+                json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}})
+            )]),
         )
         .await;
     let r = n.prepare(std::slice::from_ref(&mps)).await;
     let error = r[&mps.uid].error.clone().unwrap_or_default();
-    assert!(error.contains("remove the sharing config"), "{error}");
+    assert!(error.contains("remove the time-slicing config"), "{error}");
     assert_eq!(n.checkpoint_claims(), vec![plain.uid.clone()]);
     n.unprepare_ok(&plain).await;
     assert_eq!(n.mps_daemons(), 0);

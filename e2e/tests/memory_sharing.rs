@@ -87,8 +87,12 @@ struct Node {
 /// The fake t4-inference machine in `root` (fake NVML with its state and
 /// MIG files, sysfs tree, device nodes, NVIDIA proc tree, driver root) and
 /// the flags that point the plugin at it and at `kubeconfig`.
-fn machine(root: &Path, kubeconfig: &Path) -> (Vec<String>, fake_driver_root::ProcessGuard) {
-    let profile = nvidia_ml::fixture::bundled_profile("t4-inference");
+fn machine(
+    root: &Path,
+    kubeconfig: &Path,
+    profile: &str,
+) -> (Vec<String>, fake_driver_root::ProcessGuard) {
+    let profile = nvidia_ml::fixture::bundled_profile(profile);
     let machine = nvidia_ml::Profile::load(&profile).expect("the bundled profile loads");
     let minors: Vec<u32> = machine.gpus.iter().map(|g| g.minor).collect();
     let dev_root = root.join("devroot");
@@ -128,6 +132,12 @@ fn machine(root: &Path, kubeconfig: &Path) -> (Vec<String>, fake_driver_root::Pr
 /// Starts the plugin on t4-inference with `flags` and returns the stored
 /// slices of its (complete) pool.
 async fn published(flags: &[&str]) -> (Node, Vec<ResourceSlice>) {
+    published_on("t4-inference", flags).await
+}
+
+/// Starts the plugin on the bundled machine `profile` with `flags` and
+/// returns the stored slices of its (complete) pool.
+async fn published_on(profile: &str, flags: &[&str]) -> (Node, Vec<ResourceSlice>) {
     // Short: the plugin's socket paths must stay under 108 bytes.
     let dir = tempfile::Builder::new()
         .prefix("p")
@@ -142,7 +152,7 @@ async fn published(flags: &[&str]) -> (Node, Vec<ResourceSlice>) {
     server.store().create_node(NODE).expect("create the Node");
     let kubeconfig = dir.path().join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).unwrap();
-    let (mut argv, processes) = machine(dir.path(), &kubeconfig);
+    let (mut argv, processes) = machine(dir.path(), &kubeconfig, profile);
     argv.extend(flags.iter().map(|f| (*f).to_owned()));
     let flags = Flags::try_parse_from(&argv).expect("plugin flags");
     let client = kube_client(Some(&kubeconfig)).await.unwrap();
@@ -240,4 +250,164 @@ async fn a_memory_request_on_an_unshared_pool_is_refused() {
     // Without the selector, a whole GPU is still allocated.
     let out = simulate(&slices, &[], &claim("b", None, false));
     assert_eq!(result(&out).0, "gpu-0");
+}
+
+/// A claim from `class` (`gpu.nvidia.com` or `mig.nvidia.com`) with
+/// `requests` as its capacity requests (none: none named).
+fn claim_of(name: &str, class: &str, requests: Option<Value>) -> ResourceClaim {
+    let mut exactly = json!({"deviceClassName": class});
+    if let Some(requests) = requests {
+        exactly["capacity"] = json!({"requests": requests});
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    }))
+    .unwrap()
+}
+
+/// The shipped `mig.nvidia.com` class's selector.
+fn mig_class() -> DeviceClass {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "mig.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression":
+            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}}]}
+    }))
+    .unwrap()
+}
+
+/// Allocates `claims` one after the other on `slices`, each seeing the
+/// ones before it; the outcomes, in order.
+fn allocate_in_turn(slices: &[ResourceSlice], claims: Vec<ResourceClaim>) -> Vec<Outcome> {
+    let classes = [gpu_class(), mig_class()];
+    let mut taken: Vec<ResourceClaim> = Vec::new();
+    let mut outcomes = Vec::new();
+    for c in claims {
+        let snapshot = Snapshot::new(slices, &classes, &taken);
+        let out = Allocator::new()
+            .simulate(&snapshot, &c, &SimulateOptions::default())
+            .expect("the allocator gives a verdict");
+        if let Some(a) = out.allocations() {
+            taken.push(allocated(c, &a[0]));
+        }
+        outcomes.push(out);
+    }
+    outcomes
+}
+
+/// The devices the satisfiable outcomes were given, in order; `-` for an
+/// unsatisfiable one.
+fn devices_of(outcomes: &[Outcome]) -> Vec<String> {
+    outcomes
+        .iter()
+        .map(|o| {
+            o.allocations()
+                .map_or("-".to_owned(), |a| a[0].results[0].device.clone())
+        })
+        .collect()
+}
+
+/// `--consumable-shares=memory`: NVIDIA's policy. A claim that names no
+/// memory takes a whole GPU; named amounts share one GPU until its memory
+/// is used up (steps of 1Mi, no rounding to 256Mi).
+#[tokio::test]
+async fn consumable_shares_memory_packs_by_memory_and_a_plain_claim_takes_it_all() {
+    let (_node, slices) = published(&["--consumable-shares=memory"]).await;
+    // T4: 15360 MiB each, four GPUs.
+    let claims = vec![
+        claim_of("a", "gpu.nvidia.com", Some(json!({"memory": "7000Mi"}))),
+        claim_of("b", "gpu.nvidia.com", Some(json!({"memory": "8360Mi"}))),
+        claim_of("c", "gpu.nvidia.com", Some(json!({"memory": "1Mi"}))),
+    ];
+    let out = allocate_in_turn(&slices, claims);
+    // a and b fill gpu-0 exactly (7000 + 8360 = 15360); c goes elsewhere.
+    assert_eq!(devices_of(&out), ["gpu-0", "gpu-0", "gpu-1"]);
+    assert_eq!(result(&out[0]).2, Some(7000));
+    assert!(result(&out[0]).1.is_some(), "a share id");
+    // Plain claims take whole GPUs: four fit, the fifth does not.
+    let plain: Vec<ResourceClaim> = (0..5)
+        .map(|i| claim_of(&format!("p{i}"), "gpu.nvidia.com", None))
+        .collect();
+    let out = allocate_in_turn(&slices, plain);
+    assert_eq!(devices_of(&out), ["gpu-0", "gpu-1", "gpu-2", "gpu-3", "-"]);
+    assert_eq!(result(&out[0]).2, Some(15360));
+    // More than a GPU's memory is refused.
+    let out = allocate_in_turn(
+        &slices,
+        vec![claim_of(
+            "big",
+            "gpu.nvidia.com",
+            Some(json!({"memory": "15361Mi"})),
+        )],
+    );
+    assert!(!out[0].is_satisfiable(), "{:#?}", out[0]);
+}
+
+/// `--consumable-shares=unlimited`: claims that name no memory consume none,
+/// so any number share a GPU (oversubscription, as in NVIDIA's driver);
+/// memory requests still add up to at most the GPU's memory.
+#[tokio::test]
+async fn consumable_shares_unlimited_oversubscribes_but_memory_still_adds_up() {
+    let (_node, slices) = published(&["--consumable-shares=unlimited"]).await;
+    let plain: Vec<ResourceClaim> = (0..20)
+        .map(|i| claim_of(&format!("p{i}"), "gpu.nvidia.com", None))
+        .collect();
+    let out = allocate_in_turn(&slices, plain);
+    assert!(out.iter().all(Outcome::is_satisfiable));
+    assert_eq!(result(&out[0]).2, Some(0));
+    let sized: Vec<ResourceClaim> = (0..5)
+        .map(|i| {
+            claim_of(
+                &format!("s{i}"),
+                "gpu.nvidia.com",
+                Some(json!({"memory": "15Gi"})),
+            )
+        })
+        .collect();
+    let out = allocate_in_turn(&slices, sized);
+    assert_eq!(devices_of(&out), ["gpu-0", "gpu-1", "gpu-2", "gpu-3", "-"]);
+}
+
+/// `--consumable-shares=<N>`: at most N claims per device, each taking one
+/// share unless it asks for more; on the mixed node also the static MIG
+/// device.
+#[tokio::test]
+async fn consumable_shares_n_caps_the_claims_per_device() {
+    let (_node, slices) = published_on("mixed", &["--consumable-shares=2"]).await;
+    // mixed: gpu-0 (H100), gpu-2 and gpu-3 (L4) whole; one 3g.40gb on gpu-1.
+    let claims: Vec<ResourceClaim> = (0..7)
+        .map(|i| claim_of(&format!("g{i}"), "gpu.nvidia.com", None))
+        .collect();
+    let out = allocate_in_turn(&slices, claims);
+    let mut got = devices_of(&out);
+    assert_eq!(got.pop().as_deref(), Some("-"), "three GPUs x 2 shares");
+    got.sort();
+    assert_eq!(got, ["gpu-0", "gpu-0", "gpu-2", "gpu-2", "gpu-3", "gpu-3"]);
+    // A claim asking for both shares has a device alone.
+    let out = allocate_in_turn(
+        &slices,
+        vec![
+            claim_of("two", "gpu.nvidia.com", Some(json!({"shares": "2"}))),
+            claim_of("three", "gpu.nvidia.com", Some(json!({"shares": "3"}))),
+        ],
+    );
+    assert!(out[0].is_satisfiable(), "{:#?}", out[0]);
+    assert!(
+        !out[1].is_satisfiable(),
+        "more shares than N: {:#?}",
+        out[1]
+    );
+    // The MIG device: two shares, not three.
+    let claims: Vec<ResourceClaim> = (0..3)
+        .map(|i| claim_of(&format!("m{i}"), "mig.nvidia.com", None))
+        .collect();
+    let out = allocate_in_turn(&slices, claims);
+    assert_eq!(
+        devices_of(&out),
+        ["gpu-1-mig-3g40gb-9-0", "gpu-1-mig-3g40gb-9-0", "-"]
+    );
 }

@@ -27,10 +27,13 @@ pub fn device(d: &Device) -> api::Device {
         .capacity
         .iter()
         .map(|(name, value)| {
-            let request_policy = d
-                .memory_sharing
-                .filter(|_| *name == names::MEMORY)
-                .map(|p| request_policy(&p));
+            let request_policy = d.memory_sharing.map(|shared| match *name {
+                names::MEMORY => request_policy(&shared.memory),
+                names::SHARES => shared
+                    .shares
+                    .map_or_else(none_policy, shares_request_policy),
+                _ => none_policy(),
+            });
             (
                 (*name).to_owned(),
                 api::DeviceCapacity {
@@ -75,6 +78,33 @@ pub fn request_policy(p: &MemoryRequestPolicy) -> api::CapacityRequestPolicy {
             min: binary_quantity(p.min_bytes),
             max: Some(binary_quantity(p.max_bytes)),
             step: Some(binary_quantity(p.step_bytes)),
+        }),
+        valid_values: None,
+    }
+}
+
+/// The request policy of a shared device's other capacities (a MIG
+/// device's multiprocessors, engines, memory slices): a share takes none.
+/// Kubernetes consumes an unrequested capacity without a policy whole, so
+/// without this the first share of a MIG device would take all of them and
+/// no second share would fit.
+pub fn none_policy() -> api::CapacityRequestPolicy {
+    api::CapacityRequestPolicy {
+        default: Some(quantity(0)),
+        valid_range: None,
+        valid_values: Some(vec![quantity(0)]),
+    }
+}
+
+/// The request policy of the `shares` capacity (`--consumable-shares=<N>`):
+/// one share by default, whole shares up to `n` (NVIDIA's policy).
+pub fn shares_request_policy(n: u32) -> api::CapacityRequestPolicy {
+    api::CapacityRequestPolicy {
+        default: Some(quantity(1)),
+        valid_range: Some(api::CapacityRequestPolicyRange {
+            min: quantity(1),
+            max: Some(quantity(u64::from(n))),
+            step: Some(quantity(1)),
         }),
         valid_values: None,
     }

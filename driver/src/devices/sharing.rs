@@ -218,6 +218,31 @@ fn same(a: &GpuSelector, b: &GpuSelector) -> bool {
     }
 }
 
+/// How a device shared by several claims is published and prepared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedDevice {
+    /// The request policy of its `memory` capacity.
+    pub memory: MemoryRequestPolicy,
+    /// Its `shares` capacity (`--consumable-shares=<N>`): each claim
+    /// consumes 1 unless it asks for more.
+    pub shares: Option<u32>,
+    /// Whether prepare enforces each claim's memory with MPS per-client
+    /// limits (`--memory-sharing`, `--consumable-shares=memory` on full
+    /// GPUs); otherwise the claims are only counted by the scheduler.
+    pub enforced: bool,
+}
+
+impl SharedDevice {
+    /// A share of `--memory-sharing`: its own policy, enforced.
+    pub fn memory_fraction(memory: MemoryRequestPolicy) -> Self {
+        Self {
+            memory,
+            shares: None,
+            enforced: true,
+        }
+    }
+}
+
 /// The request policy of a shared GPU's `memory` capacity, in bytes: a
 /// `validRange` from `min` to `max` in steps of `step`, and the `default`
 /// consumed by claims that name no memory.

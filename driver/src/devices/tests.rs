@@ -612,7 +612,9 @@ fn published_attributes_match_the_schema_exactly() {
 
     let mut seen = std::collections::HashSet::new();
     for (inv, opts) in [
-        (inventory(vec![full, static_mig]), BuildOptions::default()),
+        // `shares` only with `--consumable-shares=<N>` (not under dynamic
+        // MIG, whose placements are never shared).
+        (inventory(vec![full, static_mig]), shares("2", false)),
         (inventory(vec![dyn_gpu]), dynamic()),
     ] {
         let model = DeviceModel::build(&inv, &opts);
@@ -629,7 +631,11 @@ fn published_attributes_match_the_schema_exactly() {
                 assert_eq!(e.value_type, ValueType::Quantity);
                 assert!(e.carried_by(d.kind), "{name} on {}", d.kind);
             }
-            for e in SCHEMA.iter().filter(|e| e.carried_by(d.kind)) {
+            for e in SCHEMA
+                .iter()
+                .filter(|e| e.carried_by(d.kind))
+                .filter(|e| e.name != "shares" || opts.consumable_shares.shares().is_some())
+            {
                 let present = match e.section {
                     Section::Attribute => d.attributes.attributes.contains_key(e.name),
                     Section::Capacity => d.attributes.capacity.contains_key(e.name),
@@ -757,7 +763,7 @@ fn shared_gpus_are_published_whole_and_multi_allocatable() {
             let d = &group.devices[0];
             assert_eq!(d.name, format!("gpu-{}", group.minor));
             assert!(d.consumes.is_none());
-            let policy = d.memory_sharing.expect("shared");
+            let policy = d.memory_sharing.expect("shared").memory;
             assert_eq!(
                 policy,
                 MemoryRequestPolicy {
@@ -780,7 +786,7 @@ fn sharing_all_without_dynamic_mig() {
     assert!(model.notes.is_empty(), "{:?}", model.notes);
     assert_eq!(model.devices().count(), 4);
     for d in model.devices() {
-        let p = d.memory_sharing.unwrap();
+        let p = d.memory_sharing.unwrap().memory;
         // 40960 MiB is a multiple of 256 MiB: all of it can be asked for.
         assert_eq!(p.max_bytes, 40_960 << 20);
         assert!(p.is_valid_for(d.attributes.capacity["memory"]));
@@ -893,4 +899,123 @@ fn shared_gpus_in_the_api() {
             .request_policy
             .is_none()
     );
+}
+
+fn shares(mode: &str, dynamic_mig: bool) -> BuildOptions {
+    BuildOptions {
+        dynamic_mig,
+        consumable_shares: mode.parse().unwrap(),
+        ..BuildOptions::default()
+    }
+}
+
+/// NVIDIA's consumable shares: every full GPU and static MIG device is
+/// multi-allocatable with NVIDIA's memory policy; `<N>` adds `shares`.
+#[test]
+fn consumable_shares_publish_nvidias_policies_on_gpus_and_mig_devices() {
+    let mig_device = MigDevice {
+        uuid: "MIG-11111111-2222-3333-4444-555555555555".into(),
+        profile_id: 9,
+        gpu_instance_id: 2,
+        compute_instance_id: 0,
+        placement: MigPlacement { start: 4, size: 4 },
+        memory_bytes: 40_320 << 20,
+        compute_slices: None,
+    };
+    let inv = inventory(vec![
+        gpu(0, HOPPER, None, &[]),
+        gpu(1, HOPPER, Some(mig_info(true, vec![mig_device])), &[]),
+    ]);
+    let value = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
+        k8s::quantity_nanos(&q.0).unwrap() / 1_000_000_000
+    };
+    for (mode, min, default, shares) in [
+        ("memory", 1 << 20, None, None),
+        ("unlimited", 0, Some(0), None),
+        ("3", 0, Some(0), Some(3u32)),
+    ] {
+        let model = DeviceModel::build(&inv, &shares_options(mode));
+        assert!(model.notes.is_empty(), "{mode}: {:?}", model.notes);
+        let names: Vec<&str> = model.devices().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["gpu-0", "gpu-1-mig-3g40gb-9-4"], "{mode}");
+        for d in model.devices() {
+            let shared = d.memory_sharing.expect("shared");
+            assert_eq!(shared.shares, shares, "{mode}");
+            // Enforced (MPS limits) only in memory mode, only on full GPUs.
+            assert_eq!(
+                shared.enforced,
+                mode == "memory" && d.kind == DeviceKind::Gpu,
+                "{mode} {}",
+                d.name
+            );
+            let api = k8s::device(d);
+            assert_eq!(api.allow_multiple_allocations, Some(true));
+            let capacity = api.capacity.as_ref().unwrap();
+            let memory = &capacity["memory"];
+            let policy = memory.request_policy.as_ref().unwrap();
+            let range = policy.valid_range.as_ref().unwrap();
+            assert_eq!(value(&range.min), min, "{mode}");
+            assert_eq!(value(range.step.as_ref().unwrap()), 1 << 20, "{mode}");
+            assert_eq!(value(range.max.as_ref().unwrap()), value(&memory.value), "{mode}");
+            assert_eq!(
+                value(policy.default.as_ref().unwrap()),
+                default.unwrap_or_else(|| value(&memory.value)),
+                "{mode}"
+            );
+            match shares {
+                Some(n) => {
+                    let s = &capacity["shares"];
+                    assert_eq!(value(&s.value), i128::from(n));
+                    let p = s.request_policy.as_ref().unwrap();
+                    assert_eq!(value(p.default.as_ref().unwrap()), 1);
+                    let r = p.valid_range.as_ref().unwrap();
+                    assert_eq!((value(&r.min), value(r.step.as_ref().unwrap())), (1, 1));
+                    assert_eq!(value(r.max.as_ref().unwrap()), i128::from(n));
+                }
+                None => assert!(!capacity.contains_key("shares")),
+            }
+            // Every other capacity (a MIG device's SMs, engines) is taken
+            // by none of the shares.
+            for (name, c) in capacity {
+                if name != "memory" && name != "shares" {
+                    let p = c.request_policy.as_ref().unwrap();
+                    assert_eq!(value(p.default.as_ref().unwrap()), 0, "{name}");
+                    assert_eq!(p.valid_values.as_ref().unwrap().len(), 1, "{name}");
+                    assert_eq!(value(&p.valid_values.as_ref().unwrap()[0]), 0, "{name}");
+                    assert!(p.valid_range.is_none(), "{name}");
+                }
+            }
+        }
+    }
+    // Disabled publishes nothing shared.
+    let model = DeviceModel::build(&inv, &shares_options("disabled"));
+    assert!(model.devices().all(|d| d.memory_sharing.is_none()));
+    assert!(
+        model
+            .devices()
+            .all(|d| !d.attributes.capacity.contains_key("shares"))
+    );
+}
+
+fn shares_options(mode: &str) -> BuildOptions {
+    shares(mode, false)
+}
+
+/// Under dynamic MIG a GPU that can be used whole is published whole and
+/// shared (no placements), as memory-fraction sharing does; one that cannot
+/// keeps its placements, unshared.
+#[test]
+fn consumable_shares_under_dynamic_mig() {
+    let inv = inventory(vec![
+        gpu(0, HOPPER, Some(mig_info(false, vec![])), &[]),
+        gpu(1, AMPERE, Some(mig_info(true, vec![])), &[]),
+    ]);
+    let model = DeviceModel::build(&inv, &shares("unlimited", true));
+    let g0 = model.groups.iter().find(|g| g.minor == 0).unwrap();
+    assert_eq!(g0.devices.len(), 1);
+    assert!(g0.counter_set.is_none());
+    assert!(g0.devices[0].memory_sharing.is_some());
+    let g1 = model.groups.iter().find(|g| g.minor == 1).unwrap();
+    assert!(g1.devices.len() > 1);
+    assert!(g1.devices.iter().all(|d| d.memory_sharing.is_none()));
 }

@@ -16,13 +16,20 @@ enum Footprint {
     Share(u32),
     /// Memory slices `[start, start + size)` of the GPU.
     Slices(u32, u32, u32),
+    /// A share of the MIG device at these slices (consumable shares).
+    SliceShare(u32, u32, u32),
 }
 
 impl Footprint {
     fn overlaps(self, other: Footprint) -> bool {
-        use Footprint::{Share, Slices, Whole};
+        use Footprint::{Share, SliceShare, Slices, Whole};
         match (self, other) {
             (Share(_), Share(_)) => false,
+            // Shares of one MIG device go together; of overlapping
+            // placements (a stale entry), not.
+            (SliceShare(_, s1, n1), SliceShare(_, s2, n2)) if (s1, n1) == (s2, n2) => false,
+            (SliceShare(a, s1, n1), other) => Slices(a, s1, n1).overlaps(other),
+            (this, SliceShare(b, s2, n2)) => this.overlaps(Slices(b, s2, n2)),
             (Whole(a) | Share(a), Whole(b) | Share(b) | Slices(b, _, _))
             | (Slices(a, _, _), Whole(b) | Share(b)) => a == b,
             // In u64: the placements of a checkpoint entry are whatever
@@ -39,6 +46,11 @@ fn planned_footprint(d: &PlannedDevice) -> Footprint {
     match &d.target {
         Target::Gpu(g) if d.share_id.is_some() || g.memory_shared => Footprint::Share(g.minor),
         Target::Gpu(g) => Footprint::Whole(g.minor),
+        Target::Mig(m) if d.share_id.is_some() => Footprint::SliceShare(
+            m.request.parent_minor,
+            m.request.placement_start,
+            m.request.placement_size,
+        ),
         Target::Mig(m) => Footprint::Slices(
             m.request.parent_minor,
             m.request.placement_start,
@@ -51,6 +63,14 @@ fn record_footprint(d: &PreparedDeviceRecord) -> Footprint {
     match &d.kind {
         DeviceKind::Gpu { minor, .. } if d.share_id.is_some() => Footprint::Share(*minor),
         DeviceKind::Gpu { minor, .. } => Footprint::Whole(*minor),
+        DeviceKind::Mig {
+            parent_minor,
+            placement_start,
+            placement_size,
+            ..
+        } if d.share_id.is_some() => {
+            Footprint::SliceShare(*parent_minor, *placement_start, *placement_size)
+        }
         DeviceKind::Mig {
             parent_minor,
             placement_start,
@@ -91,7 +111,7 @@ pub(super) fn check_conflicts(
 
 #[cfg(test)]
 mod tests {
-    use super::Footprint::{Share, Slices, Whole};
+    use super::Footprint::{Share, SliceShare, Slices, Whole};
     use crate::prepare::error::{Held, PrepareError};
 
     #[test]
@@ -111,6 +131,17 @@ mod tests {
         assert!(Slices(0, 6, 1).overlaps(Whole(0)) && Whole(0).overlaps(Slices(0, 6, 1)));
         assert!(Slices(0, 6, 1).overlaps(Share(0)) && Share(0).overlaps(Slices(0, 6, 1)));
         assert!(!Slices(0, 6, 1).overlaps(Whole(1)));
+        // Shares of one MIG device (consumable shares) coexist; they
+        // conflict with the device held whole, an overlapping placement or
+        // the GPU.
+        assert!(!SliceShare(0, 4, 4).overlaps(SliceShare(0, 4, 4)));
+        assert!(SliceShare(0, 4, 4).overlaps(Slices(0, 4, 4)));
+        assert!(Slices(0, 4, 4).overlaps(SliceShare(0, 4, 4)));
+        assert!(SliceShare(0, 4, 4).overlaps(SliceShare(0, 0, 8)));
+        assert!(SliceShare(0, 4, 4).overlaps(Whole(0)) && Share(0).overlaps(SliceShare(0, 4, 4)));
+        assert!(!SliceShare(0, 4, 4).overlaps(SliceShare(0, 0, 4)));
+        assert!(!SliceShare(0, 4, 4).overlaps(SliceShare(1, 0, 8)));
+        assert!(!SliceShare(0, 4, 4).overlaps(Whole(1)));
     }
 
     #[test]

@@ -1004,13 +1004,14 @@ impl MpsControl {
                             .max(1),
                     )
                     .unwrap_or(1),
+                    multi_user: cfg.multi_user,
                 };
                 host::request_start(socket, &request).map_err(|source| MpsError::Host {
                     id: cfg.id.clone(),
                     source,
                 })?
             }
-            None => self.run_start(program, dirs, private, &env, &out_path)?,
+            None => self.run_start(program, dirs, private, &env, &out_path, cfg.multi_user)?,
         };
         match outcome {
             ok @ host::Outcome::Exited { .. } if ok.success() => {}
@@ -1058,13 +1059,14 @@ impl MpsControl {
         private: bool,
         env: &BTreeMap<String, OsString>,
         out_path: &Path,
+        multi_user: bool,
     ) -> Result<host::Outcome, MpsError> {
         let private = if private {
             Some((self.launcher()?, dirs.shm.as_path(), dirs.pipe.as_path()))
         } else {
             None
         };
-        let mut cmd = exec::daemon_start(program, private, env, out_path)?;
+        let mut cmd = exec::daemon_start(program, private, env, out_path, multi_user)?;
         let mut child = exec::spawn(&mut cmd).map_err(|source| MpsError::Spawn {
             program: program.to_path_buf(),
             source,

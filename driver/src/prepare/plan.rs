@@ -51,10 +51,19 @@ pub struct GpuTarget {
     pub uuid: String,
     /// Total memory in bytes.
     pub memory_bytes: u64,
-    /// Published for memory-fraction sharing (several claims at once).
+    /// Published for memory-fraction sharing (several claims at once), each
+    /// claim's memory enforced with MPS limits (`--memory-sharing`,
+    /// `--consumable-shares=memory`).
     pub memory_shared: bool,
+    /// Published for consumable shares that are only counted
+    /// (`--consumable-shares=unlimited` or `<N>`): several claims at once,
+    /// each prepared as if it had the GPU alone, except that MPS configs
+    /// join the GPU's one shared daemon.
+    pub counted_share: bool,
     /// Dynamic MIG is on for this GPU (its MIG mode may need switching off).
     pub dynamic_mig: bool,
+    /// CUDA compute capability (major, minor).
+    pub compute_capability: (u32, u32),
 }
 
 /// A MIG device.

@@ -660,6 +660,7 @@ fn build(
             dynamic_mig: flags.dynamic_mig,
             group_limits: rules.group_limits(),
             memory_sharing: flags.memory_sharing.clone(),
+            consumable_shares: flags.consumable_shares,
         },
     );
     model.set_taints(taints);

@@ -1,13 +1,20 @@
-//! A share of a memory-shared GPU (`--memory-sharing`): one MPS daemon per
-//! GPU, shared by every claim on it (started with the first, stopped after
-//! the last), compute mode `ExclusiveProcess` while it runs, and per-client
-//! limits derived from the `memory` the allocation consumed. The daemon
-//! is stopped after the last claim by the MPS kind's undo, which owns every
-//! daemon of the MPS directory (`super::mps`).
+//! A share of a memory-shared GPU (`--memory-sharing`,
+//! `--consumable-shares=memory`): one MPS daemon per GPU, shared by every
+//! claim on it (started with the first, stopped after the last), compute
+//! mode `ExclusiveProcess` while it runs, and per-client limits derived from
+//! the `memory` the allocation consumed, lowered further by the claim's own
+//! MPS config if it has one. The daemon is stopped after the last claim by
+//! the MPS kind's undo, which owns every daemon of the MPS directory
+//! (`super::mps`).
+//!
+//! A claim with an MPS config on a GPU shared by counted consumable shares
+//! (`unlimited`, `<N>`) joins the same per-GPU daemon, with the config's
+//! limits as its per-client limits: MPS needs one daemon per GPU, so claims
+//! sharing a GPU cannot each start their own.
 
 use std::collections::BTreeMap;
 
-use gpu_dra_api::config::{DeviceConfig, TimeSliceInterval};
+use gpu_dra_api::config::{DeviceConfig, MpsConfig, TimeSliceInterval};
 use gpu_nvml::ComputeMode;
 
 use super::{Kind, Setup};
@@ -16,6 +23,7 @@ use crate::prepare::checkpoint::ComputeModeChange;
 use crate::prepare::compute_mode;
 use crate::prepare::error::PrepareError;
 use crate::prepare::journal::failpoint;
+use crate::prepare::mps::config::parse_limit_mib;
 use crate::prepare::mps::{DaemonConfig, client_limit_edits};
 use crate::prepare::plan::{ClaimPlan, GpuTarget, PlannedDevice, Target};
 
@@ -50,7 +58,13 @@ pub(crate) fn of_claim(plan: &ClaimPlan) -> Result<Option<(u32, u64)>, PrepareEr
     let mut share: Option<(&PlannedDevice, u32, u64)> = None;
     for d in plan.devices.iter().filter(|d| !d.admin) {
         let Target::Gpu(g) = &d.target else { continue };
-        if !(g.memory_shared || d.consumed_memory.is_some()) {
+        let joins = g.memory_shared
+            || if g.counted_share {
+                mps_config(d).is_some()
+            } else {
+                d.consumed_memory.is_some()
+            };
+        if !joins {
             continue;
         }
         let consumed = d.consumed_memory.unwrap_or(0);
@@ -73,6 +87,14 @@ pub(crate) fn of_claim(plan: &ClaimPlan) -> Result<Option<(u32, u64)>, PrepareEr
     Ok(share.map(|(_, index, total)| (index, total)))
 }
 
+/// The MPS settings of device `d`'s config, if it asks for MPS.
+fn mps_config(d: &PlannedDevice) -> Option<&MpsConfig> {
+    match &d.config {
+        Some(DeviceConfig::Gpu(cfg)) if cfg.time_slice().is_none() => cfg.mps(),
+        _ => None,
+    }
+}
+
 /// Id of the MPS daemon shared by the claims of a memory-shared GPU.
 fn shared_daemon_id(minor: u32) -> String {
     format!("shared-gpu{minor}")
@@ -93,25 +115,58 @@ fn shared_gpu(
         device: d.device.clone(),
         reason,
     };
-    let consumed = d.consumed_memory.ok_or_else(|| {
-        unsupported("the GPU is shared by memory fraction but the allocation consumed no memory (allocated by a scheduler without DRAConsumableCapacity?)".to_owned())
-    })?;
     // Resolved configs are normalized: a `GpuConfig` without sharing
     // reads as time-slicing at the default interval, which changes
-    // nothing and is no reason to refuse.
+    // nothing and is no reason to refuse. An MPS config sets the claim's
+    // own limits within its share.
     if let Some(DeviceConfig::Gpu(cfg)) = &d.config
         && cfg.sharing.is_some()
-        && cfg.time_slice() != Some(TimeSliceInterval::Default)
+        && cfg
+            .time_slice()
+            .is_some_and(|t| t != TimeSliceInterval::Default)
     {
         return Err(unsupported(
-            "a memory-shared GPU always runs MPS with limits derived from the consumed memory; remove the sharing config from the claim or class".to_owned(),
+            "a memory-shared GPU always runs MPS with limits derived from the consumed memory, and its time slice is the GPU's, not a claim's; remove the time-slicing config or use an MPS config".to_owned(),
         ));
     }
-    if g.memory_bytes == 0 || consumed == 0 || total > g.memory_bytes {
-        return Err(unsupported(format!(
-            "consumed memory {total} bytes does not fit the GPU's {} bytes",
-            g.memory_bytes
-        )));
+    let own = mps_config(d);
+    if own.is_some_and(|m| m.multi_user == Some(true)) {
+        return Err(unsupported(
+            "mpsConfig.multiUser applies to a claim's own MPS daemon; a shared GPU's daemon serves every claim on it: leave multiUser out".to_owned(),
+        ));
+    }
+    // The client limits: from the consumed memory when enforced, lowered
+    // by the claim's MPS config; from the config alone when only counted.
+    let (mut pinned_mib, mut percent) = if g.memory_shared {
+        let consumed = d.consumed_memory.ok_or_else(|| {
+            unsupported("the GPU is shared by memory fraction but the allocation consumed no memory (allocated by a scheduler without DRAConsumableCapacity?)".to_owned())
+        })?;
+        if g.memory_bytes == 0 || consumed == 0 || total > g.memory_bytes {
+            return Err(unsupported(format!(
+                "consumed memory {total} bytes does not fit the GPU's {} bytes",
+                g.memory_bytes
+            )));
+        }
+        // Rounded down (at least 1): the claims' shares of the GPU's
+        // threads add up to no more than their shares of its memory.
+        let percent = (u128::from(total) * 100 / u128::from(g.memory_bytes)).clamp(1, 100);
+        ((total / MIB).max(1), u8::try_from(percent).unwrap_or(100))
+    } else {
+        ((g.memory_bytes / MIB).max(1), 100)
+    };
+    if let Some(own) = own {
+        if let Some(p) = own.default_active_thread_percentage {
+            percent = percent.min(u8::try_from(p.clamp(1, 100)).unwrap_or(100));
+        }
+        let limits = own
+            .pinned_memory_limits(&[g.uuid.as_str()])
+            .map_err(|e| unsupported(format!("MPS config: {e}")))?;
+        if let Some(limit) = limits.get(&g.uuid) {
+            let mib = parse_limit_mib(limit).map_err(|e| {
+                unsupported(format!("MPS config: pinned memory limit {limit}: {e}"))
+            })?;
+            pinned_mib = pinned_mib.min(mib);
+        }
     }
     let id = shared_daemon_id(g.minor);
     // The compute mode to restore after the last claim: recorded by the
@@ -140,6 +195,7 @@ fn shared_gpu(
         gpu_uuids: vec![g.uuid.clone()],
         active_thread_percentage: None,
         pinned_memory_limits: BTreeMap::new(),
+        multi_user: false,
     })?;
     // A joining claim copies the change only now, together with the
     // daemon: the undo restores the mode only for a record that names the
@@ -151,12 +207,8 @@ fn shared_gpu(
     }
     entry.devices[i].sharing.mps_daemon = Some(daemon);
     failpoint("prepare-after-mps");
-    let pinned_mib = (total / MIB).max(1);
-    // Rounded down (at least 1): the claims' shares of the GPU's threads
-    // add up to no more than their shares of its memory.
-    let percent = (u128::from(total) * 100 / u128::from(g.memory_bytes)).clamp(1, 100);
     let mut edits = inner.mps.container_edits(&id);
-    let limits = client_limit_edits(&g.uuid, pinned_mib, u8::try_from(percent).unwrap_or(100));
+    let limits = client_limit_edits(&g.uuid, pinned_mib, percent);
     edits.env.extend(limits.env);
     edits.mounts.extend(limits.mounts);
     Ok(edits)

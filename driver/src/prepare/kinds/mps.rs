@@ -29,6 +29,23 @@ use crate::prepare::report::RecoveryReport;
 /// The MPS kind.
 pub(crate) struct Mps;
 
+/// Volta (7.0) is the first architecture with multi-user MPS servers.
+/// Earlier ones take `-M` but their non-root clients fail `cuInit`
+/// (NVIDIA's driver lets the daemon start; here the prepare fails).
+const MULTI_USER_MIN_CC: (u32, u32) = (7, 0);
+
+/// Refuses `multiUser` on a GPU of compute capability `cc` below 7.0. MIG
+/// devices need Ampere, so only whole GPUs are checked.
+fn check_multi_user(mps: &MpsConfig, cc: (u32, u32)) -> Result<(), String> {
+    if mps.multi_user == Some(true) && cc < MULTI_USER_MIN_CC {
+        return Err(format!(
+            "mpsConfig.multiUser needs compute capability 7.0 (Volta) or later; this GPU has {}.{}: leave multiUser out",
+            cc.0, cc.1
+        ));
+    }
+    Ok(())
+}
+
 /// The MPS daemons a claim asks for, gathered device by device.
 #[derive(Default)]
 pub(crate) struct Daemons {
@@ -50,6 +67,12 @@ impl Kind for Mps {
                 if cfg.time_slice().is_none()
                     && let Some(mps) = cfg.mps()
                 {
+                    check_multi_user(mps, g.compute_capability).map_err(|reason| {
+                        PrepareError::Unsupported {
+                            device: d.device.clone(),
+                            reason,
+                        }
+                    })?;
                     claim.mps.exclusive.push((i, g.index));
                     group(
                         &mut claim.mps.groups,
@@ -95,6 +118,7 @@ impl Kind for Mps {
                     .default_active_thread_percentage
                     .and_then(|p| u8::try_from(p).ok()),
                 pinned_memory_limits: limits,
+                multi_user: config.multi_user == Some(true),
             });
         }
         for (cfg, group) in configs.iter().zip(&claim.mps.groups) {
@@ -434,6 +458,28 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+
+    #[test]
+    fn multi_user_needs_volta() {
+        let on = MpsConfig {
+            multi_user: Some(true),
+            ..MpsConfig::default()
+        };
+        assert_eq!(check_multi_user(&on, (7, 0)), Ok(()));
+        assert_eq!(check_multi_user(&on, (10, 0)), Ok(()));
+        let err = check_multi_user(&on, (6, 1)).unwrap_err();
+        assert!(
+            err.contains("needs compute capability 7.0 (Volta) or later; this GPU has 6.1"),
+            "{err}"
+        );
+        for off in [Some(false), None] {
+            let cfg = MpsConfig {
+                multi_user: off,
+                ..MpsConfig::default()
+            };
+            assert_eq!(check_multi_user(&cfg, (6, 1)), Ok(()));
+        }
+    }
 
     #[test]
     fn daemons_elsewhere_are_taken_over_once_and_never_over_the_current_dir() {

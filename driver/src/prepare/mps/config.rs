@@ -38,6 +38,10 @@ pub struct DaemonConfig {
     /// `gpu_uuids`): `<N>M` or `<N>G`, at least 1 MiB.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pinned_memory_limits: BTreeMap<String, String>,
+    /// Started as a multi-user server (`-d -M`; `mpsConfig.multiUser`):
+    /// clients of every Linux user share one MPS server.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub multi_user: bool,
 }
 
 /// Checks that `id` can be a directory name: 1 to [`MAX_ID_LEN`] ASCII

@@ -101,6 +101,7 @@ fn cfg(id: &str) -> DaemonConfig {
         gpu_uuids: vec![A.into(), B.into()],
         active_thread_percentage: Some(50),
         pinned_memory_limits: BTreeMap::from([(A.into(), "512M".into()), (B.into(), "2G".into())]),
+        multi_user: false,
     }
 }
 
@@ -387,6 +388,7 @@ fn a_daemon_without_settings_is_probed_with_get_server_list() {
         gpu_uuids: vec![B.into()],
         active_thread_percentage: None,
         pinned_memory_limits: BTreeMap::new(),
+        multi_user: false,
     };
     let pid = mps.start(&bare).unwrap().pid.unwrap();
     assert_eq!(env.commands(), ["get_server_list"]);
@@ -473,6 +475,7 @@ fn supervision_restarts_a_killed_daemon_with_its_settings() {
         gpu_uuids: vec![B.into()],
         active_thread_percentage: None,
         pinned_memory_limits: BTreeMap::new(),
+        multi_user: false,
     })
     .unwrap();
     let pipe = mps.dirs("claim-1").unwrap().pipe;
@@ -686,6 +689,7 @@ fn shared(id: &str) -> DaemonConfig {
         gpu_uuids: vec![A.into()],
         active_thread_percentage: None,
         pinned_memory_limits: BTreeMap::new(),
+        multi_user: false,
     }
 }
 

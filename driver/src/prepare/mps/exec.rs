@@ -140,7 +140,8 @@ pub(crate) struct SetupError {
 }
 
 /// The `-d` start of an MPS control daemon, the same whether the plugin
-/// runs it or the MPS daemon host does: `program -d`, or with `private`
+/// runs it or the MPS daemon host does: `program -d` (`-d -M` for a
+/// multi-user server, `mpsConfig.multiUser`), or with `private`
 /// (the launcher, the daemon's shm and pipe directories) through the
 /// launcher in a mount namespace of its own; exactly `env` as its
 /// environment; stdout and stderr into a new `output` file; stdin
@@ -153,7 +154,9 @@ pub(crate) fn daemon_start<V: AsRef<OsStr>>(
     private: Option<(&Path, &Path, &Path)>,
     env: &BTreeMap<String, V>,
     output: &Path,
+    multi_user: bool,
 ) -> Result<Command, SetupError> {
+    let args: &[&str] = if multi_user { &["-d", "-M"] } else { &["-d"] };
     let failed = |op: &'static str, path: &Path| {
         let path = path.to_path_buf();
         move |source| SetupError { op, path, source }
@@ -164,13 +167,13 @@ pub(crate) fn daemon_start<V: AsRef<OsStr>>(
             shm: shm.to_path_buf(),
             pipe: pipe.to_path_buf(),
             program: program.to_path_buf(),
-            args: vec!["-d".into()],
+            args: args.iter().map(Into::into).collect(),
         }
         .command(launcher)
         .map_err(failed("create mount point", Path::new(CONTAINER_PIPE_DIR)))?
     } else {
         let mut cmd = Command::new(program);
-        cmd.arg("-d");
+        cmd.args(args);
         cmd
     };
     let out = File::create(output).map_err(failed("create", output))?;

@@ -14,6 +14,7 @@ fn cfg() -> DaemonConfig {
         gpu_uuids: vec![A.into(), B.into()],
         active_thread_percentage: Some(50),
         pinned_memory_limits: BTreeMap::from([(B.into(), "2G".into()), (A.into(), "512M".into())]),
+        multi_user: false,
     }
 }
 

@@ -14,6 +14,8 @@ fn catalog() -> HashMap<String, Target> {
             uuid: format!("GPU-{minor}"),
             memory_bytes: 80 << 30,
             memory_shared: shared,
+            counted_share: false,
+            compute_capability: (9, 0),
             dynamic_mig: false,
         })
     };

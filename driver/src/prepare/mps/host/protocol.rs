@@ -55,6 +55,9 @@ pub struct StartRequest {
     pub output: PathBuf,
     /// How long `-d` may run before it is killed, in milliseconds.
     pub timeout_ms: u64,
+    /// Start a multi-user server (`-d -M`, `mpsConfig.multiUser`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub multi_user: bool,
 }
 
 /// How a started `-d` ended.

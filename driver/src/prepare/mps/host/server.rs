@@ -138,8 +138,13 @@ fn run_start(request: &StartRequest, launcher: &Path, children: &Children) -> Ou
         .private_mount
         .as_ref()
         .map(|m| (launcher, m.shm.as_path(), m.pipe.as_path()));
-    let mut cmd = match exec::daemon_start(&request.program, private, &request.env, &request.output)
-    {
+    let mut cmd = match exec::daemon_start(
+        &request.program,
+        private,
+        &request.env,
+        &request.output,
+        request.multi_user,
+    ) {
         Ok(cmd) => cmd,
         Err(e) => return failed(e.to_string()),
     };

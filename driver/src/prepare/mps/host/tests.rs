@@ -25,6 +25,7 @@ fn request(dir: &Path, program: &Path) -> StartRequest {
         ]),
         output: dir.join("out"),
         timeout_ms: 5_000,
+        multi_user: false,
     }
 }
 

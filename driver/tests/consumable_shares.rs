@@ -1,0 +1,312 @@
+//! NVIDIA's consumable shares (`--consumable-shares`) and MPS `multiUser`
+//! at prepare, end to end: the real plugin binary on the fake NVML and the
+//! fake driver root, driven by the kubelet simulator, with claims allocated
+//! as the scheduler allocates shares (`shareID`, `consumedCapacity`). What
+//! the scheduler does with the published policies is tested in
+//! `e2e/tests/memory_sharing.rs` (the allocator) and the golden pools.
+
+mod common;
+
+use common::prepare::{env_of, gpu_config, mig_config, node, node_yaml, result, share, share_id};
+use gpu_dra_sim::kubelet::{Claim, DraVersion};
+use serde_json::json;
+
+/// A claim `share-<letter>` for a share of `device` consuming `memory`,
+/// with `config` (a JSON list).
+async fn share_of(
+    n: &common::prepare::Node,
+    letter: char,
+    device: &str,
+    memory: &str,
+    config: serde_json::Value,
+) -> Claim {
+    let name = format!("share-{letter}");
+    let result = share(&name, device, &share_id(letter), memory);
+    n.claim(&name, json!([result]), config).await
+}
+
+fn has(env: &[String], line: &str) -> bool {
+    env.iter().any(|e| e == line)
+}
+
+/// `memory` mode is memory-fraction sharing: two claims on one T4 get one
+/// MPS daemon and limits from what they consumed; a claim's MPS config
+/// lowers its own limits; unprepare keeps the daemon until the last claim.
+#[tokio::test]
+async fn memory_mode_enforces_each_share_with_mps_limits() {
+    let n = node(
+        "t4-inference",
+        &["--consumable-shares=memory"],
+        DraVersion::V1,
+    )
+    .await;
+    let a = share_of(&n, 'a', "gpu-2", "4Gi", json!([])).await;
+    // 6 GiB, but its MPS config asks for 1 GiB and 10 % of the threads.
+    let b = share_of(
+        &n,
+        'b',
+        "gpu-2",
+        "6Gi",
+        json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
+            "defaultActiveThreadPercentage": 10, "defaultPinnedDeviceMemoryLimit": "1Gi"}}))]),
+    )
+    .await;
+    n.prepare_ok(&a).await;
+    n.prepare_ok(&b).await;
+    assert_eq!(n.mps_daemons(), 1, "one daemon for the GPU");
+    let env_a = env_of(&n.spec_device(&a, "gpu-2"));
+    let env_b = env_of(&n.spec_device(&b, "gpu-2"));
+    // 4 GiB of a 15,360 MiB T4: 26 % of the threads.
+    assert!(
+        has(&env_a, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M"),
+        "{env_a:?}"
+    );
+    assert!(
+        has(&env_a, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=26"),
+        "{env_a:?}"
+    );
+    assert!(
+        has(&env_b, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M"),
+        "{env_b:?}"
+    );
+    assert!(
+        has(&env_b, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10"),
+        "{env_b:?}"
+    );
+    // An MPS config never raises a limit above the share.
+    let c = share_of(
+        &n,
+        'c',
+        "gpu-2",
+        "2Gi",
+        json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
+            "defaultActiveThreadPercentage": 100, "defaultPinnedDeviceMemoryLimit": "8Gi"}}))]),
+    )
+    .await;
+    n.prepare_ok(&c).await;
+    let env_c = env_of(&n.spec_device(&c, "gpu-2"));
+    assert!(
+        has(&env_c, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M"),
+        "{env_c:?}"
+    );
+    assert!(
+        has(&env_c, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=13"),
+        "{env_c:?}"
+    );
+    n.unprepare_ok(&a).await;
+    n.unprepare_ok(&c).await;
+    assert_eq!(n.mps_daemons(), 1, "b still uses the daemon");
+    n.unprepare_ok(&b).await;
+    assert_eq!(n.mps_daemons(), 0, "stopped after the last claim");
+    assert!(n.exclusive_gpus().is_empty(), "compute mode restored");
+    assert_eq!(n.processes(), 0, "no process left");
+}
+
+/// On a memory share, time-slicing and `multiUser` are refused with a
+/// reason, before anything is set up.
+#[tokio::test]
+async fn memory_mode_refuses_what_a_share_cannot_have() {
+    let n = node(
+        "t4-inference",
+        &["--consumable-shares=memory"],
+        DraVersion::V1,
+    )
+    .await;
+    for (letter, sharing, expect) in [
+        (
+            'a',
+            json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
+            "remove the time-slicing config or use an MPS config",
+        ),
+        (
+            'b',
+            json!({"strategy": "MPS", "mpsConfig": {"multiUser": true}}),
+            "a shared GPU's daemon serves every claim on it: leave multiUser out",
+        ),
+    ] {
+        let c = share_of(&n, letter, "gpu-1", "1Gi", json!([gpu_config(sharing)])).await;
+        let r = n.prepare(std::slice::from_ref(&c)).await;
+        let error = r[&c.uid].error.clone().unwrap_or_default();
+        assert!(error.contains(expect), "{error}");
+    }
+    assert!(n.checkpoint_claims().is_empty());
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    assert_eq!(n.mps_daemons(), 0);
+}
+
+/// `unlimited`: two claims on one GPU are both prepared, each as if it had
+/// the GPU alone (no MPS, no limits); a third with an MPS config joins the
+/// GPU's one daemon with its config's limits. A claim for the whole GPU
+/// (no share) is still refused while shares hold it.
+#[tokio::test]
+async fn unlimited_mode_counts_only_and_mps_configs_join_one_daemon() {
+    let n = node(
+        "t4-inference",
+        &["--consumable-shares=unlimited"],
+        DraVersion::V1,
+    )
+    .await;
+    let a = share_of(&n, 'a', "gpu-0", "0", json!([])).await;
+    let b = share_of(&n, 'b', "gpu-0", "0", json!([])).await;
+    n.prepare_ok(&a).await;
+    n.prepare_ok(&b).await;
+    for c in [&a, &b] {
+        let dev = n.spec_device(c, "gpu-0");
+        let env = env_of(&dev);
+        assert!(
+            !env.iter().any(|e| e.starts_with("CUDA_MPS")),
+            "not enforced: {env:?}"
+        );
+        assert_eq!(
+            dev["containerEdits"]["deviceNodes"][0]["path"],
+            "/dev/nvidia0"
+        );
+    }
+    assert_eq!(n.mps_daemons(), 0);
+    let mps = share_of(
+        &n,
+        'c',
+        "gpu-0",
+        "0",
+        json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
+            "defaultActiveThreadPercentage": 30, "defaultPinnedDeviceMemoryLimit": "3Gi"}}))]),
+    )
+    .await;
+    n.prepare_ok(&mps).await;
+    assert_eq!(n.mps_daemons(), 1);
+    let env = env_of(&n.spec_device(&mps, "gpu-0"));
+    assert!(
+        has(&env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M"),
+        "{env:?}"
+    );
+    assert!(has(&env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30"), "{env:?}");
+    // The whole GPU, not a share: refused while shares hold it.
+    let whole = n.gpu_claim("whole", "gpu-0").await;
+    let r = n.prepare(std::slice::from_ref(&whole)).await;
+    let error = r[&whole.uid].error.clone().unwrap_or_default();
+    assert!(error.contains("already prepared for claim"), "{error}");
+    for c in [&a, &b, &mps] {
+        n.unprepare_ok(c).await;
+    }
+    assert_eq!(n.mps_daemons(), 0);
+    assert!(n.exclusive_gpus().is_empty());
+    n.prepare_ok(&whole).await;
+    n.unprepare_ok(&whole).await;
+}
+
+/// `<N>` on the mixed node: shares of the static MIG device coexist, each
+/// prepared with the MIG device (and its own MPS config, as usual for MIG);
+/// the MIG device held whole by another claim refuses them.
+#[tokio::test]
+async fn n_mode_shares_a_static_mig_device() {
+    let n = node("mixed", &["--consumable-shares=4"], DraVersion::V1).await;
+    let mig = "gpu-1-mig-3g40gb-9-0";
+    let a = share_of(&n, 'a', mig, "0", json!([])).await;
+    let b = share_of(
+        &n,
+        'b',
+        mig,
+        "0",
+        json!([mig_config(&["share-b"], json!({"strategy": "MPS"}))]),
+    )
+    .await;
+    n.prepare_ok(&a).await;
+    n.prepare_ok(&b).await;
+    let dev = n.spec_device(&a, mig);
+    assert!(dev["containerEdits"].is_object(), "{dev}");
+    for c in [&a, &b] {
+        n.unprepare_ok(c).await;
+    }
+    // Held whole (an allocation without a share), shares are refused.
+    let whole = n
+        .claim("whole", json!([result("gpu", mig)]), json!([]))
+        .await;
+    n.prepare_ok(&whole).await;
+    let c = share_of(&n, 'c', mig, "0", json!([])).await;
+    let r = n.prepare(std::slice::from_ref(&c)).await;
+    let error = r[&c.uid].error.clone().unwrap_or_default();
+    assert!(
+        error.contains("already prepared for claim default/whole"),
+        "{error}"
+    );
+    n.unprepare_ok(&whole).await;
+}
+
+/// `multiUser` starts the claim's daemon as a multi-user server
+/// (`-d -M`); without it, `-d` alone.
+#[tokio::test]
+async fn multi_user_starts_a_multi_user_server() {
+    let n = node("t4-inference", &[], DraVersion::V1).await;
+    let on = n
+        .claim(
+            "on",
+            json!([result("gpu", "gpu-1")]),
+            json!([gpu_config(
+                json!({"strategy": "MPS", "mpsConfig": {"multiUser": true}})
+            )]),
+        )
+        .await;
+    let off = n
+        .claim(
+            "off",
+            json!([result("gpu", "gpu-2")]),
+            json!([gpu_config(
+                json!({"strategy": "MPS", "mpsConfig": {"multiUser": false}})
+            )]),
+        )
+        .await;
+    n.prepare_ok(&on).await;
+    n.prepare_ok(&off).await;
+    let starts: Vec<Vec<String>> = n
+        .env
+        .driver_root
+        .mps_control_calls()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.args.first().is_some_and(|a| a == "-d"))
+        .map(|c| c.args)
+        .collect();
+    let mut starts = starts;
+    starts.sort();
+    assert_eq!(starts, [vec!["-d"], vec!["-d", "-M"]], "{starts:?}");
+    n.unprepare_ok(&on).await;
+    n.unprepare_ok(&off).await;
+    assert_eq!(n.mps_daemons(), 0);
+}
+
+/// On a GPU older than Volta, `multiUser` fails the prepare with the
+/// reason, and nothing is started.
+#[tokio::test]
+async fn multi_user_is_refused_before_volta() {
+    let yaml = "driverVersion: \"580.95.05\"\ncudaDriverVersion: 13000\ngpus:\n  - {model: P4, uuid: GPU-11111111-2222-3333-4444-555555555555, pciBusId: \"0000:18:00.0\", minor: 0, numaNode: 0, pcieRoot: pci0000:17}\n";
+    let n = node_yaml(yaml, &[], DraVersion::V1).await;
+    let c = n
+        .claim(
+            "old",
+            json!([result("gpu", "gpu-0")]),
+            json!([gpu_config(
+                json!({"strategy": "MPS", "mpsConfig": {"multiUser": true}})
+            )]),
+        )
+        .await;
+    let r = n.prepare(std::slice::from_ref(&c)).await;
+    let error = r[&c.uid].error.clone().unwrap_or_default();
+    assert!(
+        error.contains(
+            "mpsConfig.multiUser needs compute capability 7.0 (Volta) or later; this GPU has 6.1"
+        ),
+        "{error}"
+    );
+    assert_eq!(n.mps_daemons(), 0);
+    assert!(n.checkpoint_claims().is_empty());
+    // Without multiUser the same claim is prepared.
+    let ok = n
+        .claim(
+            "plain",
+            json!([result("gpu", "gpu-0")]),
+            json!([gpu_config(json!({"strategy": "MPS"}))]),
+        )
+        .await;
+    n.prepare_ok(&ok).await;
+    n.unprepare_ok(&ok).await;
+}
