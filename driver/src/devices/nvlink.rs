@@ -165,11 +165,11 @@ mod tests {
             .collect()
     }
 
-    fn fabric(clique_id: u32) -> Option<FabricInfo> {
-        Some(FabricInfo {
+    fn fabric(clique_id: u32) -> FabricInfo {
+        FabricInfo {
             cluster_uuid: "09b319a2-e553-400e-b9ab-1ff0bd7d7daf".into(),
             clique_id,
-        })
+        }
     }
 
     fn domains(gpus: &[GpuInfo]) -> Vec<String> {
@@ -239,10 +239,10 @@ mod tests {
     #[test]
     fn fabric_cliques_join_switch_attached_gpus_and_two_cliques_stay_apart() {
         let mut gpus: Vec<GpuInfo> = (0..4).map(|i| with_links(i, switch_links(18))).collect();
-        gpus[0].fabric = fabric(1);
-        gpus[1].fabric = fabric(1);
-        gpus[2].fabric = fabric(2);
-        gpus[3].fabric = fabric(2);
+        gpus[0].fabric = Some(fabric(1));
+        gpus[1].fabric = Some(fabric(1));
+        gpus[2].fabric = Some(fabric(2));
+        gpus[3].fabric = Some(fabric(2));
         let d = domains(&gpus);
         assert_eq!(d[0], d[1]);
         assert_eq!(d[2], d[3]);
