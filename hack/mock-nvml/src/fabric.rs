@@ -193,4 +193,44 @@ mod tests {
         assert_eq!(Fabric::of(&a100, None), None);
         assert_eq!(Fabric::of(&h100, None), Some(Fabric::NOT_SUPPORTED));
     }
+
+    #[test]
+    fn profiles_refuse_bad_fabric_with_the_gpu_named() {
+        let base = std::fs::read_to_string(crate::fixture::bundled_profile("gb200-nvl")).unwrap();
+        let loaded = crate::Profile::parse(&base).unwrap();
+        assert!(
+            loaded
+                .gpus
+                .iter()
+                .all(|g| g.fabric.is_some_and(|f| f.clique_id == 1))
+        );
+        for (from, to, needle) in [
+            ("cliqueId: 1}", "cliqueId: -1}", "cliqueId"),
+            ("cliqueId: 1}", "cliqueId: 1, state: Done}", "Done"),
+            ("cliqueId: 1}", "cliqueId: 1, extra: 2}", "extra"),
+            (
+                "clusterUuid: \"09b319a2",
+                "clusterUuid: \"zzb319a2",
+                "is not a UUID",
+            ),
+        ] {
+            let text = base.replacen(from, to, 1);
+            assert_ne!(text, base, "{from}");
+            let err = crate::Profile::parse(&text).unwrap_err().to_string();
+            assert!(err.contains(needle), "{to}: {err}");
+        }
+        // Fabric on an Ampere GPU: refused, naming the GPU.
+        let a100 = std::fs::read_to_string(crate::fixture::bundled_profile("dgx-a100"))
+            .unwrap()
+            .replacen(
+                "    minor: 4\n",
+                "    minor: 4\n    fabric: {clusterUuid: \"09b319a2-e553-400e-b9ab-1ff0bd7d7daf\", cliqueId: 1}\n",
+                1,
+            );
+        let err = crate::Profile::parse(&a100).unwrap_err().to_string();
+        assert!(
+            err.contains("gpus[4]") && err.contains("has no GPU fabric info"),
+            "{err}"
+        );
+    }
 }
