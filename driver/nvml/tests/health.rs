@@ -544,3 +544,26 @@ fn a_profile_with_a_bad_health_block_does_not_load() {
         .to_string();
     assert!(err.contains("before R565"), "{err}");
 }
+
+#[test]
+fn an_injected_xid_reaches_the_waiting_watch_quickly() {
+    // The fake's share of the "fault to taint under 1 s p95": the
+    // control file is checked every 50 ms, the waiting thread wakes at once.
+    let m = Machine::new(&profile("580.95.05", ["", "", ""]), "");
+    let backend = m.open();
+    let mut watch = backend.watch(0).unwrap();
+    let mut latencies = Vec::new();
+    for xid in 0..20 {
+        let start = Instant::now();
+        m.command(&format!("xid 4 {xid}"));
+        assert_eq!(next_event(&mut watch).kind, EventKind::Xid(xid));
+        latencies.push(start.elapsed());
+    }
+    latencies.sort();
+    let p95 = latencies[18];
+    eprintln!(
+        "control command to event: median {:?}, p95 {p95:?}, max {:?}",
+        latencies[10], latencies[19]
+    );
+    assert!(p95 < Duration::from_millis(500), "{latencies:?}");
+}
