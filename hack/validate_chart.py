@@ -254,6 +254,8 @@ REFUSED += [
     ({"consumableShares": "memory"}, "featureGates.ConsumableShares"),
     ({"consumableShares": "0", "featureGates": {"ConsumableShares": True}}, "consumableShares"),
     ({"consumableShares": "half"}, "consumableShares"),
+    ({"consumableShares": "memory", "featureGates": {"ConsumableShares": True},
+      "kubeletPlugin": {"memorySharing": "all"}}, "kubeletPlugin.memorySharing"),
     ({"resourceApiVersion": "resource.k8s.io/v1beta1"}, "resourceApiVersion"),
     ({"logVerbosity": "loud"}, "logVerbosity"),
     ({"kubeletPlugin": {"metrics": {"enabled": False}}}, "kubeletPlugin.metrics.enabled"),

@@ -152,6 +152,9 @@ gpuResourcesEnabledOverride=true: a values file with that override gets the same
 {{- if and $shares (ne $shares "disabled") (not (include "gpu-dra-driver.nvidia.gate" (dict "ctx" . "name" "ConsumableShares"))) }}
 {{- fail (printf "consumableShares: %q needs featureGates.ConsumableShares: true (as in NVIDIA's driver)" $shares) }}
 {{- end }}
+{{- if and $shares (ne $shares "disabled") $v.kubeletPlugin.memorySharing }}
+{{- fail (printf "consumableShares: %q and kubeletPlugin.memorySharing: %q cannot both be set (the plugin's --consumable-shares and --memory-sharing exclude each other)" $shares $v.kubeletPlugin.memorySharing) }}
+{{- end }}
 {{- with $v.resourceApiVersion }}
 {{- if ne . "resource.k8s.io/v1" }}
 {{- fail (printf "resourceApiVersion: %s is not supported: this driver uses resource.k8s.io/v1 (Kubernetes 1.34 or newer); leave it empty or set resource.k8s.io/v1" .) }}
