@@ -220,20 +220,22 @@ NVIDIA_EQUIVALENTS: list[tuple[str, dict, dict]] = [
             "kubeletRegistrarDir": "/var/lib/k0s/kubelet/plugins_registry",
             "kubeletPluginsDir": "/var/lib/k0s/kubelet/plugins",
             "metrics": {"port": 9400, "bindAddress": "0.0.0.0"},
-            "extraArgs": ["--health", "--passthrough", "--consumable-shares=memory", "--gpu-clique-label"],
+            "extraArgs": ["--health=on", "--passthrough", "--consumable-shares=memory", "--gpu-clique-label"],
             "extraEnv": [{"name": "EXTRA", "value": "1"}],
             # NVIDIA's container resources replace this chart's (null deletes a default).
             "resources": {"limits": {"memory": "1Gi"}, "requests": None},
         },
     }),
-    # The clique label under NVIDIA's older key, trace verbosity, an IPv6 endpoint.
+    # The clique label under NVIDIA's older key, trace verbosity, an IPv6 endpoint, the
+    # health monitor (on by default here) turned off as NVIDIA's gate says.
     ("nvidia-clique-label-v6-endpoint", {
         "logVerbosity": 7,
+        "featureGates": {"NVMLDeviceHealthCheck": False, "PassthroughSupport": False},
         "kubeletPlugin": {"containers": {"computeDomains": {"gpuCliqueLabelEnabled": True}},
                           "metrics": {"gpuHttpEndpoint": "[::]:8080"}},
     }, {
         "logLevel": "trace",
-        "kubeletPlugin": {"extraArgs": ["--gpu-clique-label"], "metrics": {"bindAddress": "::"}},
+        "kubeletPlugin": {"extraArgs": ["--health=off", "--gpu-clique-label"], "metrics": {"bindAddress": "::"}},
     }),
     # This chart's own extended-resource value.
     ("extended-resource", {"deviceClasses": {"gpuExtendedResourceName": "nvidia.com/gpu"}},

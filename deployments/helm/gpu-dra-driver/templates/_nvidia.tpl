@@ -35,10 +35,12 @@ FabricManagerPartitioning: refused
 HostManagedIMEXDaemon: refused
 {{- end }}
 
-{{- /* Flags of the plugin that NVIDIA's "flag" gates turn on. */ -}}
+{{- /* The plugin flag of each "flag" gate set to true or to false (nothing when the gate is
+not set: the plugin's default then applies). The health monitor is on by default here (off in
+NVIDIA's driver): a values file that sets NVMLDeviceHealthCheck: false turns it off. */ -}}
 {{- define "gpu-dra-driver.nvidia.gateFlags" -}}
-PassthroughSupport: --passthrough
-NVMLDeviceHealthCheck: --health
+PassthroughSupport: {"true": "--passthrough"}
+NVMLDeviceHealthCheck: {"true": "--health=on", "false": "--health=off"}
 {{- end }}
 
 {{- /* Why a refused gate is refused. */ -}}
@@ -103,9 +105,12 @@ gpuResourcesEnabledOverride=true: a values file with that override gets the same
 {{- /* Plugin flags from NVIDIA's values, one per line ("- --flag"). */ -}}
 {{- define "gpu-dra-driver.nvidia.pluginArgs" -}}
 {{- $flags := include "gpu-dra-driver.nvidia.gateFlags" . | fromYaml }}
+{{- $gates := .Values.featureGates | default dict }}
 {{- range $gate := keys $flags | sortAlpha }}
-{{- if include "gpu-dra-driver.nvidia.gate" (dict "ctx" $ "name" $gate) }}
-- {{ index $flags $gate }}
+{{- if hasKey $gates $gate }}
+{{- with index (index $flags $gate) (toString (index $gates $gate)) }}
+- {{ . }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- $shares := toString (.Values.consumableShares | default "") }}
