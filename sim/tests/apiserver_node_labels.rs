@@ -80,11 +80,11 @@ async fn hostile_label_values_and_missing_nodes_are_refused() {
     // Nothing was half-applied.
     let node = nodes.get("node-a").await.unwrap();
     assert!(
-        node.metadata
+        !node
+            .metadata
             .labels
             .unwrap_or_default()
-            .get("other")
-            .is_none()
+            .contains_key("other")
     );
     match nodes.patch("node-b", &pp, &label_patch(json!("v"))).await {
         Err(Error::Api(e)) => assert_eq!(e.code, 404),
