@@ -61,6 +61,7 @@ pub fn run_child(test: &str, envs: &[(&str, &std::ffi::OsStr)]) -> std::process:
         .env_remove("MOCK_NVML_STATE")
         .env_remove("MOCK_NVML_PROC_ROOT")
         .env_remove("MOCK_NVML_DEV_ROOT")
+        .env_remove("MOCK_NVML_CONTROL")
         .env("MOCK_NVML_CHILD", "1")
         .envs(envs.iter().copied())
         .output()
