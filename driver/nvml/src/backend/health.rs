@@ -407,11 +407,10 @@ fn nvlinks(poller: &mut Poller, nvml: &Nvml, device: RawDevice) -> Vec<LinkState
             Ok(active) => links.push(LinkState { link, active }),
             Err(NvmlError::InvalidArg) => break,
             Err(e) => {
-                if poller
-                    .optional::<()>("nvmlDeviceGetNvLinkState", Err(e))
-                    .is_none()
-                    && poller.lost.is_some()
-                {
+                // NOT_SUPPORTED: no such link (or no NVLink at all); a lost
+                // GPU ends the poll.
+                let _: Option<()> = poller.optional("nvmlDeviceGetNvLinkState", Err(e));
+                if poller.lost.is_some() {
                     break;
                 }
             }
