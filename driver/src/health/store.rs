@@ -403,6 +403,9 @@ fn check(saved: &Saved) -> Result<(), String> {
                     "GPU {uuid}: a message longer than {MAX_MESSAGE} bytes"
                 ));
             }
+            if c.message.chars().any(char::is_control) {
+                return Err(format!("GPU {uuid}: a message with control characters"));
+            }
             if c.since > c.last {
                 return Err(format!("GPU {uuid}: a condition last seen before it began"));
             }

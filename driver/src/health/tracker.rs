@@ -1239,16 +1239,24 @@ fn from_secs(s: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(s.min(u64::from(u32::MAX) * 4))
 }
 
-/// `text` cut to `max` bytes at a character boundary, with `...` when cut.
+/// `text` cut to `max` bytes at a character boundary, with `...` when cut,
+/// and control characters (line breaks from an NVML error text, a hostile
+/// checkpoint) shown as spaces: messages end up in one-line logs, Node
+/// events and the health stream.
 pub(crate) fn cut(text: &str, max: usize) -> String {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect()
+    };
     if text.len() <= max {
-        return text.to_owned();
+        return clean(text);
     }
     let mut end = max.saturating_sub(3);
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}...", &text[..end])
+    format!("{}...", clean(&text[..end]))
 }
 
 #[cfg(test)]

@@ -178,6 +178,13 @@ fn hostile_values() {
         "a message longer than",
     );
     expect_damaged(
+        &with(|v| {
+            v["saved"]["gpus"]["GPU-0000-aaaa"]["conditions"][1]["message"] =
+                "line\nbreak\u{1b}[31m".into();
+        }),
+        "a message with control characters",
+    );
+    expect_damaged(
         &with(|v| v["saved"]["gpus"]["GPU-0000-aaaa"]["conditions"][1]["since"] = 101.into()),
         "last seen before it began",
     );

@@ -641,9 +641,12 @@ fn unmonitored_is_unknown_until_watched_again() {
     assert!(tr_list[0].message.contains("NVML: Not Supported"));
     tr.tick(t(100_000));
     assert_eq!(keys(&tr, 1), [Key::Unmonitored], "no expiry");
-    // A hostile reason is cut.
-    tr.unmonitored(0, &"x".repeat(100_000), t(0));
-    assert!(tr.conditions()[0].conditions[0].message.len() < 400);
+    // A hostile reason is cut, and kept on one line.
+    tr.unmonitored(0, &"x\n\r\u{1b}".repeat(100_000), t(0));
+    let msg = &tr.conditions()[0].conditions[0].message;
+    assert!(msg.len() < 400, "{}", msg.len());
+    assert!(!msg.chars().any(char::is_control), "{msg:?}");
+    assert!(msg.ends_with("..."));
     tr.monitored(1);
     assert!(keys(&tr, 1).is_empty());
     // Unknown GPUs are ignored.
