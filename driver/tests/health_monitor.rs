@@ -30,6 +30,11 @@ const GPU0_UUID: &str = "GPU-3f98e277-4cbd-47ad-9c90-a9587403e430";
 /// A plugin on the small profile with the control file `dir/control`
 /// (holding `initial` lines before the start) and fast health timing.
 fn start(dir: &Path, initial: &[&str], extra: &[&str]) -> (Plugin, PathBuf) {
+    start_on(dir, common::SMALL_PROFILE, initial, extra)
+}
+
+/// [`start`] on the bundled machine profile `profile`.
+fn start_on(dir: &Path, profile: &str, initial: &[&str], extra: &[&str]) -> (Plugin, PathBuf) {
     let control = dir.join("control");
     let mut text = String::new();
     for line in initial {
@@ -37,7 +42,12 @@ fn start(dir: &Path, initial: &[&str], extra: &[&str]) -> (Plugin, PathBuf) {
         text.push('\n');
     }
     std::fs::write(&control, text).unwrap();
-    let env = Arc::new(TestEnv::builder(dir).control(&control).build());
+    let env = Arc::new(
+        TestEnv::builder(dir)
+            .bundled(profile)
+            .control(&control)
+            .build(),
+    );
     let plugin = launch(&env, dir, "run", extra);
     (plugin, control)
 }
@@ -118,7 +128,9 @@ async fn wait_health(
                 last = list;
             }
             Ok(other) => panic!("health stream ended: {other:?}"),
-            Err(_) => panic!("no matching health message in {timeout:?}; last: {last:#?}"),
+            Err(tokio::time::error::Elapsed { .. }) => {
+                panic!("no matching health message in {timeout:?}; last: {last:#?}")
+            }
         }
     }
 }
@@ -181,7 +193,8 @@ async fn an_xid_79_taints_reports_and_counts_then_recovers() {
     let dir = short_dir();
     let (plugin, control) = start(dir.path(), &[], &[]);
     let env = plugin.env.clone();
-    env.wait_pool(NODE, Duration::from_secs(10)).await;
+    let pool = env.wait_pool(NODE, Duration::from_secs(10)).await;
+    let generation = common::complete_pool(&pool);
     let mut stream = health_stream(&plugin).await;
     let first = wait_health(&mut stream, Duration::from_secs(5), |_| true).await;
     assert_eq!(first.len(), 4, "{first:#?}");
@@ -208,6 +221,8 @@ async fn an_xid_79_taints_reports_and_counts_then_recovers() {
         "{:?}",
         taints_of(&slices, "gpu-0")
     );
+    // Written in place: the pool keeps its generation.
+    assert_eq!(common::complete_pool(&pool_of(&slices, NODE)), generation);
     // The other GPUs are untouched.
     for other in ["gpu-1", "gpu-2", "gpu-3"] {
         assert!(taints_of(&slices, other).is_empty(), "{other}");
@@ -467,4 +482,97 @@ async fn health_off_publishes_no_taints_and_an_empty_list() {
     assert!(taints_of(&env.slices(NODE), "gpu-0").is_empty());
     let text = metrics(&plugin).await;
     assert!(!text.contains("gpu_health_state{"), "{text}");
+}
+
+/// `nvlinkCount` of `device` in the node's slices.
+fn nvlink_count(slices: &[Value], device: &str) -> Option<i64> {
+    pool_of(slices, NODE)
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .find(|d| d["name"] == device)
+        .and_then(|d| d["attributes"]["nvlinkCount"]["int"].as_i64())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hardware_failure_stays_until_an_admin_clears_it_and_a_link_down_republishes() {
+    let dir = short_dir();
+    let (plugin, control) = start_on(dir.path(), "pcie-a100-bridged", &[], &[]);
+    let env = plugin.env.clone();
+    let slices = env.wait_pool(NODE, Duration::from_secs(10)).await;
+    assert_eq!(nvlink_count(&slices, "gpu-0"), Some(12));
+    let mut stream = health_stream(&plugin).await;
+
+    // A remap waits for a reset: informational.
+    inject(&control, "remap 0 1 0");
+    wait_taint(
+        &env,
+        "gpu-0",
+        "gpu.nvidia.com/remap-pending",
+        "None",
+        true,
+        FAULT_WAIT,
+    )
+    .await;
+    // It failed: the memory is beyond repair.
+    inject(&control, "remap 0 0 1");
+    wait_taint(
+        &env,
+        "gpu-0",
+        "gpu.nvidia.com/hardware-failure",
+        "NoSchedule",
+        true,
+        FAULT_WAIT,
+    )
+    .await;
+    assert!(
+        taints_of(&env.slices(NODE), "gpu-0")
+            .iter()
+            .any(|(k, v, _)| k == "gpu.nvidia.com/hardware-failure" && v == "row-remap-failure")
+    );
+    wait_health(&mut stream, FAULT_WAIT, |l| is(l, "gpu-0", "Unhealthy")).await;
+    // The GPU no longer reports it (repaired): the taint stays, well past
+    // the quiet period.
+    inject(&control, "remap 0 0 0");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(has_taint(
+        &env.slices(NODE),
+        "gpu-0",
+        "gpu.nvidia.com/hardware-failure",
+        "NoSchedule"
+    ));
+    // The admin's request clears it, and is taken away.
+    let clear = plugin.plugins_dir.join(DRIVER).join("health-clear");
+    std::fs::write(
+        &clear,
+        "# repaired\nGPU-907a70c3-1012-4037-b64c-e4228c38fb29\n",
+    )
+    .unwrap();
+    wait_taint(
+        &env,
+        "gpu-0",
+        "gpu.nvidia.com/hardware-failure",
+        "NoSchedule",
+        false,
+        FAULT_WAIT,
+    )
+    .await;
+    assert!(!clear.exists());
+    // A malformed request is reported and removed, nothing else happens.
+    std::fs::write(&clear, "not-a-uuid\n").unwrap();
+    let deadline = Instant::now() + FAULT_WAIT;
+    while clear.exists() {
+        assert!(Instant::now() < deadline, "the malformed request stays");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    plugin
+        .wait_log("the request to clear hardware failures was not used")
+        .await;
+
+    // An NVLink goes down: the inventory is republished with one link less.
+    inject(&control, "nvlink 0 0 down");
+    env.wait_slices(FAULT_WAIT, |s| nvlink_count(s, "gpu-0") == Some(11))
+        .await;
+    inject(&control, "nvlink 0 0 up");
+    env.wait_slices(FAULT_WAIT, |s| nvlink_count(s, "gpu-0") == Some(12))
+        .await;
 }

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use super::classify::Policy;
 use super::events::NodeEvents;
 use super::metrics::{DeviceView, HealthMetrics, recovery_raw};
-use super::store::HealthStore;
+use super::store::{self, HealthStore};
 use super::taints::{device_health, device_taints};
 use super::tracker::{GpuId, MigInstance, Tracker, Transition};
 use crate::devices::{BuildOptions, DeviceModel, Taint, TaintEffect};
@@ -62,7 +62,8 @@ pub struct Setup {
     pub debounce: Duration,
     /// How often conditions are aged (expiry, recovery).
     pub tick: Duration,
-    /// The checkpoint file.
+    /// The checkpoint file; an admin's request to clear hardware failures
+    /// is read from [`store::CLEAR_FILE`] beside it at every poll.
     pub store_path: PathBuf,
     /// The node's boot id.
     pub boot_id: String,
@@ -520,8 +521,10 @@ impl State {
             .filter(|g| g.info.mig.as_ref().is_some_and(|m| m.current_enabled))
             .map(|g| g.info.index)
             .collect();
+        let clear_path = self.setup.store_path.with_file_name(store::CLEAR_FILE);
         let polled = tokio::task::spawn_blocking(move || {
-            indices
+            let clear = store::take_clear_request(&clear_path);
+            let polled = indices
                 .into_iter()
                 .map(|i| {
                     // The live MIG devices, so events with a GPU instance id
@@ -529,14 +532,25 @@ impl State {
                     let instances = mig.contains(&i).then(|| backend.gpu_instances(i));
                     (i, source.poll(i), instances)
                 })
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+            (clear, polled)
         })
         .await;
-        let Ok(polled) = polled else {
+        let Ok((clear, polled)) = polled else {
             tracing::warn!("the health poll task failed");
             return;
         };
         let now = SystemTime::now();
+        match clear {
+            Ok(Some(request)) => {
+                let cleared = self.tracker.clear_hardware_failures(&request);
+                tracing::info!(request = ?request, cleared = ?cleared, "an admin's request to clear hardware failures taken");
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "the request to clear hardware failures was not used (and is removed)")
+            }
+        }
         let mut reached = false;
         let mut links_changed = Vec::new();
         for (index, result, instances) in polled {

@@ -5,6 +5,12 @@
 //! wait for `resourceSliceCount` slices of it):
 //! - new content: generation = max(ours, any seen in the pool) + 1, every
 //!   slice rewritten with it, then surplus slices deleted;
+//! - new content in the same layout (the same slices, each with the same
+//!   devices and counter sets, only what they say of them changed, such as
+//!   a health taint): the generation stays and only the slices that changed
+//!   are written, in place (KEP-5055: a change confined to slices needs no
+//!   generation bump; no device ever appears twice or goes missing, since
+//!   none moves between slices);
 //! - unchanged content, slices deleted or changed behind our back: they are
 //!   restored at the same generation (the content of that generation does
 //!   not change), unless something in the pool claims a higher generation, in
@@ -141,6 +147,9 @@ pub struct PoolState {
     /// The generation being published and the content it stands for (the
     /// [`comparable`] digest of each desired slice, in order).
     pub published: Option<(i64, Vec<Digest>)>,
+    /// The layout of that content: each slice's name, devices and counter
+    /// sets ([`Wanted::layout`]), in order.
+    pub published_layout: Option<Vec<Digest>>,
     /// Per slice name: what our last write of it returned and held.
     pub written: BTreeMap<String, Written>,
 }
@@ -254,6 +263,9 @@ pub struct Wanted {
     pub has_devices: bool,
     /// [`comparable`] digest.
     pub content: Digest,
+    /// Digest of its name, pool size and the names of its devices and
+    /// counter sets: what must stay for an in-place update.
+    pub layout: Digest,
 }
 
 impl Wanted {
@@ -266,8 +278,37 @@ impl Wanted {
             pool: slice.spec.pool.name.clone(),
             has_devices: slice.spec.devices.as_ref().is_some_and(|d| !d.is_empty()),
             content: comparable(slice),
+            layout: layout(slice),
         }
     }
+}
+
+/// The digest of what places devices in `slice`: its name, the pool's
+/// slice count, and the names of its devices and counter sets.
+fn layout(slice: &ResourceSlice) -> Digest {
+    let devices: Vec<&str> = slice
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .map(|d| d.name.as_str())
+        .collect();
+    let counters: Vec<&str> = slice
+        .spec
+        .shared_counters
+        .iter()
+        .flatten()
+        .map(|c| c.name.as_str())
+        .collect();
+    digest::of(
+        &(
+            slice.metadata.name.as_deref().unwrap_or_default(),
+            slice.spec.pool.resource_slice_count,
+            devices,
+            counters,
+        ),
+        &[],
+    )
 }
 
 /// Whether `observed` can be kept as `wanted` at `generation`.
@@ -313,6 +354,8 @@ pub fn plan(desired: &mut [ResourceSlice], observed: &[Observed], state: &mut Po
 pub fn plan_wanted(desired: &[Wanted], observed: &[Observed], state: &mut PoolState) -> Plan {
     let pool = desired.first().map(|w| w.pool.as_str()).unwrap_or_default();
     let fp: Vec<Digest> = desired.iter().map(|w| w.content).collect();
+    let layout: Vec<Digest> = desired.iter().map(|w| w.layout).collect();
+    let same_layout = state.published_layout.as_ref() == Some(&layout);
     let by_name: BTreeMap<&str, &Observed> =
         observed.iter().map(|o| (o.name.as_str(), o)).collect();
     let observed_max = observed
@@ -322,7 +365,9 @@ pub fn plan_wanted(desired: &[Wanted], observed: &[Observed], state: &mut PoolSt
         .max();
 
     let generation = match &state.published {
-        Some((g, content)) if *content == fp => match observed_max {
+        // Unchanged content, or changed in place: the same generation,
+        // unless something in the pool claims a higher one.
+        Some((g, content)) if *content == fp || same_layout => match observed_max {
             Some(m) if m > *g => m + 1,
             _ => *g,
         },
@@ -354,6 +399,7 @@ pub fn plan_wanted(desired: &[Wanted], observed: &[Observed], state: &mut PoolSt
         .map(|name| Op::Delete((*name).to_owned()))
         .collect();
     state.published = Some((generation, fp));
+    state.published_layout = Some(layout);
     Plan {
         generation,
         waves: [recreate, counters, devices, surplus]
