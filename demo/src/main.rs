@@ -11,12 +11,14 @@
 //! Steps: the node and its GPUs; the ResourceSlices published; the example
 //! claims of `demo/` ([`claims`]), each admitted or denied ([`admission`]),
 //! placed ([`scheduler`]), prepared and resolved as a runtime would
-//! ([`walk`], [`inspect`]); then one unprepare of all of them and the proof
-//! that nothing is left ([`proof`]); the plugin's shutdown; and the removal
-//! of the temporary directory. Output: [`print`](mod@print), or one JSON document.
+//! ([`walk`], [`inspect`]); then one unprepare of all of them and the
+//! proof that nothing is left ([`proof`]); a GPU that falls off the bus and
+//! comes back, through the plugin's health monitor ([`health`]); the
+//! plugin's shutdown; and the removal of the temporary directory. Output: [`print`](mod@print), or one JSON document.
 
 mod admission;
 mod claims;
+mod health;
 mod inspect;
 mod print;
 mod proof;
@@ -99,6 +101,21 @@ pub struct Args {
     /// at what the run left there; by default it is removed.
     #[arg(long)]
     keep_temp_dir: bool,
+
+    /// The plugin's `--health-quiet-period`: how long a GPU that was lost
+    /// stays tainted after it answers again (the plugin's default is 60 s;
+    /// short here so the demo shows the recovery).
+    #[arg(long, default_value = "2s", value_parser = quiet_period)]
+    health_quiet_period: Duration,
+}
+
+/// `--health-quiet-period`: the plugin's own range, 1 s to 1 h.
+fn quiet_period(s: &str) -> Result<Duration, String> {
+    let d = gpu_dra_cmdline::parse_duration(s)?;
+    if d < Duration::from_secs(1) || d > Duration::from_secs(3600) {
+        return Err(format!("duration {s:?} is out of range (1s to 1h)"));
+    }
+    Ok(d)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -142,6 +159,7 @@ fn run(args: &Args) -> Result<()> {
         profile_yaml: &profile_yaml,
         dynamic_mig: args.dynamic_mig,
         keep_temp_dir: args.keep_temp_dir,
+        health_quiet: args.health_quiet_period,
     };
     let (report, problems) = runtime.block_on(demo(&out, &settings))?;
     if args.output == Output::Json {
@@ -188,11 +206,14 @@ struct Settings<'a> {
     profile_yaml: &'a str,
     dynamic_mig: bool,
     keep_temp_dir: bool,
+    health_quiet: Duration,
 }
 
 /// The simulated machine in the temporary directory.
 struct Machine {
     nvml_lib: PathBuf,
+    /// The fake NVML's control file (GPU faults are written to it).
+    control: PathBuf,
     sysfs: PathBuf,
     paths: NodePaths,
     /// NVML index of the GPU shared by memory fraction (the last one).
@@ -218,11 +239,13 @@ fn machine(root: &Path, profile_yaml: &str) -> Result<Machine> {
         .context("create the NVIDIA proc tree")?;
     let driver_root = fake_driver_root::FakeDriverRoot::create(&root.join("driver"))
         .context("create the fake driver root")?;
+    let control = root.join("nvml-control");
+    std::fs::write(&control, "").context("create the fake NVML's control file")?;
     let options = nvidia_ml::fixture::InstallOptions {
         state: Some(root.join("nvml-state.json")),
         proc_root: Some(proc_root.clone()),
         dev_root: Some(dev_root.clone()),
-        control: None,
+        control: Some(control.clone()),
     };
     let nvml_lib = nvidia_ml::fixture::install_with(&nvml_dir, &profile_path, &options)
         .context("install the fake NVML library")?;
@@ -233,6 +256,7 @@ fn machine(root: &Path, profile_yaml: &str) -> Result<Machine> {
     let gpus = profile.gpus.len();
     Ok(Machine {
         nvml_lib,
+        control,
         sysfs,
         paths: NodePaths {
             cdi: root.join("cdi"),
@@ -251,7 +275,7 @@ fn plugin_flags(
     root: &Path,
     machine: &Machine,
     kubeconfig: &Path,
-    dynamic_mig: bool,
+    settings: &Settings<'_>,
 ) -> Result<Flags> {
     let paths = &machine.paths;
     let mut argv: Vec<String> = vec![
@@ -271,11 +295,18 @@ fn plugin_flags(
         format!("--sysfs-root={}", machine.sysfs.display()),
         format!("--kubeconfig={}", kubeconfig.display()),
         "--delete-slices-on-exit".into(),
+        // The health monitor: a short quiet period so the demo shows a
+        // recovery, a poll every half second so it sees it soon.
+        format!(
+            "--health-quiet-period={}ms",
+            settings.health_quiet.as_millis()
+        ),
+        "--health-poll-interval=500ms".into(),
     ];
     if let Some(index) = machine.shared_gpu {
         argv.push(format!("--memory-sharing={index}"));
     }
-    if dynamic_mig {
+    if settings.dynamic_mig {
         argv.push("--dynamic-mig".into());
     }
     let mut flags = Flags::try_parse_from(&argv).context("plugin flags")?;
@@ -351,7 +382,7 @@ async fn demo(out: &Printer, settings: &Settings<'_>) -> Result<(Value, Vec<Stri
         "gpu-kubelet-plugin",
         "discovery, preparer, sockets, slice publisher",
     );
-    let flags = plugin_flags(&root, &machine, &kubeconfig, settings.dynamic_mig)?;
+    let flags = plugin_flags(&root, &machine, &kubeconfig, settings)?;
     std::fs::create_dir_all(&flags.kubelet_registrar_dir)
         .context("create the registrar directory")?;
     let sim = KubeletSim::new();
@@ -468,7 +499,35 @@ async fn demo(out: &Printer, settings: &Settings<'_>) -> Result<(Value, Vec<Stri
         ));
     }
 
-    // 7. Stop: deregistration first, then drain, then the pool is removed.
+    // 7. With the claims gone, a GPU falls off the bus and comes back.
+    let allocated: Vec<String> = walked
+        .iter()
+        .flat_map(|w| &w.allocation)
+        .filter_map(|a| a["device"].as_str().map(str::to_owned))
+        .collect();
+    let gpu_ids: Vec<(u32, String)> = inventory
+        .gpus
+        .iter()
+        .map(|g| (g.info.minor, g.info.uuid.clone()))
+        .collect();
+    let health_report = match health::pick_gpu(&gpu_ids, &allocated) {
+        Some(gpu) => {
+            let setup = health::Setup {
+                server: &server,
+                client: client.clone(),
+                kubelet: &kubelet,
+                control: &machine.control,
+                node: NODE,
+                driver: DRIVER,
+                gpu,
+                quiet: settings.health_quiet,
+            };
+            health::run(out, &setup).await?
+        }
+        None => Value::Null,
+    };
+
+    // 8. Stop: deregistration first, then drain, then the pool is removed.
     let step = out.step("shutdown", "deregister, drain, delete slices");
     handle
         .shutdown()
@@ -491,7 +550,7 @@ async fn demo(out: &Printer, settings: &Settings<'_>) -> Result<(Value, Vec<Stri
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     step.done();
 
-    // 8. Nothing left: sockets, slices, claims, the temporary directory,
+    // 9. Nothing left: sockets, slices, claims, the temporary directory,
     // and outside it.
     let sockets_left: Vec<PathBuf> = [&registration_socket, &dra_socket]
         .into_iter()
@@ -561,6 +620,7 @@ async fn demo(out: &Printer, settings: &Settings<'_>) -> Result<(Value, Vec<Stri
         "gpus": gpus,
         "pool": pool,
         "claims": walked.iter().map(walk::Walked::to_json).collect::<Vec<_>>(),
+        "health": health_report,
         "cleanup": cleanup,
     });
     Ok((report, problems))

@@ -214,6 +214,15 @@ impl Printer {
         println!();
     }
 
+    /// A titled block of lines, printed as given (already indented).
+    pub fn lines(&self, title: &str, body: &str) {
+        if !self.text {
+            return;
+        }
+        println!("{title}");
+        print!("{body}");
+    }
+
     /// The state before and after unprepare.
     pub fn proof(&self, before: &Leftovers, after: &Leftovers) {
         if !self.text {

@@ -267,7 +267,7 @@ async fn status_devices(
 
 /// ResourceSlices, DeviceClasses, and the allocated claims other than
 /// `except`, as the scheduler's informers would have them.
-async fn cluster_state(
+pub async fn cluster_state(
     client: &kube::Client,
     except: &str,
 ) -> anyhow::Result<(Vec<ResourceSlice>, Vec<DeviceClass>, Vec<ResourceClaim>)> {

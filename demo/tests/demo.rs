@@ -276,6 +276,104 @@ fn the_invalid_claim_gets_the_webhooks_message_and_the_big_one_an_explanation() 
     );
 }
 
+/// The health part: a GPU no claim holds falls off the bus, every device
+/// on it is tainted in the published slice and Unhealthy to kubelet, a
+/// claim for it is not placed; once it is back, not before the quiet
+/// period, the taints are gone and the claim is placed on it.
+#[test]
+fn a_lost_gpu_is_tainted_refused_and_recovers_after_the_quiet_period() {
+    let report = default_report();
+    let health = &report["health"];
+    let minor = health["gpu"]["minor"].as_u64().unwrap();
+    let device = format!("gpu-{minor}");
+    assert_eq!(health["gpu"]["device"], device.as_str());
+    // No walked claim holds it.
+    for c in report["claims"].as_array().unwrap() {
+        assert!(
+            allocated(c)
+                .iter()
+                .all(|d| d.split('-').nth(1) != Some(&minor.to_string())),
+            "{c}"
+        );
+    }
+    assert_eq!(
+        strings(&health["injected"]),
+        [format!("xid {minor} 79"), format!("lose {minor}")]
+    );
+    // Every device on the GPU (the full GPU and its MIG placements) has
+    // NVIDIA's gpu-lost and xid=79 taints, NoSchedule.
+    let tainted = health["taints"].as_array().unwrap();
+    let on_gpu = report["pool"]["devices"].as_u64().unwrap();
+    assert!(
+        tainted.len() > 1 && (tainted.len() as u64) < on_gpu,
+        "{tainted:?}"
+    );
+    for d in tainted {
+        let name = d["device"].as_str().unwrap();
+        assert!(
+            name == device || name.starts_with(&format!("{device}-mig-")),
+            "{name}"
+        );
+        let keys: Vec<(&str, &str, &str)> = d["taints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                (
+                    t["key"].as_str().unwrap(),
+                    t["value"].as_str().unwrap_or(""),
+                    t["effect"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert!(
+            keys.contains(&("gpu.nvidia.com/gpu-lost", "", "NoSchedule")),
+            "{name}: {keys:?}"
+        );
+        assert!(
+            keys.contains(&("gpu.nvidia.com/xid", "79", "NoSchedule")),
+            "{name}: {keys:?}"
+        );
+    }
+    assert_eq!(health["view"]["state"], "Unschedulable");
+    assert_eq!(
+        health["view"]["devices"].as_array().unwrap().len(),
+        tainted.len()
+    );
+    assert!(
+        health["healthMessage"].as_str().unwrap().contains("XID 79"),
+        "{health}"
+    );
+    // The events path: the taint within a second (goal of issue #43).
+    assert!(health["taintMs"].as_f64().unwrap() < 1000.0, "{health}");
+    // The allocator refuses a claim for exactly that GPU, for its taints.
+    assert_eq!(health["whileTainted"]["placed"], false);
+    let why = strings(&health["whileTainted"]["explanation"]).join("\n");
+    assert!(why.contains("1 tainted"), "{why}");
+    // Recovery: not before the quiet period, and then clean.
+    let quiet_ms = health["quietPeriodS"].as_f64().unwrap() * 1000.0;
+    assert_eq!(quiet_ms, 2000.0);
+    let untaint = health["untaintMs"].as_f64().unwrap();
+    assert!(untaint >= quiet_ms, "recovered after {untaint} ms");
+    assert_eq!(health["viewAfter"]["state"], "NoTaints");
+    assert_eq!(health["afterRecovery"]["placed"], true);
+    assert_eq!(
+        strings(&health["afterRecovery"]["devices"]),
+        [device.as_str()]
+    );
+}
+
+/// A quiet period outside the plugin's range is refused by the demo.
+#[test]
+fn a_quiet_period_out_of_range_is_a_flag_error() {
+    for bad in ["500ms", "2h", "soon", ""] {
+        let out = demo(&["--health-quiet-period", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--health-quiet-period"), "{bad}: {err}");
+    }
+}
+
 #[test]
 fn the_proof_saw_the_state_before_and_none_after() {
     let cleanup = &default_report()["cleanup"];

@@ -65,6 +65,13 @@ fn render_node(out: &mut String, node: &NodeReport) {
     }
 }
 
+/// One GPU: its line and, when it has taints, its taints (as in [`text`]).
+pub fn gpu_text(gpu: &GpuReport) -> String {
+    let mut out = String::new();
+    render_gpu(&mut out, gpu);
+    out
+}
+
 fn render_gpu(out: &mut String, gpu: &GpuReport) {
     let mut head = match gpu.minor {
         Some(m) => format!("  gpu {m}"),
