@@ -320,3 +320,32 @@ fn warnings_alone_exit_0() {
     assert_eq!(entries[0]["warnings"][0]["line"], 12);
     assert_eq!(entries[0]["errors"], Value::Array(vec![]));
 }
+
+/// NVIDIA's `mpsConfig.multiUser` (v0.5.0): a boolean, accepted; any other
+/// type is an error at its line with the field's path.
+#[test]
+fn mps_multi_user_is_a_boolean() {
+    let example = repo().join("docs/examples/consumable-shares.yaml");
+    let text = std::fs::read_to_string(&example).unwrap();
+    assert!(text.contains("multiUser: true"));
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("multi-user.yaml");
+    std::fs::write(&bad, text.replace("multiUser: true", "multiUser: \"yes\"")).unwrap();
+    let run = lint(&[&bad]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    let line = text
+        .lines()
+        .position(|l| l.contains("multiUser: true"))
+        .unwrap()
+        + 1;
+    assert!(
+        run.stdout.contains(&format!(
+            "multi-user.yaml:{line}: error: ResourceClaim/mps-multi-user (document 5): \
+             spec.devices.config[0].opaque.parameters.sharing.mpsConfig.multiUser: \
+             invalid type: string \"yes\", expected a boolean"
+        )),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("1 error"), "{}", run.stdout);
+}

@@ -334,3 +334,47 @@ async fn oversized_and_deeply_nested_selectors_get_a_clean_denial() {
     // And the server is still fine.
     assert_eq!(h.client.get("/healthz").await.text(), "ok\n");
 }
+
+/// The DRA objects of `docs/examples/consumable-shares.yaml`, as JSON.
+fn consumable_shares_examples(text: &str) -> Vec<Value> {
+    text.split("\n---\n")
+        .map(|doc| yaml_serde::from_str::<Value>(doc).unwrap())
+        .filter(|o| {
+            o["apiVersion"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("resource.k8s.io/"))
+        })
+        .collect()
+}
+
+/// Claims for consumable shares (capacity requests on `memory` and
+/// `shares`), an MPS config on a share and MPS `multiUser` are allowed
+/// without warnings; `multiUser` of another type is denied at its path.
+#[tokio::test]
+async fn consumable_shares_and_mps_multi_user_examples_are_allowed() {
+    let h = Harness::start().await;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/examples/consumable-shares.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let objects = consumable_shares_examples(&text);
+    assert_eq!(objects.len(), 5);
+    let mut conn = h.client.connect().await;
+    for object in &objects {
+        let response = conn.validate(&review("CREATE", object)).await.response();
+        assert_allowed_clean(&response);
+    }
+    let bad = consumable_shares_examples(&text.replace("multiUser: true", "multiUser: \"yes\""));
+    let denied = bad
+        .iter()
+        .find(|o| o["metadata"]["name"] == "mps-multi-user")
+        .unwrap();
+    let response = conn.validate(&review("CREATE", denied)).await.response();
+    assert_eq!(response["allowed"], false, "{response:#}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(
+            "sharing.mpsConfig.multiUser: invalid type: string \"yes\", expected a boolean"
+        ),
+        "{message}"
+    );
+}
