@@ -39,6 +39,7 @@
 
 mod mig;
 mod nvlink;
+pub mod vfio;
 
 pub mod k8s;
 pub mod shares;
@@ -160,6 +161,15 @@ pub enum DeviceRef {
         profile_id: u32,
         /// First memory slice of the placement.
         placement_start: u32,
+    },
+    /// VFIO passthrough GPU `gpu-vfio-<index>` (`--passthrough`). Its name
+    /// holds the NVML index only, so [`DeviceRef::parse`] does not return
+    /// it.
+    Vfio {
+        /// Device minor of the GPU.
+        minor: u32,
+        /// NVML index of the GPU.
+        index: u32,
     },
 }
 
@@ -285,6 +295,13 @@ pub enum Note {
         /// The index or UUID as given.
         selector: String,
     },
+    /// `--passthrough` is on, but this GPU has no VFIO device.
+    PassthroughUnavailable {
+        /// GPU UUID.
+        gpu: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl fmt::Display for Note {
@@ -348,6 +365,9 @@ impl fmt::Display for Note {
                 f,
                 "--memory-sharing names GPU {selector}, which this node does not publish"
             ),
+            Self::PassthroughUnavailable { gpu, reason } => {
+                write!(f, "GPU {gpu}: not offered for VFIO passthrough: {reason}")
+            }
         }
     }
 }
@@ -390,6 +410,9 @@ pub struct BuildOptions {
     pub memory_sharing: MemorySharing,
     /// NVIDIA's consumable shares: every GPU and static MIG device shared.
     pub consumable_shares: ConsumableShares,
+    /// `--passthrough`: whole GPUs also published as VFIO devices, with
+    /// the facts read at start ([`vfio`]).
+    pub passthrough: Option<crate::vfio::Passthrough>,
 }
 
 impl DeviceModel {
@@ -420,7 +443,12 @@ impl DeviceModel {
         for (gpu, domain) in gpus.iter().zip(domains) {
             let facts = GpuFacts::new(gpu, &system, &mut notes);
             match build_group(gpu, &facts, &domain, options, &mut notes) {
-                Ok(group) => groups.push(group),
+                Ok(mut group) => {
+                    if let Some(passthrough) = &options.passthrough {
+                        vfio::add(&mut group, &facts, passthrough, &mut notes);
+                    }
+                    groups.push(group);
+                }
                 Err(reason) => notes.push(Note::GpuSkipped {
                     gpu: gpu.info.uuid.clone(),
                     reason,

@@ -198,6 +198,24 @@ pub struct Flags {
     )]
     pub gpu_clique_label: bool,
 
+    /// VFIO passthrough (NVIDIA's `PassthroughSupport`): every GPU published
+    /// whole is also published as `gpu-vfio-<index>` (`type=vfio`, class
+    /// `vfio.gpu.nvidia.com`), which shares a counter with the full GPU so
+    /// only one of the two is allocated at a time. A claim for it rebinds
+    /// the GPU from `nvidia` to `vfio-pci` under `--sysfs-root` and hands the
+    /// container its VFIO nodes; unprepare binds it back. Needs the IOMMU
+    /// on, the `vfio-pci` module loaded and the DRAPartitionableDevices
+    /// feature gate (docs/passthrough.md).
+    #[arg(
+        long,
+        env = "PASSTHROUGH",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new(),
+    )]
+    pub passthrough: bool,
+
     /// GPU discovery's flags.
     #[command(flatten)]
     pub discovery: crate::discovery::Flags,
@@ -330,6 +348,23 @@ mod tests {
         let f = parse(&["--node-name=n", "--mps-dir=/run/gpu-dra-driver/mps"]).unwrap();
         assert_eq!(f.mps_dir(), PathBuf::from("/run/gpu-dra-driver/mps"));
         assert_eq!(f.nvidia_cdi_hook_path, None);
+        assert!(!f.passthrough, "passthrough is off by default");
+        assert!(
+            parse(&["--node-name=n", "--passthrough"])
+                .unwrap()
+                .passthrough
+        );
+        assert!(
+            !parse(&["--node-name=n", "--passthrough=false"])
+                .unwrap()
+                .passthrough
+        );
+        let bad = parse(&["--node-name=n", "--passthrough=maybe"]).unwrap_err();
+        assert!(
+            bad.to_string()
+                .contains("invalid value 'maybe' for '--passthrough"),
+            "{bad}"
+        );
         assert_eq!(f.runtime_threads, 1);
         assert!(!f.rolling_update);
         assert!(

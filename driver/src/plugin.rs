@@ -187,6 +187,28 @@ impl Plugin {
             gpus = inventory.gpus.len(),
             "GPU inventory ready"
         );
+        // --passthrough: the VFIO facts of the GPUs, read once, for the
+        // publisher's and the preparer's device model.
+        let passthrough = if flags.passthrough {
+            let (sysfs, dev, inv) = (
+                flags.discovery.sysfs_root.clone(),
+                flags.dev_root.clone(),
+                inventory.clone(),
+            );
+            let facts = tokio::task::spawn_blocking(move || {
+                crate::vfio::Passthrough::read(&sysfs, &dev, &inv)
+            })
+            .await
+            .map_err(|e| discovery::Error::Task(e.to_string()))?;
+            tracing::info!(
+                gpus = facts.pci_ids.len(),
+                iommu_fd = facts.iommu_fd,
+                "VFIO passthrough on"
+            );
+            Some(facts)
+        } else {
+            None
+        };
         if flags.gpu_clique_label {
             let (client, node, inventory) = (
                 parts.client.clone(),
@@ -232,6 +254,7 @@ impl Plugin {
         // succeeded by then, so a new version that cannot start fails
         // while the old one still serves.
         let mut options = preparer_options(flags)?;
+        options.build.passthrough.clone_from(&passthrough);
         if flags.rolling_update {
             options.wait_for_lock = Some(parts.phase.clone());
         }
@@ -287,11 +310,13 @@ impl Plugin {
         };
         parts.phase.send_replace(Phase::Serving);
 
+        let mut slice_flags = flags.slices.clone();
+        slice_flags.passthrough = passthrough;
         let publisher = Publisher::new(
             parts.client,
             flags.node_name.clone(),
             flags.driver_name.clone(),
-            flags.slices.clone(),
+            slice_flags,
         )
         .with_options(parts.publisher);
         let publisher = match monitor {
@@ -496,6 +521,7 @@ pub fn preparer_options(flags: &Flags) -> Result<prepare::Options, Error> {
         cdi_hook: flags.nvidia_cdi_hook_path.clone(),
         wait_for_lock: None,
         mps_check_interval: flags.mps_check_interval,
+        sysfs_root: flags.discovery.sysfs_root.clone(),
     })
 }
 

@@ -122,6 +122,9 @@ pub struct Options {
     /// How often MPS daemons still in use are checked and restarted if
     /// dead (`--mps-check-interval`).
     pub mps_check_interval: Duration,
+    /// Where sysfs is (`--sysfs-root`): VFIO passthrough rebinds GPUs
+    /// there.
+    pub sysfs_root: PathBuf,
 }
 
 /// Errors that stop the preparer from starting.
@@ -729,6 +732,17 @@ pub fn catalog(inventory: &Inventory, build: &BuildOptions) -> HashMap<String, T
                 })
             }
         };
+            DeviceRef::Vfio { minor, index } => {
+                let Some(gpu) = inventory.gpus.iter().find(|g| g.info.minor == minor) else {
+                    continue;
+                };
+                Target::Vfio(plan::VfioTarget {
+                    index,
+                    minor,
+                    uuid: gpu.info.uuid.clone(),
+                    pci_bus_id: gpu.info.pci_bus_id.clone(),
+                })
+            }
         out.insert(device.name.clone(), target);
     }
     out

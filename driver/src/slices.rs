@@ -90,6 +90,11 @@ pub struct Flags {
         value_parser = clap::builder::BoolishValueParser::new(),
     )]
     pub delete_slices_on_exit: bool,
+
+    /// Not a flag: with the plugin's `--passthrough`, the VFIO facts read at
+    /// start (`crate::vfio::Passthrough`), so the pool has the VFIO devices.
+    #[arg(skip)]
+    pub passthrough: Option<crate::vfio::Passthrough>,
 }
 
 impl Default for Flags {
@@ -100,6 +105,7 @@ impl Default for Flags {
             consumable_shares: ConsumableShares::Disabled,
             slice_rules: RulesFlag::Auto,
             delete_slices_on_exit: false,
+            passthrough: None,
         }
     }
 }

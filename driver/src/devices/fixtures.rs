@@ -183,6 +183,7 @@ pub(crate) fn dynamic() -> BuildOptions {
         group_limits: GroupLimits::default(),
         memory_sharing: MemorySharing::None,
         consumable_shares: crate::devices::ConsumableShares::Disabled,
+        passthrough: None,
     }
 }
 

@@ -90,7 +90,7 @@ pub fn device_health(
 /// The minor of the GPU a device sits on.
 fn minor_of(device: &Device) -> u32 {
     match device.location {
-        DeviceRef::Gpu { minor } => minor,
+        DeviceRef::Gpu { minor } | DeviceRef::Vfio { minor, .. } => minor,
         DeviceRef::Mig { parent_minor, .. } => parent_minor,
     }
 }
@@ -118,7 +118,7 @@ fn applying<'a>(report: &'a GpuReport, device: &Device) -> Vec<&'a Condition> {
                     ..
                 },
             ) => profile_id == p && placement_start == s,
-            (Scope::Mig { .. }, DeviceRef::Gpu { .. }) => false,
+            (Scope::Mig { .. }, DeviceRef::Gpu { .. } | DeviceRef::Vfio { .. }) => false,
         })
         .collect();
     list.sort_by_key(|c| rank(c));

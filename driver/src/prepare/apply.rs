@@ -242,6 +242,13 @@ fn planned_record(d: &PlannedDevice) -> PreparedDeviceRecord {
             mig_uuid: None,
             created: false,
         },
+        Target::Vfio(v) => DeviceKind::Vfio {
+            uuid: v.uuid.clone(),
+            minor: v.minor,
+            pci_bus_id: v.pci_bus_id.clone(),
+            previous_driver: None,
+            iommu_group: None,
+        },
     };
     PreparedDeviceRecord {
         kind,

@@ -138,7 +138,7 @@ impl PreparedDeviceRecord {
     /// the unit of locking.
     pub fn gpu_minor(&self) -> u32 {
         match &self.kind {
-            DeviceKind::Gpu { minor, .. } => *minor,
+            DeviceKind::Gpu { minor, .. } | DeviceKind::Vfio { minor, .. } => *minor,
             DeviceKind::Mig { parent_minor, .. } => *parent_minor,
         }
     }
@@ -146,7 +146,7 @@ impl PreparedDeviceRecord {
     /// UUID of the physical GPU the device is on (a MIG device's parent).
     pub fn gpu_uuid(&self) -> &str {
         match &self.kind {
-            DeviceKind::Gpu { uuid, .. } => uuid,
+            DeviceKind::Gpu { uuid, .. } | DeviceKind::Vfio { uuid, .. } => uuid,
             DeviceKind::Mig { parent_uuid, .. } => parent_uuid,
         }
     }
@@ -192,6 +192,24 @@ pub enum DeviceKind {
         /// on unprepare) rather than finding it already there.
         #[serde(default)]
         created: bool,
+    },
+    /// A whole GPU handed over through VFIO: rebound from its driver to
+    /// `vfio-pci` at prepare, back at unprepare.
+    Vfio {
+        /// GPU UUID (`GPU-...`).
+        uuid: String,
+        /// Minor number (`/dev/nvidiaN`, while on `nvidia`).
+        minor: u32,
+        /// PCI bus id, its name in sysfs.
+        pci_bus_id: String,
+        /// The driver found on the GPU, journalled before the first sysfs
+        /// write: set means a rebind may have started, and undo binds the
+        /// GPU back to `nvidia`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        previous_driver: Option<String>,
+        /// The IOMMU group, once bound to `vfio-pci`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        iommu_group: Option<String>,
     },
 }
 

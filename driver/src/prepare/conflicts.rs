@@ -46,6 +46,7 @@ fn planned_footprint(d: &PlannedDevice) -> Footprint {
     match &d.target {
         Target::Gpu(g) if d.share_id.is_some() || g.memory_shared => Footprint::Share(g.minor),
         Target::Gpu(g) => Footprint::Whole(g.minor),
+        Target::Vfio(v) => Footprint::Whole(v.minor),
         Target::Mig(m) if d.share_id.is_some() => Footprint::SliceShare(
             m.request.parent_minor,
             m.request.placement_start,
@@ -62,7 +63,7 @@ fn planned_footprint(d: &PlannedDevice) -> Footprint {
 fn record_footprint(d: &PreparedDeviceRecord) -> Footprint {
     match &d.kind {
         DeviceKind::Gpu { minor, .. } if d.share_id.is_some() => Footprint::Share(*minor),
-        DeviceKind::Gpu { minor, .. } => Footprint::Whole(*minor),
+        DeviceKind::Gpu { minor, .. } | DeviceKind::Vfio { minor, .. } => Footprint::Whole(*minor),
         DeviceKind::Mig {
             parent_minor,
             placement_start,

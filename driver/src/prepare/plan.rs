@@ -38,6 +38,21 @@ pub enum Target {
     Gpu(GpuTarget),
     /// A MIG device: a static one that exists, or a dynamic placement to create.
     Mig(MigTarget),
+    /// A whole GPU for VFIO passthrough (`gpu-vfio-<index>`).
+    Vfio(VfioTarget),
+}
+
+/// A whole GPU handed to a container through VFIO.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VfioTarget {
+    /// NVML index.
+    pub index: u32,
+    /// Device minor.
+    pub minor: u32,
+    /// GPU UUID.
+    pub uuid: String,
+    /// PCI bus id (`0000:18:00.0`), its name in sysfs.
+    pub pci_bus_id: String,
 }
 
 /// A whole GPU.
@@ -81,6 +96,7 @@ impl Target {
         match self {
             Target::Gpu(g) => g.minor,
             Target::Mig(m) => m.request.parent_minor,
+            Target::Vfio(v) => v.minor,
         }
     }
 
@@ -89,6 +105,7 @@ impl Target {
         match self {
             Target::Gpu(_) => config::DeviceKind::Gpu,
             Target::Mig(_) => config::DeviceKind::Mig,
+            Target::Vfio(_) => config::DeviceKind::Vfio,
         }
     }
 }

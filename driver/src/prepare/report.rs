@@ -31,6 +31,9 @@ pub struct RecoveryReport {
     /// may have set its time slice, which cannot be read back (NVML has no
     /// call for it, `nvidia-smi` only sets it); it is left as it is.
     pub time_slice_unknown: Vec<String>,
+    /// GPUs found on `vfio-pci` that no claim held, bound back to
+    /// `nvidia` (PCI bus ids).
+    pub vfio_rebound: Vec<String>,
     /// CDI specs deleted because no claim referenced them (claim UIDs).
     pub cdi_removed: Vec<String>,
     /// Claims whose entries were lost, with what was kept for them because
@@ -83,6 +86,9 @@ impl RecoveryReport {
         }
         if !self.cdi_removed.is_empty() {
             tracing::warn!(claims = ?self.cdi_removed, "unreferenced CDI specs deleted");
+        }
+        if !self.vfio_rebound.is_empty() {
+            tracing::warn!(gpus = ?self.vfio_rebound, "GPUs on vfio-pci that no claim held bound back to nvidia");
         }
         if !self.lost_kept.is_empty() {
             tracing::warn!(

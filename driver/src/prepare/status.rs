@@ -70,6 +70,12 @@ pub(crate) fn body(driver: &str, claim: &ClaimRef, entry: Option<&ClaimEntry>, n
                 DeviceKind::Gpu { uuid, .. } => {
                     data.insert("uuid".into(), json!(uuid));
                 }
+                DeviceKind::Vfio {
+                    uuid, pci_bus_id, ..
+                } => {
+                    data.insert("uuid".into(), json!(uuid));
+                    data.insert("pciBusID".into(), json!(pci_bus_id));
+                }
                 DeviceKind::Mig {
                     parent_uuid,
                     mig_uuid,

@@ -661,6 +661,7 @@ fn build(
             group_limits: rules.group_limits(),
             memory_sharing: flags.memory_sharing.clone(),
             consumable_shares: flags.consumable_shares,
+            passthrough: flags.passthrough.clone(),
         },
     );
     model.set_taints(taints);

@@ -90,8 +90,38 @@ fn link(target: &Path, at: &Path) -> Result<(), Error> {
 }
 
 impl FakeSysfs {
+    /// Adds the passthrough pieces to the tree a machine profile already
+    /// wrote under `root` (mock-nvml's `sysfs::write`): every device of
+    /// `bus/pci/devices`, in bus id order, gets IOMMU group 10, 11, ...
+    pub fn adopt(root: &Path) -> Result<Self, Error> {
+        let links = root.join("bus/pci/devices");
+        let mut buses: Vec<String> = fs::read_dir(&links)
+            .map_err(|e| io_err("list", &links, e))?
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        buses.sort();
+        let read = |bus: &str, file: &str| {
+            fs::read_to_string(links.join(bus).join(file))
+                .map(|t| t.trim().to_owned())
+                .unwrap_or_default()
+        };
+        let gpus: Vec<SysfsGpu> = buses
+            .iter()
+            .zip(10..)
+            .map(|(bus, group)| SysfsGpu {
+                bus: bus.clone(),
+                vendor: read(bus, "vendor"),
+                device: read(bus, "device"),
+                iommu_group: group,
+            })
+            .collect();
+        Self::create(root, &gpus)
+    }
+
     /// Lays out the tree under `root` (the `--sysfs-root`), every GPU bound
-    /// to `nvidia`.
+    /// to `nvidia`. What is there already (a device's directory and link,
+    /// its ids) is kept.
     pub fn create(root: &Path, gpus: &[SysfsGpu]) -> Result<Self, Error> {
         let drivers = root.join("bus/pci/drivers");
         for driver in DRIVERS {
@@ -103,12 +133,25 @@ impl FakeSysfs {
         mkdir(&root.join("bus/pci/devices"))?;
         for gpu in gpus {
             let bus = &gpu.bus;
-            let host = format!("pci{}", &bus[..bus.len().min(7)]);
-            let dir = root.join("devices").join(host).join(bus);
-            mkdir(&dir)?;
-            write_file(&dir.join("vendor"), &format!("{}\n", gpu.vendor))?;
-            write_file(&dir.join("device"), &format!("{}\n", gpu.device))?;
-            write_file(&dir.join("numa_node"), "0\n")?;
+            let at = root.join("bus/pci/devices").join(bus);
+            let dir = if at.exists() {
+                fs::canonicalize(&at).map_err(|e| io_err("resolve", &at, e))?
+            } else {
+                let host = format!("pci{}", &bus[..bus.len().min(7)]);
+                let dir = root.join("devices").join(host).join(bus);
+                mkdir(&dir)?;
+                link(&dir, &at)?;
+                dir
+            };
+            for (file, content) in [
+                ("vendor", gpu.vendor.as_str()),
+                ("device", gpu.device.as_str()),
+                ("numa_node", "0"),
+            ] {
+                if !dir.join(file).exists() {
+                    write_file(&dir.join(file), &format!("{content}\n"))?;
+                }
+            }
             write_file(&dir.join("driver_override"), "(null)\n")?;
             let group = root
                 .join("kernel/iommu_groups")
@@ -116,7 +159,6 @@ impl FakeSysfs {
             mkdir(&group)?;
             link(&group, &dir.join("iommu_group"))?;
             link(&drivers.join("nvidia"), &dir.join("driver"))?;
-            link(&dir, &root.join("bus/pci/devices").join(bus))?;
         }
         write_file(&root.join(KERNEL_LOG), "")?;
         Ok(Self {
@@ -128,6 +170,11 @@ impl FakeSysfs {
     /// The root (`--sysfs-root`).
     pub fn path(&self) -> &Path {
         &self.root
+    }
+
+    /// The GPUs, in the order given (or bus id order when adopted).
+    pub fn gpus(&self) -> &[SysfsGpu] {
+        &self.gpus
     }
 
     fn device(&self, bus: &str) -> PathBuf {

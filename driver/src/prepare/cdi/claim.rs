@@ -90,6 +90,12 @@ impl ClaimSpec {
         self.add(device, &gpu.nodes)
     }
 
+    /// Adds a VFIO passthrough GPU under its DRA device name, with its
+    /// VFIO nodes.
+    pub fn add_vfio(&mut self, device: &str, nodes: &[DeviceNode]) -> Result<&mut Self, CdiError> {
+        self.add(device, nodes)
+    }
+
     /// Adds a MIG device under its DRA device name.
     pub fn add_mig(&mut self, device: &str, mig: &MigNodes) -> Result<&mut Self, CdiError> {
         self.add(device, &mig.nodes)

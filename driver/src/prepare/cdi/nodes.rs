@@ -82,7 +82,7 @@ impl NodeLocator {
     }
 
     /// The node at container path `path` (absolute), if it exists.
-    fn node(&self, path: &str) -> Result<Option<DeviceNode>, CdiError> {
+    pub(crate) fn node(&self, path: &str) -> Result<Option<DeviceNode>, CdiError> {
         let rel = Path::new(path.trim_start_matches('/'));
         let local = self.dev_root.local(rel);
         match std::fs::metadata(&local) {
@@ -96,7 +96,9 @@ impl NodeLocator {
         }
     }
 
-    fn required(&self, path: &str) -> Result<DeviceNode, CdiError> {
+    /// The node at container path `path` (absolute); an error naming it
+    /// when it is missing.
+    pub(crate) fn required(&self, path: &str) -> Result<DeviceNode, CdiError> {
         self.node(path)?.ok_or_else(|| self.missing(path))
     }
 

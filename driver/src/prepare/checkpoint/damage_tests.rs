@@ -165,7 +165,7 @@ fn names_of(entry: &ClaimEntry) -> BTreeSet<String> {
         .flat_map(|r| {
             let mig = match &r.kind {
                 DeviceKind::Mig { mig_uuid, .. } => mig_uuid.clone(),
-                DeviceKind::Gpu { .. } => None,
+                DeviceKind::Gpu { .. } | DeviceKind::Vfio { .. } => None,
             };
             mig.into_iter()
                 .chain(r.sharing.mps_daemon.as_ref().map(|d| d.id.clone()))

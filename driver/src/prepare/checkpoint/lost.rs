@@ -140,7 +140,7 @@ impl LostClaim {
     fn add_entry(&mut self, entry: &ClaimEntry) {
         for record in entry.devices.iter().filter(|r| !r.admin) {
             let gpu = match &record.kind {
-                DeviceKind::Gpu { uuid, .. } => uuid,
+                DeviceKind::Gpu { uuid, .. } | DeviceKind::Vfio { uuid, .. } => uuid,
                 DeviceKind::Mig {
                     parent_uuid,
                     mig_uuid,

@@ -102,7 +102,7 @@ impl Kind for Mig {
                 DeviceKind::Mig {
                     mig_uuid: Some(u), ..
                 } => Some(u.as_str()),
-                DeviceKind::Mig { .. } | DeviceKind::Gpu { .. } => None,
+                DeviceKind::Mig { .. } | DeviceKind::Gpu { .. } | DeviceKind::Vfio { .. } => None,
             })
             .chain(
                 cx.other_lost

@@ -5,7 +5,7 @@
 //! claim whose entry was lost. [`KINDS`] is the registry, in setup order.
 //!
 //! Every device of a claim passes every kind in that order ([`setup`]): the
-//! kinds of hardware ([`whole_gpu`], [`mig`]) give the device its nodes in
+//! kinds of hardware ([`whole_gpu`], [`mig`], [`vfio`]) give the device its nodes in
 //! the claim's CDI spec; the kinds of sharing ([`memory_share`],
 //! [`timeslice`], [`mps`]) act on the devices [`Setup::sharing_config`]
 //! hands them. Undo ([`undo`]) runs the kinds in reverse for each record,
@@ -16,6 +16,7 @@ pub(crate) mod memory_share;
 pub(crate) mod mig;
 pub(crate) mod mps;
 pub(crate) mod timeslice;
+pub(crate) mod vfio;
 pub(crate) mod whole_gpu;
 
 use std::collections::BTreeMap;
@@ -65,9 +66,10 @@ pub(crate) trait Kind: Sync {
 }
 
 /// The kinds, in setup order: hardware first, then sharing.
-pub(crate) static KINDS: [&dyn Kind; 5] = [
+pub(crate) static KINDS: [&dyn Kind; 6] = [
     &whole_gpu::WholeGpu,
     &mig::Mig,
+    &vfio::Vfio,
     &memory_share::MemoryShare,
     &timeslice::TimeSlice,
     &mps::Mps,
@@ -105,7 +107,7 @@ impl<'a> Setup<'a> {
             Target::Gpu(g) => {
                 !d.admin && self.memory_share.is_some_and(|(index, _)| index == g.index)
             }
-            Target::Mig(_) => false,
+            Target::Mig(_) | Target::Vfio(_) => false,
         }
     }
 
@@ -152,7 +154,21 @@ pub(crate) fn setup(
     let Setup {
         entry, spec, mps, ..
     } = claim;
-    let built = spec.build(common_edits(inner)?)?;
+    // A claim of VFIO devices only gets none of the driver's files and
+    // nodes: the GPUs are off `nvidia`.
+    let common = if plan
+        .devices
+        .iter()
+        .all(|d| matches!(d.target, Target::Vfio(_)))
+    {
+        cdi::spec::ContainerEdits {
+            env: vec!["NVIDIA_VISIBLE_DEVICES=void".to_owned()],
+            ..cdi::spec::ContainerEdits::default()
+        }
+    } else {
+        common_edits(inner)?
+    };
+    let built = spec.build(common)?;
     let write_spec = || {
         inner
             .opts
