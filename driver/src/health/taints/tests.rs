@@ -13,6 +13,7 @@ use gpu_nvml::{MigDevice, MigPlacement};
 use super::*;
 use crate::devices::BuildOptions;
 use crate::devices::fixtures::{HOPPER, dgx_h100, dynamic, gpu, inventory, mig_info};
+use crate::health::store::HealthStore;
 use crate::health::tracker::{GpuId, MigInstance};
 use crate::slices::SliceRules;
 use crate::slices::split::split;
@@ -491,4 +492,173 @@ fn every_published_key_is_in_the_shared_table() {
         assert!(crate::health::classify::EVICTABLE_KEYS.contains(&key.short()) == key.blocks(true));
     }
     assert_eq!(gpu_dra_api::health::KEYS.len(), keys.len());
+}
+
+/// A small deterministic generator (xorshift), so the random history is the
+/// same on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Random fault histories on the static-MIG node: whatever happens, the
+/// published taints stay within the API limits, every message within the
+/// stream's, and what the tracker saves is accepted by the store and
+/// restores the same conditions.
+#[test]
+fn random_histories_keep_every_limit() {
+    use gpu_nvml::health::{LinkState, RecoveryAction, RemapState};
+    let (model, migs) = node();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("health.json");
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut tr = tracker_for(&model, Policy::default());
+    tr.set_mig_instances(0, &migs.iter().map(MigInstance::from).collect::<Vec<_>>());
+    let mut now = 0_u64;
+    let mut most = 0;
+    for step in 0..4_000 {
+        // Mostly forward, sometimes back a little (clock adjustments).
+        now = if rng.below(50) == 0 {
+            now.saturating_sub(rng.below(30))
+        } else {
+            now + rng.below(20)
+        };
+        let gpu = u32::try_from(rng.below(4)).unwrap(); // 3 is unknown
+        let at = t(now);
+        match rng.below(10) {
+            0..=3 => {
+                let xid = [13, 31, 43, 48, 63, 74, 79, 94, 109, 119, 999, 4_294_967_295]
+                    [usize::try_from(rng.below(12)).unwrap()];
+                let gi = match rng.below(4) {
+                    0 => Some(1),
+                    1 => Some(2),
+                    2 => Some(u32::try_from(rng.below(10)).unwrap()),
+                    _ => None,
+                };
+                tr.event(&xid_at(gpu, xid, gi, at), at);
+            }
+            4 => {
+                let kind = match rng.below(7) {
+                    0 => EventKind::DoubleBitEcc,
+                    1 => EventKind::SingleBitEcc,
+                    2 => EventKind::GpuUnavailable,
+                    3 => EventKind::DramRetirement,
+                    4 if rng.below(20) == 0 => EventKind::DramRetirementFailure,
+                    5 => EventKind::FatalPoison,
+                    _ => EventKind::RecoveryAction(RecoveryAction::from_raw(
+                        u32::try_from(rng.below(9)).unwrap(),
+                    )),
+                };
+                tr.event(
+                    &HealthEvent {
+                        gpu_index: gpu,
+                        kind,
+                        gpu_instance_id: None,
+                        compute_instance_id: None,
+                        at,
+                    },
+                    at,
+                );
+            }
+            5..=7 => {
+                let poll = HealthPoll {
+                    liveness: match rng.below(10) {
+                        0 => Liveness::Lost,
+                        1 => Liveness::ResetRequired,
+                        2 => Liveness::Error("Unknown Error\nline two".into()),
+                        _ => Liveness::Alive,
+                    },
+                    recovery_action: (rng.below(3) != 0)
+                        .then(|| RecoveryAction::from_raw(u32::try_from(rng.below(9)).unwrap())),
+                    remap: (rng.below(2) == 0).then(|| RemapState {
+                        pending: rng.below(5) == 0,
+                        failure: rng.below(200) == 0,
+                    }),
+                    retired_pages_pending: (rng.below(3) == 0).then(|| rng.below(5) == 0),
+                    volatile_uncorrected_ecc: (rng.below(2) == 0).then(|| rng.below(4)),
+                    hw_slowdown: Some(rng.below(10) == 0),
+                    thermal_slowdown: Some(rng.below(10) == 0),
+                    pcie_replays: Some(rng.below(1000)),
+                    nvlinks: (0..4)
+                        .map(|link| LinkState {
+                            link,
+                            active: rng.below(8) != 0,
+                        })
+                        .collect(),
+                };
+                tr.poll(gpu, &poll, at);
+            }
+            8 => tr.tick(at),
+            _ => match rng.below(3) {
+                0 => tr.unmonitored(gpu, "refused", at),
+                1 => tr.monitored(gpu),
+                _ => {
+                    let _ = tr.clear_hardware_failure("GPU-00000000-aaaa-bbbb-cccc-dddddddddddd");
+                }
+            },
+        }
+        let _ = tr.take_transitions();
+        let taints = device_taints(&tr, &model);
+        for (device, list) in &taints {
+            assert!(list.len() <= MAX_TAINTS, "{step}: {device}");
+            most = most.max(list.len());
+            for taint in list {
+                if let Some(v) = &taint.value {
+                    assert!(crate::health::store::is_label_value(v), "{step}: {v}");
+                }
+            }
+        }
+        for h in device_health(&tr, &model, "p", at) {
+            assert!(h.message.chars().count() <= MAX_HEALTH_MESSAGE, "{step}");
+            assert!(!h.message.contains('\n'), "{step}: {}", h.message);
+        }
+        if step % 200 == 0 {
+            let store = HealthStore::open(&path).unwrap().0;
+            store.save(&tr.saved()).unwrap();
+            let (store, saved) = HealthStore::open(&path).unwrap();
+            assert!(
+                store.load_error().is_none(),
+                "{step}: {:?}",
+                store.load_error()
+            );
+            let restored = Tracker::new(Policy::default(), ids(&model), "boot".into(), saved, at);
+            let view = |tr: &Tracker| {
+                tr.conditions()
+                    .into_iter()
+                    .map(|r| {
+                        r.conditions
+                            .into_iter()
+                            .map(|c| (c.scope, c.key, c.taint_value(), c.blocks()))
+                            .collect::<Vec<_>>()
+                    })
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(view(&restored), view(&tr), "{step}");
+            assert_eq!(device_taints(&restored, &model), taints, "{step}");
+        }
+    }
+    assert!(
+        most >= 8,
+        "the history reached the interesting cases: {most}"
+    );
+}
+
+fn xid_at(gpu: u32, xid: u64, gi: Option<u32>, at: SystemTime) -> HealthEvent {
+    HealthEvent {
+        gpu_index: gpu,
+        kind: EventKind::Xid(xid),
+        gpu_instance_id: gi,
+        compute_instance_id: gi.map(|_| 0),
+        at,
+    }
 }
