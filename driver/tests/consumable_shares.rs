@@ -135,9 +135,11 @@ async fn memory_mode_refuses_what_a_share_cannot_have() {
 }
 
 /// `unlimited`: two claims on one GPU are both prepared, each as if it had
-/// the GPU alone (no MPS, no limits); a third with an MPS config joins the
-/// GPU's one daemon with its config's limits. A claim for the whole GPU
-/// (no share) is still refused while shares hold it.
+/// the GPU alone (no MPS, no limits). Claims with an MPS config join the
+/// GPU's one daemon with their config's limits, but not beside claims
+/// without one (compute mode EXCLUSIVE_PROCESS would lock them out), nor
+/// the other way round. A claim for the whole GPU (no share) is refused
+/// while shares hold it.
 #[tokio::test]
 async fn unlimited_mode_counts_only_and_mps_configs_join_one_daemon() {
     let n = node(
@@ -146,6 +148,10 @@ async fn unlimited_mode_counts_only_and_mps_configs_join_one_daemon() {
         DraVersion::V1,
     )
     .await;
+    let mps_config = |pct: u32, limit: &str| {
+        json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
+            "defaultActiveThreadPercentage": pct, "defaultPinnedDeviceMemoryLimit": limit}}))])
+    };
     let a = share_of(&n, 'a', "gpu-0", "0", json!([])).await;
     let b = share_of(&n, 'b', "gpu-0", "0", json!([])).await;
     n.prepare_ok(&a).await;
@@ -163,35 +169,107 @@ async fn unlimited_mode_counts_only_and_mps_configs_join_one_daemon() {
         );
     }
     assert_eq!(n.mps_daemons(), 0);
-    let mps = share_of(
-        &n,
-        'c',
-        "gpu-0",
-        "0",
-        json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
-            "defaultActiveThreadPercentage": 30, "defaultPinnedDeviceMemoryLimit": "3Gi"}}))]),
-    )
-    .await;
-    n.prepare_ok(&mps).await;
-    assert_eq!(n.mps_daemons(), 1);
-    let env = env_of(&n.spec_device(&mps, "gpu-0"));
+    // MPS beside claims without it: refused, naming one of them.
+    let c = share_of(&n, 'c', "gpu-0", "0", mps_config(30, "3Gi")).await;
+    let r = n.prepare(std::slice::from_ref(&c)).await;
+    let error = r[&c.uid].error.clone().unwrap_or_default();
     assert!(
-        has(&env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M"),
-        "{env:?}"
+        error.contains("claim default/share-") && error.contains("shares this GPU without MPS"),
+        "{error}"
     );
-    assert!(has(&env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30"), "{env:?}");
+    assert_eq!(n.mps_daemons(), 0);
     // The whole GPU, not a share: refused while shares hold it.
     let whole = n.gpu_claim("whole", "gpu-0").await;
     let r = n.prepare(std::slice::from_ref(&whole)).await;
     let error = r[&whole.uid].error.clone().unwrap_or_default();
     assert!(error.contains("already prepared for claim"), "{error}");
-    for c in [&a, &b, &mps] {
-        n.unprepare_ok(c).await;
-    }
+    n.unprepare_ok(&a).await;
+    n.unprepare_ok(&b).await;
+
+    // Now c and d, both with MPS, share one daemon with their own limits.
+    n.prepare_ok(&c).await;
+    let d = share_of(&n, 'd', "gpu-0", "0", mps_config(60, "5Gi")).await;
+    n.prepare_ok(&d).await;
+    assert_eq!(n.mps_daemons(), 1);
+    let env_c = env_of(&n.spec_device(&c, "gpu-0"));
+    let env_d = env_of(&n.spec_device(&d, "gpu-0"));
+    assert!(
+        has(&env_c, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M"),
+        "{env_c:?}"
+    );
+    assert!(
+        has(&env_c, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30"),
+        "{env_c:?}"
+    );
+    assert!(
+        has(&env_d, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=5120M"),
+        "{env_d:?}"
+    );
+    assert!(
+        has(&env_d, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=60"),
+        "{env_d:?}"
+    );
+    // And a claim without MPS is refused beside them.
+    let e = share_of(&n, 'e', "gpu-0", "0", json!([])).await;
+    let r = n.prepare(std::slice::from_ref(&e)).await;
+    let error = r[&e.uid].error.clone().unwrap_or_default();
+    assert!(
+        error.contains("runs this GPU's MPS daemon")
+            && error.contains("give this claim an MPS config too"),
+        "{error}"
+    );
+    n.unprepare_ok(&c).await;
+    assert_eq!(n.mps_daemons(), 1, "d still uses the daemon");
+    n.unprepare_ok(&d).await;
     assert_eq!(n.mps_daemons(), 0);
     assert!(n.exclusive_gpus().is_empty());
     n.prepare_ok(&whole).await;
     n.unprepare_ok(&whole).await;
+}
+
+/// `<N>` mode and time-slicing: the time slice is the GPU's; each claim's
+/// config sets it when that claim is prepared, and unpreparing one sets it
+/// back to `Default` (what docs/sharing.md says).
+#[tokio::test]
+async fn n_mode_time_slices_are_the_gpus() {
+    let n = node("t4-inference", &["--consumable-shares=4"], DraVersion::V1).await;
+    let slices = |interval: &str| {
+        json!([gpu_config(
+            json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}})
+        )])
+    };
+    let a = share_of(&n, 'a', "gpu-1", "0", slices("Long")).await;
+    let b = share_of(&n, 'b', "gpu-1", "0", slices("Short")).await;
+    n.prepare_ok(&a).await;
+    n.prepare_ok(&b).await;
+    let set: Vec<Vec<String>> = n
+        .env
+        .driver_root
+        .nvidia_smi_calls()
+        .unwrap()
+        .into_iter()
+        .map(|c| c.args)
+        .filter(|a| a.iter().any(|x| x == "--set-timeslice"))
+        .collect();
+    let last = |set: &[Vec<String>]| set.last().and_then(|a| a.last().cloned());
+    assert_eq!(set.len(), 2, "{set:?}");
+    assert_eq!(
+        last(&set).as_deref(),
+        Some("1"),
+        "Short, the last set: {set:?}"
+    );
+    n.unprepare_ok(&a).await;
+    let set: Vec<Vec<String>> = n
+        .env
+        .driver_root
+        .nvidia_smi_calls()
+        .unwrap()
+        .into_iter()
+        .map(|c| c.args)
+        .filter(|a| a.iter().any(|x| x == "--set-timeslice"))
+        .collect();
+    assert_eq!(last(&set).as_deref(), Some("0"), "back to Default: {set:?}");
+    n.unprepare_ok(&b).await;
 }
 
 /// `<N>` on the mixed node: shares of the static MIG device coexist, each

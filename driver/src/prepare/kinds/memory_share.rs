@@ -19,7 +19,7 @@ use gpu_nvml::ComputeMode;
 
 use super::{Kind, Setup};
 use crate::prepare::cdi::ContainerEdits;
-use crate::prepare::checkpoint::ComputeModeChange;
+use crate::prepare::checkpoint::{ComputeModeChange, DeviceKind};
 use crate::prepare::compute_mode;
 use crate::prepare::error::PrepareError;
 use crate::prepare::journal::failpoint;
@@ -34,6 +34,12 @@ pub(crate) struct MemoryShare;
 
 impl Kind for MemoryShare {
     fn setup(&self, claim: &mut Setup<'_>, i: usize) -> Result<(), PrepareError> {
+        if let Target::Gpu(g) = &claim.device(i).target
+            && g.counted_share
+            && !claim.device(i).admin
+        {
+            check_counted_mix(claim, i, g.minor)?;
+        }
         if !claim.is_memory_share(i) {
             return Ok(());
         }
@@ -93,6 +99,45 @@ fn mps_config(d: &PlannedDevice) -> Option<&MpsConfig> {
         Some(DeviceConfig::Gpu(cfg)) if cfg.time_slice().is_none() => cfg.mps(),
         _ => None,
     }
+}
+
+/// On a GPU shared by counted consumable shares, claims with an MPS config
+/// (on the GPU's daemon, compute mode `ExclusiveProcess`) and claims
+/// without one (CUDA processes outside MPS, which that mode locks out)
+/// cannot run together: the later one is refused, naming the other claim.
+fn check_counted_mix(claim: &Setup<'_>, i: usize, minor: u32) -> Result<(), PrepareError> {
+    let joins = claim.is_memory_share(i);
+    let daemon = shared_daemon_id(minor);
+    for (uid, entry) in claim.others {
+        let on_gpu = entry.devices.iter().filter(|r| {
+            !r.admin && matches!(r.kind, DeviceKind::Gpu { minor: m, .. } if m == minor)
+        });
+        for r in on_gpu {
+            let theirs = r
+                .sharing
+                .mps_daemon
+                .as_ref()
+                .is_some_and(|m| m.id == daemon);
+            if joins == theirs {
+                continue;
+            }
+            let other = format!("{}/{} ({})", entry.namespace, entry.name, uid.0);
+            let reason = if joins {
+                format!(
+                    "claim {other} shares this GPU without MPS; an MPS config needs the GPU in compute mode EXCLUSIVE_PROCESS, which would lock that claim's CUDA processes out: give every claim on the GPU an MPS config, or none"
+                )
+            } else {
+                format!(
+                    "claim {other} runs this GPU's MPS daemon (compute mode EXCLUSIVE_PROCESS), which locks out CUDA processes outside MPS: give this claim an MPS config too"
+                )
+            };
+            return Err(PrepareError::Unsupported {
+                device: claim.device(i).device.clone(),
+                reason,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Id of the MPS daemon shared by the claims of a memory-shared GPU.
