@@ -423,6 +423,7 @@ impl Preparer {
 
     /// Unprepares one claim from its checkpoint entry; unknown = done.
     pub async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), ClaimError> {
+        let started = std::time::Instant::now();
         let inner = &self.inner;
         let uid = ClaimUid(claim.uid.clone());
         let (entry, held) = loop {
@@ -438,7 +439,7 @@ impl Preparer {
                     tracing::debug!(claim = %uid, "unprepare of a claim not prepared here: nothing to do");
                 }
                 // A crash may have come between the checkpoint and the status.
-                inner.status_writes.clear(inner, claim).await;
+                inner.status_writes.clear(inner, claim);
                 return Ok(());
             };
             let minors = apply::entry_minors(&seen);
@@ -476,10 +477,10 @@ impl Preparer {
             // then failed: what the lost entry named goes now.
             self.release_lost(&uid).await.map_err(ClaimError::Failed)?;
         }
-        tracing::info!(claim = %claim.uid, namespace = %claim.namespace, name = %claim.name, "claim unprepared");
-        // After the claim's status writes still running; a prepare of it
-        // from now on writes after the clear.
-        inner.status_writes.clear(inner, claim).await;
+        tracing::info!(claim = %claim.uid, namespace = %claim.namespace, name = %claim.name, elapsed_us = crate::micros(started), "claim unprepared");
+        // After the claim's status writes still running, in the background;
+        // a prepare of it from now on writes after the clear.
+        inner.status_writes.clear(inner, claim);
         Ok(())
     }
 

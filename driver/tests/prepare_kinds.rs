@@ -97,7 +97,8 @@ async fn whole_gpu(version: DraVersion, flags: &[&str]) {
     n.unprepare_ok(&c).await;
     assert!(!n.spec_path(&c).exists());
     assert!(n.checkpoint_claims().is_empty());
-    let left = n.status_devices(&c).await;
+    // Cleared right after the answer, not before it.
+    let left = n.status_devices_eventually(&c, 0).await;
     assert!(left.is_empty(), "{left:?}\n{}", n.plugin.stderr());
     // Unprepare of what is not prepared succeeds.
     n.unprepare_ok(&c).await;
@@ -118,7 +119,7 @@ async fn the_status_clear_keeps_fields_this_build_does_not_know() {
     assert_eq!(n.status_devices_eventually(&c, 1).await.len(), 1);
 
     n.unprepare_ok(&c).await;
-    let left = n.status_devices(&c).await;
+    let left = n.status_devices_eventually(&c, 0).await;
     assert!(left.is_empty(), "{left:?}\n{}", n.logs());
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
         "resource.k8s.io",
@@ -256,7 +257,7 @@ async fn a_status_lost_in_a_crash_is_written_at_the_next_start() {
     );
     n.unprepare_ok(&kept).await;
     n.unprepare_ok(&gone).await;
-    assert!(n.status_devices(&kept).await.is_empty());
+    assert!(n.status_devices_eventually(&kept, 0).await.is_empty());
     assert!(n.checkpoint_claims().is_empty());
 }
 
@@ -284,7 +285,7 @@ async fn a_repeated_prepare_writes_the_status_only_where_it_is_missing() {
     let back = n.status_devices_eventually(&c, 1).await;
     assert_ne!(back[0]["conditions"][0]["lastTransitionTime"], since);
     n.unprepare_ok(&c).await;
-    assert!(n.status_devices(&c).await.is_empty());
+    assert!(n.status_devices_eventually(&c, 0).await.is_empty());
 }
 
 /// A checkpoint commit that fails after the hardware is set up: the

@@ -15,7 +15,8 @@
 //! Before measuring, the bench builds the plugin as it ships and the fake
 //! NVML ([`BUILDS`]: `cargo build --profile plugin -p gpu-kubelet-plugin`,
 //! `cargo build --release -p mock-nvml`, no-ops when they are fresh) unless
-//! `--no-build`; the plugin is looked up in `target/plugin/`. Add a
+//! `--no-build`; the plugin is looked up in `target/plugin/`, or where
+//! `BENCH_PLUGIN_BIN` says (A/B runs of two builds). Add a
 //! benchmark by appending to [`BENCHMARKS`].
 //!
 //! Killed with SIGINT, SIGTERM or SIGHUP, the bench stops the plugins it
@@ -185,6 +186,10 @@ const BUILDS: [&[&str]; 2] = [
     &["build", "--release", "-p", "mock-nvml"],
 ];
 
+/// The environment variable naming another plugin binary to measure than
+/// the one [`BUILDS`] makes (A/B runs of two builds).
+const PLUGIN_BIN_ENV: &str = "BENCH_PLUGIN_BIN";
+
 /// The plugin binary of the `plugin` profile for the bench binary `exe`:
 /// `<target>/plugin/gpu-kubelet-plugin` for `<target>/<profile>/bench`.
 fn plugin_next_to(exe: &Path) -> anyhow::Result<PathBuf> {
@@ -300,7 +305,11 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let exe = std::env::current_exe().context("locating the bench binary")?;
-    let plugin_bin = plugin_next_to(&exe)?;
+    // Another build of the plugin, for A/B runs (an older one copied aside).
+    let plugin_bin = match std::env::var_os(PLUGIN_BIN_ENV) {
+        Some(path) => PathBuf::from(path),
+        None => plugin_next_to(&exe)?,
+    };
     if !plugin_bin.is_file() {
         bail!(
             "{} not found: build it with `cargo {}`",

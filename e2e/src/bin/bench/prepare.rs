@@ -120,32 +120,36 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
                 let t = Instant::now();
                 node.prepare(std::slice::from_ref(&claim)).await?;
                 let prepare = t.elapsed();
+                let unsent = SystemTime::now();
                 let t = Instant::now();
                 node.unprepare(std::slice::from_ref(&claim)).await?;
                 let unprepare = t.elapsed();
                 node.delete(&claim)?;
-                anyhow::Ok((claim, sent, prepare, unprepare))
+                anyhow::Ok((claim, (sent, prepare), (unsent, unprepare)))
             }
         };
         // The first prepare after start also finds the driver's files for
         // every spec and opens the API connection: reported on its own.
-        let (_, _, first, _) = cycle(0).await.context("the first cycle")?;
-        let mut sent = Vec::new();
+        let (_, (_, first), _) = cycle(0).await.context("the first cycle")?;
+        let (mut sent, mut unsent) = (Vec::new(), Vec::new());
         let (mut prepare, mut unprepare, mut write) = (Vec::new(), Vec::new(), Vec::new());
         let (mut swapped, mut nothing) = (Vec::new(), Vec::new());
         for i in 1..=settings.iterations {
-            let (claim, at, p, u) = cycle(i).await.with_context(|| format!("cycle {i}"))?;
+            let (claim, (at, p), (un_at, u)) =
+                cycle(i).await.with_context(|| format!("cycle {i}"))?;
             write.push(ms(durable_write(&node.state_dir, i)?));
             swapped.push(ms(swapped_write(&node.state_dir, i)?));
             let t = Instant::now();
             node.prepare_nothing().await.context("a call with no claims")?;
             nothing.push(ms(t.elapsed()));
+            unsent.push((claim.uid.clone(), un_at, u));
             sent.push((claim.uid, at, p));
             prepare.push(ms(p));
             unprepare.push(ms(u));
         }
         let log = node.log_text();
-        let (work, answer) = split_at_log(&log, &sent)?;
+        let (work, answer) = split_at_log(&log, "claim prepared", &sent)?;
+        let (unwork, unanswer) = split_at_log(&log, "claim unprepared", &unsent)?;
         // The time a step outside the driver took inside the prepare: the
         // MPS daemon's start, or NVML's creation of the MIG device.
         let outside = match kind {
@@ -163,6 +167,7 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
         };
         node.stop()?;
         let ratio = p50(&prepare) / p50(&write);
+        let unprepare_ratio = p50(&unprepare) / p50(&write);
         let ratio_swapped = p50(&prepare) / p50(&swapped);
         // The claim read is the plugin's own GET (its log's `read_us`).
         let read = log_micros_as_ms(&log, "claim prepared", "read_us");
@@ -180,7 +185,11 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
             .with_context(|| format!("{name}: above the floor"))?;
         let above_ratio = p50(&above) / p50(&write);
         let mut rows = vec![
-            Row::new(name, "prepare, as kubelet sees it", "ms", prepare),
+            against_nvidia(
+                Row::new(name, "prepare, as kubelet sees it", "ms", prepare),
+                kind,
+                NVIDIA_PREPARE_P50_MS,
+            ),
             Row::new(
                 name,
                 "  to the plugin's \"claim prepared\" (read claim, plan, hardware, CDI spec, checkpoint commit; status.devices is written after the answer)",
@@ -193,7 +202,24 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
                 "ms",
                 answer,
             ),
-            Row::new(name, "unprepare", "ms", unprepare),
+            against_nvidia(
+                Row::new(name, "unprepare", "ms", unprepare),
+                kind,
+                NVIDIA_UNPREPARE_P50_MS,
+            ),
+            Row::new(
+                name,
+                "  to the plugin's \"claim unprepared\" (entry, undo, CDI spec removed, checkpoint commit; status.devices is cleared after the answer)",
+                "ms",
+                unwork,
+            ),
+            Row::new(name, "  then the answer back", "ms", unanswer),
+            Row::with(
+                name,
+                "  unprepare p50 / durable write p50",
+                "x",
+                Values::One(unprepare_ratio),
+            ),
             Row::with(
                 name,
                 "first prepare after start (not in the samples)",
@@ -256,6 +282,23 @@ pub fn latency(ctx: &Ctx, name: &str, settings: &Settings, kind: Kind) -> anyhow
         ]);
         Ok(rows)
     })
+}
+
+/// NVIDIA's plugin's p50s on the same doubles (whole GPU, 2-core VM),
+/// as issue #44 reports them (measured 2026-11-28; not measured by this
+/// runner): ours must be at least twice as fast.
+const NVIDIA_PREPARE_P50_MS: f64 = 3.0;
+/// See [`NVIDIA_PREPARE_P50_MS`].
+const NVIDIA_UNPREPARE_P50_MS: f64 = 1.5;
+
+/// A whole-GPU row judged against half of NVIDIA's p50 (issue #44); the
+/// other kinds have no NVIDIA number to compare with.
+fn against_nvidia(row: Row, kind: Kind, nvidia_p50_ms: f64) -> Row {
+    if kind == Kind::WholeGpu {
+        row.goal(Goal::below(Stat::P50, nvidia_p50_ms / 2.0))
+    } else {
+        row
+    }
 }
 
 /// The ratio to the durable write, judged against issue 4's line (under
@@ -335,10 +378,12 @@ fn log_micros_as_ms(log: &str, message: &str, field: &str) -> Vec<f64> {
         .collect()
 }
 
-/// Splits each timed prepare at the plugin's "claim prepared" log line:
-/// `(request to that line, that line to the answer)`, in ms.
+/// Splits each timed call at the plugin's log line `message` for its
+/// claim ("claim prepared", "claim unprepared"): `(request to that line,
+/// that line to the answer)`, in ms.
 fn split_at_log(
     log: &str,
+    message: &str,
     sent: &[(String, SystemTime, Duration)],
 ) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     let mut prepared: HashMap<String, f64> = HashMap::new();
@@ -346,7 +391,7 @@ fn split_at_log(
         let Ok(v) = serde_json::from_str::<Value>(line) else {
             continue;
         };
-        if v["message"] == "claim prepared"
+        if v["message"] == message
             && let (Some(uid), Some(ts)) = (v["claim"].as_str(), v["timestamp"].as_str())
             && let Some(at) = time_of_day(ts)
         {
@@ -358,7 +403,7 @@ fn split_at_log(
     for (uid, at, took) in sent {
         let logged = prepared
             .get(uid.as_str())
-            .with_context(|| format!("no \"claim prepared\" line for {uid}"))?;
+            .with_context(|| format!("no {message:?} line for {uid}"))?;
         let to_log = span_ms(wall_of_day(*at)?, *logged).clamp(0.0, ms(*took));
         work.push(to_log);
         answer.push(ms(*took) - to_log);
@@ -733,11 +778,16 @@ mod tests {
         let at = UNIX_EPOCH + Duration::from_secs(20_000 * 86_400 + 36_000);
         let sent = vec![("u1".to_owned(), at, Duration::from_millis(20))];
         let log = "not json\n{\"message\":\"claim prepared\",\"claim\":\"other\",\"timestamp\":\"2024-10-04T10:00:00.001Z\"}\n{\"message\":\"claim prepared\",\"claim\":\"u1\",\"timestamp\":\"2024-10-04T10:00:00.012Z\"}\n";
-        let (work, answer) = split_at_log(log, &sent).unwrap();
+        let (work, answer) = split_at_log(log, "claim prepared", &sent).unwrap();
         assert!((work[0] - 12.0).abs() < 1e-6, "{work:?}");
         assert!((answer[0] - 8.0).abs() < 1e-6, "{answer:?}");
-        let missing = split_at_log("", &sent).unwrap_err().to_string();
+        let missing = split_at_log("", "claim prepared", &sent)
+            .unwrap_err()
+            .to_string();
         assert!(missing.contains("u1"), "{missing}");
+        // An unprepare splits at its own line, never at the prepare's.
+        let none = split_at_log(log, "claim unprepared", &sent).unwrap_err();
+        assert!(none.to_string().contains("claim unprepared"), "{none}");
     }
 
     #[test]
