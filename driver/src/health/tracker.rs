@@ -18,7 +18,7 @@
 //!   `remap-pending` is cleared by the first poll that reports nothing
 //!   pending (and expires like these when the GPU reports neither);
 //! - **sticky**: `hardware-failure`, cleared only by an admin (see
-//!   [`Tracker::clear_hardware_failure`] and docs/health.md); `unmonitored`,
+//!   [`Tracker::clear_hardware_failures`] and docs/health-conditions.md); `unmonitored`,
 //!   cleared when the event watch works again ([`Tracker::monitored`]).
 //!
 //! A fatal condition never turns informational: a later informational XID
@@ -961,6 +961,32 @@ impl GpuState {
             Some(Implied::Nvlink) => {
                 self.raise_simple(Key::Degraded(Degradation::Nvlink), None, message, now);
             }
+        }
+        self.xid_48_workflow(xid, now);
+    }
+
+    /// The catalog's `WORKFLOW_XID_48`, for drivers without a recovery
+    /// action: a double-bit ECC error (48) with a row remap or page
+    /// retirement (63, 64) within 30 s of it asks to drain and reset.
+    fn xid_48_workflow(&mut self, xid: u64, now: SystemTime) {
+        const WINDOW: Duration = Duration::from_secs(30);
+        if self.action.is_some() || !matches!(xid, 48 | 63 | 64) {
+            return;
+        }
+        let recent = |this: &Self, wanted: &[u64]| {
+            this.conditions.values().any(|c| {
+                matches!(c.key, Key::Xid(n) if wanted.contains(&n))
+                    && elapsed(c.last, now) <= WINDOW
+            })
+        };
+        let other: &[u64] = if xid == 48 { &[63, 64] } else { &[48] };
+        if !recent(self, other) {
+            return;
+        }
+        if let Some(c) = self.conditions.get_mut(&(Scope::Gpu, Key::ResetRequired)) {
+            c.value = Some("DRAIN_AND_RESET".to_owned());
+            let _ = write!(c.message, "; with XID 63/64 within 30 s: drain and reset");
+            c.message = cut(&c.message, MAX_MESSAGE);
         }
     }
 

@@ -412,7 +412,7 @@ fn none_taints_are_dropped_under_134_rules() {
     // gpu-1: only informational; gpu-2: five taints, one informational.
     tr.event(&xid(1, 13, None), t(1));
     tr.event(&xid(2, 13, None), t(1));
-    for x in [48, 62, 64, 95] {
+    for x in [48, 62, 95, 119] {
         tr.event(&xid(2, x, None), t(1));
     }
     let mut tainted_model = model.clone();

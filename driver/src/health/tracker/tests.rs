@@ -853,3 +853,40 @@ fn the_recovery_action_names_the_reset() {
     assert_eq!(tr.conditions()[0].conditions[0].count, 3);
     assert_eq!(value(&tr), Some("DRAIN_AND_RESET".into()));
 }
+
+#[test]
+fn xid_48_with_a_remap_asks_to_drain_and_reset() {
+    let value = |tr: &Tracker| {
+        tr.conditions()[0]
+            .conditions
+            .iter()
+            .find(|c| c.key == Key::ResetRequired)
+            .and_then(|c| c.value.clone())
+    };
+    // 48 then 63 within 30 s, 64 then 48: drain and reset.
+    for (first, second) in [(48, 63), (64, 48)] {
+        let mut tr = tracker();
+        tr.event(&xid(0, first, None, 0), t(0));
+        tr.event(&xid(0, second, None, 20), t(20));
+        assert_eq!(
+            value(&tr),
+            Some("DRAIN_AND_RESET".into()),
+            "{first} {second}"
+        );
+        let msg = &tr.conditions()[0].conditions[0].message;
+        assert!(msg.ends_with("drain and reset"), "{msg}");
+    }
+    // Too far apart, or 48 alone: a reset.
+    let mut tr = tracker();
+    tr.event(&xid(0, 63, None, 0), t(0));
+    tr.event(&xid(0, 48, None, 31), t(31));
+    assert_eq!(value(&tr), Some("GPU_RESET".into()));
+    // The driver's recovery action decides where there is one.
+    let mut tr = tracker();
+    let mut p = healthy();
+    p.recovery_action = Some(RecoveryAction::GpuReset);
+    tr.poll(0, &p, t(0));
+    tr.event(&xid(0, 48, None, 1), t(1));
+    tr.event(&xid(0, 63, None, 2), t(2));
+    assert_eq!(value(&tr), Some("GPU_RESET".into()));
+}
