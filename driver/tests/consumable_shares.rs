@@ -273,41 +273,59 @@ async fn n_mode_time_slices_are_the_gpus() {
 }
 
 /// `<N>` on the mixed node: shares of the static MIG device coexist, each
-/// prepared with the MIG device (and its own MPS config, as usual for MIG);
-/// the MIG device held whole by another claim refuses them.
+/// prepared with the MIG device; an MPS config on a share (its own daemon)
+/// needs the device alone; the MIG device held whole by another claim
+/// refuses shares.
 #[tokio::test]
 async fn n_mode_shares_a_static_mig_device() {
     let n = node("mixed", &["--consumable-shares=4"], DraVersion::V1).await;
     let mig = "gpu-1-mig-3g40gb-9-0";
+    let mps = |request: &str| json!([mig_config(&[request], json!({"strategy": "MPS"}))]);
     let a = share_of(&n, 'a', mig, "0", json!([])).await;
-    let b = share_of(
-        &n,
-        'b',
-        mig,
-        "0",
-        json!([mig_config(&["share-b"], json!({"strategy": "MPS"}))]),
-    )
-    .await;
+    let b = share_of(&n, 'b', mig, "0", json!([])).await;
     n.prepare_ok(&a).await;
     n.prepare_ok(&b).await;
     let dev = n.spec_device(&a, mig);
     assert!(dev["containerEdits"].is_object(), "{dev}");
-    for c in [&a, &b] {
-        n.unprepare_ok(c).await;
+    // An MPS config beside other shares: refused.
+    let c = share_of(&n, 'c', mig, "0", mps("share-c")).await;
+    let r = n.prepare(std::slice::from_ref(&c)).await;
+    let error = r[&c.uid].error.clone().unwrap_or_default();
+    assert!(
+        error.contains("holds a share of this MIG device")
+            && error.contains("leave the MPS config out"),
+        "{error}"
+    );
+    for x in [&a, &b] {
+        n.unprepare_ok(x).await;
     }
+    // Alone it runs its daemon; then another share is refused beside it.
+    n.prepare_ok(&c).await;
+    assert_eq!(n.mps_daemons(), 1);
+    let d = share_of(&n, 'd', mig, "0", json!([])).await;
+    let r = n.prepare(std::slice::from_ref(&d)).await;
+    let error = r[&d.uid].error.clone().unwrap_or_default();
+    assert!(
+        error.contains("claim default/share-c")
+            && error.contains("runs an MPS daemon on this MIG device"),
+        "{error}"
+    );
+    n.unprepare_ok(&c).await;
+    assert_eq!(n.mps_daemons(), 0);
     // Held whole (an allocation without a share), shares are refused.
     let whole = n
         .claim("whole", json!([result("gpu", mig)]), json!([]))
         .await;
     n.prepare_ok(&whole).await;
-    let c = share_of(&n, 'c', mig, "0", json!([])).await;
-    let r = n.prepare(std::slice::from_ref(&c)).await;
-    let error = r[&c.uid].error.clone().unwrap_or_default();
+    let r = n.prepare(std::slice::from_ref(&d)).await;
+    let error = r[&d.uid].error.clone().unwrap_or_default();
     assert!(
         error.contains("already prepared for claim default/whole"),
         "{error}"
     );
     n.unprepare_ok(&whole).await;
+    n.prepare_ok(&d).await;
+    n.unprepare_ok(&d).await;
 }
 
 /// `multiUser` starts the claim's daemon as a multi-user server

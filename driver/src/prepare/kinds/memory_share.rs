@@ -34,11 +34,11 @@ pub(crate) struct MemoryShare;
 
 impl Kind for MemoryShare {
     fn setup(&self, claim: &mut Setup<'_>, i: usize) -> Result<(), PrepareError> {
-        if let Target::Gpu(g) = &claim.device(i).target
-            && g.counted_share
-            && !claim.device(i).admin
-        {
-            check_counted_mix(claim, i, g.minor)?;
+        let d = claim.device(i);
+        match &d.target {
+            Target::Gpu(g) if g.counted_share && !d.admin => check_counted_mix(claim, i, g.minor)?,
+            Target::Mig(_) if d.share_id.is_some() && !d.admin => check_mig_share(claim, i)?,
+            _ => {}
         }
         if !claim.is_memory_share(i) {
             return Ok(());
@@ -133,6 +133,59 @@ fn check_counted_mix(claim: &Setup<'_>, i: usize, minor: u32) -> Result<(), Prep
             };
             return Err(PrepareError::Unsupported {
                 device: claim.device(i).device.clone(),
+                reason,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A share of a MIG device (consumable shares) runs an MPS daemon of its
+/// claim's own only while it has the device alone: a claim with an MPS
+/// config is refused beside other shares of the device, and a share beside
+/// one whose claim runs a daemon on it, naming the other claim.
+fn check_mig_share(claim: &Setup<'_>, i: usize) -> Result<(), PrepareError> {
+    let d = claim.device(i);
+    let Target::Mig(m) = &d.target else {
+        return Ok(());
+    };
+    let mine =
+        matches!(claim.sharing_config(i), Some(DeviceConfig::Mig(cfg)) if cfg.mps().is_some());
+    let place = (
+        m.request.parent_minor,
+        m.request.placement_start,
+        m.request.placement_size,
+    );
+    for (uid, entry) in claim.others {
+        for r in entry.devices.iter().filter(|r| !r.admin) {
+            let DeviceKind::Mig {
+                parent_minor,
+                placement_start,
+                placement_size,
+                ..
+            } = &r.kind
+            else {
+                continue;
+            };
+            if (*parent_minor, *placement_start, *placement_size) != place {
+                continue;
+            }
+            let theirs = r.sharing.mps_daemon.is_some();
+            if !(mine || theirs) {
+                continue;
+            }
+            let other = format!("{}/{} ({})", entry.namespace, entry.name, uid.0);
+            let reason = if theirs {
+                format!(
+                    "claim {other} runs an MPS daemon on this MIG device, which serves only that claim: no other share of the device can be prepared beside it"
+                )
+            } else {
+                format!(
+                    "claim {other} holds a share of this MIG device: an MPS config on a MIG device's share needs the device alone (one daemon serves one claim); leave the MPS config out"
+                )
+            };
+            return Err(PrepareError::Unsupported {
+                device: d.device.clone(),
                 reason,
             });
         }
