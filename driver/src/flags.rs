@@ -110,6 +110,25 @@ pub struct Flags {
     #[arg(long, env = "MPS_CHECK_INTERVAL", default_value = "10s", value_parser = gpu_dra_cmdline::parse_interval)]
     pub mps_check_interval: Duration,
 
+    /// KEP-5304 device metadata: for every prepared claim, one file per
+    /// request under `<kubelet-plugins-dir>/<driver>/dra-device-metadata`
+    /// with its devices and their published attributes
+    /// (`resource.kubernetes.io/pciBusID`, ...), mounted read-only into the
+    /// containers at
+    /// `/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/<request>/<driver>-metadata.json`
+    /// (`resourceclaimtemplates/<pod-claim-name>/...` for a claim made from
+    /// a template). NVIDIA's feature gate `DeviceMetadata` (VFIO devices
+    /// only there); here every device. `false`: no files.
+    #[arg(
+        long,
+        env = "DEVICE_METADATA",
+        default_value_t = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new(),
+    )]
+    pub device_metadata: bool,
+
     /// A DaemonSet rolling update with a surge pod (`maxSurge: 1`): when
     /// another plugin instance holds the state directory, wait for it to
     /// exit, then take the node over, instead of failing at once. The

@@ -522,6 +522,14 @@ pub fn preparer_options(flags: &Flags) -> Result<prepare::Options, Error> {
         wait_for_lock: None,
         mps_check_interval: flags.mps_check_interval,
         sysfs_root: flags.discovery.sysfs_root.clone(),
+        device_metadata: flags.device_metadata.then(|| {
+            HostRoot::same(
+                flags
+                    .kubelet_plugins_dir
+                    .join(&flags.driver_name)
+                    .join(crate::prepare::metadata::paths::SUBDIR),
+            )
+        }),
     })
 }
 

@@ -50,6 +50,7 @@ mod journal;
 mod kinds;
 pub mod locks;
 mod lost;
+pub mod metadata;
 pub mod mig;
 pub mod mps;
 pub mod plan;
@@ -125,6 +126,10 @@ pub struct Options {
     /// Where sysfs is (`--sysfs-root`): VFIO passthrough rebinds GPUs
     /// there.
     pub sysfs_root: PathBuf,
+    /// Where KEP-5304 device metadata files go
+    /// (`<kubelet-plugins-dir>/<driver>/dra-device-metadata`, see
+    /// [`metadata`]); `None`: none are written (`--device-metadata=false`).
+    pub device_metadata: Option<HostRoot>,
 }
 
 /// Errors that stop the preparer from starting.
@@ -253,6 +258,8 @@ pub(crate) struct Inner {
     /// Claim-level CDI edits (driver files, control nodes, hooks), found on
     /// the first prepare and kept (see `kinds::CommonEdits`).
     common_edits: Mutex<Option<kinds::CommonEdits>>,
+    /// The device metadata writer, unless turned off.
+    metadata: Option<metadata::Writer>,
     /// The state directory's lock, and the MPS directory's when it is
     /// elsewhere (see [`LOCK_FILE`]).
     _locks: Vec<std::fs::File>,
@@ -268,6 +275,13 @@ impl Preparer {
         inventory: &Inventory,
     ) -> Result<(Self, RecoveryReport), Error> {
         let catalog = catalog(inventory, &opts.build);
+        let metadata = opts.device_metadata.clone().map(|root| {
+            metadata::Writer::new(
+                root,
+                &opts.driver_name,
+                &DeviceModel::build(inventory, &opts.build),
+            )
+        });
         let gpus = inventory
             .gpus
             .iter()
@@ -315,6 +329,7 @@ impl Preparer {
                 mps,
                 nodes,
                 common_edits: Mutex::new(None),
+                metadata,
                 _locks: locks,
             });
             let report = recover::recover(&inner, load);
@@ -732,7 +747,6 @@ pub fn catalog(inventory: &Inventory, build: &BuildOptions) -> HashMap<String, T
                     dynamic: build.dynamic_mig,
                 })
             }
-        };
             DeviceRef::Vfio { minor, index } => {
                 let Some(gpu) = inventory.gpus.iter().find(|g| g.info.minor == minor) else {
                     continue;
@@ -744,6 +758,7 @@ pub fn catalog(inventory: &Inventory, build: &BuildOptions) -> HashMap<String, T
                     pci_bus_id: gpu.info.pci_bus_id.clone(),
                 })
             }
+        };
         out.insert(device.name.clone(), target);
     }
     out

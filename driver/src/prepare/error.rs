@@ -36,6 +36,9 @@ pub enum PrepareError {
     /// CDI spec generation or writing failed.
     #[error("CDI spec: {0}")]
     Cdi(#[from] CdiError),
+    /// The claim's device metadata files could not be written.
+    #[error(transparent)]
+    Metadata(#[from] super::metadata::MetadataError),
     /// A MIG operation failed.
     #[error("device {device}: {error}")]
     Mig {

@@ -170,6 +170,11 @@ fn release_claim(inner: &Inner, uid: &ClaimUid) -> Result<(), Vec<String>> {
     {
         errors.push(format!("remove CDI spec: {e}"));
     }
+    if !checkpoint.claims.contains_key(uid)
+        && let Err(e) = super::metadata::remove_lost(inner, uid)
+    {
+        errors.push(format!("remove device metadata: {e}"));
+    }
     if errors.is_empty()
         && let Err(e) = inner.store.update_lost(|ledger| {
             ledger.remove(uid);

@@ -133,6 +133,8 @@ pub struct ClaimPlan {
     pub name: String,
     /// Our devices, in allocation order.
     pub devices: Vec<PlannedDevice>,
+    /// What the device metadata files need of the claim.
+    pub metadata: super::metadata::ClaimFacts,
 }
 
 /// One allocated device (or device share) of ours.
@@ -468,6 +470,7 @@ pub fn plan(
     }
     Ok(ClaimPlan {
         uid: ClaimUid(found),
+        metadata: super::metadata::ClaimFacts::of(claim, driver, node),
         namespace,
         name,
         devices,

@@ -151,6 +151,7 @@ pub(crate) fn setup(
     for kind in KINDS {
         kind.finish(&mut claim)?;
     }
+    super::metadata::add_to_claim(inner, plan, &claim.names, &mut claim.spec)?;
     let Setup {
         entry, spec, mps, ..
     } = claim;
@@ -255,6 +256,9 @@ pub(crate) fn undo(
     }
     if let Err(e) = inner.opts.cdi.remove(&uid.0) {
         cx.errors.push(format!("remove CDI spec: {e}"));
+    }
+    if let Err(e) = super::metadata::remove_claim(inner, uid, entry) {
+        cx.errors.push(format!("remove device metadata: {e}"));
     }
     if cx.errors.is_empty() {
         Ok(())
