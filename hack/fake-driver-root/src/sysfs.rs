@@ -296,9 +296,10 @@ impl FakeSysfs {
 
     fn unbind(&self, bus: &str, driver: &str) {
         if self.driver_of(bus).as_deref() == Some(driver) {
-            let _ = fs::remove_file(self.device(bus).join("driver"));
-            let _ = fs::remove_dir_all(self.device(bus).join("vfio-dev"));
+            // Logged first: the writer sees the link change and goes on.
             self.log(&format!("unbind {bus} {driver}"));
+            let _ = fs::remove_dir_all(self.device(bus).join("vfio-dev"));
+            let _ = fs::remove_file(self.device(bus).join("driver"));
         } else {
             self.log(&format!("unbind-ignored {bus} {driver}"));
         }
@@ -327,8 +328,8 @@ impl FakeSysfs {
                     .join(format!("vfio{}", gpu.iommu_group)),
             );
         }
-        let _ = symlink(&dir, self.device(bus).join("driver"));
         self.log(&format!("bind {bus} {driver}"));
+        let _ = symlink(&dir, self.device(bus).join("driver"));
     }
 }
 

@@ -1,0 +1,436 @@
+//! VFIO passthrough end to end, with the real plugin binary (`--passthrough`)
+//! on a fake PCIe A100 machine whose sysfs is the stand-in of
+//! `fake_driver_root::sysfs` (a stand-in kernel rebinds GPUs as the plugin
+//! writes `driver_override`, `unbind` and `drivers_probe`, and records each
+//! event): what is published, prepare and unprepare (the binds, the CDI
+//! spec as each `VfioDeviceConfig` asks, the checkpoint record), the refusal
+//! of a GPU another claim holds, and a crash at every step of a prepare and
+//! of an unprepare, then a restart: the GPU ends on a known driver and
+//! nothing is left.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
+
+use common::prepare::{Node, node, node_with, result};
+use common::{DRIVER, NODE};
+use fake_driver_root::sysfs::{FakeSysfs, Kernel, create_vfio_nodes};
+use gpu_dra_sim::kubelet::{Claim, DraVersion};
+use serde_json::{Value, json};
+
+const PROFILE: &str = "pcie-a100-bridged";
+const FLAGS: &[&str] = &["--passthrough"];
+const FAILPOINT: &str = "GPU_DRA_FAILPOINT";
+
+/// The stand-in sysfs and kernel of a node, and its VFIO nodes.
+struct Vfio {
+    sysfs: FakeSysfs,
+    _kernel: Kernel,
+}
+
+fn vfio_of(n: &Node, iommufd: bool) -> Vfio {
+    let sysfs = FakeSysfs::adopt(&n.env.sysfs).expect("adopt the machine's sysfs");
+    let groups: Vec<u32> = sysfs.gpus().iter().map(|g| g.iommu_group).collect();
+    create_vfio_nodes(&n.env.dev_root, &groups, iommufd).expect("VFIO nodes");
+    let kernel = sysfs.start_kernel().expect("start the stand-in kernel");
+    Vfio {
+        sysfs,
+        _kernel: kernel,
+    }
+}
+
+/// The published device `name`.
+async fn published(n: &Node, name: &str) -> Value {
+    let slices = n.env.wait_pool(NODE, Duration::from_secs(20)).await;
+    slices
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .find(|d| d["name"] == name)
+        .unwrap_or_else(|| panic!("{name} not published"))
+}
+
+fn bus_of(device: &Value) -> String {
+    device["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn vfio_config(iommu: Value) -> Value {
+    json!({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig", "iommu": iommu}}})
+}
+
+/// The container paths of a CDI device's nodes.
+fn node_paths(edits: &Value) -> Vec<String> {
+    edits["deviceNodes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|n| n["path"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn events_of(v: &Vfio) -> Vec<String> {
+    v.sysfs.events().unwrap()
+}
+
+#[tokio::test]
+async fn vfio_devices_are_published_beside_the_gpus_and_share_their_counter() {
+    let n = node(PROFILE, FLAGS, DraVersion::V1).await;
+    let names = n.device_names().await;
+    for i in 0..4 {
+        assert!(names.contains(&format!("gpu-{i}")), "{names:?}");
+        assert!(names.contains(&format!("gpu-vfio-{i}")), "{names:?}");
+    }
+    let vfio = published(&n, "gpu-vfio-0").await;
+    let gpu = published(&n, "gpu-0").await;
+    let a = &vfio["attributes"];
+    assert_eq!(a["type"]["string"], "vfio");
+    assert_eq!(a["vendorID"]["string"], "0x10de");
+    assert!(
+        a["deviceID"]["string"]
+            .as_str()
+            .is_some_and(|d| d.len() == 6 && d.starts_with("0x")),
+        "{vfio}"
+    );
+    assert_eq!(a["iommuFDEnabled"]["bool"], false);
+    assert_eq!(a["uuid"], gpu["attributes"]["uuid"]);
+    assert_eq!(bus_of(&vfio), bus_of(&gpu));
+    assert_eq!(
+        vfio["capacity"]["addressableMemory"]["value"],
+        gpu["capacity"]["memory"]["value"]
+    );
+    assert_eq!(
+        vfio["consumesCounters"], gpu["consumesCounters"],
+        "{vfio}\n{gpu}"
+    );
+    assert_eq!(
+        vfio["consumesCounters"][0]["counterSet"],
+        "gpu-0-counter-set"
+    );
+}
+
+#[tokio::test]
+async fn a_vfio_claim_rebinds_the_gpu_and_unprepare_binds_it_back() {
+    let n = node(PROFILE, FLAGS, DraVersion::V1).await;
+    let v = vfio_of(&n, false);
+    let bus = bus_of(&published(&n, "gpu-vfio-0").await);
+    let group = v
+        .sysfs
+        .gpus()
+        .iter()
+        .find(|g| g.bus == bus)
+        .unwrap()
+        .iommu_group;
+    let claim = n
+        .claim("vm", json!([result("vm", "gpu-vfio-0")]), json!([]))
+        .await;
+    let r = n.prepare_ok(&claim).await;
+    assert_eq!(r.devices.len(), 1);
+    assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("vfio-pci"));
+    assert_eq!(
+        events_of(&v),
+        [
+            format!("unbind {bus} nvidia"),
+            format!("bind {bus} vfio-pci")
+        ]
+    );
+    let spec = n.spec(&claim);
+    assert_eq!(
+        spec["containerEdits"]["env"],
+        json!(["NVIDIA_VISIBLE_DEVICES=void"])
+    );
+    assert!(
+        spec["containerEdits"]["mounts"].is_null() && spec["containerEdits"]["hooks"].is_null(),
+        "no driver files for a VFIO claim: {spec}"
+    );
+    let device = n.spec_device(&claim, "gpu-vfio-0");
+    assert_eq!(
+        node_paths(&device["containerEdits"]),
+        [format!("/dev/vfio/{group}"), "/dev/vfio/vfio".to_owned()]
+    );
+    let record = &n.checkpoint()["entries"][&claim.uid]["entry"]["devices"][0]["kind"];
+    assert_eq!(record["type"], "vfio");
+    assert_eq!(record["previousDriver"], "nvidia");
+    assert_eq!(record["iommuGroup"], group.to_string());
+    assert_eq!(record["pciBusId"], bus);
+
+    n.unprepare_ok(&claim).await;
+    assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("nvidia"));
+    assert_eq!(v.sysfs.override_of(&bus), None);
+    assert_eq!(
+        events_of(&v)[2..],
+        [
+            format!("unbind {bus} vfio-pci"),
+            format!("bind {bus} nvidia")
+        ]
+    );
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    assert!(n.checkpoint_claims().is_empty());
+}
+
+#[tokio::test]
+async fn prefer_iommufd_gives_the_cdev_and_the_api_device_where_the_node_has_iommufd() {
+    let mut n = node(PROFILE, FLAGS, DraVersion::V1).await;
+    let v = vfio_of(&n, true);
+    // /dev/iommu is looked for at start: restart to see it, and wait for
+    // the pool to say so.
+    n.restart(&[]).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let published = loop {
+        let d = published(&n, "gpu-vfio-1").await;
+        if d["attributes"]["iommuFDEnabled"]["bool"] == true {
+            break d;
+        }
+        assert!(std::time::Instant::now() < deadline, "{d}\n{}", n.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let bus = bus_of(&published);
+    let group = v
+        .sysfs
+        .gpus()
+        .iter()
+        .find(|g| g.bus == bus)
+        .unwrap()
+        .iommu_group;
+    for (name, iommu, expected) in [
+        (
+            "fd-api",
+            json!({"backendPolicy": "PreferIommuFD", "enableAPIDevice": true}),
+            vec![
+                format!("/dev/vfio/devices/vfio{group}"),
+                "/dev/vfio/vfio".to_owned(),
+                "/dev/iommu".to_owned(),
+            ],
+        ),
+        (
+            "fd",
+            json!({"backendPolicy": "PreferIommuFD"}),
+            vec![
+                format!("/dev/vfio/devices/vfio{group}"),
+                "/dev/vfio/vfio".to_owned(),
+            ],
+        ),
+        (
+            "legacy-api",
+            json!({"backendPolicy": "LegacyOnly", "enableAPIDevice": true}),
+            vec![format!("/dev/vfio/{group}"), "/dev/vfio/vfio".to_owned()],
+        ),
+    ] {
+        let claim = n
+            .claim(
+                name,
+                json!([result("vm", "gpu-vfio-1")]),
+                json!([vfio_config(iommu)]),
+            )
+            .await;
+        n.prepare_ok(&claim).await;
+        let device = n.spec_device(&claim, "gpu-vfio-1");
+        assert_eq!(node_paths(&device["containerEdits"]), expected, "{name}");
+        n.unprepare_ok(&claim).await;
+        assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("nvidia"), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_gpu_another_claim_holds_is_refused_by_the_claims_name() {
+    let n = node(PROFILE, FLAGS, DraVersion::V1).await;
+    let v = vfio_of(&n, false);
+    let bus = bus_of(&published(&n, "gpu-vfio-2").await);
+    // Held whole by a container: the VM claim is refused, the GPU untouched.
+    let container = n.gpu_claim("training", "gpu-2").await;
+    n.prepare_ok(&container).await;
+    let vm = n
+        .claim("vm", json!([result("vm", "gpu-vfio-2")]), json!([]))
+        .await;
+    let r = n.prepare(std::slice::from_ref(&vm)).await;
+    let error = r[&vm.uid].error.clone().expect("refused");
+    assert!(
+        error.contains("gpu-vfio-2")
+            && error.contains(&format!("claim default/training ({})", container.uid)),
+        "{error}"
+    );
+    assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("nvidia"));
+    assert!(events_of(&v).is_empty(), "{:?}", events_of(&v));
+    // Held by a monitoring container (admin access) too.
+    n.unprepare_ok(&container).await;
+    let mut admin = result("gpu", "gpu-2");
+    admin["adminAccess"] = json!(true);
+    let monitor = n.claim("monitor", json!([admin]), json!([])).await;
+    n.prepare_ok(&monitor).await;
+    let r = n.prepare(std::slice::from_ref(&vm)).await;
+    let error = r[&vm.uid].error.clone().expect("refused");
+    assert!(
+        error.contains(&format!(
+            "GPU {bus} is in use by claim default/monitor ({}) as gpu-2",
+            monitor.uid
+        )),
+        "{error}"
+    );
+    assert!(events_of(&v).is_empty(), "{:?}", events_of(&v));
+    // Free: the VM gets it; then the container is refused by the VM's name.
+    n.unprepare_ok(&monitor).await;
+    n.prepare_ok(&vm).await;
+    let again = n.gpu_claim("training-2", "gpu-2").await;
+    let r = n.prepare(std::slice::from_ref(&again)).await;
+    let error = r[&again.uid].error.clone().expect("refused");
+    assert!(
+        error.contains(&format!("claim default/vm ({})", vm.uid)),
+        "{error}"
+    );
+    n.unprepare_ok(&vm).await;
+    assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("nvidia"));
+}
+
+#[tokio::test]
+async fn a_gpu_on_another_driver_or_that_vfio_pci_refuses_fails_the_claim_and_stays_known() {
+    let n = node(PROFILE, FLAGS, DraVersion::V1).await;
+    let v = vfio_of(&n, false);
+    let bus = bus_of(&published(&n, "gpu-vfio-3").await);
+    let vm = n
+        .claim("vm", json!([result("vm", "gpu-vfio-3")]), json!([]))
+        .await;
+    // vfio-pci does not take it: the prepare fails and the GPU is back on
+    // nvidia, nothing recorded.
+    v.sysfs.refuse("vfio-pci", true).unwrap();
+    let r = n.prepare(std::slice::from_ref(&vm)).await;
+    let error = r[&vm.uid].error.clone().expect("failed");
+    assert!(
+        error.contains("after asking for vfio-pci; is the module loaded"),
+        "{error}"
+    );
+    assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("nvidia"));
+    assert!(n.checkpoint_claims().is_empty());
+    assert!(n.cdi_files().is_empty());
+    v.sysfs.refuse("vfio-pci", false).unwrap();
+    n.prepare_ok(&vm).await;
+    n.unprepare_ok(&vm).await;
+    assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("nvidia"));
+}
+
+/// Waits for the aborted plugin and checks it died at the failpoint.
+fn assert_aborted(n: &mut Node, failpoint: &str) {
+    let status = n.plugin.wait_exit(Duration::from_secs(20));
+    assert_eq!(
+        status.signal(),
+        Some(6),
+        "{failpoint}: the plugin did not abort: {status}\n{}",
+        n.logs()
+    );
+}
+
+/// Nothing of the claim is left, and the GPU is on nvidia, override
+/// cleared.
+fn assert_clean(n: &Node, v: &Vfio, bus: &str, when: &str) {
+    assert_eq!(
+        v.sysfs.driver_of(bus).as_deref(),
+        Some("nvidia"),
+        "{when}: {:?}\n{}",
+        events_of(v),
+        n.logs()
+    );
+    assert_eq!(v.sysfs.override_of(bus), None, "{when}");
+    assert!(n.cdi_files().is_empty(), "{when}: {:?}", n.cdi_files());
+    assert!(
+        n.checkpoint_claims().is_empty(),
+        "{when}: {:?}",
+        n.checkpoint_claims()
+    );
+}
+
+async fn crash_in_prepare(failpoint: &str, prepared_after: bool) {
+    let mut n = node_with(PROFILE, FLAGS, DraVersion::V1, &[(FAILPOINT, failpoint)]).await;
+    let v = vfio_of(&n, false);
+    let bus = bus_of(&published(&n, "gpu-vfio-0").await);
+    let claim: Claim = n
+        .claim("vm", json!([result("vm", "gpu-vfio-0")]), json!([]))
+        .await;
+    let answer = n.kubelet.prepare(std::slice::from_ref(&claim)).await;
+    assert!(answer.is_err(), "{failpoint}: answered: {answer:?}");
+    assert_aborted(&mut n, failpoint);
+    n.restart(&[]).await;
+    if prepared_after {
+        assert_eq!(
+            v.sysfs.driver_of(&bus).as_deref(),
+            Some("vfio-pci"),
+            "{failpoint}\n{}",
+            n.logs()
+        );
+    } else {
+        assert_clean(&n, &v, &bus, &format!("{failpoint}: after recovery"));
+    }
+    n.prepare_ok(&claim).await;
+    assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("vfio-pci"));
+    n.unprepare_ok(&claim).await;
+    assert_clean(&n, &v, &bus, &format!("{failpoint}: after the unprepare"));
+}
+
+async fn crash_in_unprepare(failpoint: &str) {
+    let mut n = node(PROFILE, FLAGS, DraVersion::V1).await;
+    let v = vfio_of(&n, false);
+    let bus = bus_of(&published(&n, "gpu-vfio-0").await);
+    let claim: Claim = n
+        .claim("vm", json!([result("vm", "gpu-vfio-0")]), json!([]))
+        .await;
+    n.prepare_ok(&claim).await;
+    n.restart(&[(FAILPOINT, failpoint)]).await;
+    let answer = n.kubelet.unprepare(std::slice::from_ref(&claim)).await;
+    assert!(answer.is_err(), "{failpoint}: answered: {answer:?}");
+    assert_aborted(&mut n, failpoint);
+    n.restart(&[]).await;
+    n.unprepare_ok(&claim).await;
+    assert_clean(&n, &v, &bus, &format!("{failpoint}: after the unprepare"));
+}
+
+macro_rules! crash_tests {
+    ($($name:ident => $run:ident($($arg:expr),*);)*) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                $run($($arg),*).await;
+            }
+        )*
+    };
+}
+
+crash_tests! {
+    crash_after_started => crash_in_prepare("prepare-after-started", false);
+    crash_after_journal => crash_in_prepare("vfio-after-journal", false);
+    crash_after_override => crash_in_prepare("vfio-after-override", false);
+    crash_after_unbind => crash_in_prepare("vfio-after-unbind", false);
+    crash_after_probe => crash_in_prepare("vfio-after-probe", false);
+    crash_after_cdi => crash_in_prepare("prepare-after-cdi", false);
+    crash_after_completed => crash_in_prepare("prepare-after-completed", true);
+    crash_in_undo_after_override => crash_in_unprepare("vfio-undo-after-override");
+    crash_in_undo_after_unbind => crash_in_unprepare("vfio-undo-after-unbind");
+    crash_in_undo_after_probe => crash_in_unprepare("vfio-undo-after-probe");
+    crash_after_undo => crash_in_unprepare("unprepare-after-undo");
+}
+
+/// A GPU left on vfio-pci that no claim holds (the checkpoint lost with
+/// the state directory, say) is bound back at start.
+#[tokio::test]
+async fn a_gpu_left_on_vfio_pci_is_bound_back_at_start() {
+    let mut n = node(PROFILE, FLAGS, DraVersion::V1).await;
+    let v = vfio_of(&n, false);
+    let bus = bus_of(&published(&n, "gpu-vfio-1").await);
+    n.stop();
+    v.sysfs.force_driver(&bus, Some("vfio-pci")).unwrap();
+    n.restart(&[]).await;
+    assert_eq!(
+        v.sysfs.driver_of(&bus).as_deref(),
+        Some("nvidia"),
+        "{}",
+        n.logs()
+    );
+    assert!(
+        n.logs()
+            .contains("GPUs on vfio-pci that no claim held bound back to nvidia"),
+        "{}",
+        n.logs()
+    );
+}
