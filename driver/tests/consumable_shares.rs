@@ -152,15 +152,15 @@ async fn unlimited_mode_counts_only_and_mps_configs_join_one_daemon() {
         json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
             "defaultActiveThreadPercentage": pct, "defaultPinnedDeviceMemoryLimit": limit}}))])
     };
-    let a = share_of(&n, 'a', "gpu-0", "0", json!([])).await;
-    let b = share_of(&n, 'b', "gpu-0", "0", json!([])).await;
-    n.prepare_ok(&a).await;
-    n.prepare_ok(&b).await;
-    for c in [&a, &b] {
-        let dev = n.spec_device(c, "gpu-0");
+    let sa = share_of(&n, 'a', "gpu-0", "0", json!([])).await;
+    let sb = share_of(&n, 'b', "gpu-0", "0", json!([])).await;
+    n.prepare_ok(&sa).await;
+    n.prepare_ok(&sb).await;
+    for sc in [&sa, &sb] {
+        let dev = n.spec_device(sc, "gpu-0");
         let env = env_of(&dev);
         assert!(
-            !env.iter().any(|e| e.starts_with("CUDA_MPS")),
+            !env.iter().any(|se| se.starts_with("CUDA_MPS")),
             "not enforced: {env:?}"
         );
         assert_eq!(
@@ -170,9 +170,9 @@ async fn unlimited_mode_counts_only_and_mps_configs_join_one_daemon() {
     }
     assert_eq!(n.mps_daemons(), 0);
     // MPS beside claims without it: refused, naming one of them.
-    let c = share_of(&n, 'c', "gpu-0", "0", mps_config(30, "3Gi")).await;
-    let r = n.prepare(std::slice::from_ref(&c)).await;
-    let error = r[&c.uid].error.clone().unwrap_or_default();
+    let sc = share_of(&n, 'c', "gpu-0", "0", mps_config(30, "3Gi")).await;
+    let r = n.prepare(std::slice::from_ref(&sc)).await;
+    let error = r[&sc.uid].error.clone().unwrap_or_default();
     assert!(
         error.contains("claim default/share-") && error.contains("shares this GPU without MPS"),
         "{error}"
@@ -183,16 +183,16 @@ async fn unlimited_mode_counts_only_and_mps_configs_join_one_daemon() {
     let r = n.prepare(std::slice::from_ref(&whole)).await;
     let error = r[&whole.uid].error.clone().unwrap_or_default();
     assert!(error.contains("already prepared for claim"), "{error}");
-    n.unprepare_ok(&a).await;
-    n.unprepare_ok(&b).await;
+    n.unprepare_ok(&sa).await;
+    n.unprepare_ok(&sb).await;
 
-    // Now c and d, both with MPS, share one daemon with their own limits.
-    n.prepare_ok(&c).await;
-    let d = share_of(&n, 'd', "gpu-0", "0", mps_config(60, "5Gi")).await;
-    n.prepare_ok(&d).await;
+    // Now sc and sd, both with MPS, share one daemon with their own limits.
+    n.prepare_ok(&sc).await;
+    let sd = share_of(&n, 'd', "gpu-0", "0", mps_config(60, "5Gi")).await;
+    n.prepare_ok(&sd).await;
     assert_eq!(n.mps_daemons(), 1);
-    let env_c = env_of(&n.spec_device(&c, "gpu-0"));
-    let env_d = env_of(&n.spec_device(&d, "gpu-0"));
+    let env_c = env_of(&n.spec_device(&sc, "gpu-0"));
+    let env_d = env_of(&n.spec_device(&sd, "gpu-0"));
     assert!(
         has(&env_c, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M"),
         "{env_c:?}"
@@ -210,17 +210,17 @@ async fn unlimited_mode_counts_only_and_mps_configs_join_one_daemon() {
         "{env_d:?}"
     );
     // And a claim without MPS is refused beside them.
-    let e = share_of(&n, 'e', "gpu-0", "0", json!([])).await;
-    let r = n.prepare(std::slice::from_ref(&e)).await;
-    let error = r[&e.uid].error.clone().unwrap_or_default();
+    let se = share_of(&n, 'e', "gpu-0", "0", json!([])).await;
+    let r = n.prepare(std::slice::from_ref(&se)).await;
+    let error = r[&se.uid].error.clone().unwrap_or_default();
     assert!(
         error.contains("runs this GPU's MPS daemon")
             && error.contains("give this claim an MPS config too"),
         "{error}"
     );
-    n.unprepare_ok(&c).await;
+    n.unprepare_ok(&sc).await;
     assert_eq!(n.mps_daemons(), 1, "d still uses the daemon");
-    n.unprepare_ok(&d).await;
+    n.unprepare_ok(&sd).await;
     assert_eq!(n.mps_daemons(), 0);
     assert!(n.exclusive_gpus().is_empty());
     n.prepare_ok(&whole).await;
@@ -281,51 +281,51 @@ async fn n_mode_shares_a_static_mig_device() {
     let n = node("mixed", &["--consumable-shares=4"], DraVersion::V1).await;
     let mig = "gpu-1-mig-3g40gb-9-0";
     let mps = |request: &str| json!([mig_config(&[request], json!({"strategy": "MPS"}))]);
-    let a = share_of(&n, 'a', mig, "0", json!([])).await;
-    let b = share_of(&n, 'b', mig, "0", json!([])).await;
-    n.prepare_ok(&a).await;
-    n.prepare_ok(&b).await;
-    let dev = n.spec_device(&a, mig);
+    let sa = share_of(&n, 'a', mig, "0", json!([])).await;
+    let sb = share_of(&n, 'b', mig, "0", json!([])).await;
+    n.prepare_ok(&sa).await;
+    n.prepare_ok(&sb).await;
+    let dev = n.spec_device(&sa, mig);
     assert!(dev["containerEdits"].is_object(), "{dev}");
     // An MPS config beside other shares: refused.
-    let c = share_of(&n, 'c', mig, "0", mps("share-c")).await;
-    let r = n.prepare(std::slice::from_ref(&c)).await;
-    let error = r[&c.uid].error.clone().unwrap_or_default();
+    let sc = share_of(&n, 'c', mig, "0", mps("share-c")).await;
+    let r = n.prepare(std::slice::from_ref(&sc)).await;
+    let error = r[&sc.uid].error.clone().unwrap_or_default();
     assert!(
         error.contains("holds a share of this MIG device")
             && error.contains("leave the MPS config out"),
         "{error}"
     );
-    for x in [&a, &b] {
+    for x in [&sa, &sb] {
         n.unprepare_ok(x).await;
     }
     // Alone it runs its daemon; then another share is refused beside it.
-    n.prepare_ok(&c).await;
+    n.prepare_ok(&sc).await;
     assert_eq!(n.mps_daemons(), 1);
-    let d = share_of(&n, 'd', mig, "0", json!([])).await;
-    let r = n.prepare(std::slice::from_ref(&d)).await;
-    let error = r[&d.uid].error.clone().unwrap_or_default();
+    let sd = share_of(&n, 'd', mig, "0", json!([])).await;
+    let r = n.prepare(std::slice::from_ref(&sd)).await;
+    let error = r[&sd.uid].error.clone().unwrap_or_default();
     assert!(
         error.contains("claim default/share-c")
             && error.contains("runs an MPS daemon on this MIG device"),
         "{error}"
     );
-    n.unprepare_ok(&c).await;
+    n.unprepare_ok(&sc).await;
     assert_eq!(n.mps_daemons(), 0);
     // Held whole (an allocation without a share), shares are refused.
     let whole = n
         .claim("whole", json!([result("gpu", mig)]), json!([]))
         .await;
     n.prepare_ok(&whole).await;
-    let r = n.prepare(std::slice::from_ref(&d)).await;
-    let error = r[&d.uid].error.clone().unwrap_or_default();
+    let r = n.prepare(std::slice::from_ref(&sd)).await;
+    let error = r[&sd.uid].error.clone().unwrap_or_default();
     assert!(
         error.contains("already prepared for claim default/whole"),
         "{error}"
     );
     n.unprepare_ok(&whole).await;
-    n.prepare_ok(&d).await;
-    n.unprepare_ok(&d).await;
+    n.prepare_ok(&sd).await;
+    n.unprepare_ok(&sd).await;
 }
 
 /// `multiUser` starts the claim's daemon as a multi-user server
