@@ -138,6 +138,18 @@ fn check_against_profile(machine: &nvidia_ml::Profile, pool: &[Value], dynamic_m
                 );
                 mig_parents.insert(parent.to_owned());
             }
+            // --passthrough: the GPU's VFIO sibling, same UUID and address.
+            Some("vfio") => {
+                let uuid = attr(device, "uuid").and_then(Value::as_str).unwrap();
+                let gpu = by_uuid
+                    .get(uuid)
+                    .unwrap_or_else(|| panic!("{uuid} not in profile"));
+                assert!(name.starts_with("gpu-vfio-"), "{name}");
+                assert_eq!(
+                    attr(device, "resource.kubernetes.io/pciBusID").and_then(Value::as_str),
+                    Some(gpu.pci.sysfs().as_str())
+                );
+            }
             other => panic!("{name}: unexpected type {other:?}"),
         }
     }
@@ -473,6 +485,70 @@ async fn dgx_h100_dynamic_mig_under_1_34_rules() {
                 assert!(sets.contains(set), "{set} not in the device's slice");
             }
         }
+    }
+}
+
+/// `--passthrough`: every whole GPU and its `gpu-vfio-<index>` sibling
+/// consume all of the GPU's one-counter set, which sits in a slice of its
+/// own under 1.35 rules.
+#[tokio::test]
+async fn pcie_a100_bridged_passthrough() {
+    let (pool, _) = golden(
+        "pcie-a100-bridged-passthrough",
+        "pcie-a100-bridged",
+        ValidationRules::V1_35,
+        &["--passthrough"],
+        &[2, 2],
+    )
+    .await;
+    let names = device_names(&pool);
+    for i in 0..4 {
+        assert!(
+            names.contains(format!("gpu-vfio-{i}").as_str()),
+            "{names:?}"
+        );
+    }
+    let consumed: BTreeMap<&str, &Value> = devices(&pool)
+        .filter_map(|d| Some((d["name"].as_str()?, &d["consumesCounters"][0])))
+        .collect();
+    for i in 0..4 {
+        assert_eq!(
+            consumed[format!("gpu-{i}").as_str()],
+            consumed[format!("gpu-vfio-{i}").as_str()]
+        );
+    }
+}
+
+/// `--passthrough` with dynamic MIG: the sibling consumes every counter the
+/// full GPU does, so neither it nor any placement is allocated beside it.
+#[tokio::test]
+async fn dgx_h100_dynamic_mig_passthrough() {
+    let (pool, _) = golden(
+        "dgx-h100-dynamic-mig-passthrough",
+        "dgx-h100",
+        ValidationRules::V1_35,
+        &["--dynamic-mig", "--passthrough"],
+        &[8],
+    )
+    .await;
+    let by_name: BTreeMap<&str, &Value> = devices(&pool)
+        .filter_map(|d| Some((d["name"].as_str()?, d)))
+        .collect();
+    for i in 0..8 {
+        let vfio = by_name
+            .values()
+            .find(|d| {
+                d["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("gpu-vfio-"))
+                    && d["attributes"]["uuid"]
+                        == by_name[format!("gpu-{i}").as_str()]["attributes"]["uuid"]
+            })
+            .unwrap_or_else(|| panic!("no sibling of gpu-{i}"));
+        assert_eq!(
+            vfio["consumesCounters"],
+            by_name[format!("gpu-{i}").as_str()]["consumesCounters"]
+        );
     }
 }
 

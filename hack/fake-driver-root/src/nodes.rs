@@ -42,7 +42,7 @@ pub struct DevRoot {
     pub nodes: Vec<PathBuf>,
 }
 
-fn dev_null_numbers() -> Result<(u32, u32), Error> {
+pub(crate) fn dev_null_numbers() -> Result<(u32, u32), Error> {
     let meta = fs::metadata("/dev/null").map_err(|e| io_err("stat", Path::new("/dev/null"), e))?;
     if !meta.file_type().is_char_device() {
         return Err(Error::Node {
@@ -57,7 +57,7 @@ fn dev_null_numbers() -> Result<(u32, u32), Error> {
     Ok((major, minor))
 }
 
-fn mknod(path: &Path, major: u32, minor: u32) -> Result<(), String> {
+pub(crate) fn mknod(path: &Path, major: u32, minor: u32) -> Result<(), String> {
     let out = Command::new("mknod")
         .arg("-m")
         .arg("666")

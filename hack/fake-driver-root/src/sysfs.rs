@@ -368,18 +368,31 @@ impl Drop for Kernel {
 
 /// Stand-in VFIO nodes under `<dev_root>/dev`: `vfio/vfio`, `vfio/<group>`
 /// and `vfio/devices/vfio<group>` per group, and, with `iommufd`,
-/// `iommu`. Empty regular files (a container runtime given them through
-/// CDI bind-mounts whatever is there).
+/// `iommu`. As root, character devices with `/dev/null`'s numbers (what a
+/// container runtime insists on for device nodes); else empty files.
 pub fn create_vfio_nodes(dev_root: &Path, groups: &[u32], iommufd: bool) -> Result<(), Error> {
     let vfio = dev_root.join("dev/vfio");
     mkdir(&vfio.join("devices"))?;
-    write_file(&vfio.join("vfio"), "")?;
+    let mut paths = vec![vfio.join("vfio")];
     for g in groups {
-        write_file(&vfio.join(g.to_string()), "")?;
-        write_file(&vfio.join("devices").join(format!("vfio{g}")), "")?;
+        paths.push(vfio.join(g.to_string()));
+        paths.push(vfio.join("devices").join(format!("vfio{g}")));
     }
     if iommufd {
-        write_file(&dev_root.join("dev/iommu"), "")?;
+        paths.push(dev_root.join("dev/iommu"));
+    }
+    let numbers = if rustix::process::geteuid().is_root() {
+        crate::nodes::dev_null_numbers().ok()
+    } else {
+        None
+    };
+    for path in paths {
+        let _ = fs::remove_file(&path);
+        let made =
+            numbers.is_some_and(|(major, minor)| crate::nodes::mknod(&path, major, minor).is_ok());
+        if !made {
+            write_file(&path, "")?;
+        }
     }
     Ok(())
 }
