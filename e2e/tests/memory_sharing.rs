@@ -81,7 +81,7 @@ struct Node {
     _plugin: PluginHandle,
     _server: TestApiServer,
     _processes: fake_driver_root::ProcessGuard,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 /// The fake t4-inference machine in `root` (fake NVML with its state and
@@ -175,7 +175,7 @@ async fn published_on(profile: &str, flags: &[&str]) -> (Node, Vec<ResourceSlice
         _plugin: plugin,
         _server: server,
         _processes: processes,
-        _dir: dir,
+        dir,
     };
     (node, slices)
 }
@@ -410,4 +410,80 @@ async fn consumable_shares_n_caps_the_claims_per_device() {
         devices_of(&out),
         ["gpu-1-mig-3g40gb-9-0", "gpu-1-mig-3g40gb-9-0", "-"]
     );
+}
+
+/// The full path of two shares of one GPU in `--consumable-shares=memory`
+/// mode: the allocator puts both on one published GPU, the claims with
+/// those allocations go to the API server, and the kubelet simulator has
+/// the real plugin prepare them: one MPS daemon, each claim with the limits
+/// of its own share; unprepare stops the daemon after the last.
+#[tokio::test]
+async fn two_allocated_shares_are_prepared_with_the_limits_of_their_share() {
+    use gpu_dra_sim::kubelet::{Claim, KubeletSim};
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+
+    let (node, slices) = published(&["--consumable-shares=memory"]).await;
+    let claims = vec![
+        claim_of("share-a", "gpu.nvidia.com", Some(json!({"memory": "4Gi"}))),
+        claim_of("share-b", "gpu.nvidia.com", Some(json!({"memory": "6Gi"}))),
+    ];
+    let outcomes = allocate_in_turn(&slices, claims.clone());
+    assert_eq!(devices_of(&outcomes), ["gpu-0", "gpu-0"]);
+
+    let root = node.dir.path();
+    let client = kube_client(Some(&root.join("kubeconfig"))).await.unwrap();
+    let api: Api<ResourceClaim> = Api::namespaced(client, "default");
+    let mut refs = Vec::new();
+    for (mut c, out) in claims.into_iter().zip(&outcomes) {
+        let name = c.metadata.name.clone().unwrap();
+        c.metadata.uid = None;
+        let created = api.create(&PostParams::default(), &c).await.unwrap();
+        let allocation = out.allocations().unwrap()[0].allocation_result();
+        let status = json!({"status": {"allocation": allocation}});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .unwrap();
+        refs.push(Claim::new("default", name, created.metadata.uid.unwrap()));
+    }
+    let socket = root.join("reg").join(format!("{DRIVER}-reg.sock"));
+    let kubelet = KubeletSim::new().register(&socket).await.unwrap();
+    let prepared = kubelet.prepare(&refs).await.unwrap();
+    let mps = root.join("plugins").join(DRIVER).join("mps");
+    let daemons = || std::fs::read_dir(&mps).map_or(0, |d| d.count());
+    assert_eq!(daemons(), 1, "one MPS daemon for the GPU");
+    for (c, (limit, percent)) in refs.iter().zip([("4096M", 26), ("6144M", 40)]) {
+        let r = &prepared[&c.uid];
+        assert_eq!(r.error, None, "{r:?}");
+        assert_eq!(r.devices[0].device_name, "gpu-0");
+        assert!(r.devices[0].share_id.is_some(), "{r:?}");
+        let spec: Value = serde_json::from_slice(
+            &std::fs::read(
+                root.join("cdi")
+                    .join(format!("k8s.{DRIVER}-claim_{}.json", c.uid)),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let env: Vec<&str> = spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|d| d["containerEdits"]["env"].as_array().into_iter().flatten())
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(
+            env.contains(&format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={limit}").as_str()),
+            "{env:?}"
+        );
+        assert!(
+            env.contains(&format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percent}").as_str()),
+            "{env:?}"
+        );
+    }
+    let done = kubelet.unprepare(&refs[..1]).await.unwrap();
+    assert_eq!(done[&refs[0].uid].error, None);
+    assert_eq!(daemons(), 1, "share-b still uses the daemon");
+    let done = kubelet.unprepare(&refs[1..]).await.unwrap();
+    assert_eq!(done[&refs[1].uid].error, None);
+    assert_eq!(daemons(), 0, "stopped after the last share");
 }
