@@ -3,7 +3,7 @@
 //! attribution, recovery after the quiet time, boot id changes, the polled
 //! conditions and the checkpointed state.
 
-use gpu_nvml::health::{LinkState, RemapState};
+use gpu_nvml::health::{EventKind, LinkState, Liveness, RemapState};
 
 use super::super::classify::XidSet;
 use super::*;
