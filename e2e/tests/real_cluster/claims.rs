@@ -64,7 +64,7 @@ impl Seen {
 /// The command of a check container: prints its NVIDIA nodes, env and
 /// mounts between markers, then waits (so the claim stays prepared) until
 /// it is stopped.
-const CHECK_SCRIPT: &str = "echo ==DEV; for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -e \"$f\" ] && echo \"$f\"; done; \
+pub const CHECK_SCRIPT: &str = "echo ==DEV; for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -e \"$f\" ] && echo \"$f\"; done; \
      echo ==ENV; env; echo ==MOUNTS; cut -d' ' -f2 /proc/mounts; echo ==END; \
      trap 'exit 0' TERM; sleep 3600 & wait";
 

@@ -14,6 +14,7 @@
 mod apiserver;
 mod bench;
 mod claims;
+mod extended;
 mod harness;
 mod restarts;
 mod security;
@@ -33,6 +34,7 @@ type Offline = fn() -> Result<(), Failed>;
 fn tests() -> Vec<(&'static str, Test)> {
     let mut all: Vec<(&'static str, Test)> = Vec::new();
     all.extend(claims::TESTS);
+    all.extend(extended::TESTS);
     all.extend(restarts::TESTS);
     all.extend(webhook::TESTS);
     all.extend(security::TESTS);
