@@ -252,3 +252,37 @@ async fn a_crash_between_the_write_and_the_checkpoint_leaves_nothing_after_the_r
     n.unprepare_ok(&claim).await;
     assert!(leftovers(&n).is_empty(), "{:?}", leftovers(&n));
 }
+
+/// KubeVirt's case: a passthrough GPU's file carries its PCI address.
+#[tokio::test]
+async fn a_vfio_passthrough_gpu_gets_its_file_with_the_pci_address() {
+    use fake_driver_root::sysfs::{FakeSysfs, create_vfio_nodes};
+    let n = node("pcie-a100-bridged", &["--passthrough"], DraVersion::V1).await;
+    let sysfs = FakeSysfs::adopt(&n.env.sysfs).expect("adopt the machine's sysfs");
+    let groups: Vec<u32> = sysfs.gpus().iter().map(|g| g.iommu_group).collect();
+    create_vfio_nodes(&n.env.dev_root, &groups, false).expect("VFIO nodes");
+    let _kernel = sysfs.start_kernel().expect("start the stand-in kernel");
+    let claim = n
+        .claim("vm", json!([result("vm", "gpu-vfio-0")]), json!([]))
+        .await;
+    n.prepare_ok(&claim).await;
+    let file = metadata_file(&n, "vm", "vm");
+    insta::assert_snapshot!("metadata_vfio", redacted(&file, &claim));
+    let published = published_attributes(&n, "gpu-vfio-0").await;
+    let bus = &published["resource.kubernetes.io/pciBusID"]["string"];
+    assert!(bus.is_string(), "{published}");
+    for doc in documents(&file) {
+        let device = &doc["requests"][0]["devices"][0];
+        assert_eq!(
+            device["attributes"]["resource.kubernetes.io/pciBusID"]["string"],
+            *bus
+        );
+        assert_eq!(device["attributes"]["type"]["string"], "vfio");
+    }
+    assert_eq!(
+        metadata_mounts(&n.spec_device(&claim, "gpu-vfio-0"))[0]["containerPath"],
+        format!("{CONTAINER_DIR}/resourceclaims/vm/vm/{DRIVER}-metadata.json")
+    );
+    n.unprepare_ok(&claim).await;
+    assert!(leftovers(&n).is_empty(), "{:?}", leftovers(&n));
+}
