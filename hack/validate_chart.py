@@ -709,6 +709,9 @@ def main() -> int:
             for template, obj in objects:
                 validate_object(template, obj)
             check_cross_references(name, ours, objects)
+            for env, kind in (("GPU_KUBELET_PLUGIN_BIN", "DaemonSet"), ("GPU_DRA_CONTROLLER_BIN", "Deployment")):
+                if os.environ.get(env):
+                    check_flags(objects, kind, os.environ[env])
             theirs = sorted((json.dumps(o, sort_keys=True) for _, o in objects))
             equivalent = sorted((json.dumps(o, sort_keys=True) for _, o in render(ours)))
             if theirs != equivalent:
