@@ -8,6 +8,7 @@
 mod common;
 
 use common::prepare::{env_of, gpu_config, mig_config, node, node_yaml, result, share, share_id};
+use common::short_dir;
 use gpu_dra_sim::kubelet::{Claim, DraVersion};
 use serde_json::json;
 
@@ -405,4 +406,38 @@ async fn multi_user_is_refused_before_volta() {
         .await;
     n.prepare_ok(&ok).await;
     n.unprepare_ok(&ok).await;
+}
+
+/// Hostile `--consumable-shares` values (flag or `CONSUMABLE_SHARES`) stop
+/// the plugin with one line naming the flag and the problem, before it
+/// touches anything.
+#[tokio::test]
+async fn malformed_consumable_shares_stop_the_plugin_with_one_line() {
+    for (value, expect) in [
+        ("0", "0 shares would allow no claim"),
+        ("-1", "\"-1\": expected disabled, memory, unlimited"),
+        ("Memory", "the modes are lowercase"),
+        ("", "empty; expected disabled"),
+        ("99999999999", "at most 65536 shares per device"),
+        ("half", "\"half\": expected disabled"),
+    ] {
+        let dir = short_dir();
+        let flag = format!("--consumable-shares={value}");
+        let (status, stderr) = common::run_to_exit(&[&flag], dir.path());
+        common::assert_one_line_error(status, &stderr, "--consumable-shares");
+        assert!(stderr.contains(expect), "{value:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
+    let dir = short_dir();
+    let (status, stderr) = common::run_to_exit(
+        &["--consumable-shares=memory", "--memory-sharing=all"],
+        dir.path(),
+    );
+    common::assert_one_line_error(status, &stderr, "cannot be used with");
+    // The same from the environment (the chart's way).
+    let dir = short_dir();
+    let args = common::TestEnv::new(dir.path()).args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (status, stderr) = common::run_bare(&args, &[("CONSUMABLE_SHARES", "Memory")], dir.path());
+    common::assert_one_line_error(status, &stderr, "the modes are lowercase");
 }
