@@ -18,7 +18,8 @@ build_driver() {
     # Target flags apply to every package named: --lib brings mock-nvml's cdylib.
     (cd "$REPO_ROOT" && cargo build --locked --profile "$CARGO_PROFILE" \
         -p gpu-kubelet-plugin -p gpu-dra-controller -p mock-nvml -p fake-driver-root \
-        --lib --bin gpu-kubelet-plugin --bin gpu-dra-controller --bin fake-driver-root >&2)
+        --lib --bin gpu-kubelet-plugin --bin gpu-dra-controller --bin fake-driver-root >&2) ||
+        die "building the driver failed (cargo above): not installing the binaries of an earlier build"
     dir="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/$CARGO_PROFILE"
     [ "$CARGO_PROFILE" = dev ] && dir="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/debug"
     echo "$dir"
@@ -91,7 +92,8 @@ install_driver() {
         --set-json "kubeletPlugin.extraEnv=[
             {\"name\":\"MOCK_NVML_PROFILE\",\"value\":\"/opt/mock-nvml/profiles/$PROFILE.yaml\"},
             {\"name\":\"MOCK_NVML_PROC_ROOT\",\"value\":\"/host-proc\"},
-            {\"name\":\"MOCK_NVML_STATE\",\"value\":\"/var/lib/kubelet/plugins/$DRIVER_NAME/mock-nvml-state.json\"}]" \
+            {\"name\":\"MOCK_NVML_STATE\",\"value\":\"/var/lib/kubelet/plugins/$DRIVER_NAME/mock-nvml-state.json\"},
+            {\"name\":\"MOCK_NVML_CONTROL\",\"value\":\"/var/lib/kubelet/plugins/$DRIVER_NAME/mock-nvml-control\"}]" \
         "${HELM_SETS[@]}" --wait=legacy --timeout 5m >&2
 
     log "waiting for the node's ResourceSlices"

@@ -33,6 +33,8 @@ mod cpu;
 mod external;
 #[path = "bench/handover.rs"]
 mod handover;
+#[path = "bench/health.rs"]
+mod health;
 #[path = "bench/node.rs"]
 mod node;
 #[path = "bench/prepare.rs"]
@@ -154,6 +156,18 @@ const BENCHMARKS: &[Benchmark] = &[
     Benchmark {
         name: "rolling update hand-over, whole GPU, per-instance sockets",
         run: |ctx, name, s| handover::rolling_update(ctx, name, s, true),
+    },
+    Benchmark {
+        name: "GPU health, event faults, dgx-h100",
+        run: |ctx, name, _| health::events(ctx, name),
+    },
+    Benchmark {
+        name: "GPU health, polled faults, dgx-h100",
+        run: |ctx, name, _| health::polled(ctx, name),
+    },
+    Benchmark {
+        name: "GPU health monitor idle, dgx-h100",
+        run: |ctx, name, _| health::idle(ctx, name),
     },
     Benchmark {
         name: "admission webhook",

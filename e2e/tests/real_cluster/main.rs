@@ -16,6 +16,7 @@ mod bench;
 mod claims;
 mod extended;
 mod harness;
+mod health;
 mod restarts;
 mod security;
 mod simulate;
@@ -35,6 +36,7 @@ fn tests() -> Vec<(&'static str, Test)> {
     let mut all: Vec<(&'static str, Test)> = Vec::new();
     all.extend(claims::TESTS);
     all.extend(extended::TESTS);
+    all.extend(health::TESTS);
     all.extend(restarts::TESTS);
     all.extend(webhook::TESTS);
     all.extend(security::TESTS);

@@ -54,6 +54,16 @@ pub struct Machine {
 impl Machine {
     /// Lays the machine out in `dir`, its volatile parts in `volatile`.
     pub fn create(dir: &Path, volatile: &Path) -> anyhow::Result<Self> {
+        Self::create_with(dir, volatile, None)
+    }
+
+    /// [`Self::create`], with the fake NVML reading GPU faults from
+    /// `control` (a file or FIFO, `MOCK_NVML_CONTROL`) when given.
+    pub fn create_with(
+        dir: &Path,
+        volatile: &Path,
+        control: Option<PathBuf>,
+    ) -> anyhow::Result<Self> {
         for d in [dir, volatile] {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
         }
@@ -72,7 +82,7 @@ impl Machine {
                 state: Some(volatile.join("nvml-state.json")),
                 proc_root: Some(proc_root.clone()),
                 dev_root: Some(dev_root.clone()),
-                control: None,
+                control,
             },
         )
         .context("installing the fake NVML (build it with `cargo build --release -p mock-nvml`)")?;
@@ -313,8 +323,19 @@ impl Node {
     /// Lays out the machine in `dir`, starts the plugin with `flags`, waits
     /// for its complete pool and registers the kubelet simulator.
     pub async fn start(ctx: &Ctx, dir: &Path, flags: &[&str]) -> anyhow::Result<Self> {
+        Self::start_with(ctx, dir, flags, None).await
+    }
+
+    /// [`Self::start`] on a machine whose fake NVML reads GPU faults from
+    /// `control` when given ([`Machine::create_with`]).
+    pub async fn start_with(
+        ctx: &Ctx,
+        dir: &Path,
+        flags: &[&str],
+        control: Option<PathBuf>,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let machine = Machine::create(dir, &ctx.volatile_for(dir))?;
+        let machine = Machine::create_with(dir, &ctx.volatile_for(dir), control)?;
 
         let (server, kubeconfig) = api_server_with_node(dir).await?;
 
@@ -466,6 +487,16 @@ impl Node {
             }
         }
         Ok(())
+    }
+
+    /// The API server stand-in the plugin publishes to.
+    pub fn server(&self) -> &TestApiServer {
+        &self.server
+    }
+
+    /// The kubelet simulator's connection to the plugin.
+    pub fn kubelet(&self) -> &gpu_dra_sim::kubelet::Plugin {
+        &self.kubelet
     }
 
     /// The plugin's process id.
