@@ -220,7 +220,8 @@ NVIDIA_EQUIVALENTS: list[tuple[str, dict, dict]] = [
             "kubeletRegistrarDir": "/var/lib/k0s/kubelet/plugins_registry",
             "kubeletPluginsDir": "/var/lib/k0s/kubelet/plugins",
             "metrics": {"port": 9400, "bindAddress": "0.0.0.0"},
-            "extraArgs": ["--health=on", "--passthrough", "--consumable-shares=memory", "--gpu-clique-label"],
+            "extraArgs": ["--device-metadata=true", "--health=on", "--passthrough", "--consumable-shares=memory",
+                          "--gpu-clique-label"],
             "extraEnv": [{"name": "EXTRA", "value": "1"}],
             # NVIDIA's container resources replace this chart's (null deletes a default).
             "resources": {"limits": {"memory": "1Gi"}, "requests": None},
@@ -230,12 +231,13 @@ NVIDIA_EQUIVALENTS: list[tuple[str, dict, dict]] = [
     # health monitor (on by default here) turned off as NVIDIA's gate says.
     ("nvidia-clique-label-v6-endpoint", {
         "logVerbosity": 7,
-        "featureGates": {"NVMLDeviceHealthCheck": False, "PassthroughSupport": False},
+        "featureGates": {"NVMLDeviceHealthCheck": False, "PassthroughSupport": False, "DeviceMetadata": False},
         "kubeletPlugin": {"containers": {"computeDomains": {"gpuCliqueLabelEnabled": True}},
                           "metrics": {"gpuHttpEndpoint": "[::]:8080"}},
     }, {
         "logLevel": "trace",
-        "kubeletPlugin": {"extraArgs": ["--health=off", "--gpu-clique-label"], "metrics": {"bindAddress": "::"}},
+        "kubeletPlugin": {"extraArgs": ["--device-metadata=false", "--health=off", "--gpu-clique-label"],
+                          "metrics": {"bindAddress": "::"}},
     }),
     # This chart's own extended-resource value.
     ("extended-resource", {"deviceClasses": {"gpuExtendedResourceName": "nvidia.com/gpu"}},

@@ -22,7 +22,7 @@ not install); "refused" gates fail when true. */ -}}
 {{- define "gpu-dra-driver.nvidia.gates" -}}
 TimeSlicingSettings: accepted
 MPSSupport: accepted
-DeviceMetadata: accepted
+DeviceMetadata: flag
 IMEXDaemonsWithDNSNames: accepted
 ComputeDomainCliques: accepted
 CrashOnNVLinkFabricErrors: accepted
@@ -40,6 +40,7 @@ not set: the plugin's default then applies). The health monitor is on by default
 NVIDIA's driver): a values file that sets NVMLDeviceHealthCheck: false turns it off. */ -}}
 {{- define "gpu-dra-driver.nvidia.gateFlags" -}}
 PassthroughSupport: {"true": "--passthrough"}
+DeviceMetadata: {"true": "--device-metadata=true", "false": "--device-metadata=false"}
 NVMLDeviceHealthCheck: {"true": "--health=on", "false": "--health=off"}
 {{- end }}
 
