@@ -41,7 +41,7 @@ async fn nvidia_classes_and_example_template_are_allowed_without_warnings() {
             &metrics,
             r#"gpu_dra_controller_webhook_reviews_total{kind="DeviceClass",result="allowed"}"#
         ),
-        Some(2.0),
+        Some(3.0),
         "{metrics}"
     );
     assert_eq!(
@@ -141,10 +141,16 @@ async fn suspicious_but_legal_selectors_are_allowed_with_one_line_warnings() {
         .iter()
         .map(|w| w.as_str().unwrap())
         .collect();
-    assert_eq!(warnings.len(), 2, "{warnings:#?}");
+    // The first selector's read: conditional on GPUs and MIG devices,
+    // missing on VFIO passthrough GPUs (`--passthrough`).
+    assert_eq!(warnings.len(), 3, "{warnings:#?}");
     assert!(warnings[0].starts_with("spec.selectors[0].cel.expression: "));
     assert!(warnings[0].contains("addressingMode"));
-    assert!(warnings[1].starts_with("spec.selectors[1].cel.expression: "));
+    assert!(
+        warnings[1].starts_with("spec.selectors[0].cel.expression: ")
+            && warnings[1].contains("`addressingMode` is not published on VFIO passthrough GPUs")
+    );
+    assert!(warnings[2].starts_with("spec.selectors[1].cel.expression: "));
     for w in &warnings {
         assert!(w.chars().count() <= 256, "{w}");
         assert!(!w.chars().any(char::is_control), "{w:?}");
@@ -375,6 +381,45 @@ async fn consumable_shares_and_mps_multi_user_examples_are_allowed() {
         message.contains(
             "sharing.mpsConfig.multiUser: invalid type: string \"yes\", expected a boolean"
         ),
+        "{message}"
+    );
+}
+
+/// NVIDIA's VFIO passthrough claim (`docs/examples/vfio-passthrough.yaml`,
+/// a `VfioDeviceConfig` on the `vfio.gpu.nvidia.com` class) is allowed
+/// without warnings (NVIDIA's own webhook rejects it); a bad backend policy
+/// and a VFIO config on full GPUs are denied at their paths.
+#[tokio::test]
+async fn nvidia_vfio_claims_are_allowed_and_bad_vfio_configs_denied() {
+    let h = Harness::start().await;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/examples/vfio-passthrough.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let template: Value = yaml_serde::from_str(&text).unwrap();
+    let mut conn = h.client.connect().await;
+    assert_allowed_clean(&conn.validate(&review("CREATE", &template)).await.response());
+
+    let mut bad = template.clone();
+    bad["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["iommu"]["backendPolicy"] =
+        json!("RequireIommuFD");
+    let response = conn.validate(&review("CREATE", &bad)).await.response();
+    assert_eq!(response["allowed"], false, "{response:#}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(
+            "spec.spec.devices.config[0].opaque.parameters.iommu.backendPolicy: unknown variant `RequireIommuFD`, expected `LegacyOnly` or `PreferIommuFD`"
+        ),
+        "{message}"
+    );
+
+    let mut on_gpus = template.clone();
+    on_gpus["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] =
+        json!("gpu.nvidia.com");
+    let response = conn.validate(&review("CREATE", &on_gpus)).await.response();
+    assert_eq!(response["allowed"], false, "{response:#}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("a VfioDeviceConfig cannot be applied to full GPUs"),
         "{message}"
     );
 }

@@ -95,9 +95,18 @@ pub fn write_leaf(dir: &Path, leaf: &Leaf) -> TlsFiles {
     files
 }
 
-/// The two DeviceClasses NVIDIA ships.
+/// The GPU DeviceClasses NVIDIA ships (VFIO first: some tests pop the
+/// last two, `gpu.nvidia.com` and `mig.nvidia.com`).
 pub fn nvidia_classes() -> Vec<Value> {
     vec![
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": "vfio.gpu.nvidia.com"},
+            "spec": {
+                "selectors": [{"cel": {"expression":
+                    "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'vfio'"}}]
+            }
+        }),
         json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
             "metadata": {"name": "gpu.nvidia.com"},
