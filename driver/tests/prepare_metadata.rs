@@ -286,3 +286,37 @@ async fn a_vfio_passthrough_gpu_gets_its_file_with_the_pci_address() {
     n.unprepare_ok(&claim).await;
     assert!(leftovers(&n).is_empty(), "{:?}", leftovers(&n));
 }
+
+/// Memory shares of one GPU: each claim gets its own file, naming the
+/// shared GPU; one claim's unprepare leaves the other's.
+#[tokio::test]
+async fn memory_shares_of_one_gpu_each_get_their_claims_file() {
+    use common::prepare::shared_claim;
+    let n = node("dgx-h100", &["--memory-sharing=all"], DraVersion::V1).await;
+    let a = shared_claim(&n, 'a', "10Gi").await;
+    let b = shared_claim(&n, 'b', "20Gi").await;
+    n.prepare_ok(&a).await;
+    n.prepare_ok(&b).await;
+    for (claim, name) in [(&a, "share-a"), (&b, "share-b")] {
+        let file = metadata_file(&n, name, name);
+        for doc in documents(&file) {
+            assert_eq!(doc["metadata"]["uid"], claim.uid.as_str());
+            assert_eq!(doc["requests"][0]["devices"][0]["name"], "gpu-3");
+        }
+        assert_eq!(
+            metadata_mounts(&n.spec_device(claim, "gpu-3"))[0]["hostPath"],
+            file.to_str().unwrap()
+        );
+    }
+    n.unprepare_ok(&a).await;
+    assert_eq!(
+        leftovers(&n),
+        [
+            "default_share-b",
+            "default_share-b/share-b",
+            "default_share-b/share-b/metadata.json"
+        ]
+    );
+    n.unprepare_ok(&b).await;
+    assert!(leftovers(&n).is_empty(), "{:?}", leftovers(&n));
+}
