@@ -289,7 +289,7 @@ async fn polled_faults_taint_within_two_polls_and_clear() {
 
     // Lost and back.
     inject(&control, "lose 1");
-    wait_taint(
+    let took = wait_taint(
         &env,
         "gpu-1",
         "gpu.nvidia.com/gpu-lost",
@@ -298,6 +298,7 @@ async fn polled_faults_taint_within_two_polls_and_clear() {
         FAULT_WAIT,
     )
     .await;
+    eprintln!("GPU lost (polled every 300 ms) to the gpu-lost taint in the API server: {took:?}");
     wait_health(&mut stream, FAULT_WAIT, |l| is(l, "gpu-1", "Unhealthy")).await;
     inject(&control, "restore 1");
     wait_taint(
@@ -575,4 +576,48 @@ async fn a_hardware_failure_stays_until_an_admin_clears_it_and_a_link_down_repub
     inject(&control, "nvlink 0 0 up");
     env.wait_slices(FAULT_WAIT, |s| nvlink_count(s, "gpu-0") == Some(12))
         .await;
+}
+
+/// CPU time (user + system, in clock ticks of 1/100 s) and resident KiB of
+/// process `pid`.
+fn cpu_and_rss(pid: u32) -> (u64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name in parentheses; utime and stime are
+    // the 14th and 15th fields of the line.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    (ticks, rss)
+}
+
+/// The idle cost of the monitor on 8 GPUs (BENCHMARKS.md, "GPU health
+/// monitor"): the plugin's CPU over 60 s and its resident memory, with the
+/// monitor on (default 10 s poll) and off. Run by hand:
+/// `cargo test -p gpu-kubelet-plugin --test health_monitor -- --ignored --nocapture idle_cost`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a measurement, 2 minutes"]
+async fn idle_cost_on_8_gpus() {
+    for mode in ["on", "off"] {
+        let dir = short_dir();
+        let env = Arc::new(TestEnv::builder(dir.path()).bundled("dgx-h100").build());
+        let plugin = Plugin::launch(&env, dir.path(), "run", &[&format!("--health={mode}")]);
+        env.wait_pool(NODE, Duration::from_secs(10)).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let pid = plugin.child.id();
+        let (before, _) = cpu_and_rss(pid);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let (after, rss) = cpu_and_rss(pid);
+        let percent = (after - before) as f64 / 60.0;
+        eprintln!(
+            "health={mode}: CPU {} ticks in 60 s ({percent:.3}% of a core), VmRSS {rss} KiB",
+            after - before
+        );
+    }
 }

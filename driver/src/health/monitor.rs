@@ -82,8 +82,9 @@ impl std::fmt::Debug for Setup {
 }
 
 impl Setup {
-    /// Default timing (10 s heartbeat, 200 ms debounce, 1 s tick) for the
-    /// given parts.
+    /// Default timing (10 s heartbeat, 200 ms debounce, a tick at every
+    /// poll: recovery needs a poll anyway, and expiry to the poll period is
+    /// exact enough) for the given parts.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         source: Arc<dyn HealthSource>,
@@ -105,7 +106,7 @@ impl Setup {
             poll_interval,
             heartbeat: Duration::from_secs(10),
             debounce: Duration::from_millis(200),
-            tick: Duration::from_secs(1),
+            tick: poll_interval,
             store_path,
             boot_id,
             pool,
@@ -178,17 +179,29 @@ enum Msg {
     Monitored { index: u32 },
 }
 
-/// Reads the node's boot id from `<proc_root>/sys/kernel/random/boot_id`;
-/// empty (no reboot detection) when it cannot be read.
+/// Reads the node's boot id from `<proc_root>/sys/kernel/random/boot_id`,
+/// else from this process's `/proc` (the boot id is the kernel's, the same
+/// in every namespace; the chart mounts only `/proc/driver/nvidia` under
+/// its proc root); empty (no reboot detection) when neither can be read.
 pub fn boot_id(proc_root: &std::path::Path) -> String {
-    let path = proc_root.join("sys/kernel/random/boot_id");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => text.trim().chars().take(64).collect(),
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "cannot read the boot id: a reboot will not clear reboot-required by itself");
-            String::new()
+    let mut tried = Vec::new();
+    for root in [proc_root, std::path::Path::new("/proc")] {
+        let path = root.join("sys/kernel/random/boot_id");
+        match std::fs::read_to_string(&path) {
+            Ok(text) if !text.trim().is_empty() => {
+                return text
+                    .trim()
+                    .chars()
+                    .filter(|c| c.is_ascii_hexdigit() || *c == '-')
+                    .take(64)
+                    .collect();
+            }
+            Ok(_) => tried.push(format!("{}: empty", path.display())),
+            Err(e) => tried.push(format!("{}: {e}", path.display())),
         }
     }
+    tracing::warn!(tried = %tried.join("; "), "cannot read the boot id: a reboot is not told from a restart");
+    String::new()
 }
 
 /// Starts the monitor: opens the checkpoint, registers every GPU's event
@@ -548,7 +561,7 @@ impl State {
             }
             Ok(None) => {}
             Err(e) => {
-                tracing::warn!(error = %e, "the request to clear hardware failures was not used (and is removed)")
+                tracing::warn!(error = %e, "the request to clear hardware failures was not used (and is removed)");
             }
         }
         let mut reached = false;
@@ -766,5 +779,31 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_boot_id_comes_from_the_proc_root_else_from_this_proc() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("sys/kernel/random/boot_id");
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, "3f0c1e2a-1111-4222-8333-944455556666\n").unwrap();
+        assert_eq!(boot_id(dir.path()), "3f0c1e2a-1111-4222-8333-944455556666");
+        // Hostile content is reduced to what a boot id holds.
+        std::fs::write(&file, format!("ab\u{1b}[31m-cd{}\n", "e".repeat(500))).unwrap();
+        let id = boot_id(dir.path());
+        assert!(
+            id.len() <= 64 && id.starts_with("ab") && !id.contains('\u{1b}'),
+            "{id}"
+        );
+        // Missing under the proc root: this process's /proc (the kernel's).
+        let own = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|t| t.trim().to_owned())
+            .unwrap_or_default();
+        assert_eq!(boot_id(&dir.path().join("nowhere")), own);
     }
 }

@@ -484,3 +484,53 @@ fn summaries_carry_what_the_plan_compares() {
     let p = plan_wanted(&wanted, fewer, &mut state.clone());
     assert_eq!(p.ops().collect::<Vec<_>>(), [&Op::Apply(0)]);
 }
+
+#[test]
+fn a_taint_is_written_in_place_to_its_slice_only() {
+    use crate::devices::{Taint, TaintEffect};
+    let rules = SliceRules::V1_35;
+    let inv = dgx_h100(false);
+    let options = BuildOptions {
+        dynamic_mig: true,
+        group_limits: rules.group_limits(),
+        ..BuildOptions::default()
+    };
+    let mut store = Store::default();
+    let mut state = PoolState::default();
+    let clean = desired(&inv, true);
+    store.reconcile(&clean, &mut state);
+    assert_eq!(store.generations(), vec![(0, 5); 5]);
+
+    // A health taint on the devices of one GPU: same slices, same devices.
+    let mut model = DeviceModel::build(&inv, &options);
+    let taint = Taint {
+        key: "gpu.nvidia.com/gpu-lost".into(),
+        value: None,
+        effect: TaintEffect::NoSchedule,
+    };
+    let tainted: BTreeMap<String, Vec<Taint>> = model.groups[0]
+        .devices
+        .iter()
+        .map(|d| (d.name.clone(), vec![taint.clone()]))
+        .collect();
+    model.set_taints(&tainted);
+    let slices = build_slices(&owner(), &split(&model, &rules.limits()), 0);
+    let changed = slices
+        .iter()
+        .zip(&clean)
+        .filter(|(a, b)| comparable(a) != comparable(b))
+        .count();
+    assert_eq!(changed, 1, "the GPU's devices share one slice");
+    let writes = store.writes;
+    let plan = store.reconcile(&slices, &mut state);
+    assert_eq!((plan.generation, plan.len()), (0, 1));
+    assert_eq!(store.writes - writes, 1);
+    assert_eq!(store.generations(), vec![(0, 5); 5]);
+
+    // Cleared again: in place too.
+    let plan = store.reconcile(&clean, &mut state);
+    assert_eq!((plan.generation, plan.len()), (0, 1));
+    // A change of layout (other devices) still bumps every slice.
+    let plan = store.reconcile(&desired(&inv, false), &mut state);
+    assert_eq!(plan.generation, 1);
+}
