@@ -330,10 +330,16 @@ async fn n_mode_shares_a_static_mig_device() {
 }
 
 /// `multiUser` starts the claim's daemon as a multi-user server
-/// (`-d -M`); without it, `-d` alone.
+/// (`-d -M`), also when a dead one is started again; without it, `-d`
+/// alone.
 #[tokio::test]
 async fn multi_user_starts_a_multi_user_server() {
-    let n = node("t4-inference", &[], DraVersion::V1).await;
+    let n = node(
+        "t4-inference",
+        &["--mps-check-interval=100ms"],
+        DraVersion::V1,
+    )
+    .await;
     let on = n
         .claim(
             "on",
@@ -366,6 +372,28 @@ async fn multi_user_starts_a_multi_user_server() {
     let mut starts = starts;
     starts.sort();
     assert_eq!(starts, [vec!["-d"], vec!["-d", "-M"]], "{starts:?}");
+    n.kill_daemons_and_see_them_started_again();
+    // Both daemons are started again (each in its own check): wait for the
+    // multi-user one's second `-d -M`.
+    let multi = || {
+        n.env
+            .driver_root
+            .mps_control_calls()
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.args == ["-d", "-M"])
+            .count()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while multi() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not restarted as a multi-user server\n{}",
+            n.logs()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(multi(), 2);
     n.unprepare_ok(&on).await;
     n.unprepare_ok(&off).await;
     assert_eq!(n.mps_daemons(), 0);
