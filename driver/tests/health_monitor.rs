@@ -621,3 +621,51 @@ async fn idle_cost_on_8_gpus() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_taint_refused_by_the_api_server_is_retried_and_the_failures_counted() {
+    use gpu_dra_sim::apiserver::WriteFault;
+    let dir = short_dir();
+    let (plugin, control) = start(dir.path(), &[], &[]);
+    let env = plugin.env.clone();
+    env.wait_pool(NODE, Duration::from_secs(10)).await;
+    let mut stream = health_stream(&plugin).await;
+    env.api.faults().set_writes(WriteFault::Status(500));
+    inject(&control, "xid 0 79");
+    // The health stream does not wait for the API server.
+    wait_health(&mut stream, FAULT_WAIT, |l| is(l, "gpu-0", "Unhealthy")).await;
+    let deadline = Instant::now() + FAULT_WAIT;
+    loop {
+        let text = metrics(&plugin).await;
+        let failures = text
+            .lines()
+            .find_map(|l| l.strip_prefix("gpu_health_publish_failures_total "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if failures >= 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no publish failures counted: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!has_taint(
+        &env.slices(NODE),
+        "gpu-0",
+        "gpu.nvidia.com/gpu-lost",
+        "NoSchedule"
+    ));
+    // Writes work again: the backoff retry publishes the taint.
+    env.api.faults().set_writes(WriteFault::None);
+    wait_taint(
+        &env,
+        "gpu-0",
+        "gpu.nvidia.com/gpu-lost",
+        "NoSchedule",
+        true,
+        Duration::from_secs(35),
+    )
+    .await;
+}
