@@ -242,10 +242,16 @@ async fn a_grpc_go_client_watches_device_health_while_it_prepares() {
             n.logs()
         );
         assert_eq!(once.messages.len(), 1, "{method}");
-        // No health monitor feeds the list yet: it is empty.
+        // Every device of the machine, healthy (the health monitor's list).
         let list =
             v1alpha1::NodeWatchResourcesResponse::decode(once.messages[0].as_slice()).unwrap();
-        assert_eq!(list.devices, [], "{method}");
+        assert_eq!(list.devices.len(), 4, "{method}: {list:?}");
+        assert!(
+            list.devices
+                .iter()
+                .all(|d| d.health == i32::from(v1alpha1::HealthStatus::Healthy)),
+            "{method}: {list:?}"
+        );
 
         // The stream stays open after the list: waiting for a second one
         // ends at the client's deadline, not at the server's end.
