@@ -291,8 +291,8 @@ fn allocate_in_turn(slices: &[ResourceSlice], claims: Vec<ResourceClaim>) -> Vec
         let out = Allocator::new()
             .simulate(&snapshot, &c, &SimulateOptions::default())
             .expect("the allocator gives a verdict");
-        if let Some(a) = out.allocations() {
-            taken.push(allocated(c, &a[0]));
+        if let Some([first, ..]) = out.allocations() {
+            taken.push(allocated(c, first));
         }
         outcomes.push(out);
     }
@@ -449,7 +449,7 @@ async fn two_allocated_shares_are_prepared_with_the_limits_of_their_share() {
     let kubelet = KubeletSim::new().register(&socket).await.unwrap();
     let prepared = kubelet.prepare(&refs).await.unwrap();
     let mps = root.join("plugins").join(DRIVER).join("mps");
-    let daemons = || std::fs::read_dir(&mps).map_or(0, |d| d.count());
+    let daemons = || std::fs::read_dir(&mps).map_or(0, Iterator::count);
     assert_eq!(daemons(), 1, "one MPS daemon for the GPU");
     for (c, (limit, percent)) in refs.iter().zip([("4096M", 26), ("6144M", 40)]) {
         let r = &prepared[&c.uid];
