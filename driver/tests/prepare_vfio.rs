@@ -434,3 +434,54 @@ async fn a_gpu_left_on_vfio_pci_is_bound_back_at_start() {
         n.logs()
     );
 }
+
+/// A checkpoint whose VFIO record names a hostile bus id: the unprepare
+/// fails with that bus id named and writes nothing outside the sysfs root;
+/// the GPU, which no entry names any more, is bound back at start.
+#[tokio::test]
+async fn a_hostile_bus_id_in_the_checkpoint_is_refused_by_name() {
+    use gpu_kubelet_plugin::prepare::checkpoint::{Batch, ClaimUid, DeviceKind};
+    let mut n = node(PROFILE, FLAGS, DraVersion::V1).await;
+    let v = vfio_of(&n, false);
+    let bus = bus_of(&published(&n, "gpu-vfio-2").await);
+    let claim = n
+        .claim("vm", json!([result("vm", "gpu-vfio-2")]), json!([]))
+        .await;
+    n.prepare_ok(&claim).await;
+    n.stop();
+    let hostile = "../../../../x";
+    n.edit_checkpoint(|store| {
+        let uid = ClaimUid(claim.uid.clone());
+        let mut entry = store.get(&uid).unwrap();
+        let DeviceKind::Vfio { pci_bus_id, .. } = &mut entry.devices[0].kind else {
+            panic!("{entry:?}");
+        };
+        *pci_bus_id = hostile.to_owned();
+        store.commit(Batch::new().put(uid, entry)).unwrap();
+    });
+    n.restart(&[]).await;
+    assert_eq!(
+        v.sysfs.driver_of(&bus).as_deref(),
+        Some("nvidia"),
+        "{}",
+        n.logs()
+    );
+    let r = n
+        .kubelet
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    let error = r[&claim.uid].error.clone().expect("refused");
+    assert!(
+        error.contains(&format!(
+            "PCI bus id \"{hostile}\" is not a sysfs device name"
+        )),
+        "{error}"
+    );
+    assert!(!n.env.sysfs.join("../../x").exists() && !n.env.root.join("x").exists());
+    assert_eq!(
+        n.checkpoint_claims(),
+        [claim.uid.clone()],
+        "kept for a retry"
+    );
+}
