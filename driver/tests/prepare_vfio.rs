@@ -481,7 +481,7 @@ async fn a_hostile_bus_id_in_the_checkpoint_is_refused_by_name() {
     assert!(!n.env.sysfs.join("../../x").exists() && !n.env.root.join("x").exists());
     assert_eq!(
         n.checkpoint_claims(),
-        [claim.uid.clone()],
+        std::slice::from_ref(&claim.uid),
         "kept for a retry"
     );
 }
