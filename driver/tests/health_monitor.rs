@@ -361,6 +361,24 @@ async fn polled_faults_taint_within_two_polls_and_clear() {
     )
     .await;
     wait_health(&mut stream, FAULT_WAIT, |l| is(l, "gpu-3", "Unhealthy")).await;
+
+    // Informational conditions: tainted `None`, the device stays Healthy.
+    for (line, device, value) in [
+        ("slowdown 0 thermal", "gpu-0", "thermal"),
+        ("recovery 1 drain", "gpu-1", "p2p"),
+    ] {
+        inject(&control, line);
+        env.wait_slices(FAULT_WAIT, |s| {
+            taints_of(s, device)
+                .iter()
+                .any(|(k, v, e)| k == "gpu.nvidia.com/degraded" && v == value && e == "None")
+        })
+        .await;
+    }
+    let list = wait_health(&mut stream, FAULT_WAIT, |_| true).await;
+    assert!(is(&list, "gpu-0", "Healthy"), "{list:#?}");
+    let gpu0 = health_of(&list, "gpu-0").unwrap();
+    assert!(gpu0.message.contains("slowdown"), "{gpu0:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
