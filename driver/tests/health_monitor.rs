@@ -53,12 +53,19 @@ fn start_on(dir: &Path, profile: &str, initial: &[&str], extra: &[&str]) -> (Plu
 }
 
 fn launch(env: &Arc<TestEnv>, dir: &Path, name: &str, extra: &[&str]) -> Plugin {
-    let mut args = vec![
-        // The poll period of these tests.
+    // The poll period and quiet period of these tests, unless `extra`
+    // sets them.
+    let mut args: Vec<&str> = [
         "--health-poll-interval=300ms",
         "--health-quiet-period=1s",
         "--metrics-addr=127.0.0.1:0",
-    ];
+    ]
+    .into_iter()
+    .filter(|d| {
+        let flag = d.split('=').next().unwrap_or_default();
+        !extra.iter().any(|e| e.starts_with(flag))
+    })
+    .collect();
     args.extend_from_slice(extra);
     Plugin::launch(env, dir, name, &args)
 }
@@ -384,7 +391,10 @@ async fn polled_faults_taint_within_two_polls_and_clear() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_keeps_an_active_fault() {
     let dir = short_dir();
-    let (mut plugin, control) = start(dir.path(), &[], &["--xids-fatal=48"]);
+    // A quiet period longer than the test: the restored fault must not
+    // clear while it is looked at.
+    let flags = ["--xids-fatal=48", "--health-quiet-period=1h"];
+    let (mut plugin, control) = start(dir.path(), &[], &flags);
     let env = plugin.env.clone();
     env.wait_pool(NODE, Duration::from_secs(10)).await;
     inject(&control, "xid 0 48");
@@ -404,7 +414,7 @@ async fn a_restart_keeps_an_active_fault() {
     // events only): only the checkpoint brings it back. The control file
     // is read from its start again: empty it.
     std::fs::write(&control, "").unwrap();
-    let plugin = launch(&env, dir.path(), "run2", &["--xids-fatal=48"]);
+    let plugin = launch(&env, dir.path(), "run2", &flags);
     assert!(
         plugin.stderr().contains("health checkpoint read"),
         "{}",
