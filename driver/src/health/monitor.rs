@@ -41,6 +41,8 @@ pub type TaintMap = BTreeMap<String, Vec<Taint>>;
 
 /// How long one event wait blocks before the thread looks at the stop flag.
 pub const EVENT_WAIT: Duration = Duration::from_secs(5);
+/// How long [`MonitorHandle::stop`] waits for the loop.
+pub const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// Everything the monitor is built from.
 pub struct Setup {
@@ -147,14 +149,19 @@ pub struct MonitorHandle {
 
 impl MonitorHandle {
     /// Stops the loop and tells the event threads to end (each notices
-    /// within [`EVENT_WAIT`]; they are not waited for).
+    /// within [`EVENT_WAIT`]; they are not waited for). A loop stuck in an
+    /// NVML call that does not return is abandoned after [`STOP_WAIT`], so
+    /// a hung GPU cannot hold up the plugin's shutdown.
     pub async fn stop(mut self) {
         self.threads_stop.store(true, Ordering::SeqCst);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
+        if let Some(mut task) = self.task.take()
+            && tokio::time::timeout(STOP_WAIT, &mut task).await.is_err()
+        {
+            tracing::warn!(wait = ?STOP_WAIT, "the health monitor did not stop in time (an NVML call hangs); abandoned");
+            task.abort();
         }
     }
 }
@@ -784,7 +791,160 @@ async fn sleep_until(at: Option<Instant>) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Condvar, Mutex};
+
+    use gpu_nvml::{
+        ComputeMode, EventWatch, GpuInfo, Liveness, MigDevice, MigPlacement, SystemInfo,
+    };
+
     use super::*;
+    use crate::devices::fixtures;
+
+    /// A health source whose polls block while `wedged` is set, as a hung
+    /// NVML call would.
+    #[derive(Default)]
+    struct Wedgeable {
+        wedged: Mutex<bool>,
+        released: Condvar,
+    }
+
+    impl Wedgeable {
+        fn set(&self, wedged: bool) {
+            *self.wedged.lock().unwrap() = wedged;
+            self.released.notify_all();
+        }
+    }
+
+    /// An event set that never delivers.
+    struct Quiet;
+
+    impl EventWatch for Quiet {
+        fn wait(&mut self, timeout: Duration) -> gpu_nvml::Result<Option<HealthEvent>> {
+            std::thread::sleep(timeout.min(Duration::from_millis(20)));
+            Ok(None)
+        }
+    }
+
+    impl HealthSource for Wedgeable {
+        fn watch(&self, _: u32) -> gpu_nvml::Result<Box<dyn EventWatch>> {
+            Ok(Box::new(Quiet))
+        }
+
+        fn poll(&self, _: u32) -> gpu_nvml::Result<HealthPoll> {
+            let mut wedged = self.wedged.lock().unwrap();
+            while *wedged {
+                wedged = self.released.wait(wedged).unwrap();
+            }
+            Ok(HealthPoll {
+                liveness: Liveness::Alive,
+                recovery_action: None,
+                remap: None,
+                retired_pages_pending: None,
+                volatile_uncorrected_ecc: None,
+                hw_slowdown: None,
+                thermal_slowdown: None,
+                pcie_replays: None,
+                nvlinks: Vec::new(),
+            })
+        }
+    }
+
+    /// A backend the monitor never needs here (no NVLinks, no MIG).
+    struct Unused;
+
+    impl GpuBackend for Unused {
+        fn system(&self) -> gpu_nvml::Result<SystemInfo> {
+            Err(gpu_nvml::Error::Invalid("unused".into()))
+        }
+        fn gpu_count(&self) -> gpu_nvml::Result<u32> {
+            Err(gpu_nvml::Error::Invalid("unused".into()))
+        }
+        fn gpu(&self, _: u32) -> gpu_nvml::Result<GpuInfo> {
+            Err(gpu_nvml::Error::Invalid("unused".into()))
+        }
+        fn set_mig_mode(&self, _: u32, _: bool) -> gpu_nvml::Result<()> {
+            Err(gpu_nvml::Error::Invalid("unused".into()))
+        }
+        fn create_mig_device(
+            &self,
+            _: u32,
+            _: u32,
+            _: MigPlacement,
+        ) -> gpu_nvml::Result<MigDevice> {
+            Err(gpu_nvml::Error::Invalid("unused".into()))
+        }
+        fn destroy_mig_device(&self, _: u32, _: u32, _: u32) -> gpu_nvml::Result<()> {
+            Err(gpu_nvml::Error::Invalid("unused".into()))
+        }
+        fn set_compute_mode(&self, _: u32, _: ComputeMode) -> gpu_nvml::Result<()> {
+            Err(gpu_nvml::Error::Invalid("unused".into()))
+        }
+    }
+
+    /// Counts the health list sends seen within `window`.
+    async fn sends_within(rx: &mut watch::Receiver<Vec<DeviceHealth>>, window: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + window;
+        let mut n = 0;
+        while let Ok(Ok(())) = tokio::time::timeout_at(deadline, rx.changed()).await {
+            rx.borrow_and_update();
+            n += 1;
+        }
+        n
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_heartbeat_stops_while_the_loop_is_wedged_and_resumes_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = Arc::new(Wedgeable::default());
+        let inventory = fixtures::inventory(vec![fixtures::gpu(0, fixtures::HOPPER, None, &[])]);
+        let mut setup = Setup::new(
+            source.clone(),
+            Arc::new(Unused),
+            inventory.clone(),
+            BuildOptions::default(),
+            Policy::default(),
+            Duration::from_millis(100),
+            dir.path().join("health.json"),
+            "boot-1".into(),
+            "node-a".into(),
+        );
+        setup.heartbeat = Duration::from_millis(100);
+        setup.debounce = Duration::from_millis(10);
+        let (health, mut rx) = crate::grpc::health::channel();
+        let outputs = Outputs {
+            taints: watch::channel(TaintMap::new()).0,
+            health,
+            inventory: watch::channel(inventory).0,
+            metrics: HealthMetrics::default(),
+            events: None,
+        };
+        let handle = start(setup, outputs).await.unwrap();
+        let first = rx.borrow_and_update().clone();
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert_eq!(first[0].status, HealthStatus::Healthy);
+        // Nothing changes: the list is sent again about every 100 ms.
+        let beats = sends_within(&mut rx, Duration::from_millis(600)).await;
+        assert!(beats >= 3, "{beats} sends in 600 ms");
+
+        // NVML hangs in a poll: the loop waits in it, and the re-sends stop,
+        // so kubelet's own timeout shows the devices as Unknown.
+        source.set(true);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        rx.borrow_and_update();
+        assert_eq!(sends_within(&mut rx, Duration::from_millis(600)).await, 0);
+
+        // NVML answers again: so does the heartbeat.
+        source.set(false);
+        assert!(sends_within(&mut rx, Duration::from_millis(600)).await >= 1);
+
+        // Stopping while wedged does not hang.
+        source.set(true);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = std::time::Instant::now();
+        handle.stop().await;
+        assert!(started.elapsed() < STOP_WAIT + Duration::from_secs(1));
+        source.set(false);
+    }
 
     #[test]
     fn the_boot_id_comes_from_the_proc_root_else_from_this_proc() {
