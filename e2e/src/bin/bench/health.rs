@@ -9,8 +9,12 @@
 //!   FIFO at once (a regular control file is checked every 50 ms, which
 //!   would add up to 50 ms that no real GPU has).
 //! - **Polled faults**: from `slowdown <minor> thermal` (seen only by the
-//!   poll) to the `gpu.nvidia.com/degraded=thermal` taint, with
-//!   `--health-poll-interval` [`POLL`]. Goal: p95 under one poll period.
+//!   poll) to the `gpu.nvidia.com/degraded=thermal` taint, at the default
+//!   `--health-poll-interval` ([`POLL`], 10 s). Goal: p95 under one poll
+//!   period. Each fault is written after a wait that spreads the writes
+//!   evenly over the poll's phase (sample `k` waits `((5k) mod n)/n` of a
+//!   period after the previous taint): written right after a taint, every
+//!   fault would land just after a poll and wait a whole period.
 //! - **Idle**: the plugin idle for [`IDLE`] after it serves, with the
 //!   monitor on (its default 10 s poll) and with `--health=off`: CPU time
 //!   (`/proc/<pid>/stat`) as a share of one core, and VmRSS at the end.
@@ -42,8 +46,8 @@ use crate::table::{Goal, Row, Stat, Values, ms};
 const RUNS: usize = 3;
 /// GPUs of the machine.
 const GPUS: u32 = 8;
-/// The poll interval of the polled-fault benchmark.
-const POLL: Duration = Duration::from_secs(2);
+/// The poll interval of the polled-fault benchmark: the plugin's default.
+const POLL: Duration = Duration::from_secs(10);
 /// How long each idle window lasts.
 const IDLE: Duration = Duration::from_secs(60);
 /// How long after serving the idle window starts (the first poll, the
@@ -206,6 +210,8 @@ pub fn events(ctx: &Ctx, name: &str) -> anyhow::Result<Vec<Row>> {
 pub fn polled(ctx: &Ctx, name: &str) -> anyhow::Result<Vec<Row>> {
     let mut taint = Vec::new();
     let poll = format!("--health-poll-interval={}ms", POLL.as_millis());
+    let samples = RUNS * GPUS as usize;
+    let mut k = 0;
     for _ in 0..RUNS {
         let dir = ctx.dir_for(name);
         let control = fifo(&ctx.volatile_for(&dir))?;
@@ -213,6 +219,8 @@ pub fn polled(ctx: &Ctx, name: &str) -> anyhow::Result<Vec<Row>> {
             let node = Node::start_with(ctx, &dir, &[&poll], Some(control.clone())).await?;
             for minor in 0..GPUS {
                 let device = format!("gpu-{minor}");
+                tokio::time::sleep(phase(k, samples)).await;
+                k += 1;
                 let started = Instant::now();
                 let tainted = fault_to_taint(
                     &node,
@@ -239,6 +247,14 @@ pub fn polled(ctx: &Ctx, name: &str) -> anyhow::Result<Vec<Row>> {
         )
         .goal(Goal::below(Stat::P95, period)),
     ])
+}
+
+/// The wait before polled fault `k` of `n`: `((5k) mod n)/n` of a poll
+/// period (5 and `n` = 24 share no factor, so every phase comes once).
+fn phase(k: usize, n: usize) -> Duration {
+    let step = u32::try_from((5 * k) % n).unwrap_or(0);
+    let n = u32::try_from(n).unwrap_or(1).max(1);
+    POLL * step / n
 }
 
 /// One idle window: `(CPU as % of one core, VmRSS MiB)`.
@@ -305,6 +321,17 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn polled_faults_cover_every_phase_once() {
+        let n = RUNS * GPUS as usize;
+        let mut waits: Vec<Duration> = (0..n).map(|k| phase(k, n)).collect();
+        waits.sort();
+        waits.dedup();
+        assert_eq!(waits.len(), n);
+        assert_eq!(waits[0], Duration::ZERO);
+        assert!(*waits.last().unwrap() < POLL);
+    }
 
     #[test]
     fn taints_are_found_on_the_nodes_device_only() {
