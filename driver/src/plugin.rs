@@ -255,6 +255,9 @@ impl Plugin {
         // while the old one still serves.
         let mut options = preparer_options(flags)?;
         options.build.passthrough.clone_from(&passthrough);
+        // The monitor's device model is the one published and prepared
+        // (with the VFIO siblings), so a GPU fault taints all of them.
+        let monitor_build = options.build.clone();
         if flags.rolling_update {
             options.wait_for_lock = Some(parts.phase.clone());
         }
@@ -284,6 +287,7 @@ impl Plugin {
             Some((source, health_tx)) => Some(
                 start_monitor(
                     flags,
+                    monitor_build,
                     source,
                     &parts.backend,
                     health_monitor::Outputs {
@@ -349,9 +353,11 @@ impl Plugin {
 }
 
 /// Starts the GPU health monitor from the flags: checkpoint in the state
-/// directory, boot id under `--proc-root`, the preparer's device model.
+/// directory, boot id under `--proc-root`, the device model of `build`
+/// (the preparer's, `--passthrough`'s VFIO devices included).
 async fn start_monitor(
     flags: &Flags,
+    build: BuildOptions,
     source: Arc<dyn HealthSource>,
     backend: &Arc<dyn GpuBackend>,
     outputs: health_monitor::Outputs,
@@ -365,7 +371,7 @@ async fn start_monitor(
         source,
         backend.clone(),
         inventory,
-        preparer_options(flags)?.build,
+        build,
         flags.health.policy(),
         flags.health.poll_interval,
         flags.state_dir().join(crate::health::CHECKPOINT_FILE),

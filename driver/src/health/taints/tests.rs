@@ -1,8 +1,8 @@
 //! Unit tests of the `taints` module on real device models: whole-GPU
 //! faults reach every device on the GPU (static MIG, dynamic MIG
-//! placements, a memory-shared GPU), MIG faults only their device; effects,
-//! eviction, the 16-taint cap, the health stream's view, and the slice
-//! limits once devices are tainted.
+//! placements, a memory-shared GPU, the VFIO sibling), MIG faults only
+//! their device; effects, eviction, the 16-taint cap, the health
+//! stream's view, and the slice limits once devices are tainted.
 
 use std::collections::BTreeSet;
 use std::time::UNIX_EPOCH;
@@ -661,4 +661,90 @@ fn xid_at(gpu: u32, xid: u64, gi: Option<u32>, at: SystemTime) -> HealthEvent {
         compute_instance_id: gi.map(|_| 0),
         at,
     }
+}
+
+/// The pcie-a100-bridged node with `--passthrough`: each GPU `gpu-<i>` has
+/// its VFIO sibling `gpu-vfio-<i>`.
+fn passthrough_node() -> DeviceModel {
+    let inv = crate::devices::fixtures::pcie_a100_bridged();
+    let pci_ids = inv
+        .gpus
+        .iter()
+        .map(|g| {
+            (
+                g.info.pci_bus_id.clone(),
+                crate::vfio::PciIds {
+                    vendor: "0x10de".into(),
+                    device: "0x20f1".into(),
+                },
+            )
+        })
+        .collect();
+    let options = BuildOptions {
+        passthrough: Some(crate::vfio::Passthrough {
+            iommu_fd: false,
+            pci_ids,
+        }),
+        ..BuildOptions::default()
+    };
+    let model = DeviceModel::build(&inv, &options);
+    let names: Vec<&str> = model.devices().map(|d| d.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "gpu-0",
+            "gpu-vfio-0",
+            "gpu-1",
+            "gpu-vfio-1",
+            "gpu-2",
+            "gpu-vfio-2",
+            "gpu-3",
+            "gpu-vfio-3"
+        ]
+    );
+    model
+}
+
+#[test]
+fn whole_gpu_fault_taints_the_vfio_sibling_and_its_health() {
+    let model = passthrough_node();
+    let mut ids = ids(&model);
+    ids.pop(); // GPU 3 is not watched (not probed).
+    let mut tr = Tracker::new(Policy::default(), ids, "boot".into(), None, t(0));
+    tr.event(&xid(1, 79, None), t(1));
+    let map = device_taints(&tr, &model);
+    assert_eq!(tainted(&map), ["gpu-1", "gpu-vfio-1"]);
+    assert_eq!(map["gpu-vfio-1"], map["gpu-1"]);
+    assert_eq!(
+        map["gpu-vfio-1"],
+        [
+            taint("gpu-lost", None, TaintEffect::NoSchedule),
+            taint("xid", Some("79"), TaintEffect::NoSchedule),
+        ]
+    );
+
+    let health = device_health(&tr, &model, "node-a", t(2));
+    assert_eq!(health.len(), 8, "every published device: {health:#?}");
+    let by_name: BTreeMap<&str, &DeviceHealth> =
+        health.iter().map(|h| (h.device_name.as_str(), h)).collect();
+    let vfio1 = by_name["gpu-vfio-1"];
+    assert_eq!(vfio1.status, HealthStatus::Unhealthy);
+    assert_eq!(vfio1.message, by_name["gpu-1"].message);
+    assert!(vfio1.message.contains("XID 79"), "{}", vfio1.message);
+    assert_eq!(by_name["gpu-vfio-0"].status, HealthStatus::Healthy);
+    assert_eq!(by_name["gpu-vfio-3"].status, HealthStatus::Unknown);
+    assert_eq!(
+        by_name["gpu-vfio-3"].message,
+        "GPU not watched by the health monitor"
+    );
+
+    // A GPU whose events cannot be watched: its VFIO sibling is Unknown too.
+    tr.unmonitored(2, "NVML: Not Supported", t(3));
+    let health = device_health(&tr, &model, "node-a", t(4));
+    let vfio2 = health
+        .iter()
+        .find(|h| h.device_name == "gpu-vfio-2")
+        .unwrap();
+    assert_eq!(vfio2.status, HealthStatus::Unknown);
+    assert!(vfio2.message.contains("NVML: Not Supported"));
 }
