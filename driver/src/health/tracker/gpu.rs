@@ -469,25 +469,33 @@ impl GpuState {
             );
         }
         if let Some(replays) = poll.pcie_replays {
-            if let Some((before, then)) = self.pcie
-                && replays >= before
-            {
-                let secs = elapsed(then, now).as_secs();
-                if secs > 0
-                    && (replays - before).saturating_mul(60) / secs > PCIE_REPLAYS_PER_MINUTE
-                {
-                    self.raise_simple(
-                        Key::Degraded(Degradation::Pcie),
-                        None,
-                        format!(
-                            "{} PCIe replays in {secs} s (over {PCIE_REPLAYS_PER_MINUTE}/min) at {at}",
-                            replays - before
-                        ),
-                        now,
-                    );
+            match self.pcie {
+                Some((before, then)) if replays >= before => {
+                    let window = elapsed(then, now);
+                    let ms = window.as_millis();
+                    // A rate over less than a second says little: the
+                    // baseline stays until a second has passed (polls faster
+                    // than that, as in tests, add up to one window).
+                    if ms >= 1000 {
+                        let rate = u128::from(replays - before) * 60_000 / ms;
+                        if rate > u128::from(PCIE_REPLAYS_PER_MINUTE) {
+                            self.raise_simple(
+                                Key::Degraded(Degradation::Pcie),
+                                None,
+                                format!(
+                                    "{} PCIe replays in {:.1} s (over {PCIE_REPLAYS_PER_MINUTE}/min) at {at}",
+                                    replays - before,
+                                    window.as_secs_f64()
+                                ),
+                                now,
+                            );
+                        }
+                        self.pcie = Some((replays, now));
+                    }
                 }
+                // The first reading, or a counter that went back (a reset).
+                _ => self.pcie = Some((replays, now)),
             }
-            self.pcie = Some((replays, now));
         }
         let mut down = Vec::new();
         for link in &poll.nvlinks {

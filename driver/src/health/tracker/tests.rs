@@ -890,3 +890,24 @@ fn xid_48_with_a_remap_asks_to_drain_and_reset() {
     tr.event(&xid(0, 63, None, 2), t(2));
     assert_eq!(value(&tr), Some("GPU_RESET".into()));
 }
+
+#[test]
+fn pcie_replays_over_polls_under_a_second() {
+    let mut tr = tracker();
+    let mut p = healthy();
+    // Polls under a second apart add up to a window of a second: 10
+    // replays over 1.2 s in 300 ms steps are over the rate, 0 are not.
+    let base = t(100);
+    let ms = |n: u64| base + std::time::Duration::from_millis(n);
+    p.pcie_replays = Some(100);
+    tr.poll(1, &p, base);
+    for step in 1..=4 {
+        tr.poll(1, &p, ms(step * 300));
+    }
+    assert!(keys(&tr, 1).is_empty());
+    for step in 5..=8 {
+        p.pcie_replays = Some(100 + (step - 4) * 3);
+        tr.poll(1, &p, ms(step * 300));
+    }
+    assert_eq!(keys(&tr, 1), [Key::Degraded(Degradation::Pcie)]);
+}
