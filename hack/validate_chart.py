@@ -98,6 +98,10 @@ VARIANTS: dict[str, dict] = {
             "readinessProbe": {"enabled": False},
         },
     },
+    # VFIO passthrough on a stand-in sysfs (what hack/cluster's VFIO test sets).
+    "passthrough-stand-in-sysfs": {
+        "kubeletPlugin": {"passthrough": True, "sysfsRoot": "/var/lib/gpu-dra-cluster-node/sys"}
+    },
     # The MPS daemons' directories under the plugin's state dir (no --mps-dir).
     "mps-dir-empty": {"kubeletPlugin": {"mpsDir": ""}},
     # The plugin starts the MPS daemons itself: no host, no hostPID.
@@ -141,6 +145,9 @@ REFUSED: list[tuple[dict, str]] = [
     ({"controller": {"pendingGracePeriod": "30"}}, "pendingGracePeriod"),
     ({"kubeletPlugin": {"perInstanceSockets": "yes"}}, "perInstanceSockets"),
     ({"kubeletPlugin": {"mpsHost": {"enabled": "yes"}}}, "mpsHost"),
+    ({"kubeletPlugin": {"sysfsRoot": "sys"}}, "sysfsRoot"),
+    ({"kubeletPlugin": {"sysfsRoot": "/var/sys/"}}, "sysfsRoot"),
+    ({"kubeletPlugin": {"sysfsRoot": "/var/../sys"}}, "sysfsRoot"),
     ({"kubeletPlugin": {"mpsHost": {"socket": "/run/h.sock"}}}, "mpsHost"),
 ]
 
@@ -521,6 +528,7 @@ def check_cross_references(name: str, values: dict, objects) -> None:
         for path in (v["kubeletPlugin"]["kubeletRegistrarDir"], plugin_dir, v["kubeletPlugin"]["cdiRoot"], "/dev"):
             expect(path in mounts, f"the plugin does not mount {path} at the same path: {sorted(mounts)}")
         check_mps_dir(name, v["kubeletPlugin"]["mpsDir"], driver, pod)
+        check_sysfs_root(name, v["kubeletPlugin"]["sysfsRoot"], pod)
         sockets = f"--per-instance-sockets={v['kubeletPlugin']['perInstanceSockets']}"
         expect(sockets in container_args(ds), f"the plugin is not passed {sockets}")
         rules = one(objects, "ClusterRole", ds["metadata"]["name"])["rules"]
@@ -642,6 +650,25 @@ def check_mps_dir(name: str, mps_root: str, driver: str, pod: dict) -> None:
     host = volumes.get(mounts[0]["name"], {}).get("hostPath", {})
     expect(host.get("path") == mps_dir, f"the mps-dir volume is not the host path {mps_dir}: {host}")
     expect(host.get("type") == "DirectoryOrCreate", f"the mps-dir hostPath type is {host.get('type')}")
+
+
+def check_sysfs_root(name: str, root: str, pod: dict) -> None:
+    """kubeletPlugin.sysfsRoot: empty (the default), no sysfs-root volume and, by default,
+    no --sysfs-root (the plugin reads the container's /sys); set, the flag, a read-write
+    mount at the same path and the host directory."""
+    container = pod["containers"][0]
+    flags = [a for a in container.get("args", []) if a.split("=", 1)[0] == "--sysfs-root"]
+    mounts = [m for m in container["volumeMounts"] if m["name"] == "sysfs-root"]
+    volumes = {vol["name"]: vol for vol in pod["volumes"]}
+    if not root:
+        expect(not mounts and "sysfs-root" not in volumes, "sysfsRoot is empty but a sysfs-root volume is rendered")
+        expect(name != "defaults" or not flags, f"the default install passes {flags}")
+        return
+    expect(flags == [f"--sysfs-root={root}"], f"the plugin's --sysfs-root args are {flags}, not [--sysfs-root={root}]")
+    expect(len(mounts) == 1 and mounts[0]["mountPath"] == root and not mounts[0].get("readOnly"),
+           f"the plugin does not mount sysfs-root read-write at {root}: {mounts}")
+    host = volumes.get("sysfs-root", {}).get("hostPath", {})
+    expect(host == {"path": root, "type": "Directory"}, f"the sysfs-root volume is {host}, not the directory {root}")
 
 
 def check_static_webhook(vwc: dict) -> None:
