@@ -131,6 +131,17 @@ fn has_key(slices: &[Value], driver: &str, node: &str, minor: u32, key: &str) ->
     devices_on(slices, driver, node, minor).any(|d| tainted_with(d, key))
 }
 
+/// `text`, each line after `prefix`, each ending in a line break.
+fn indent(text: &str, prefix: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        out.push_str(prefix);
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 /// The `gpu-dra health` view of GPU `minor` in `slices`.
 fn view(slices: &[Value], node: &str, minor: u32) -> (String, Value) {
     let inputs: Vec<SliceInput<'_>> = slices
@@ -148,10 +159,7 @@ fn view(slices: &[Value], node: &str, minor: u32) -> (String, Value) {
         .find(|g| g.minor == Some(minor));
     match gpu {
         Some(g) => (
-            taints::render::gpu_text(g)
-                .lines()
-                .map(|l| format!("  {l}\n"))
-                .collect(),
+            indent(&taints::render::gpu_text(g), "  "),
             serde_json::to_value(g).unwrap_or_default(),
         ),
         None => (String::new(), Value::Null),
@@ -309,10 +317,7 @@ pub async fn run(out: &Printer, setup: &Setup<'_>) -> anyhow::Result<Value> {
     step.done_with("no allocation: the GPU is tainted");
     out.lines(
         "  the allocator's explanation:",
-        &while_tainted
-            .iter()
-            .map(|l| format!("    {l}\n"))
-            .collect::<String>(),
+        &indent(&while_tainted.join("\n"), "    "),
     );
 
     // The recovery.
