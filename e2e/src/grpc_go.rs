@@ -336,16 +336,16 @@ fn parse_stream_line(line: &str) -> Result<Result<Vec<u8>, StreamEnd>, GrpcGoErr
 
 /// A Go toolchain found by [`find_go`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Go {
+pub(crate) struct Go {
     /// The `go` program.
-    program: PathBuf,
+    pub(crate) program: PathBuf,
     /// What `go version` said, e.g. `go version go1.26.8 linux/amd64`.
     version: String,
 }
 
 /// The `go` programs to try, in turn: each on PATH, then the machine
 /// image's.
-fn go_candidates() -> Vec<PathBuf> {
+pub(crate) fn go_candidates() -> Vec<PathBuf> {
     let mut candidates: Vec<PathBuf> = std::env::var_os("PATH")
         .map(|path| {
             std::env::split_paths(&path)
@@ -359,7 +359,7 @@ fn go_candidates() -> Vec<PathBuf> {
 
 /// The first of `candidates` that runs and is Go 1.26 or newer; else why
 /// none is, naming each one tried and what to install.
-fn find_go(candidates: &[PathBuf]) -> Result<Go, String> {
+pub(crate) fn find_go(candidates: &[PathBuf]) -> Result<Go, String> {
     let mut tried: Vec<String> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for program in candidates {
@@ -566,7 +566,7 @@ fn go_command(go: &Go, args: &[&str]) -> Command {
 
 /// Whether `go mod download`'s complaint is that the modules could not be
 /// fetched (no network, no proxy), not that something is wrong with them.
-fn is_unreachable(stderr: &str) -> bool {
+pub(crate) fn is_unreachable(stderr: &str) -> bool {
     const SIGNS: [&str; 10] = [
         "dial tcp",
         "no such host",

@@ -1,12 +1,15 @@
 //! End-to-end test support against real peers: harnesses for podman (CDI
 //! specs consumed by a real container runtime) and a grpc-go client (the
 //! plugin's sockets as kubelet's gRPC library sees them), the `gpu-dra`
-//! binary for the tests that run it ([`bins`]), and the loud skip of a
-//! test whose peer is missing. The simulated peers (API server
-//! stand-in, kubelet simulator) are `gpu-dra-sim`; the real cluster's
-//! tests are `tests/real_cluster/`, the benchmark runner `src/bin/bench.rs`.
+//! binary for the tests that run it ([`bins`]), public Go modules fetched
+//! from the Go module proxy ([`go_module`]: NVIDIA's demo manifests), and
+//! the loud skip of a test whose peer is missing. The simulated peers (API
+//! server stand-in, kubelet simulator) are `gpu-dra-sim`; the real
+//! cluster's tests are `tests/real_cluster/`, the benchmark runner
+//! `src/bin/bench.rs`.
 
 pub mod bins;
+pub mod go_module;
 pub mod grpc_go;
 pub mod podman;
 
