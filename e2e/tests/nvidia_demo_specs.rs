@@ -460,7 +460,8 @@ fn nvidia_demo_objects_pass_the_webhook() {
             if is_dra(&doc) {
                 names.push(format!(
                     "{file}: {}/{}",
-                    doc["kind"], doc["metadata"]["name"]
+                    doc["kind"].as_str().unwrap_or_default(),
+                    doc["metadata"]["name"].as_str().unwrap_or_default()
                 ));
                 objects.push(doc);
             }
