@@ -80,7 +80,7 @@ pub const KEYS: &[TaintKey] = &[
         default_effect: "None",
         value: "",
         clears: Clears::Condition,
-        meaning: "NVML refused event registration for this GPU: its XIDs go unseen (polled faults are still checked)",
+        meaning: "the GPU's events are not watched (NVML refused their registration, or waiting for them fails): its XIDs go unseen, polled faults are still checked",
     },
     TaintKey {
         name: "reset-required",
