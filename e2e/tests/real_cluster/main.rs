@@ -20,6 +20,7 @@ mod health;
 mod restarts;
 mod security;
 mod simulate;
+mod vfio;
 mod webhook;
 
 use std::process::ExitCode;
@@ -42,6 +43,7 @@ fn tests() -> Vec<(&'static str, Test)> {
     all.extend(security::TESTS);
     all.extend(simulate::TESTS);
     all.extend(apiserver::TESTS);
+    all.extend(vfio::TESTS);
     all
 }
 
