@@ -35,6 +35,20 @@ fn start(dir: &Path, initial: &[&str], extra: &[&str]) -> (Plugin, PathBuf) {
 
 /// [`start`] on the bundled machine profile `profile`.
 fn start_on(dir: &Path, profile: &str, initial: &[&str], extra: &[&str]) -> (Plugin, PathBuf) {
+    start_with(dir, TestEnv::builder(dir).bundled(profile), initial, extra)
+}
+
+/// [`start`] on the machine profile given as YAML text.
+fn start_yaml(dir: &Path, yaml: &str, initial: &[&str], extra: &[&str]) -> (Plugin, PathBuf) {
+    start_with(dir, TestEnv::builder(dir).yaml(yaml), initial, extra)
+}
+
+fn start_with(
+    dir: &Path,
+    builder: common::EnvBuilder,
+    initial: &[&str],
+    extra: &[&str],
+) -> (Plugin, PathBuf) {
     let control = dir.join("control");
     let mut text = String::new();
     for line in initial {
@@ -42,12 +56,7 @@ fn start_on(dir: &Path, profile: &str, initial: &[&str], extra: &[&str]) -> (Plu
         text.push('\n');
     }
     std::fs::write(&control, text).unwrap();
-    let env = Arc::new(
-        TestEnv::builder(dir)
-            .bundled(profile)
-            .control(&control)
-            .build(),
-    );
+    let env = Arc::new(builder.control(&control).build());
     let plugin = launch(&env, dir, "run", extra);
     (plugin, control)
 }
@@ -696,4 +705,308 @@ async fn a_taint_refused_by_the_api_server_is_retried_and_the_failures_counted()
         Duration::from_secs(35),
     )
     .await;
+}
+
+/// The names of the devices in the node's slices.
+fn device_names(slices: &[Value]) -> Vec<String> {
+    pool_of(slices, NODE)
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .filter_map(|d| d["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Whether device `name` sits on the GPU with device minor `minor` (the
+/// GPU itself or one of its MIG devices).
+fn on_gpu(name: &str, minor: u32) -> bool {
+    let gpu = format!("gpu-{minor}");
+    name == gpu || name.starts_with(&format!("{gpu}-"))
+}
+
+/// A bundled profile with its driver version replaced by `driver`.
+fn profile_with_driver(profile: &str, driver: &str) -> String {
+    let text = std::fs::read_to_string(nvidia_ml::fixture::bundled_profile(profile)).unwrap();
+    let mut found = false;
+    let text = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("driverVersion:") {
+                found = true;
+                format!("driverVersion: \"{driver}\"")
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(found, "{profile} has no driverVersion line");
+    text
+}
+
+/// The H100 with MIG off of the `mixed` profile.
+const MIXED_GPU0_UUID: &str = "GPU-9be4bcfc-49b6-4a08-b2e6-cc3ababced20";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_uncorrected_ecc_error_before_r565_requires_a_reset_of_the_gpu_and_its_mig_devices() {
+    let dir = short_dir();
+    // A driver before R565 has no recovery action: an uncorrected ECC
+    // error is the catalog's XID 48 alone, a GPU reset. Dynamic MIG
+    // publishes every placement of GPU 0 as a device of its own. A quiet
+    // period of 3 s leaves time to look before it recovers.
+    let yaml = profile_with_driver("mixed", "535.104.05");
+    let (plugin, control) = start_yaml(
+        dir.path(),
+        &yaml,
+        &[],
+        &["--dynamic-mig", "--health-quiet-period=3s"],
+    );
+    let env = plugin.env.clone();
+    let slices = env.wait_pool(NODE, Duration::from_secs(10)).await;
+    let names = device_names(&slices);
+    let on0: Vec<&String> = names.iter().filter(|n| on_gpu(n, 0)).collect();
+    let others: Vec<&String> = names.iter().filter(|n| !on_gpu(n, 0)).collect();
+    assert!(on0.len() > 1, "GPU 0 has no MIG devices: {names:?}");
+    assert!(!others.is_empty(), "{names:?}");
+    let mut stream = health_stream(&plugin).await;
+    let first = wait_health(&mut stream, Duration::from_secs(5), |_| true).await;
+    assert!(first.iter().all(|d| d.health == "Healthy"), "{first:#?}");
+    let text = metrics(&plugin).await;
+    let unknown = format!(r#"gpu_recovery_action{{uuid="{MIXED_GPU0_UUID}"}} -1"#);
+    assert!(has_line(&text, &unknown), "{unknown} not in {text}");
+
+    inject(&control, "ecc 0 1");
+    let took = wait_taint(
+        &env,
+        "gpu-0",
+        "gpu.nvidia.com/reset-required",
+        "NoSchedule",
+        true,
+        FAULT_WAIT,
+    )
+    .await;
+    eprintln!("uncorrected ECC (R535) to the reset-required taint: {took:?}");
+    let slices = env
+        .wait_slices(FAULT_WAIT, |s| {
+            on0.iter().all(|d| {
+                taints_of(s, d).iter().any(|(k, v, e)| {
+                    k == "gpu.nvidia.com/reset-required" && v == "GPU_RESET" && e == "NoSchedule"
+                })
+            })
+        })
+        .await;
+    for other in &others {
+        assert!(
+            taints_of(&slices, other).is_empty(),
+            "{other}: {:?}",
+            taints_of(&slices, other)
+        );
+    }
+    let list = wait_health(&mut stream, FAULT_WAIT, |l| {
+        on0.iter().all(|d| is(l, d, "Unhealthy"))
+    })
+    .await;
+    for other in &others {
+        assert!(is(&list, other, "Healthy"), "{other}: {list:#?}");
+    }
+    let gpu0 = health_of(&list, "gpu-0").unwrap();
+    assert!(gpu0.message.contains("ECC"), "{gpu0:?}");
+    let text = metrics(&plugin).await;
+    for device in &on0 {
+        for needle in [
+            format!(
+                r#"gpu_health_state{{device="{device}",uuid="{MIXED_GPU0_UUID}",state="Unhealthy"}} 1"#
+            ),
+            format!(
+                r#"gpu_health_taint{{device="{device}",key="gpu.nvidia.com/reset-required",effect="NoSchedule"}} 1"#
+            ),
+        ] {
+            assert!(has_line(&text, &needle), "{needle} not in {text}");
+        }
+    }
+    assert!(
+        !text.contains(r#"device="gpu-2",key="#),
+        "gpu-2 has a taint metric: {text}"
+    );
+    wait_event(&env, "GpuUnhealthy").await;
+
+    // The GPU answers and nothing new comes: after the quiet period the
+    // reset-required taint goes from every device.
+    wait_taint(
+        &env,
+        "gpu-0",
+        "gpu.nvidia.com/reset-required",
+        "NoSchedule",
+        false,
+        RECOVERY_WAIT,
+    )
+    .await;
+    let slices = env
+        .wait_slices(RECOVERY_WAIT, |s| {
+            on0.iter().all(|d| taints_of(s, d).is_empty())
+        })
+        .await;
+    assert!(taints_of(&slices, "gpu-0").is_empty());
+    wait_health(&mut stream, RECOVERY_WAIT, |l| {
+        on0.iter().all(|d| is(l, d, "Healthy"))
+    })
+    .await;
+    let text = metrics(&plugin).await;
+    assert!(!text.contains("gpu.nvidia.com/reset-required"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_contained_ecc_error_only_logs_until_the_recovery_action_asks_for_a_reset() {
+    let dir = short_dir();
+    // The bundled profile's driver is R580: recovery action NONE.
+    let (plugin, control) = start(dir.path(), &[], &[]);
+    let env = plugin.env.clone();
+    env.wait_pool(NODE, Duration::from_secs(10)).await;
+    let mut stream = health_stream(&plugin).await;
+    wait_health(&mut stream, Duration::from_secs(5), |_| true).await;
+
+    inject(&control, "ecc 0 1");
+    // What it leaves: an info line naming the GPU.
+    plugin
+        .wait_log("memory error contained: recovery action needs nothing")
+        .await;
+    let logged = plugin.stderr();
+    let line = logged
+        .lines()
+        .find(|l| l.contains("memory error contained"))
+        .unwrap();
+    assert!(line.contains(&format!("gpu={GPU0_UUID}")), "{line}");
+    // The fault is a field of its own (a field named `message` would
+    // clash with the event's message).
+    // (The double-bit ECC event or the poll's grown counter, whichever
+    // came first.)
+    let detail = line.split(" detail=").nth(1).unwrap_or_default();
+    assert!(detail.contains("ECC"), "{line}");
+    // Two poll periods more: still no taint, still Healthy without message.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        taints_of(&env.slices(NODE), "gpu-0").is_empty(),
+        "{:?}",
+        taints_of(&env.slices(NODE), "gpu-0")
+    );
+    let list = wait_health(&mut stream, Duration::from_secs(11), |_| true).await;
+    let gpu0 = health_of(&list, "gpu-0").unwrap();
+    assert_eq!(gpu0.health, "Healthy", "{gpu0:?}");
+    assert!(gpu0.message.is_empty(), "{gpu0:?}");
+    let text = metrics(&plugin).await;
+    let healthy =
+        format!(r#"gpu_health_state{{device="gpu-0",uuid="{GPU0_UUID}",state="Healthy"}} 1"#);
+    assert!(has_line(&text, &healthy), "{text}");
+    assert!(
+        !text.contains(r#"gpu_health_taint{device="gpu-0""#),
+        "{text}"
+    );
+
+    // The driver then asks for a reset: reset-required.
+    inject(&control, "recovery 0 reset");
+    wait_taint(
+        &env,
+        "gpu-0",
+        "gpu.nvidia.com/reset-required",
+        "NoSchedule",
+        true,
+        FAULT_WAIT,
+    )
+    .await;
+    assert!(
+        taints_of(&env.slices(NODE), "gpu-0")
+            .iter()
+            .any(|(k, v, _)| k == "gpu.nvidia.com/reset-required" && v == "GPU_RESET"),
+        "{:?}",
+        taints_of(&env.slices(NODE), "gpu-0")
+    );
+    wait_health(&mut stream, FAULT_WAIT, |l| is(l, "gpu-0", "Unhealthy")).await;
+    // More ECC errors while it waits for the reset keep it there.
+    inject(&control, "ecc 0 2");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(has_taint(
+        &env.slices(NODE),
+        "gpu-0",
+        "gpu.nvidia.com/reset-required",
+        "NoSchedule"
+    ));
+    // Reset done (the action is NONE again): cleared after the quiet period.
+    inject(&control, "recovery 0 none");
+    wait_taint(
+        &env,
+        "gpu-0",
+        "gpu.nvidia.com/reset-required",
+        "NoSchedule",
+        false,
+        RECOVERY_WAIT,
+    )
+    .await;
+    wait_health(&mut stream, RECOVERY_WAIT, |l| is(l, "gpu-0", "Healthy")).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pcie_replays_over_8_a_minute_degrade_the_gpu_until_the_info_ttl() {
+    let dir = short_dir();
+    // The shortest TTL the flag takes.
+    let (plugin, control) = start(dir.path(), &[], &["--health-info-ttl=1m"]);
+    let env = plugin.env.clone();
+    env.wait_pool(NODE, Duration::from_secs(10)).await;
+    let mut stream = health_stream(&plugin).await;
+    wait_health(&mut stream, Duration::from_secs(5), |_| true).await;
+
+    inject(&control, "pcie-replays 0 1000");
+    let started = Instant::now();
+    let slices = env
+        .wait_slices(FAULT_WAIT, |s| {
+            taints_of(s, "gpu-0")
+                .iter()
+                .any(|(k, v, e)| k == "gpu.nvidia.com/degraded" && v == "pcie" && e == "None")
+        })
+        .await;
+    let raised = Instant::now();
+    eprintln!("1000 PCIe replays to degraded=pcie: {:?}", raised - started);
+    assert_eq!(taints_of(&slices, "gpu-0").len(), 1);
+    for other in ["gpu-1", "gpu-2", "gpu-3"] {
+        assert!(taints_of(&slices, other).is_empty(), "{other}");
+    }
+    let list = wait_health(&mut stream, FAULT_WAIT, |l| {
+        health_of(l, "gpu-0").is_some_and(|d| d.message.contains("PCIe"))
+    })
+    .await;
+    let gpu0 = health_of(&list, "gpu-0").unwrap();
+    assert_eq!(gpu0.health, "Healthy", "{gpu0:?}");
+    assert!(gpu0.message.contains("1000 PCIe replays"), "{gpu0:?}");
+    let text = metrics(&plugin).await;
+    for needle in [
+        format!(r#"gpu_health_state{{device="gpu-0",uuid="{GPU0_UUID}",state="Healthy"}} 1"#),
+        r#"gpu_health_taint{device="gpu-0",key="gpu.nvidia.com/degraded",effect="None"} 1"#
+            .to_owned(),
+    ] {
+        assert!(has_line(&text, &needle), "{needle} not in {text}");
+    }
+    wait_event(&env, "GpuDegraded").await;
+
+    // The counter stays: no new replays, the condition expires one TTL
+    // after it was raised, not before.
+    wait_taint(
+        &env,
+        "gpu-0",
+        "gpu.nvidia.com/degraded",
+        "None",
+        false,
+        Duration::from_secs(75),
+    )
+    .await;
+    let lasted = raised.elapsed();
+    eprintln!("degraded=pcie expired after {lasted:?}");
+    assert!(
+        lasted >= Duration::from_secs(55),
+        "expired after {lasted:?}"
+    );
+    let list = wait_health(&mut stream, FAULT_WAIT, |l| {
+        health_of(l, "gpu-0").is_some_and(|d| d.message.is_empty())
+    })
+    .await;
+    assert!(is(&list, "gpu-0", "Healthy"), "{list:#?}");
+    let text = metrics(&plugin).await;
+    assert!(!text.contains("gpu.nvidia.com/degraded"), "{text}");
 }

@@ -703,7 +703,7 @@ impl Tracker {
                 from = from.name(),
                 to = to.name(),
                 reason,
-                %message,
+                detail = %message,
                 "GPU health changed"
             );
             self.transitions.push(Transition {

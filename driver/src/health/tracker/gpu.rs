@@ -356,7 +356,7 @@ impl GpuState {
                 now,
             ),
             Some(ActionClass::Fine | ActionClass::DrainP2p) => {
-                tracing::info!(gpu = %self.id.uuid, %message, "memory error contained: recovery action needs nothing");
+                tracing::info!(gpu = %self.id.uuid, detail = %message, "memory error contained: recovery action needs nothing");
             }
         }
     }
