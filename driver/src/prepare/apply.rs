@@ -175,6 +175,7 @@ fn roll_back(
     {
         return e;
     }
+    super::metadata::remove_after(inner, uid, &entry);
     error
 }
 
@@ -188,7 +189,9 @@ pub(crate) fn unprepare(
     let others = others(&view, uid);
     undo(inner, uid, entry, &others).map_err(PrepareError::Undo)?;
     failpoint("unprepare-after-undo");
-    commit(inner, Batch::new().remove(uid.clone()), "unprepare")
+    commit(inner, Batch::new().remove(uid.clone()), "unprepare")?;
+    super::metadata::remove_after(inner, uid, entry);
+    Ok(())
 }
 
 /// The entries (committed, with pending ones over them) that touch any of

@@ -10,10 +10,12 @@
 //!
 //! Life of the files: written at prepare before the CDI spec (a temp file
 //! renamed over the final name, so a container that already mounted the
-//! old one keeps it whole), removed by the claim's undo (unprepare, a
-//! rollback, recovery of a half-prepared claim), and swept at start: a file
-//! whose claim (by the UID inside it) has no checkpoint entry goes, as do
-//! temp files of interrupted writes. Like CDI specs they are not fsynced:
+//! old one keeps it whole), removed once an unprepare or a rollback is
+//! recorded (after the checkpoint write: its fsync would otherwise also
+//! wait for the directory changes; a crash in between leaves them to the
+//! sweep), and swept at start: a file whose claim (by the UID inside it)
+//! has no checkpoint entry goes (a half-prepared claim's too, once
+//! recovery dropped its entry), as do temp files of interrupted writes. Like CDI specs they are not fsynced:
 //! a power loss ends the boot whose claims the checkpoint discards, and
 //! the sweep then removes what is left. A file names its claim's UID, so
 //! one claim never removes another's file, even under the same name.
@@ -498,19 +500,17 @@ pub(crate) fn add_to_claim(
     Ok(())
 }
 
-/// Removes the files of the claim `entry` records (its undo).
-pub(crate) fn remove_claim(
-    inner: &super::Inner,
-    uid: &ClaimUid,
-    entry: &ClaimEntry,
-) -> Result<(), String> {
+/// Removes the files of the claim `entry` records, once its unprepare or
+/// rollback is done: after the checkpoint write, so that the write's
+/// fsync does not also wait for these directory changes. A failure is
+/// logged; the start's sweep removes the files of a claim without entry.
+pub(crate) fn remove_after(inner: &super::Inner, uid: &ClaimUid, entry: &ClaimEntry) {
     let Some(writer) = &inner.metadata else {
-        return Ok(());
+        return;
     };
-    writer
-        .remove(&entry.namespace, &entry.name, &uid.0)
-        .map(drop)
-        .map_err(|e| e.to_string())
+    if let Err(e) = writer.remove(&entry.namespace, &entry.name, &uid.0) {
+        tracing::warn!(claim = %uid, error = %e, "device metadata files not removed; the next start removes them");
+    }
 }
 
 /// Removes the files of a claim whose entry was lost.

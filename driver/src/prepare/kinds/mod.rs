@@ -257,9 +257,6 @@ pub(crate) fn undo(
     if let Err(e) = inner.opts.cdi.remove(&uid.0) {
         cx.errors.push(format!("remove CDI spec: {e}"));
     }
-    if let Err(e) = super::metadata::remove_claim(inner, uid, entry) {
-        cx.errors.push(format!("remove device metadata: {e}"));
-    }
     if cx.errors.is_empty() {
         Ok(())
     } else {
