@@ -5,6 +5,9 @@
 //! recovery clears them; a restart keeps an active fault (checkpoint); a GPU
 //! whose event registration fails is unmonitored while the others are
 //! still watched; the stream repeats every device at least every 10 s.
+//! Uncorrected ECC errors need a reset only where the driver has no
+//! recovery action (before R565) or its action asks for one; PCIe replays
+//! over 8 a minute degrade a GPU until `--health-info-ttl`.
 
 mod common;
 
