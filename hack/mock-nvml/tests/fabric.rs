@@ -163,11 +163,13 @@ fn bridges_report_the_peer_and_switches_the_sentinel_on_one_machine() {
         sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU
     );
     assert_eq!(
-        g[2].p2p_status(&g[3], P2pCapabilitiesIndex::NvLink).unwrap(),
+        g[2].p2p_status(&g[3], P2pCapabilitiesIndex::NvLink)
+            .unwrap(),
         P2pStatus::Ok
     );
     assert_eq!(
-        g[1].p2p_status(&g[2], P2pCapabilitiesIndex::NvLink).unwrap(),
+        g[1].p2p_status(&g[2], P2pCapabilitiesIndex::NvLink)
+            .unwrap(),
         P2pStatus::NotSupported
     );
 }
