@@ -17,6 +17,7 @@ mod claims;
 mod extended;
 mod harness;
 mod health;
+mod metadata;
 mod restarts;
 mod security;
 mod simulate;
@@ -38,6 +39,7 @@ fn tests() -> Vec<(&'static str, Test)> {
     all.extend(claims::TESTS);
     all.extend(extended::TESTS);
     all.extend(health::TESTS);
+    all.extend(metadata::TESTS);
     all.extend(restarts::TESTS);
     all.extend(webhook::TESTS);
     all.extend(security::TESTS);
