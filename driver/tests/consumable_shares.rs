@@ -26,8 +26,15 @@ async fn share_of(
     n.claim(&name, json!([result]), config).await
 }
 
-fn has(env: &[String], line: &str) -> bool {
-    env.iter().any(|e| e == line)
+/// Asserts that `env` (a CDI device's environment) limits MPS to
+/// `memory` (as the daemon takes it, e.g. `4096M`) and `threads` percent.
+fn assert_mps_limits(env: &[String], memory: &str, threads: u32) {
+    for line in [
+        format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={memory}"),
+        format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={threads}"),
+    ] {
+        assert!(env.contains(&line), "{line} not in {env:?}");
+    }
 }
 
 /// `memory` mode is memory-fraction sharing: two claims on one T4 get one
@@ -58,22 +65,8 @@ async fn memory_mode_enforces_each_share_with_mps_limits() {
     let env_a = env_of(&n.spec_device(&a, "gpu-2"));
     let env_b = env_of(&n.spec_device(&b, "gpu-2"));
     // 4 GiB of a 15,360 MiB T4: 26 % of the threads.
-    assert!(
-        has(&env_a, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M"),
-        "{env_a:?}"
-    );
-    assert!(
-        has(&env_a, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=26"),
-        "{env_a:?}"
-    );
-    assert!(
-        has(&env_b, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M"),
-        "{env_b:?}"
-    );
-    assert!(
-        has(&env_b, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10"),
-        "{env_b:?}"
-    );
+    assert_mps_limits(&env_a, "4096M", 26);
+    assert_mps_limits(&env_b, "1024M", 10);
     // An MPS config never raises a limit above the share.
     let c = share_of(
         &n,
@@ -86,14 +79,7 @@ async fn memory_mode_enforces_each_share_with_mps_limits() {
     .await;
     n.prepare_ok(&c).await;
     let env_c = env_of(&n.spec_device(&c, "gpu-2"));
-    assert!(
-        has(&env_c, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M"),
-        "{env_c:?}"
-    );
-    assert!(
-        has(&env_c, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=13"),
-        "{env_c:?}"
-    );
+    assert_mps_limits(&env_c, "2048M", 13);
     n.unprepare_ok(&a).await;
     n.unprepare_ok(&c).await;
     assert_eq!(n.mps_daemons(), 1, "b still uses the daemon");
@@ -126,8 +112,7 @@ async fn memory_mode_refuses_what_a_share_cannot_have() {
         ),
     ] {
         let c = share_of(&n, letter, "gpu-1", "1Gi", json!([gpu_config(sharing)])).await;
-        let r = n.prepare(std::slice::from_ref(&c)).await;
-        let error = r[&c.uid].error.clone().unwrap_or_default();
+        let error = n.prepare_error(&c).await;
         assert!(error.contains(expect), "{error}");
     }
     assert!(n.checkpoint_claims().is_empty());
@@ -172,8 +157,7 @@ async fn unlimited_mode_counts_only_and_mps_configs_join_one_daemon() {
     assert_eq!(n.mps_daemons(), 0);
     // MPS beside claims without it: refused, naming one of them.
     let sc = share_of(&n, 'c', "gpu-0", "0", mps_config(30, "3Gi")).await;
-    let r = n.prepare(std::slice::from_ref(&sc)).await;
-    let error = r[&sc.uid].error.clone().unwrap_or_default();
+    let error = n.prepare_error(&sc).await;
     assert!(
         error.contains("claim default/share-") && error.contains("shares this GPU without MPS"),
         "{error}"
@@ -181,8 +165,7 @@ async fn unlimited_mode_counts_only_and_mps_configs_join_one_daemon() {
     assert_eq!(n.mps_daemons(), 0);
     // The whole GPU, not a share: refused while shares hold it.
     let whole = n.gpu_claim("whole", "gpu-0").await;
-    let r = n.prepare(std::slice::from_ref(&whole)).await;
-    let error = r[&whole.uid].error.clone().unwrap_or_default();
+    let error = n.prepare_error(&whole).await;
     assert!(error.contains("already prepared for claim"), "{error}");
     n.unprepare_ok(&sa).await;
     n.unprepare_ok(&sb).await;
@@ -194,26 +177,11 @@ async fn unlimited_mode_counts_only_and_mps_configs_join_one_daemon() {
     assert_eq!(n.mps_daemons(), 1);
     let env_c = env_of(&n.spec_device(&sc, "gpu-0"));
     let env_d = env_of(&n.spec_device(&sd, "gpu-0"));
-    assert!(
-        has(&env_c, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M"),
-        "{env_c:?}"
-    );
-    assert!(
-        has(&env_c, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30"),
-        "{env_c:?}"
-    );
-    assert!(
-        has(&env_d, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=5120M"),
-        "{env_d:?}"
-    );
-    assert!(
-        has(&env_d, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=60"),
-        "{env_d:?}"
-    );
+    assert_mps_limits(&env_c, "3072M", 30);
+    assert_mps_limits(&env_d, "5120M", 60);
     // And a claim without MPS is refused beside them.
     let se = share_of(&n, 'e', "gpu-0", "0", json!([])).await;
-    let r = n.prepare(std::slice::from_ref(&se)).await;
-    let error = r[&se.uid].error.clone().unwrap_or_default();
+    let error = n.prepare_error(&se).await;
     assert!(
         error.contains("runs this GPU's MPS daemon")
             && error.contains("give this claim an MPS config too"),
@@ -239,19 +207,22 @@ async fn n_mode_time_slices_are_the_gpus() {
             json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}})
         )])
     };
+    // The `nvidia-smi ... --set-timeslice` calls so far, each as its args.
+    let set_timeslice_calls = || -> Vec<Vec<String>> {
+        n.env
+            .driver_root
+            .nvidia_smi_calls()
+            .unwrap()
+            .into_iter()
+            .map(|c| c.args)
+            .filter(|a| a.iter().any(|x| x == "--set-timeslice"))
+            .collect()
+    };
     let a = share_of(&n, 'a', "gpu-1", "0", slices("Long")).await;
     let b = share_of(&n, 'b', "gpu-1", "0", slices("Short")).await;
     n.prepare_ok(&a).await;
     n.prepare_ok(&b).await;
-    let set: Vec<Vec<String>> = n
-        .env
-        .driver_root
-        .nvidia_smi_calls()
-        .unwrap()
-        .into_iter()
-        .map(|c| c.args)
-        .filter(|a| a.iter().any(|x| x == "--set-timeslice"))
-        .collect();
+    let set = set_timeslice_calls();
     let last = |set: &[Vec<String>]| set.last().and_then(|a| a.last().cloned());
     assert_eq!(set.len(), 2, "{set:?}");
     assert_eq!(
@@ -260,15 +231,7 @@ async fn n_mode_time_slices_are_the_gpus() {
         "Short, the last set: {set:?}"
     );
     n.unprepare_ok(&a).await;
-    let set: Vec<Vec<String>> = n
-        .env
-        .driver_root
-        .nvidia_smi_calls()
-        .unwrap()
-        .into_iter()
-        .map(|c| c.args)
-        .filter(|a| a.iter().any(|x| x == "--set-timeslice"))
-        .collect();
+    let set = set_timeslice_calls();
     assert_eq!(last(&set).as_deref(), Some("0"), "back to Default: {set:?}");
     n.unprepare_ok(&b).await;
 }
@@ -290,8 +253,7 @@ async fn n_mode_shares_a_static_mig_device() {
     assert!(dev["containerEdits"].is_object(), "{dev}");
     // An MPS config beside other shares: refused.
     let sc = share_of(&n, 'c', mig, "0", mps("share-c")).await;
-    let r = n.prepare(std::slice::from_ref(&sc)).await;
-    let error = r[&sc.uid].error.clone().unwrap_or_default();
+    let error = n.prepare_error(&sc).await;
     assert!(
         error.contains("holds a share of this MIG device")
             && error.contains("leave the MPS config out"),
@@ -304,8 +266,7 @@ async fn n_mode_shares_a_static_mig_device() {
     n.prepare_ok(&sc).await;
     assert_eq!(n.mps_daemons(), 1);
     let sd = share_of(&n, 'd', mig, "0", json!([])).await;
-    let r = n.prepare(std::slice::from_ref(&sd)).await;
-    let error = r[&sd.uid].error.clone().unwrap_or_default();
+    let error = n.prepare_error(&sd).await;
     assert!(
         error.contains("claim default/share-c")
             && error.contains("runs an MPS daemon on this MIG device"),
@@ -318,8 +279,7 @@ async fn n_mode_shares_a_static_mig_device() {
         .claim("whole", json!([result("gpu", mig)]), json!([]))
         .await;
     n.prepare_ok(&whole).await;
-    let r = n.prepare(std::slice::from_ref(&sd)).await;
-    let error = r[&sd.uid].error.clone().unwrap_or_default();
+    let error = n.prepare_error(&sd).await;
     assert!(
         error.contains("already prepared for claim default/whole"),
         "{error}"
@@ -414,8 +374,7 @@ async fn multi_user_is_refused_before_volta() {
             )]),
         )
         .await;
-    let r = n.prepare(std::slice::from_ref(&c)).await;
-    let error = r[&c.uid].error.clone().unwrap_or_default();
+    let error = n.prepare_error(&c).await;
     assert!(
         error.contains(
             "mpsConfig.multiUser needs compute capability 7.0 (Volta) or later; this GPU has 6.1"

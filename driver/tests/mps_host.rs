@@ -759,8 +759,7 @@ async fn an_mps_prepare_without_its_host_fails_clearly_and_leaves_nothing() {
     )
     .await;
     let c = n.mps_claim("mps").await;
-    let results = n.prepare(std::slice::from_ref(&c)).await;
-    let error = results[&c.uid].error.clone().unwrap_or_default();
+    let error = n.prepare_error(&c).await;
     assert!(
         error.contains("cannot reach the MPS daemon host at")
             && error.contains(socket.to_str().unwrap()),

@@ -301,8 +301,7 @@ async fn a_failed_commit_rolls_the_prepare_back() {
     // The checkpoint's temp file cannot be created, even by root.
     let blocker = n.state_dir().join("checkpoint.json.tmp");
     std::fs::create_dir(&blocker).unwrap();
-    let r = n.prepare(std::slice::from_ref(&c)).await;
-    let error = r[&c.uid].error.clone().unwrap_or_default();
+    let error = n.prepare_error(&c).await;
     assert!(
         error.contains("PrepareCompleted") && error.contains("checkpoint.json.tmp"),
         "{error}\n{}",
@@ -641,8 +640,7 @@ async fn an_mps_prepare_whose_compute_mode_change_fails_leaves_no_daemon() {
     );
     let n = node_yaml(&yaml, &[], DraVersion::V1).await;
     let c = n.mps_claim("mps").await;
-    let r = n.prepare(std::slice::from_ref(&c)).await;
-    let error = r[&c.uid].error.clone().unwrap_or_default();
+    let error = n.prepare_error(&c).await;
     assert!(error.contains("gpu-0"), "{error}");
     assert!(
         error.to_lowercase().contains("permission"),
@@ -685,8 +683,7 @@ async fn an_mps_prepare_whose_daemon_fails_leaves_no_spec_and_no_mode() {
         ..fake_driver_root::Behaviour::default()
     });
     let c = n.mps_claim("mps").await;
-    let r = n.prepare(std::slice::from_ref(&c)).await;
-    let error = r[&c.uid].error.clone().unwrap_or_default();
+    let error = n.prepare_error(&c).await;
     assert!(error.contains("no MPS for you"), "{error}");
     assert_rolled_back(&n);
 
@@ -835,8 +832,7 @@ async fn a_claim_with_shares_of_two_gpus_is_refused_and_leaves_nothing() {
             json!([]),
         )
         .await;
-    let r = n.prepare(std::slice::from_ref(&c)).await;
-    let error = r[&c.uid].error.clone().unwrap_or_default();
+    let error = n.prepare_error(&c).await;
     assert!(
         error.contains("memory shares of two GPUs (gpu-2 and gpu-3)")
             && error.contains("separate claims"),
@@ -938,8 +934,7 @@ async fn a_refused_time_slice_fails_the_claim_and_leaves_the_gpu_free() {
         ..fake_driver_root::Behaviour::default()
     });
     let ts = long_time_slices(&n, "ts").await;
-    let r = n.prepare(std::slice::from_ref(&ts)).await;
-    let error = r[&ts.uid].error.clone().unwrap_or_default();
+    let error = n.prepare_error(&ts).await;
     assert!(error.contains("Not Supported"), "{error}");
     assert!(
         n.checkpoint_claims().is_empty(),
@@ -995,8 +990,7 @@ async fn an_empty_gpu_config_is_accepted_on_a_memory_shared_gpu_but_time_slicing
             )]),
         )
         .await;
-    let r = n.prepare(std::slice::from_ref(&mps)).await;
-    let error = r[&mps.uid].error.clone().unwrap_or_default();
+    let error = n.prepare_error(&mps).await;
     assert!(error.contains("remove the time-slicing config"), "{error}");
     assert_eq!(n.checkpoint_claims(), vec![plain.uid.clone()]);
     n.unprepare_ok(&plain).await;

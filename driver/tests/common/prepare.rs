@@ -346,6 +346,15 @@ impl Node {
         r
     }
 
+    /// Prepares `claim` alone and returns the error the plugin answered
+    /// for it; panics (with the plugin's log) when it was prepared.
+    pub async fn prepare_error(&self, claim: &Claim) -> String {
+        let mut r = self.prepare(std::slice::from_ref(claim)).await;
+        let r = r.remove(&claim.uid).unwrap();
+        r.error
+            .unwrap_or_else(|| panic!("{} was prepared\n{}", claim.name, self.logs()))
+    }
+
     pub async fn unprepare_ok(&self, claim: &Claim) {
         let r = self
             .kubelet
