@@ -129,6 +129,25 @@ async fn wait_taint(
     started.elapsed()
 }
 
+/// [`wait_taint`] for a taint to appear within [`FAULT_WAIT`].
+async fn wait_tainted(env: &TestEnv, device: &str, key: &str, effect: &str) -> Duration {
+    wait_taint(env, device, key, effect, true, FAULT_WAIT).await
+}
+
+/// [`wait_taint`] for a taint to go within [`RECOVERY_WAIT`].
+async fn wait_cleared(env: &TestEnv, device: &str, key: &str, effect: &str) -> Duration {
+    wait_taint(env, device, key, effect, false, RECOVERY_WAIT).await
+}
+
+/// Asserts that `device` has a taint `key` whose value is `value`.
+fn assert_taint_value(env: &TestEnv, device: &str, key: &str, value: &str) {
+    let taints = taints_of(&env.slices(NODE), device);
+    assert!(
+        taints.iter().any(|(k, v, _)| k == key && v == value),
+        "no {key}={value} on {device}: {taints:?}"
+    );
+}
+
 /// Reads health messages until one satisfies `want`; panics with the last
 /// one after `timeout`.
 async fn wait_health(
@@ -222,15 +241,7 @@ async fn an_xid_79_taints_reports_and_counts_then_recovers() {
     assert!(taints_of(&env.slices(NODE), "gpu-0").is_empty());
 
     inject(&control, "xid 0 79");
-    let took = wait_taint(
-        &env,
-        "gpu-0",
-        "gpu.nvidia.com/gpu-lost",
-        "NoSchedule",
-        true,
-        FAULT_WAIT,
-    )
-    .await;
+    let took = wait_tainted(&env, "gpu-0", "gpu.nvidia.com/gpu-lost", "NoSchedule").await;
     eprintln!("XID 79 to the gpu-lost taint in the API server: {took:?}");
     let slices = env.slices(NODE);
     assert!(
@@ -268,15 +279,7 @@ async fn an_xid_79_taints_reports_and_counts_then_recovers() {
 
     // The GPU answers, its recovery action is NONE: after the quiet period
     // the fatal taint goes; the informational XID stays until its TTL.
-    let took = wait_taint(
-        &env,
-        "gpu-0",
-        "gpu.nvidia.com/gpu-lost",
-        "NoSchedule",
-        false,
-        RECOVERY_WAIT,
-    )
-    .await;
+    let took = wait_cleared(&env, "gpu-0", "gpu.nvidia.com/gpu-lost", "NoSchedule").await;
     eprintln!("gpu-lost cleared after {took:?}");
     assert!(
         taints_of(&env.slices(NODE), "gpu-0")
@@ -308,47 +311,17 @@ async fn polled_faults_taint_within_two_polls_and_clear() {
 
     // Lost and back.
     inject(&control, "lose 1");
-    let took = wait_taint(
-        &env,
-        "gpu-1",
-        "gpu.nvidia.com/gpu-lost",
-        "NoSchedule",
-        true,
-        FAULT_WAIT,
-    )
-    .await;
+    let took = wait_tainted(&env, "gpu-1", "gpu.nvidia.com/gpu-lost", "NoSchedule").await;
     eprintln!("GPU lost (polled every 300 ms) to the gpu-lost taint in the API server: {took:?}");
     wait_health(&mut stream, FAULT_WAIT, |l| is(l, "gpu-1", "Unhealthy")).await;
     inject(&control, "restore 1");
-    wait_taint(
-        &env,
-        "gpu-1",
-        "gpu.nvidia.com/gpu-lost",
-        "NoSchedule",
-        false,
-        RECOVERY_WAIT,
-    )
-    .await;
+    wait_cleared(&env, "gpu-1", "gpu.nvidia.com/gpu-lost", "NoSchedule").await;
     wait_health(&mut stream, RECOVERY_WAIT, |l| is(l, "gpu-1", "Healthy")).await;
 
     // A recovery action asking for a reset, then none again.
     inject(&control, "recovery 2 reset");
-    wait_taint(
-        &env,
-        "gpu-2",
-        "gpu.nvidia.com/reset-required",
-        "NoSchedule",
-        true,
-        FAULT_WAIT,
-    )
-    .await;
-    assert!(
-        taints_of(&env.slices(NODE), "gpu-2")
-            .iter()
-            .any(|(k, v, _)| k == "gpu.nvidia.com/reset-required" && v == "GPU_RESET"),
-        "{:?}",
-        taints_of(&env.slices(NODE), "gpu-2")
-    );
+    wait_tainted(&env, "gpu-2", "gpu.nvidia.com/reset-required", "NoSchedule").await;
+    assert_taint_value(&env, "gpu-2", "gpu.nvidia.com/reset-required", "GPU_RESET");
     let text = metrics(&plugin).await;
     assert!(
         has_line(
@@ -358,25 +331,15 @@ async fn polled_faults_taint_within_two_polls_and_clear() {
         "{text}"
     );
     inject(&control, "recovery 2 none");
-    wait_taint(
-        &env,
-        "gpu-2",
-        "gpu.nvidia.com/reset-required",
-        "NoSchedule",
-        false,
-        RECOVERY_WAIT,
-    )
-    .await;
+    wait_cleared(&env, "gpu-2", "gpu.nvidia.com/reset-required", "NoSchedule").await;
 
     // A recovery action asking for a reboot.
     inject(&control, "recovery 3 reboot");
-    wait_taint(
+    wait_tainted(
         &env,
         "gpu-3",
         "gpu.nvidia.com/reboot-required",
         "NoSchedule",
-        true,
-        FAULT_WAIT,
     )
     .await;
     wait_health(&mut stream, FAULT_WAIT, |l| is(l, "gpu-3", "Unhealthy")).await;
@@ -410,15 +373,7 @@ async fn a_restart_keeps_an_active_fault() {
     let env = plugin.env.clone();
     env.wait_pool(NODE, Duration::from_secs(10)).await;
     inject(&control, "xid 0 48");
-    wait_taint(
-        &env,
-        "gpu-0",
-        "gpu.nvidia.com/xid",
-        "NoSchedule",
-        true,
-        FAULT_WAIT,
-    )
-    .await;
+    wait_tainted(&env, "gpu-0", "gpu.nvidia.com/xid", "NoSchedule").await;
 
     plugin.signal("TERM");
     tokio::task::block_in_place(|| plugin.wait_exit(Duration::from_secs(10)));
@@ -453,30 +408,14 @@ async fn a_gpu_refusing_events_is_unmonitored_while_the_others_are_watched() {
     let (plugin, control) = start(dir.path(), &["refuse-events 1"], &[]);
     let env = plugin.env.clone();
     env.wait_pool(NODE, Duration::from_secs(10)).await;
-    wait_taint(
-        &env,
-        "gpu-1",
-        "gpu.nvidia.com/unmonitored",
-        "None",
-        true,
-        FAULT_WAIT,
-    )
-    .await;
+    wait_tainted(&env, "gpu-1", "gpu.nvidia.com/unmonitored", "None").await;
     let mut stream = health_stream(&plugin).await;
     let list = wait_health(&mut stream, FAULT_WAIT, |l| is(l, "gpu-1", "Unknown")).await;
     assert!(is(&list, "gpu-0", "Healthy"), "{list:#?}");
 
     // The others still deliver events.
     inject(&control, "xid 0 79");
-    wait_taint(
-        &env,
-        "gpu-0",
-        "gpu.nvidia.com/gpu-lost",
-        "NoSchedule",
-        true,
-        FAULT_WAIT,
-    )
-    .await;
+    wait_tainted(&env, "gpu-0", "gpu.nvidia.com/gpu-lost", "NoSchedule").await;
 
     // Registration works again: monitored after the next retry.
     inject(&control, "accept-events 1");
@@ -545,30 +484,21 @@ async fn a_hardware_failure_stays_until_an_admin_clears_it_and_a_link_down_repub
 
     // A remap waits for a reset: informational.
     inject(&control, "remap 0 1 0");
-    wait_taint(
-        &env,
-        "gpu-0",
-        "gpu.nvidia.com/remap-pending",
-        "None",
-        true,
-        FAULT_WAIT,
-    )
-    .await;
+    wait_tainted(&env, "gpu-0", "gpu.nvidia.com/remap-pending", "None").await;
     // It failed: the memory is beyond repair.
     inject(&control, "remap 0 0 1");
-    wait_taint(
+    wait_tainted(
         &env,
         "gpu-0",
         "gpu.nvidia.com/hardware-failure",
         "NoSchedule",
-        true,
-        FAULT_WAIT,
     )
     .await;
-    assert!(
-        taints_of(&env.slices(NODE), "gpu-0")
-            .iter()
-            .any(|(k, v, _)| k == "gpu.nvidia.com/hardware-failure" && v == "row-remap-failure")
+    assert_taint_value(
+        &env,
+        "gpu-0",
+        "gpu.nvidia.com/hardware-failure",
+        "row-remap-failure",
     );
     wait_health(&mut stream, FAULT_WAIT, |l| is(l, "gpu-0", "Unhealthy")).await;
     // The GPU no longer reports it (repaired): the taint stays, well past
@@ -778,15 +708,7 @@ async fn an_uncorrected_ecc_error_before_r565_requires_a_reset_of_the_gpu_and_it
     assert!(has_line(&text, &unknown), "{unknown} not in {text}");
 
     inject(&control, "ecc 0 1");
-    let took = wait_taint(
-        &env,
-        "gpu-0",
-        "gpu.nvidia.com/reset-required",
-        "NoSchedule",
-        true,
-        FAULT_WAIT,
-    )
-    .await;
+    let took = wait_tainted(&env, "gpu-0", "gpu.nvidia.com/reset-required", "NoSchedule").await;
     eprintln!("uncorrected ECC (R535) to the reset-required taint: {took:?}");
     let slices = env
         .wait_slices(FAULT_WAIT, |s| {
@@ -834,15 +756,7 @@ async fn an_uncorrected_ecc_error_before_r565_requires_a_reset_of_the_gpu_and_it
 
     // The GPU answers and nothing new comes: after the quiet period the
     // reset-required taint goes from every device.
-    wait_taint(
-        &env,
-        "gpu-0",
-        "gpu.nvidia.com/reset-required",
-        "NoSchedule",
-        false,
-        RECOVERY_WAIT,
-    )
-    .await;
+    wait_cleared(&env, "gpu-0", "gpu.nvidia.com/reset-required", "NoSchedule").await;
     let slices = env
         .wait_slices(RECOVERY_WAIT, |s| {
             on0.iter().all(|d| taints_of(s, d).is_empty())
@@ -906,22 +820,8 @@ async fn a_contained_ecc_error_only_logs_until_the_recovery_action_asks_for_a_re
 
     // The driver then asks for a reset: reset-required.
     inject(&control, "recovery 0 reset");
-    wait_taint(
-        &env,
-        "gpu-0",
-        "gpu.nvidia.com/reset-required",
-        "NoSchedule",
-        true,
-        FAULT_WAIT,
-    )
-    .await;
-    assert!(
-        taints_of(&env.slices(NODE), "gpu-0")
-            .iter()
-            .any(|(k, v, _)| k == "gpu.nvidia.com/reset-required" && v == "GPU_RESET"),
-        "{:?}",
-        taints_of(&env.slices(NODE), "gpu-0")
-    );
+    wait_tainted(&env, "gpu-0", "gpu.nvidia.com/reset-required", "NoSchedule").await;
+    assert_taint_value(&env, "gpu-0", "gpu.nvidia.com/reset-required", "GPU_RESET");
     wait_health(&mut stream, FAULT_WAIT, |l| is(l, "gpu-0", "Unhealthy")).await;
     // More ECC errors while it waits for the reset keep it there.
     inject(&control, "ecc 0 2");
@@ -934,15 +834,7 @@ async fn a_contained_ecc_error_only_logs_until_the_recovery_action_asks_for_a_re
     ));
     // Reset done (the action is NONE again): cleared after the quiet period.
     inject(&control, "recovery 0 none");
-    wait_taint(
-        &env,
-        "gpu-0",
-        "gpu.nvidia.com/reset-required",
-        "NoSchedule",
-        false,
-        RECOVERY_WAIT,
-    )
-    .await;
+    wait_cleared(&env, "gpu-0", "gpu.nvidia.com/reset-required", "NoSchedule").await;
     wait_health(&mut stream, RECOVERY_WAIT, |l| is(l, "gpu-0", "Healthy")).await;
 }
 
