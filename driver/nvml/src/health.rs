@@ -150,6 +150,25 @@ pub struct HealthPoll {
     pub nvlinks: Vec<LinkState>,
 }
 
+impl HealthPoll {
+    /// A poll that learned nothing but `liveness`: a GPU that did not
+    /// answer, or a driver too old for every other query.
+    #[must_use]
+    pub fn liveness_only(liveness: Liveness) -> Self {
+        Self {
+            liveness,
+            recovery_action: None,
+            remap: None,
+            retired_pages_pending: None,
+            volatile_uncorrected_ecc: None,
+            hw_slowdown: None,
+            thermal_slowdown: None,
+            pcie_replays: None,
+            nvlinks: Vec::new(),
+        }
+    }
+}
+
 /// The event set of one GPU, waited on by one blocking thread.
 pub trait EventWatch: Send {
     /// Waits up to `timeout` for the next event; `Ok(None)` on timeout.

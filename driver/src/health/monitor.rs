@@ -835,17 +835,7 @@ mod tests {
             while *wedged {
                 wedged = self.released.wait(wedged).unwrap();
             }
-            Ok(HealthPoll {
-                liveness: Liveness::Alive,
-                recovery_action: None,
-                remap: None,
-                retired_pages_pending: None,
-                volatile_uncorrected_ecc: None,
-                hw_slowdown: None,
-                thermal_slowdown: None,
-                pcie_replays: None,
-                nvlinks: Vec::new(),
-            })
+            Ok(HealthPoll::liveness_only(Liveness::Alive))
         }
     }
 

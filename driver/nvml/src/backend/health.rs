@@ -382,21 +382,6 @@ fn liveness_of(e: &NvmlError) -> Option<Liveness> {
     }
 }
 
-/// A poll of a GPU that does not answer: only its liveness.
-fn unanswered(liveness: Liveness) -> HealthPoll {
-    HealthPoll {
-        liveness,
-        recovery_action: None,
-        remap: None,
-        retired_pages_pending: None,
-        volatile_uncorrected_ecc: None,
-        hw_slowdown: None,
-        thermal_slowdown: None,
-        pcie_replays: None,
-        nvlinks: Vec::new(),
-    }
-}
-
 /// Every NVLink of the GPU with its state: links are asked in order until
 /// NVML says the chip has no such link; a GPU without NVLink (NOT_SUPPORTED
 /// on every link) has none.
@@ -487,7 +472,7 @@ impl HealthSource for NvmlBackend {
             Ok(device) => device,
             Err(e) => {
                 return match liveness_of(&e) {
-                    Some(liveness) => Ok(unanswered(liveness)),
+                    Some(liveness) => Ok(HealthPoll::liveness_only(liveness)),
                     None => Err(super::call("nvmlDeviceGetHandleByIndex", index)(e)),
                 };
             }
@@ -498,12 +483,14 @@ impl HealthSource for NvmlBackend {
             Ok(_) => {}
             Err(e) => {
                 return match liveness_of(&e) {
-                    Some(liveness) => Ok(unanswered(liveness)),
+                    Some(liveness) => Ok(HealthPoll::liveness_only(liveness)),
                     None => match e {
                         NvmlError::Uninitialized | NvmlError::FailedToLoadSymbol(_) => {
                             Err(super::call("nvmlDeviceGetUUID", index)(e))
                         }
-                        other => Ok(unanswered(Liveness::Error(other.to_string()))),
+                        other => Ok(HealthPoll::liveness_only(Liveness::Error(
+                            other.to_string(),
+                        ))),
                     },
                 };
             }
@@ -540,7 +527,7 @@ impl HealthSource for NvmlBackend {
             .map(u64::from);
         let links = nvlinks(&mut p, nvml, device);
         if let Some(liveness) = p.lost {
-            return Ok(unanswered(liveness));
+            return Ok(HealthPoll::liveness_only(liveness));
         }
         Ok(HealthPoll {
             liveness: Liveness::Alive,
@@ -562,38 +549,41 @@ mod tests {
 
     #[test]
     fn event_types_map_to_kinds() {
-        assert_eq!(event_kind(EVENT_XID, 79), Some(EventKind::Xid(79)));
-        assert_eq!(event_kind(EVENT_DBE, 0), Some(EventKind::DoubleBitEcc));
-        assert_eq!(event_kind(EVENT_SBE, 0), Some(EventKind::SingleBitEcc));
-        assert_eq!(
-            event_kind(EVENT_RECOVERY_ACTION, 1),
-            Some(EventKind::RecoveryAction(RecoveryAction::GpuReset))
-        );
-        assert_eq!(
-            event_kind(EVENT_RECOVERY_ACTION, 9),
-            Some(EventKind::RecoveryAction(RecoveryAction::Other(9)))
-        );
-        assert_eq!(event_kind(EVENT_RECOVERY_ACTION, u64::MAX), None);
-        assert_eq!(
-            event_kind(EVENT_GPU_UNAVAILABLE, 0),
-            Some(EventKind::GpuUnavailable)
-        );
-        assert_eq!(
-            event_kind(EVENT_DRAM_RETIREMENT, 0),
-            Some(EventKind::DramRetirement)
-        );
-        assert_eq!(
-            event_kind(EVENT_DRAM_RETIREMENT_FAILURE, 0),
-            Some(EventKind::DramRetirementFailure)
-        );
-        assert_eq!(
-            event_kind(EVENT_FATAL_POISON, 0),
-            Some(EventKind::FatalPoison)
-        );
-        // PState, clock and combined bits are not health events.
-        assert_eq!(event_kind(0x4, 0), None);
-        assert_eq!(event_kind(0x10, 0), None);
-        assert_eq!(event_kind(EVENT_XID | EVENT_DBE, 0), None);
+        for (mask, data, kind) in [
+            (EVENT_XID, 79, EventKind::Xid(79)),
+            (EVENT_DBE, 0, EventKind::DoubleBitEcc),
+            (EVENT_SBE, 0, EventKind::SingleBitEcc),
+            (
+                EVENT_RECOVERY_ACTION,
+                1,
+                EventKind::RecoveryAction(RecoveryAction::GpuReset),
+            ),
+            (
+                EVENT_RECOVERY_ACTION,
+                9,
+                EventKind::RecoveryAction(RecoveryAction::Other(9)),
+            ),
+            (EVENT_GPU_UNAVAILABLE, 0, EventKind::GpuUnavailable),
+            (EVENT_DRAM_RETIREMENT, 0, EventKind::DramRetirement),
+            (
+                EVENT_DRAM_RETIREMENT_FAILURE,
+                0,
+                EventKind::DramRetirementFailure,
+            ),
+            (EVENT_FATAL_POISON, 0, EventKind::FatalPoison),
+        ] {
+            assert_eq!(event_kind(mask, data), Some(kind), "{mask:#x} {data}");
+        }
+        // An unknown recovery action code; PState, clock and combined bits
+        // are not health events.
+        for (mask, data) in [
+            (EVENT_RECOVERY_ACTION, u64::MAX),
+            (0x4, 0),
+            (0x10, 0),
+            (EVENT_XID | EVENT_DBE, 0),
+        ] {
+            assert_eq!(event_kind(mask, data), None, "{mask:#x} {data}");
+        }
     }
 
     #[test]
@@ -613,45 +603,34 @@ mod tests {
 
     #[test]
     fn the_masks_are_nvidias_numbers() {
-        assert_eq!(EVENT_XID, u64::from(sys::nvmlEventTypeXidCriticalError));
-        assert_eq!(EVENT_DBE, u64::from(sys::nvmlEventTypeDoubleBitEccError));
-        assert_eq!(EVENT_SBE, u64::from(sys::nvmlEventTypeSingleBitEccError));
-        assert_eq!(
-            EVENT_RECOVERY_ACTION,
-            u64::from(sys::nvmlEventTypeGpuRecoveryAction)
-        );
-        assert_eq!(
-            EVENT_GPU_UNAVAILABLE,
-            u64::from(sys::nvmlEventTypeGpuUnavailableError)
-        );
-        assert_eq!(
-            EVENT_DRAM_RETIREMENT,
-            u64::from(sys::nvmlEventTypeDramRetirementEvent)
-        );
-        assert_eq!(
-            EVENT_DRAM_RETIREMENT_FAILURE,
-            u64::from(sys::nvmlEventTypeDramRetirementFailure)
-        );
-        assert_eq!(
-            EVENT_FATAL_POISON,
-            u64::from(sys::nvmlEventTypeFatalPoisonError)
-        );
-        assert_eq!(
-            CLOCKS_HW_SLOWDOWN,
-            u64::from(sys::nvmlClocksThrottleReasonHwSlowdown)
-        );
-        assert_eq!(
-            CLOCKS_HW_THERMAL,
-            u64::from(sys::nvmlClocksThrottleReasonHwThermalSlowdown)
-        );
-        assert_eq!(
-            CLOCKS_HW_POWER_BRAKE,
-            u64::from(sys::nvmlClocksThrottleReasonHwPowerBrakeSlowdown)
-        );
-        assert_eq!(
-            CLOCKS_SW_THERMAL,
-            u64::from(sys::nvmlClocksEventReasonSwThermalSlowdown)
-        );
+        for (ours, nvidias) in [
+            (EVENT_XID, sys::nvmlEventTypeXidCriticalError),
+            (EVENT_DBE, sys::nvmlEventTypeDoubleBitEccError),
+            (EVENT_SBE, sys::nvmlEventTypeSingleBitEccError),
+            (EVENT_RECOVERY_ACTION, sys::nvmlEventTypeGpuRecoveryAction),
+            (EVENT_GPU_UNAVAILABLE, sys::nvmlEventTypeGpuUnavailableError),
+            (EVENT_DRAM_RETIREMENT, sys::nvmlEventTypeDramRetirementEvent),
+            (
+                EVENT_DRAM_RETIREMENT_FAILURE,
+                sys::nvmlEventTypeDramRetirementFailure,
+            ),
+            (EVENT_FATAL_POISON, sys::nvmlEventTypeFatalPoisonError),
+            (CLOCKS_HW_SLOWDOWN, sys::nvmlClocksThrottleReasonHwSlowdown),
+            (
+                CLOCKS_HW_THERMAL,
+                sys::nvmlClocksThrottleReasonHwThermalSlowdown,
+            ),
+            (
+                CLOCKS_HW_POWER_BRAKE,
+                sys::nvmlClocksThrottleReasonHwPowerBrakeSlowdown,
+            ),
+            (
+                CLOCKS_SW_THERMAL,
+                sys::nvmlClocksEventReasonSwThermalSlowdown,
+            ),
+        ] {
+            assert_eq!(ours, u64::from(nvidias), "{ours:#x}");
+        }
         assert_eq!(HEALTH_EVENTS, 0xEC0B);
     }
 }

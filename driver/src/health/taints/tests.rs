@@ -177,17 +177,7 @@ fn whole_gpu_fault_taints_every_dynamic_placement() {
         .collect();
     assert!(on_gpu0.len() > 10, "full GPU and placements: {on_gpu0:?}");
     let mut tr = tracker_for(&model, Policy::default());
-    let mut poll = HealthPoll {
-        liveness: Liveness::Lost,
-        recovery_action: None,
-        remap: None,
-        retired_pages_pending: None,
-        volatile_uncorrected_ecc: None,
-        hw_slowdown: None,
-        thermal_slowdown: None,
-        pcie_replays: None,
-        nvlinks: vec![],
-    };
+    let mut poll = HealthPoll::liveness_only(Liveness::Lost);
     tr.poll(0, &poll, t(1));
     let map = device_taints(&tr, &model);
     assert_eq!(

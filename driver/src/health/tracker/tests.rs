@@ -71,17 +71,7 @@ fn healthy() -> HealthPoll {
 
 /// A poll of an old driver: nothing but liveness.
 fn old_driver() -> HealthPoll {
-    HealthPoll {
-        liveness: Liveness::Alive,
-        recovery_action: None,
-        remap: None,
-        retired_pages_pending: None,
-        volatile_uncorrected_ecc: None,
-        hw_slowdown: None,
-        thermal_slowdown: None,
-        pcie_replays: None,
-        nvlinks: vec![],
-    }
+    HealthPoll::liveness_only(Liveness::Alive)
 }
 
 /// The (scope, key, taint value, blocks) of GPU `i`'s conditions.
@@ -91,6 +81,11 @@ fn active(tr: &Tracker, i: usize) -> Vec<(Scope, Key, Option<String>, bool)> {
         .iter()
         .map(|c| (c.scope, c.key, c.taint_value(), c.blocks()))
         .collect()
+}
+
+/// A GPU-wide condition as [`active`] lists it.
+fn on_gpu(key: Key, value: Option<&str>, blocks: bool) -> (Scope, Key, Option<String>, bool) {
+    (Scope::Gpu, key, value.map(str::to_owned), blocks)
 }
 
 fn keys(tr: &Tracker, i: usize) -> Vec<Key> {
@@ -104,13 +99,8 @@ fn fatal_xid_without_recovery_action_needs_a_reset() {
     assert_eq!(
         active(&tr, 0),
         [
-            (
-                Scope::Gpu,
-                Key::ResetRequired,
-                Some("GPU_RESET".into()),
-                true
-            ),
-            (Scope::Gpu, Key::Xid(119), Some("119".into()), true),
+            on_gpu(Key::ResetRequired, Some("GPU_RESET"), true),
+            on_gpu(Key::Xid(119), Some("119"), true),
         ]
     );
     assert!(keys(&tr, 1).is_empty(), "the other GPU is untouched");
@@ -153,13 +143,8 @@ fn recovery_action_classifies_and_names_the_reset() {
     assert_eq!(
         active(&tr, 0),
         [
-            (
-                Scope::Gpu,
-                Key::ResetRequired,
-                Some("DRAIN_AND_RESET".into()),
-                true
-            ),
-            (Scope::Gpu, Key::Xid(94), Some("94".into()), true),
+            on_gpu(Key::ResetRequired, Some("DRAIN_AND_RESET"), true),
+            on_gpu(Key::Xid(94), Some("94"), true),
         ]
     );
     let msg = &tr.conditions()[0].conditions[1].message;
@@ -169,10 +154,7 @@ fn recovery_action_classifies_and_names_the_reset() {
     );
     // Without an action (no poll yet), the catalog: informational.
     tr.event(&xid(1, 94, None, 3), t(3));
-    assert_eq!(
-        active(&tr, 1),
-        [(Scope::Gpu, Key::Xid(94), Some("94".into()), false)]
-    );
+    assert_eq!(active(&tr, 1), [on_gpu(Key::Xid(94), Some("94"), false)]);
     assert_eq!(tr.conditions()[1].state, HealthState::Degraded);
 }
 
@@ -180,10 +162,7 @@ fn recovery_action_classifies_and_names_the_reset() {
 fn informational_xid_expires_after_the_ttl() {
     let mut tr = tracker();
     tr.event(&xid(0, 13, None, 0), t(0));
-    assert_eq!(
-        active(&tr, 0),
-        [(Scope::Gpu, Key::Xid(13), Some("13".into()), false)]
-    );
+    assert_eq!(active(&tr, 0), [on_gpu(Key::Xid(13), Some("13"), false)]);
     assert_eq!(tr.take_transitions()[0].reason, "GpuDegraded");
     assert!(tr.changed());
     tr.tick(t(3599));
@@ -211,36 +190,33 @@ fn fatal_is_sticky_against_later_informational_xids() {
     // Ignored by default: informational even under a reset action.
     tr.poll(0, &reset, t(0));
     tr.event(&xid(0, 31, None, 1), t(1));
-    assert!(active(&tr, 0).contains(&(Scope::Gpu, Key::Xid(31), Some("31".into()), false)));
+    assert!(active(&tr, 0).contains(&on_gpu(Key::Xid(31), Some("31"), false)));
     let p = Policy {
         fatal_xids: XidSet::Some([31].into()),
         ..Policy::default()
     };
     let mut tr2 = Tracker::new(p, gpus(), BOOT.into(), None, t(0));
     tr2.event(&xid(0, 31, None, 1), t(1));
-    assert_eq!(
-        active(&tr2, 0),
-        [(Scope::Gpu, Key::Xid(31), Some("31".into()), true)]
-    );
+    assert_eq!(active(&tr2, 0), [on_gpu(Key::Xid(31), Some("31"), true)]);
     // A later informational XID 45 does not touch the fatal 31, and a
     // repeat of 31 under a recovery action NONE keeps it fatal.
     tr2.poll(0, &healthy(), t(2));
     tr2.event(&xid(0, 45, None, 3), t(3));
     tr2.event(&xid(0, 31, None, 4), t(4));
     let list = active(&tr2, 0);
-    assert!(list.contains(&(Scope::Gpu, Key::Xid(31), Some("31".into()), true)));
-    assert!(list.contains(&(Scope::Gpu, Key::Xid(45), Some("45".into()), false)));
+    assert!(list.contains(&on_gpu(Key::Xid(31), Some("31"), true)));
+    assert!(list.contains(&on_gpu(Key::Xid(45), Some("45"), false)));
     // Informational first, fatal later: the same condition turns fatal.
     let mut tr3 = tracker();
     tr3.event(&xid(0, 94, None, 1), t(1));
     assert!(!active(&tr3, 0)[0].3);
     tr3.poll(0, &reset, t(2));
     tr3.event(&xid(0, 94, None, 3), t(3));
-    assert!(active(&tr3, 0).contains(&(Scope::Gpu, Key::Xid(94), Some("94".into()), true)));
+    assert!(active(&tr3, 0).contains(&on_gpu(Key::Xid(94), Some("94"), true)));
     // Fatal first, then the same XID under the action NONE: stays fatal.
     tr3.poll(0, &healthy(), t(4));
     tr3.event(&xid(0, 94, None, 5), t(5));
-    assert!(active(&tr3, 0).contains(&(Scope::Gpu, Key::Xid(94), Some("94".into()), true)));
+    assert!(active(&tr3, 0).contains(&on_gpu(Key::Xid(94), Some("94"), true)));
     // The informational expiry never removes a fatal XID.
     tr2.tick(t(10 * 3600));
     assert!(keys(&tr2, 0).contains(&Key::Xid(31)));
@@ -336,12 +312,7 @@ fn lost_gpu_recovers_when_it_answers_again() {
     tr.poll(0, &rr, t(300));
     assert_eq!(
         active(&tr, 0),
-        [(
-            Scope::Gpu,
-            Key::ResetRequired,
-            Some("GPU_RESET".into()),
-            true
-        )]
+        [on_gpu(Key::ResetRequired, Some("GPU_RESET"), true)]
     );
 }
 
@@ -356,14 +327,9 @@ fn escalation_of_repeated_informational_xids() {
     assert_eq!(
         active(&tr, 0),
         [
-            (Scope::Gpu, Key::Xid(13), Some("13".into()), false),
-            (Scope::Gpu, Key::Xid(43), Some("43".into()), false),
-            (
-                Scope::Gpu,
-                Key::Degraded(Degradation::XidRate),
-                Some("xid-rate".into()),
-                false
-            ),
+            on_gpu(Key::Xid(13), Some("13"), false),
+            on_gpu(Key::Xid(43), Some("43"), false),
+            on_gpu(Key::Degraded(Degradation::XidRate), Some("xid-rate"), false),
         ]
     );
     assert!(
@@ -429,12 +395,7 @@ fn mig_events_land_on_their_device() {
         placement_start: 0,
     };
     assert!(active(&tr, 0).contains(&(mig2, Key::Xid(119), Some("119".into()), true)));
-    assert!(active(&tr, 0).contains(&(
-        Scope::Gpu,
-        Key::ResetRequired,
-        Some("GPU_RESET".into()),
-        true
-    )));
+    assert!(active(&tr, 0).contains(&on_gpu(Key::ResetRequired, Some("GPU_RESET"), true)));
     // An unknown GPU instance counts for the whole GPU, and says so.
     tr.event(&xid(0, 94, Some(7), 2), t(2));
     let c = tr.conditions()[0]
@@ -489,10 +450,7 @@ fn polled_conditions() {
         failure: false,
     });
     tr.poll(0, &p, t(10));
-    assert_eq!(
-        active(&tr, 0),
-        [(Scope::Gpu, Key::RemapPending, None, false)]
-    );
+    assert_eq!(active(&tr, 0), [on_gpu(Key::RemapPending, None, false)]);
     tr.poll(0, &healthy(), t(20));
     assert!(keys(&tr, 0).is_empty());
     // Thermal and hardware slowdown: degraded=thermal, expiring.
@@ -501,10 +459,9 @@ fn polled_conditions() {
     tr.poll(0, &p, t(30));
     assert_eq!(
         active(&tr, 0),
-        [(
-            Scope::Gpu,
+        [on_gpu(
             Key::Degraded(Degradation::Thermal),
-            Some("thermal".into()),
+            Some("thermal"),
             false
         )]
     );
@@ -558,12 +515,7 @@ fn memory_errors() {
     tr.poll(0, &p, t(10));
     assert_eq!(
         active(&tr, 0),
-        [(
-            Scope::Gpu,
-            Key::ResetRequired,
-            Some("GPU_RESET".into()),
-            true
-        )]
+        [on_gpu(Key::ResetRequired, Some("GPU_RESET"), true)]
     );
     // A DBE event likewise; with the recovery action NONE it is contained.
     tr.event(&event(1, EventKind::DoubleBitEcc, 0), t(0));
@@ -588,13 +540,8 @@ fn memory_errors() {
     assert_eq!(
         active(&tr, 0),
         [
-            (
-                Scope::Gpu,
-                Key::HardwareFailure,
-                Some(ROW_REMAP_FAILURE.into()),
-                true
-            ),
-            (Scope::Gpu, Key::RemapPending, None, false),
+            on_gpu(Key::HardwareFailure, Some(ROW_REMAP_FAILURE), true),
+            on_gpu(Key::RemapPending, None, false),
         ]
     );
 }
@@ -631,10 +578,7 @@ fn hardware_failure_stays_until_cleared() {
 fn unmonitored_is_unknown_until_watched_again() {
     let mut tr = tracker();
     tr.unmonitored(1, "NVML: Not Supported", t(0));
-    assert_eq!(
-        active(&tr, 1),
-        [(Scope::Gpu, Key::Unmonitored, None, false)]
-    );
+    assert_eq!(active(&tr, 1), [on_gpu(Key::Unmonitored, None, false)]);
     assert_eq!(tr.conditions()[1].state, HealthState::Unknown);
     let tr_list = tr.take_transitions();
     assert_eq!(tr_list[0].reason, "GpuUnmonitored");
@@ -664,12 +608,7 @@ fn drain_p2p_is_degraded_until_recovered() {
     tr.poll(0, &p, t(0));
     assert_eq!(
         active(&tr, 0),
-        [(
-            Scope::Gpu,
-            Key::Degraded(Degradation::P2p),
-            Some("p2p".into()),
-            false
-        )]
+        [on_gpu(Key::Degraded(Degradation::P2p), Some("p2p"), false)]
     );
     tr.poll(0, &healthy(), t(10));
     tr.tick(t(59));
