@@ -10,31 +10,21 @@
 //! Here and not among the plugin's tests: the plugin does not depend on the
 //! analysis crate, not even as a dev-dependency (no CEL in its build).
 
-use std::path::Path;
-use std::time::Duration;
+mod common;
 
-use clap::Parser as _;
+use common::{DRIVER, Node, gpu_class, mig_class, published_on};
 use gpu_dra_analysis::allocator::{Allocator, NodeAllocation, Outcome, SimulateOptions, Snapshot};
-use gpu_dra_sim::apiserver::{Resource, ServerOptions, TestApiServer, ValidationRules};
-use gpu_dra_sim::pool;
-use gpu_kubelet_plugin::flags::Flags;
-use gpu_kubelet_plugin::grpc;
-use gpu_kubelet_plugin::plugin::{Plugin, PluginHandle, kube_client};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use gpu_kubelet_plugin::plugin::kube_client;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
 
-const WAIT: Duration = Duration::from_secs(30);
-const DRIVER: &str = "gpu.nvidia.com";
-const NODE: &str = "node-a";
-
-/// The shipped `gpu.nvidia.com` class's selector (deviceclasses/).
-fn gpu_class() -> DeviceClass {
+/// A claim `name` with one request `gpu` for `exactly` (a JSON object).
+fn request_claim(name: &str, exactly: &Value) -> ResourceClaim {
     serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": "gpu.nvidia.com"},
-        "spec": {"selectors": [{"cel": {"expression":
-            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
     }))
     .unwrap()
 }
@@ -49,13 +39,7 @@ fn claim(name: &str, memory: Option<&str>, shared_only: bool) -> ResourceClaim {
     if shared_only {
         exactly["selectors"] = json!([{"cel": {"expression": "device.allowMultipleAllocations"}}]);
     }
-    serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
-    }))
-    .unwrap()
+    request_claim(name, &exactly)
 }
 
 /// `claim` with `allocation` recorded in its status.
@@ -75,109 +59,10 @@ fn simulate(slices: &[ResourceSlice], allocated: &[ResourceClaim], c: &ResourceC
         .expect("the allocator gives a verdict")
 }
 
-/// A running plugin on its fake machine, with its API server; all stopped
-/// and removed on drop.
-struct Node {
-    _plugin: PluginHandle,
-    _server: TestApiServer,
-    _processes: fake_driver_root::ProcessGuard,
-    dir: tempfile::TempDir,
-}
-
-/// The fake t4-inference machine in `root` (fake NVML with its state and
-/// MIG files, sysfs tree, device nodes, NVIDIA proc tree, driver root) and
-/// the flags that point the plugin at it and at `kubeconfig`.
-fn machine(
-    root: &Path,
-    kubeconfig: &Path,
-    profile: &str,
-) -> (Vec<String>, fake_driver_root::ProcessGuard) {
-    let profile = nvidia_ml::fixture::bundled_profile(profile);
-    let machine = nvidia_ml::Profile::load(&profile).expect("the bundled profile loads");
-    let minors: Vec<u32> = machine.gpus.iter().map(|g| g.minor).collect();
-    let dev_root = root.join("devroot");
-    fake_driver_root::create_dev_root(&dev_root, &minors).expect("create the dev root");
-    let proc_root =
-        fake_driver_root::create_proc_root(&root.join("proc")).expect("create the proc root");
-    let driver_root =
-        fake_driver_root::FakeDriverRoot::create(&root.join("driver")).expect("driver root");
-    let options = nvidia_ml::fixture::InstallOptions {
-        state: Some(root.join("nvml-state.json")),
-        proc_root: Some(proc_root.clone()),
-        dev_root: Some(dev_root.clone()),
-        control: None,
-    };
-    let library = nvidia_ml::fixture::install_with(&root.join("nvml"), &profile, &options)
-        .expect("install the fake NVML");
-    let sysfs = root.join("sys");
-    nvidia_ml::sysfs::write(&machine, &sysfs).expect("write the fake sysfs");
-    let path = |p: &Path| p.to_str().unwrap().to_owned();
-    let argv = vec![
-        "gpu-kubelet-plugin".to_owned(),
-        format!("--node-name={NODE}"),
-        format!("--driver-name={DRIVER}"),
-        format!("--kubelet-registrar-dir={}", path(&root.join("reg"))),
-        format!("--kubelet-plugins-dir={}", path(&root.join("plugins"))),
-        format!("--nvml-lib={}", path(&library)),
-        format!("--sysfs-root={}", path(&sysfs)),
-        format!("--kubeconfig={}", path(kubeconfig)),
-        format!("--dev-root={}", path(&dev_root)),
-        format!("--proc-root={}", path(&proc_root)),
-        format!("--driver-root={}", path(driver_root.path())),
-        format!("--cdi-root={}", path(&root.join("cdi"))),
-    ];
-    (argv, driver_root.guard())
-}
-
 /// Starts the plugin on t4-inference with `flags` and returns the stored
 /// slices of its (complete) pool.
 async fn published(flags: &[&str]) -> (Node, Vec<ResourceSlice>) {
     published_on("t4-inference", flags).await
-}
-
-/// Starts the plugin on the bundled machine `profile` with `flags` and
-/// returns the stored slices of its (complete) pool.
-async fn published_on(profile: &str, flags: &[&str]) -> (Node, Vec<ResourceSlice>) {
-    // Short: the plugin's socket paths must stay under 108 bytes.
-    let dir = tempfile::Builder::new()
-        .prefix("p")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let server = TestApiServer::start(ServerOptions {
-        rules: ValidationRules::V1_35,
-        ..ServerOptions::default()
-    })
-    .await
-    .expect("the test API server starts");
-    server.store().create_node(NODE).expect("create the Node");
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let (mut argv, processes) = machine(dir.path(), &kubeconfig, profile);
-    argv.extend(flags.iter().map(|f| (*f).to_owned()));
-    let flags = Flags::try_parse_from(&argv).expect("plugin flags");
-    let client = kube_client(Some(&kubeconfig)).await.unwrap();
-    let (phase, _) = gpu_kubelet_plugin::phase::channel();
-    let plugin = Plugin::start(&flags, client, grpc::Services::default(), phase)
-        .await
-        .expect("the plugin starts");
-    let pool: Vec<Value> = server
-        .store()
-        .wait_for(Resource::ResourceSlices, WAIT, |items| {
-            // Complete, and no slice of an older generation left.
-            pool::complete(pool::of(items, DRIVER, NODE)).is_some_and(|p| p.stale == 0)
-        })
-        .await
-        .unwrap_or_else(|last| panic!("the pool never completed; last: {last:#?}"));
-    let slices = pool::of(&pool, DRIVER, NODE)
-        .map(|s| serde_json::from_value(s.clone()).expect("a ResourceSlice"))
-        .collect();
-    let node = Node {
-        _plugin: plugin,
-        _server: server,
-        _processes: processes,
-        dir,
-    };
-    (node, slices)
 }
 
 const MIB: i128 = 1 << 20;
@@ -259,25 +144,7 @@ fn claim_of(name: &str, class: &str, requests: Option<Value>) -> ResourceClaim {
     if let Some(requests) = requests {
         exactly["capacity"] = json!({"requests": requests});
     }
-    serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
-    }))
-    .unwrap()
-}
-
-/// The shipped `mig.nvidia.com` class's selector.
-fn mig_class() -> DeviceClass {
-    serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": "mig.nvidia.com"},
-        "spec": {"selectors": [{"cel": {"expression":
-            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}}]}
-    }))
-    .unwrap()
+    request_claim(name, &exactly)
 }
 
 /// Allocates `claims` one after the other on `slices`, each seeing the

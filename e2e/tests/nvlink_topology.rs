@@ -11,34 +11,12 @@
 //! Here and not among the plugin's tests: the plugin does not depend on the
 //! analysis crate (no CEL in its build).
 
-use std::path::Path;
-use std::time::Duration;
+mod common;
 
-use clap::Parser as _;
+use common::{Node, gpu_class, published_on};
 use gpu_dra_analysis::allocator::{Allocator, Outcome, SimulateOptions, Snapshot};
-use gpu_dra_sim::apiserver::{Resource, ServerOptions, TestApiServer, ValidationRules};
-use gpu_dra_sim::pool;
-use gpu_kubelet_plugin::flags::Flags;
-use gpu_kubelet_plugin::grpc;
-use gpu_kubelet_plugin::plugin::{Plugin, PluginHandle, kube_client};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-use serde_json::{Value, json};
-
-const WAIT: Duration = Duration::from_secs(30);
-const DRIVER: &str = "gpu.nvidia.com";
-const NODE: &str = "node-a";
-
-/// The shipped `gpu.nvidia.com` class's selector (deviceclasses/).
-fn gpu_class() -> DeviceClass {
-    serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": "gpu.nvidia.com"},
-        "spec": {"selectors": [{"cel": {"expression":
-            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}
-    }))
-    .unwrap()
-}
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use serde_json::json;
 
 /// A claim for `count` GPUs in one NVLink domain.
 fn linked_gpus(count: u32) -> ResourceClaim {
@@ -76,99 +54,10 @@ fn allocated(outcome: &Outcome) -> Vec<String> {
     devices
 }
 
-/// A running plugin on its fake machine, with its API server; all stopped
-/// and removed on drop.
-struct Node {
-    _plugin: PluginHandle,
-    _server: TestApiServer,
-    _processes: fake_driver_root::ProcessGuard,
-    _dir: tempfile::TempDir,
-}
-
-/// The fake `profile` machine in `root` and the plugin flags for it.
-fn machine(
-    profile: &str,
-    root: &Path,
-    kubeconfig: &Path,
-) -> (Vec<String>, fake_driver_root::ProcessGuard) {
-    let profile = nvidia_ml::fixture::bundled_profile(profile);
-    let machine = nvidia_ml::Profile::load(&profile).expect("the bundled profile loads");
-    let minors: Vec<u32> = machine.gpus.iter().map(|g| g.minor).collect();
-    let dev_root = root.join("devroot");
-    fake_driver_root::create_dev_root(&dev_root, &minors).expect("create the dev root");
-    let proc_root =
-        fake_driver_root::create_proc_root(&root.join("proc")).expect("create the proc root");
-    let driver_root =
-        fake_driver_root::FakeDriverRoot::create(&root.join("driver")).expect("driver root");
-    let options = nvidia_ml::fixture::InstallOptions {
-        state: Some(root.join("nvml-state.json")),
-        proc_root: Some(proc_root.clone()),
-        dev_root: Some(dev_root.clone()),
-        control: None,
-    };
-    let library = nvidia_ml::fixture::install_with(&root.join("nvml"), &profile, &options)
-        .expect("install the fake NVML");
-    let sysfs = root.join("sys");
-    nvidia_ml::sysfs::write(&machine, &sysfs).expect("write the fake sysfs");
-    let path = |p: &Path| p.to_str().unwrap().to_owned();
-    let argv = vec![
-        "gpu-kubelet-plugin".to_owned(),
-        format!("--node-name={NODE}"),
-        format!("--driver-name={DRIVER}"),
-        format!("--kubelet-registrar-dir={}", path(&root.join("reg"))),
-        format!("--kubelet-plugins-dir={}", path(&root.join("plugins"))),
-        format!("--nvml-lib={}", path(&library)),
-        format!("--sysfs-root={}", path(&sysfs)),
-        format!("--kubeconfig={}", path(kubeconfig)),
-        format!("--dev-root={}", path(&dev_root)),
-        format!("--proc-root={}", path(&proc_root)),
-        format!("--driver-root={}", path(driver_root.path())),
-        format!("--cdi-root={}", path(&root.join("cdi"))),
-    ];
-    (argv, driver_root.guard())
-}
-
 /// Starts the plugin on `profile` and returns the stored slices of its
 /// (complete) pool.
 async fn published(profile: &str) -> (Node, Vec<ResourceSlice>) {
-    // Short: the plugin's socket paths must stay under 108 bytes.
-    let dir = tempfile::Builder::new()
-        .prefix("p")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let server = TestApiServer::start(ServerOptions {
-        rules: ValidationRules::V1_35,
-        ..ServerOptions::default()
-    })
-    .await
-    .expect("the test API server starts");
-    server.store().create_node(NODE).expect("create the Node");
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let (argv, processes) = machine(profile, dir.path(), &kubeconfig);
-    let flags = Flags::try_parse_from(&argv).expect("plugin flags");
-    let client = kube_client(Some(&kubeconfig)).await.unwrap();
-    let (phase, _) = gpu_kubelet_plugin::phase::channel();
-    let plugin = Plugin::start(&flags, client, grpc::Services::default(), phase)
-        .await
-        .expect("the plugin starts");
-    let pool: Vec<Value> = server
-        .store()
-        .wait_for(Resource::ResourceSlices, WAIT, |items| {
-            pool::complete(pool::of(items, DRIVER, NODE)).is_some_and(|p| p.stale == 0)
-        })
-        .await
-        .unwrap_or_else(|last| panic!("the pool never completed; last: {last:#?}"));
-    let slices = pool::of(&pool, DRIVER, NODE)
-        .map(|s| serde_json::from_value(s.clone()).expect("a ResourceSlice"))
-        .collect();
-    let node = Node {
-        _plugin: plugin,
-        _server: server,
-        _processes: processes,
-        _dir: dir,
-    };
-    (node, slices)
+    published_on(profile, &[]).await
 }
 
 fn gpus(n: u32) -> Vec<String> {
