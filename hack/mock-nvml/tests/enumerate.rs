@@ -46,20 +46,6 @@ fn seen(d: &Device<'_>) -> Seen {
     }
 }
 
-/// `nvmlDeviceGetNvLinkRemoteDeviceType`, called directly.
-fn remote_device_type(nvml: &Nvml, d: &Device<'_>, link: u32) -> u32 {
-    let sym = nvml
-        .lib()
-        .nvmlDeviceGetNvLinkRemoteDeviceType
-        .as_ref()
-        .unwrap();
-    let mut kind = sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN;
-    // SAFETY: a device handle from this `nvml` and a valid output pointer.
-    let rc = unsafe { sym(d.handle(), link, &raw mut kind) };
-    assert_eq!(rc, 0);
-    kind
-}
-
 #[test]
 fn every_profile_enumerates_as_written() {
     for name in BUNDLED_PROFILES {
@@ -198,9 +184,12 @@ fn nvswitch_fabric_connects_every_pair() {
         // An NVSwitch is no PCI device of the node: NVML reports the sentinel.
         let remote = link.remote_pci_info().unwrap();
         assert_eq!(remote.bus_id, "FFFFFFFF:FF:FF.0");
-        assert_eq!((remote.domain, remote.bus, remote.device), (0xFFFF_FFFF, 0xFF, 0xFF));
         assert_eq!(
-            remote_device_type(&nvml, a, 0),
+            (remote.domain, remote.bus, remote.device),
+            (0xFFFF_FFFF, 0xFF, 0xFF)
+        );
+        assert_eq!(
+            common::remote_device_type(&nvml, a, 0),
             sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH
         );
         for b in &gpus {
@@ -238,7 +227,7 @@ fn nvlink_bridges_join_only_their_pair() {
     assert_eq!(peer(&g[0]), g[1].pci_info().unwrap().bus_id);
     assert_eq!(peer(&g[3]), g[2].pci_info().unwrap().bus_id);
     assert_eq!(
-        remote_device_type(&nvml, &g[0], 0),
+        common::remote_device_type(&nvml, &g[0], 0),
         sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU
     );
     assert_eq!(

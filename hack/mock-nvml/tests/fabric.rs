@@ -52,19 +52,6 @@ fn fabric_v1(nvml: &Nvml, d: &Device<'_>) -> (u32, sys::nvmlGpuFabricInfo_t) {
     (rc, info)
 }
 
-fn remote_type(nvml: &Nvml, d: &Device<'_>, link: u32) -> u32 {
-    let sym = nvml
-        .lib()
-        .nvmlDeviceGetNvLinkRemoteDeviceType
-        .as_ref()
-        .unwrap();
-    let mut kind = 77;
-    // SAFETY: a device handle of this library and a valid out pointer.
-    let rc = unsafe { sym(d.handle(), link, &raw mut kind) };
-    assert_eq!(rc, 0);
-    kind
-}
-
 #[test]
 fn gb200_gpus_share_one_fabric_clique_behind_switch_sentinels() {
     let fake = Fake::bundled("gb200-nvl");
@@ -78,7 +65,7 @@ fn gb200_gpus_share_one_fabric_clique_behind_switch_sentinels() {
             let remote = a.link_wrapper_for(link).remote_pci_info().unwrap();
             assert_eq!(remote.bus_id, "FFFFFFFF:FF:FF.0", "GPU {i} link {link}");
             assert_eq!(
-                remote_type(&nvml, a, link),
+                common::remote_device_type(&nvml, a, link),
                 sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH
             );
         }
@@ -155,11 +142,11 @@ fn bridges_report_the_peer_and_switches_the_sentinel_on_one_machine() {
     assert_eq!(peer(&g[0]), g[1].pci_info().unwrap().bus_id);
     assert_eq!(peer(&g[2]), "FFFFFFFF:FF:FF.0");
     assert_eq!(
-        remote_type(&nvml, &g[2], 0),
+        common::remote_device_type(&nvml, &g[2], 0),
         sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH
     );
     assert_eq!(
-        remote_type(&nvml, &g[0], 0),
+        common::remote_device_type(&nvml, &g[0], 0),
         sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU
     );
     assert_eq!(

@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use nvidia_ml::fixture;
+use nvml_wrapper::Device;
 use nvml_wrapper::Nvml;
 use tempfile::TempDir;
 
@@ -117,4 +118,20 @@ impl LastError {
     pub fn library(&self) -> &libloading::Library {
         &self.0
     }
+}
+
+/// `nvmlDeviceGetNvLinkRemoteDeviceType` of `d`'s `link`, called directly
+/// (nvml-wrapper has no call for it); the output starts as 77, a value no
+/// link type has, so a call that writes nothing is seen.
+pub fn remote_device_type(nvml: &Nvml, d: &Device<'_>, link: u32) -> u32 {
+    let sym = nvml
+        .lib()
+        .nvmlDeviceGetNvLinkRemoteDeviceType
+        .as_ref()
+        .unwrap();
+    let mut kind = 77;
+    // SAFETY: a device handle from this `nvml` and a valid output pointer.
+    let rc = unsafe { sym(d.handle(), link, &raw mut kind) };
+    assert_eq!(rc, 0);
+    kind
 }
