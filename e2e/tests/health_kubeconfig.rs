@@ -7,33 +7,18 @@
 //! without one the test skips loudly, and fails when
 //! `GPU_DRA_E2E_REQUIRE_GPU_DRA_BIN=1`.
 
+mod common;
+
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use gpu_dra_sim::apiserver::{Resource, ServerOptions, TestApiServer, WriteOptions};
+use common::cli::{api_server, data, have_gpu_dra, list_items};
+use gpu_dra_sim::apiserver::{Resource, TestApiServer, WriteOptions};
 use serde_json::{Value, json};
-
-/// Set to `1` to make a missing `gpu-dra` binary a failure.
-const REQUIRE_ENV: &str = "GPU_DRA_E2E_REQUIRE_GPU_DRA_BIN";
 
 /// Nodes with one untainted GPU each, beyond node-a and node-b.
 const MORE_NODES: usize = 600;
-
-fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../cli/tests/data")
-        .join(name)
-}
-
-fn have_gpu_dra(test: &str) -> bool {
-    match gpu_dra_e2e::bins::gpu_dra() {
-        Ok(_) => true,
-        Err(e) => gpu_dra_e2e::skip_unless_required::<(), _>(test, REQUIRE_ENV, e)
-            .unwrap_or_else(|e| panic!("{e}"))
-            .is_some(),
-    }
-}
 
 /// `gpu-dra health <args>`: exit status, stdout, stderr.
 fn health<S: AsRef<OsStr>>(args: &[S]) -> (i32, String, String) {
@@ -48,12 +33,6 @@ fn health<S: AsRef<OsStr>>(args: &[S]) -> (i32, String, String) {
         String::from_utf8(out.stdout).unwrap(),
         String::from_utf8(out.stderr).unwrap(),
     )
-}
-
-fn list_items(file: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(file).unwrap();
-    let list: Value = yaml_serde::from_str(&text).unwrap();
-    list["items"].as_array().unwrap().clone()
 }
 
 /// The slices of `file` moved to `node` (name, nodeName, pool).
@@ -114,14 +93,7 @@ fn the_health_view_comes_through_a_kubeconfig() {
     }
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let server = runtime
-        .block_on(TestApiServer::start(ServerOptions::default()))
-        .unwrap();
+    let (runtime, server) = api_server();
     seed(&server);
     server.write_kubeconfig(&kubeconfig).unwrap();
     let k: &OsStr = kubeconfig.as_os_str();

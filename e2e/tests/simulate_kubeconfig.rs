@@ -7,25 +7,15 @@
 //! when `GPU_DRA_E2E_REQUIRE_GPU_DRA_BIN=1` (CI, whose `cargo test
 //! --workspace` builds it).
 
+mod common;
+
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-use gpu_dra_sim::apiserver::{Resource, ServerOptions, TestApiServer, WriteOptions};
+use common::cli::{api_server, data, have_gpu_dra, list_items, repo};
+use gpu_dra_sim::apiserver::{Resource, TestApiServer, WriteOptions};
 use serde_json::Value;
-
-/// Set to `1` to make a missing `gpu-dra` binary a failure.
-const REQUIRE_ENV: &str = "GPU_DRA_E2E_REQUIRE_GPU_DRA_BIN";
-
-/// The repository root.
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// A file under `cli/tests/data`.
-fn data(name: &str) -> PathBuf {
-    repo().join("cli/tests/data").join(name)
-}
 
 fn example(name: &str) -> PathBuf {
     repo().join("docs/examples").join(name)
@@ -38,17 +28,6 @@ struct Run {
     code: i32,
     stdout: String,
     stderr: String,
-}
-
-/// Whether the `gpu-dra` binary is there (else a loud skip naming `test`,
-/// or a panic when [`REQUIRE_ENV`] is `1`).
-fn have_gpu_dra(test: &str) -> bool {
-    match gpu_dra_e2e::bins::gpu_dra() {
-        Ok(_) => true,
-        Err(e) => gpu_dra_e2e::skip_unless_required::<(), _>(test, REQUIRE_ENV, e)
-            .unwrap_or_else(|e| panic!("{e}"))
-            .is_some(),
-    }
 }
 
 /// `gpu-dra simulate <args>`.
@@ -89,23 +68,9 @@ fn devices(report: &Value) -> Vec<&str> {
         .collect()
 }
 
-/// Every object of a YAML `List` file.
-fn list_items(file: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(file).unwrap();
-    let list: Value = yaml_serde::from_str(&text).unwrap();
-    list["items"].as_array().unwrap().clone()
-}
-
 /// Seeds a test API server with the captured pool and the shipped classes.
 fn cluster(allocated: bool) -> (tokio::runtime::Runtime, TestApiServer) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let server = runtime
-        .block_on(TestApiServer::start(ServerOptions::default()))
-        .unwrap();
+    let (runtime, server) = api_server();
     let store = server.store();
     let opts = WriteOptions::default();
     for slice in list_items(&data(PCIE)) {

@@ -1,9 +1,12 @@
 //! The real plugin on a fake machine, publishing to a test API server, for
 //! the tests that hand its slices to the project's allocator: the fake
 //! machine's files, the plugin started in-process from its command line,
-//! and the shipped device classes.
+//! and the shipped device classes. [`cli`]: for the tests that run the
+//! `gpu-dra` binary.
 
 #![allow(dead_code)]
+
+pub mod cli;
 
 use std::path::Path;
 use std::time::Duration;
