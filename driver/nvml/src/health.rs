@@ -151,6 +151,29 @@ pub struct HealthPoll {
 }
 
 impl HealthPoll {
+    /// What a healthy GPU answers on an R565+ driver with row remapping
+    /// (Ampere and later): recovery action none, nothing remapped, no
+    /// uncorrected ECC error or PCIe replay, no slowdown; no NVLinks (set
+    /// them where the GPU has some). A reference to compare polls with and
+    /// to build faults from.
+    #[must_use]
+    pub fn healthy() -> Self {
+        Self {
+            liveness: Liveness::Alive,
+            recovery_action: Some(RecoveryAction::None),
+            remap: Some(RemapState {
+                pending: false,
+                failure: false,
+            }),
+            retired_pages_pending: None,
+            volatile_uncorrected_ecc: Some(0),
+            hw_slowdown: Some(false),
+            thermal_slowdown: Some(false),
+            pcie_replays: Some(0),
+            nvlinks: Vec::new(),
+        }
+    }
+
     /// A poll that learned nothing but `liveness`: a GPU that did not
     /// answer, or a driver too old for every other query.
     #[must_use]

@@ -131,25 +131,16 @@ fn no_event(watch: &mut Box<dyn EventWatch>) {
     assert!(got.is_none(), "unexpected event {got:?}");
 }
 
+/// A healthy A100 of the test profile: two of its 12 NVLinks active.
 fn healthy_a100() -> HealthPoll {
     HealthPoll {
-        liveness: Liveness::Alive,
-        recovery_action: Some(RecoveryAction::None),
-        remap: Some(RemapState {
-            pending: false,
-            failure: false,
-        }),
-        retired_pages_pending: None,
-        volatile_uncorrected_ecc: Some(0),
-        hw_slowdown: Some(false),
-        thermal_slowdown: Some(false),
-        pcie_replays: Some(0),
         nvlinks: (0..12)
             .map(|link| LinkState {
                 link,
                 active: link < 2,
             })
             .collect(),
+        ..HealthPoll::healthy()
     }
 }
 

@@ -51,24 +51,6 @@ fn event(gpu: u32, kind: EventKind, at: u64) -> HealthEvent {
     }
 }
 
-/// A poll of a healthy GPU of an R565+ driver.
-fn healthy() -> HealthPoll {
-    HealthPoll {
-        liveness: Liveness::Alive,
-        recovery_action: Some(RecoveryAction::None),
-        remap: Some(RemapState {
-            pending: false,
-            failure: false,
-        }),
-        retired_pages_pending: None,
-        volatile_uncorrected_ecc: Some(0),
-        hw_slowdown: Some(false),
-        thermal_slowdown: Some(false),
-        pcie_replays: Some(0),
-        nvlinks: vec![],
-    }
-}
-
 /// A poll of an old driver: nothing but liveness.
 fn old_driver() -> HealthPoll {
     HealthPoll::liveness_only(Liveness::Alive)
@@ -136,7 +118,7 @@ fn fatal_xid_without_recovery_action_needs_a_reset() {
 #[test]
 fn recovery_action_classifies_and_names_the_reset() {
     let mut tr = tracker();
-    let mut poll = healthy();
+    let mut poll = HealthPoll::healthy();
     poll.recovery_action = Some(RecoveryAction::DrainAndReset);
     tr.poll(0, &poll, t(1));
     tr.event(&xid(0, 94, None, 2), t(2));
@@ -185,7 +167,7 @@ fn informational_xid_expires_after_the_ttl() {
 #[test]
 fn fatal_is_sticky_against_later_informational_xids() {
     let mut tr = tracker();
-    let mut reset = healthy();
+    let mut reset = HealthPoll::healthy();
     reset.recovery_action = Some(RecoveryAction::GpuReset);
     // Ignored by default: informational even under a reset action.
     tr.poll(0, &reset, t(0));
@@ -200,7 +182,7 @@ fn fatal_is_sticky_against_later_informational_xids() {
     assert_eq!(active(&tr2, 0), [on_gpu(Key::Xid(31), Some("31"), true)]);
     // A later informational XID 45 does not touch the fatal 31, and a
     // repeat of 31 under a recovery action NONE keeps it fatal.
-    tr2.poll(0, &healthy(), t(2));
+    tr2.poll(0, &HealthPoll::healthy(), t(2));
     tr2.event(&xid(0, 45, None, 3), t(3));
     tr2.event(&xid(0, 31, None, 4), t(4));
     let list = active(&tr2, 0);
@@ -214,7 +196,7 @@ fn fatal_is_sticky_against_later_informational_xids() {
     tr3.event(&xid(0, 94, None, 3), t(3));
     assert!(active(&tr3, 0).contains(&on_gpu(Key::Xid(94), Some("94"), true)));
     // Fatal first, then the same XID under the action NONE: stays fatal.
-    tr3.poll(0, &healthy(), t(4));
+    tr3.poll(0, &HealthPoll::healthy(), t(4));
     tr3.event(&xid(0, 94, None, 5), t(5));
     assert!(active(&tr3, 0).contains(&on_gpu(Key::Xid(94), Some("94"), true)));
     // The informational expiry never removes a fatal XID.
@@ -249,18 +231,18 @@ fn recovery_after_the_quiet_time() {
 #[test]
 fn no_recovery_while_a_check_fails() {
     // Each case: the poll after the fault, which must hold recovery back.
-    let mut reset = healthy();
+    let mut reset = HealthPoll::healthy();
     reset.recovery_action = Some(RecoveryAction::GpuReset);
-    let mut p2p = healthy();
+    let mut p2p = HealthPoll::healthy();
     p2p.recovery_action = Some(RecoveryAction::DrainP2p);
-    let mut pending = healthy();
+    let mut pending = HealthPoll::healthy();
     pending.remap = Some(RemapState {
         pending: true,
         failure: false,
     });
     let mut retired = old_driver();
     retired.retired_pages_pending = Some(true);
-    let mut error = healthy();
+    let mut error = HealthPoll::healthy();
     error.liveness = Liveness::Error("Unknown".into());
     for (name, poll) in [
         ("action GPU_RESET", reset),
@@ -276,7 +258,7 @@ fn no_recovery_while_a_check_fails() {
         assert!(keys(&tr, 0).contains(&Key::Xid(119)), "{name}");
         // The check passes: recovery after the quiet time since the last
         // fault (the poll's own reset action counts as one).
-        tr.poll(0, &healthy(), t(1010));
+        tr.poll(0, &HealthPoll::healthy(), t(1010));
         tr.tick(t(1100));
         assert!(
             !keys(&tr, 0).contains(&Key::Xid(119)),
@@ -299,7 +281,7 @@ fn lost_gpu_recovers_when_it_answers_again() {
         tr.tick(t(s));
     }
     assert_eq!(keys(&tr, 1), [Key::GpuLost, Key::Xid(79)]);
-    tr.poll(1, &healthy(), t(200));
+    tr.poll(1, &HealthPoll::healthy(), t(200));
     tr.tick(t(249));
     assert_eq!(keys(&tr, 1).len(), 2, "lost seen at 190 s");
     tr.tick(t(250));
@@ -411,7 +393,7 @@ fn mig_events_land_on_their_device() {
         c.message
     );
     // Recovery clears the MIG device's fatal XID with the GPU's reset.
-    tr.poll(0, &healthy(), t(10));
+    tr.poll(0, &HealthPoll::healthy(), t(10));
     tr.tick(t(100));
     assert_eq!(
         keys(&tr, 0),
@@ -441,20 +423,20 @@ fn mig_events_land_on_their_device() {
 #[test]
 fn polled_conditions() {
     let mut tr = tracker();
-    tr.poll(0, &healthy(), t(0));
+    tr.poll(0, &HealthPoll::healthy(), t(0));
     assert!(keys(&tr, 0).is_empty());
     // Remap pending: None taint, cleared by the first poll without it.
-    let mut p = healthy();
+    let mut p = HealthPoll::healthy();
     p.remap = Some(RemapState {
         pending: true,
         failure: false,
     });
     tr.poll(0, &p, t(10));
     assert_eq!(active(&tr, 0), [on_gpu(Key::RemapPending, None, false)]);
-    tr.poll(0, &healthy(), t(20));
+    tr.poll(0, &HealthPoll::healthy(), t(20));
     assert!(keys(&tr, 0).is_empty());
     // Thermal and hardware slowdown: degraded=thermal, expiring.
-    let mut p = healthy();
+    let mut p = HealthPoll::healthy();
     p.hw_slowdown = Some(true);
     tr.poll(0, &p, t(30));
     assert_eq!(
@@ -468,7 +450,7 @@ fn polled_conditions() {
     tr.tick(t(30 + 3600));
     assert!(keys(&tr, 0).is_empty());
     // PCIe replays: 1 a minute is fine, 20 in 60 s is not.
-    let mut p = healthy();
+    let mut p = HealthPoll::healthy();
     p.pcie_replays = Some(1);
     tr.poll(1, &p, t(0));
     p.pcie_replays = Some(2);
@@ -483,7 +465,7 @@ fn polled_conditions() {
     tr.tick(t(130 + 3600));
     assert!(keys(&tr, 1).is_empty());
     // An NVLink that was up goes down; one never up does not count.
-    let mut p = healthy();
+    let mut p = HealthPoll::healthy();
     p.nvlinks = vec![
         LinkState {
             link: 0,
@@ -521,7 +503,7 @@ fn memory_errors() {
     tr.event(&event(1, EventKind::DoubleBitEcc, 0), t(0));
     assert_eq!(keys(&tr, 1), [Key::ResetRequired]);
     let mut tr = tracker();
-    tr.poll(1, &healthy(), t(0));
+    tr.poll(1, &HealthPoll::healthy(), t(0));
     tr.event(&event(1, EventKind::DoubleBitEcc, 1), t(1));
     tr.event(&event(1, EventKind::FatalPoison, 1), t(1));
     tr.event(&event(1, EventKind::SingleBitEcc, 1), t(1));
@@ -549,7 +531,7 @@ fn memory_errors() {
 #[test]
 fn hardware_failure_stays_until_cleared() {
     let mut tr = tracker();
-    let mut p = healthy();
+    let mut p = HealthPoll::healthy();
     p.remap = Some(RemapState {
         pending: false,
         failure: true,
@@ -558,7 +540,7 @@ fn hardware_failure_stays_until_cleared() {
     assert_eq!(keys(&tr, 0), [Key::HardwareFailure]);
     assert_eq!(tr.conditions()[0].state, HealthState::Unhealthy);
     for s in 1..100 {
-        tr.poll(0, &healthy(), t(s * 100));
+        tr.poll(0, &HealthPoll::healthy(), t(s * 100));
         tr.tick(t(s * 100));
     }
     assert_eq!(
@@ -596,21 +578,21 @@ fn unmonitored_is_unknown_until_watched_again() {
     // Unknown GPUs are ignored.
     tr.unmonitored(9, "x", t(0));
     tr.event(&xid(9, 48, None, 0), t(0));
-    tr.poll(9, &healthy(), t(0));
+    tr.poll(9, &HealthPoll::healthy(), t(0));
     assert_eq!(tr.conditions().len(), 2);
 }
 
 #[test]
 fn drain_p2p_is_degraded_until_recovered() {
     let mut tr = tracker();
-    let mut p = healthy();
+    let mut p = HealthPoll::healthy();
     p.recovery_action = Some(RecoveryAction::DrainP2p);
     tr.poll(0, &p, t(0));
     assert_eq!(
         active(&tr, 0),
         [on_gpu(Key::Degraded(Degradation::P2p), Some("p2p"), false)]
     );
-    tr.poll(0, &healthy(), t(10));
+    tr.poll(0, &HealthPoll::healthy(), t(10));
     tr.tick(t(59));
     assert_eq!(keys(&tr, 0).len(), 1);
     tr.tick(t(60));
@@ -649,7 +631,7 @@ fn saved_state_round_trips_in_the_same_boot() {
     // The restored fault still needs a poll and the quiet time to clear.
     restored.tick(t(1000));
     assert!(keys(&restored, 0).contains(&Key::ResetRequired));
-    restored.poll(0, &healthy(), t(1001));
+    restored.poll(0, &HealthPoll::healthy(), t(1001));
     restored.tick(t(1001));
     assert!(!keys(&restored, 0).contains(&Key::ResetRequired));
 }
@@ -659,7 +641,7 @@ fn a_new_boot_keeps_only_hardware_failures() {
     let mut tr = tracker();
     tr.event(&xid(0, 79, None, 0), t(0));
     tr.event(&xid(0, 13, None, 0), t(0));
-    let mut p = healthy();
+    let mut p = HealthPoll::healthy();
     p.recovery_action = Some(RecoveryAction::NodeReboot);
     tr.poll(1, &p, t(1));
     tr.event(&event(1, EventKind::DramRetirementFailure, 2), t(2));
@@ -746,7 +728,7 @@ fn conditions_per_gpu_are_capped() {
 fn clock_going_back_is_harmless() {
     let mut tr = tracker();
     tr.event(&xid(0, 48, None, 100), t(100));
-    tr.poll(0, &healthy(), t(50));
+    tr.poll(0, &HealthPoll::healthy(), t(50));
     tr.tick(t(10));
     assert_eq!(keys(&tr, 0).len(), 2);
 }
@@ -780,7 +762,7 @@ fn the_recovery_action_names_the_reset() {
     tr.event(&xid(0, 119, None, 0), t(0));
     let value = |tr: &Tracker| active(tr, 0)[0].2.clone();
     assert_eq!(value(&tr), Some("GPU_RESET".into()));
-    let mut p = healthy();
+    let mut p = HealthPoll::healthy();
     p.recovery_action = Some(RecoveryAction::DrainAndReset);
     tr.poll(0, &p, t(1));
     assert_eq!(value(&tr), Some("DRAIN_AND_RESET".into()));
@@ -822,7 +804,7 @@ fn xid_48_with_a_remap_asks_to_drain_and_reset() {
     assert_eq!(value(&tr), Some("GPU_RESET".into()));
     // The driver's recovery action decides where there is one.
     let mut tr = tracker();
-    let mut p = healthy();
+    let mut p = HealthPoll::healthy();
     p.recovery_action = Some(RecoveryAction::GpuReset);
     tr.poll(0, &p, t(0));
     tr.event(&xid(0, 48, None, 1), t(1));
@@ -833,7 +815,7 @@ fn xid_48_with_a_remap_asks_to_drain_and_reset() {
 #[test]
 fn pcie_replays_over_polls_under_a_second() {
     let mut tr = tracker();
-    let mut p = healthy();
+    let mut p = HealthPoll::healthy();
     // Polls under a second apart add up to a window of a second: 10
     // replays over 1.2 s in 300 ms steps are over the rate, 0 are not.
     let base = t(100);
