@@ -253,13 +253,7 @@ fn dgx_h100_hopper_with_eighteen_links_and_mig_off() {
         assert_eq!(gpu.memory_bytes, 81559 * MIB);
         assert_eq!(gpu.nvlinks.len(), 18, "GPU {}", gpu.index);
         // Every link ends at a switch; the sentinel bus id is no peer.
-        assert!(
-            gpu.nvlinks
-                .iter()
-                .all(|l| l.remote == NvLinkRemote::Switch && l.remote_pci_bus_id.is_none()),
-            "{:?}",
-            gpu.nvlinks
-        );
+        common::assert_links_end_at_switches(gpu);
         // Hopper HGX: fabric state "not supported", so P2P joins the GPUs.
         assert_eq!(gpu.fabric, None);
         assert_eq!(gpu.nvlink_p2p_peers.len(), 7, "GPU {}", gpu.index);

@@ -22,11 +22,7 @@ fn gb200_gpus_are_one_fabric_clique_behind_switches() {
     for gpu in &gpus {
         assert_eq!(gpu.architecture, "Blackwell");
         assert_eq!(gpu.nvlinks.len(), 18);
-        assert!(
-            gpu.nvlinks
-                .iter()
-                .all(|l| l.remote == NvLinkRemote::Switch && l.remote_pci_bus_id.is_none())
-        );
+        common::assert_links_end_at_switches(gpu);
         let fabric = gpu.fabric.as_ref().unwrap();
         assert_eq!(
             fabric,
@@ -52,13 +48,7 @@ fn without_the_device_type_the_sentinel_still_means_a_switch() {
     let gpus = all_gpus(&machine.open());
     for gpu in &gpus {
         assert_eq!(gpu.nvlinks.len(), 18);
-        assert!(
-            gpu.nvlinks
-                .iter()
-                .all(|l| l.remote == NvLinkRemote::Switch && l.remote_pci_bus_id.is_none()),
-            "{:?}",
-            gpu.nvlinks
-        );
+        common::assert_links_end_at_switches(gpu);
         assert_eq!(gpu.nvlink_p2p_peers.len(), 7);
     }
 }

@@ -103,3 +103,16 @@ pub fn write_sysfs(profile: &Path, root: &Path) {
         .and_then(|p| nvidia_ml::sysfs::write(&p, root))
         .unwrap_or_else(|e| panic!("write sysfs: {e}"));
 }
+
+/// Asserts that every NVLink of `gpu` ends at an NVSwitch: NVML's switch
+/// sentinel bus id is no peer.
+pub fn assert_links_end_at_switches(gpu: &gpu_nvml::GpuInfo) {
+    assert!(
+        gpu.nvlinks.iter().all(|l| {
+            l.remote == gpu_nvml::NvLinkRemote::Switch && l.remote_pci_bus_id.is_none()
+        }),
+        "GPU {}: {:?}",
+        gpu.index,
+        gpu.nvlinks
+    );
+}
