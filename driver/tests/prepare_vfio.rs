@@ -29,6 +29,18 @@ struct Vfio {
     _kernel: Kernel,
 }
 
+impl Vfio {
+    /// The IOMMU group of the GPU at `bus`.
+    fn iommu_group(&self, bus: &str) -> u32 {
+        self.sysfs
+            .gpus()
+            .iter()
+            .find(|g| g.bus == bus)
+            .unwrap_or_else(|| panic!("no GPU at {bus}"))
+            .iommu_group
+    }
+}
+
 fn vfio_of(n: &Node, iommufd: bool) -> Vfio {
     let sysfs = FakeSysfs::adopt(&n.env.sysfs).expect("adopt the machine's sysfs");
     let groups: Vec<u32> = sysfs.gpus().iter().map(|g| g.iommu_group).collect();
@@ -119,13 +131,7 @@ async fn a_vfio_claim_rebinds_the_gpu_and_unprepare_binds_it_back() {
     let n = node(PROFILE, FLAGS, DraVersion::V1).await;
     let v = vfio_of(&n, false);
     let bus = bus_of(&published(&n, "gpu-vfio-0").await);
-    let group = v
-        .sysfs
-        .gpus()
-        .iter()
-        .find(|g| g.bus == bus)
-        .unwrap()
-        .iommu_group;
+    let group = v.iommu_group(&bus);
     let claim = n
         .claim("vm", json!([result("vm", "gpu-vfio-0")]), json!([]))
         .await;
@@ -190,13 +196,7 @@ async fn prefer_iommufd_gives_the_cdev_and_the_api_device_where_the_node_has_iom
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let bus = bus_of(&published);
-    let group = v
-        .sysfs
-        .gpus()
-        .iter()
-        .find(|g| g.bus == bus)
-        .unwrap()
-        .iommu_group;
+    let group = v.iommu_group(&bus);
     for (name, iommu, expected) in [
         (
             "fd-api",

@@ -36,6 +36,15 @@ fn requests(names: &[&str]) -> Vec<String> {
     names.iter().map(|&n| n.to_owned()).collect()
 }
 
+/// A device of the pool `node` serving `requests`.
+fn on_node<'a>(requests: &'a [String], device: &'a str) -> PreparedDevice<'a> {
+    PreparedDevice {
+        requests,
+        pool: "node",
+        device,
+    }
+}
+
 fn files(root: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
@@ -63,21 +72,9 @@ fn one_file_per_request_mounted_on_its_first_device() {
     let w = writer(dir.path());
     let (a, b, both) = (requests(&["a"]), requests(&["b"]), requests(&["a", "b"]));
     let devices = [
-        PreparedDevice {
-            requests: &a,
-            pool: "node",
-            device: "gpu-0",
-        },
-        PreparedDevice {
-            requests: &both,
-            pool: "node",
-            device: "gpu-1",
-        },
-        PreparedDevice {
-            requests: &b,
-            pool: "node",
-            device: "gpu-2",
-        },
+        on_node(&a, "gpu-0"),
+        on_node(&both, "gpu-1"),
+        on_node(&b, "gpu-2"),
     ];
     let mut facts = ClaimFacts::default();
     facts.requests.insert("b".into(), "b/large".into());
@@ -139,11 +136,7 @@ fn removal_takes_only_the_claims_own_files() {
     let w = writer(dir.path());
     let root = dir.path().join("plugin-side");
     let (a, b) = (requests(&["a"]), requests(&["b"]));
-    let dev = |r| PreparedDevice {
-        requests: r,
-        pool: "node",
-        device: "gpu-0",
-    };
+    let dev = |r| on_node(r, "gpu-0");
     w.write(claim(UID), &ClaimFacts::default(), &[dev(&a)])
         .unwrap();
     // Another claim of the same name (the first one deleted and made
@@ -178,18 +171,7 @@ fn hostile_names_write_nothing() {
         ("ml", &*"x".repeat(300), "gpu", None),
     ] {
         let r = requests(&["gpu", request]);
-        let devices = [
-            PreparedDevice {
-                requests: &ok,
-                pool: "node",
-                device: "gpu-0",
-            },
-            PreparedDevice {
-                requests: &r,
-                pool: "node",
-                device: "gpu-1",
-            },
-        ];
+        let devices = [on_node(&ok, "gpu-0"), on_node(&r, "gpu-1")];
         let facts = ClaimFacts {
             pod_claim_name: pod.map(str::to_owned),
             ..ClaimFacts::default()
@@ -222,18 +204,7 @@ fn a_failed_write_leaves_nothing_of_the_call() {
     fs::create_dir_all(root.join("ml_train")).unwrap();
     fs::write(root.join("ml_train/b"), "in the way").unwrap();
     let (a, b) = (requests(&["a"]), requests(&["b"]));
-    let devices = [
-        PreparedDevice {
-            requests: &a,
-            pool: "node",
-            device: "gpu-0",
-        },
-        PreparedDevice {
-            requests: &b,
-            pool: "node",
-            device: "gpu-1",
-        },
-    ];
+    let devices = [on_node(&a, "gpu-0"), on_node(&b, "gpu-1")];
     let err = w
         .write(claim(UID), &ClaimFacts::default(), &devices)
         .unwrap_err();
@@ -251,11 +222,7 @@ fn the_sweep_keeps_named_claims_and_removes_the_rest() {
     let w = writer(dir.path());
     let root = dir.path().join("plugin-side");
     let r = requests(&["gpu"]);
-    let dev = [PreparedDevice {
-        requests: &r,
-        pool: "node",
-        device: "gpu-0",
-    }];
+    let dev = [on_node(&r, "gpu-0")];
     w.write(claim(UID), &ClaimFacts::default(), &dev).unwrap();
     let other = ClaimId {
         uid: OTHER_UID,
