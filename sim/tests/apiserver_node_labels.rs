@@ -29,6 +29,11 @@ fn label_patch(value: serde_json::Value) -> Patch<serde_json::Value> {
     Patch::Merge(json!({"metadata": {"labels": {LABEL: value, "other": "kept"}}}))
 }
 
+/// The patch that removes the label and nothing else.
+fn removal() -> Patch<serde_json::Value> {
+    Patch::Merge(json!({"metadata": {"labels": {LABEL: null}}}))
+}
+
 #[tokio::test]
 async fn node_labels_are_set_and_removed_by_merge_patch() {
     let (_server, nodes) = start().await;
@@ -42,26 +47,12 @@ async fn node_labels_are_set_and_removed_by_merge_patch() {
     assert_eq!(labels[LABEL], clique);
     assert_eq!(labels["other"], "kept");
 
-    let node = nodes
-        .patch(
-            "node-a",
-            &pp,
-            &Patch::Merge(json!({"metadata": {"labels": {LABEL: null}}})),
-        )
-        .await
-        .unwrap();
+    let node = nodes.patch("node-a", &pp, &removal()).await.unwrap();
     let labels = node.metadata.labels.unwrap();
     assert!(!labels.contains_key(LABEL));
     assert_eq!(labels["other"], "kept");
     // Removing what is not there is no error.
-    nodes
-        .patch(
-            "node-a",
-            &pp,
-            &Patch::Merge(json!({"metadata": {"labels": {LABEL: null}}})),
-        )
-        .await
-        .unwrap();
+    nodes.patch("node-a", &pp, &removal()).await.unwrap();
 }
 
 #[tokio::test]
