@@ -193,10 +193,7 @@ fn nvswitch_fabric_connects_every_pair() {
             sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH
         );
         for b in &gpus {
-            assert_eq!(
-                a.p2p_status(b, P2pCapabilitiesIndex::NvLink).unwrap(),
-                P2pStatus::Ok
-            );
+            assert_eq!(common::nvlink_p2p(a, b), P2pStatus::Ok);
         }
     }
     // links past the chip's 18 are invalid, not inactive
@@ -230,16 +227,8 @@ fn nvlink_bridges_join_only_their_pair() {
         common::remote_device_type(&nvml, &g[0], 0),
         sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU
     );
-    assert_eq!(
-        g[0].p2p_status(&g[1], P2pCapabilitiesIndex::NvLink)
-            .unwrap(),
-        P2pStatus::Ok
-    );
-    assert_eq!(
-        g[1].p2p_status(&g[2], P2pCapabilitiesIndex::NvLink)
-            .unwrap(),
-        P2pStatus::NotSupported
-    );
+    assert_eq!(common::nvlink_p2p(&g[0], &g[1]), P2pStatus::Ok);
+    assert_eq!(common::nvlink_p2p(&g[1], &g[2]), P2pStatus::NotSupported);
     assert_eq!(
         g[1].p2p_status(&g[2], P2pCapabilitiesIndex::Read).unwrap(),
         P2pStatus::ChipsetNotSupported

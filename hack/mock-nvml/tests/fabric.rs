@@ -11,7 +11,7 @@ use common::Fake;
 use nvidia_ml::fixture::bundled_profile;
 use nvml_wrapper::Device;
 use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus};
+use nvml_wrapper::enum_wrappers::device::P2pStatus;
 use nvml_wrapper_sys::bindings as sys;
 
 const NOT_SUPPORTED: u32 = 3;
@@ -79,10 +79,7 @@ fn gb200_gpus_share_one_fabric_clique_behind_switch_sentinels() {
         assert_eq!(rc, 0);
         assert_eq!((plain.clusterUuid, plain.cliqueId), (cluster, 1));
         for b in &gpus {
-            assert_eq!(
-                a.p2p_status(b, P2pCapabilitiesIndex::NvLink).unwrap(),
-                P2pStatus::Ok
-            );
+            assert_eq!(common::nvlink_p2p(a, b), P2pStatus::Ok);
         }
     }
 }
@@ -149,14 +146,6 @@ fn bridges_report_the_peer_and_switches_the_sentinel_on_one_machine() {
         common::remote_device_type(&nvml, &g[0], 0),
         sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU
     );
-    assert_eq!(
-        g[2].p2p_status(&g[3], P2pCapabilitiesIndex::NvLink)
-            .unwrap(),
-        P2pStatus::Ok
-    );
-    assert_eq!(
-        g[1].p2p_status(&g[2], P2pCapabilitiesIndex::NvLink)
-            .unwrap(),
-        P2pStatus::NotSupported
-    );
+    assert_eq!(common::nvlink_p2p(&g[2], &g[3]), P2pStatus::Ok);
+    assert_eq!(common::nvlink_p2p(&g[1], &g[2]), P2pStatus::NotSupported);
 }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use nvidia_ml::fixture;
 use nvml_wrapper::Device;
 use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus};
 use tempfile::TempDir;
 
 /// A private library copy; the directory lives as long as the value.
@@ -134,4 +135,9 @@ pub fn remote_device_type(nvml: &Nvml, d: &Device<'_>, link: u32) -> u32 {
     let rc = unsafe { sym(d.handle(), link, &raw mut kind) };
     assert_eq!(rc, 0);
     kind
+}
+
+/// The NVLink P2P status of `a` towards `b`.
+pub fn nvlink_p2p(a: &Device<'_>, b: &Device<'_>) -> P2pStatus {
+    a.p2p_status(b, P2pCapabilitiesIndex::NvLink).unwrap()
 }
