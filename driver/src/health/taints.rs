@@ -185,11 +185,15 @@ fn health_of(conditions: &[&Condition], dropped: &[String]) -> (HealthStatus, St
         HealthState::Unknown => HealthStatus::Unknown,
         HealthState::Unhealthy => HealthStatus::Unhealthy,
     };
-    let mut message = conditions
-        .iter()
-        .map(|c| c.message.as_str())
-        .collect::<Vec<_>>()
-        .join("; ");
+    // One fault often raises several conditions with the same text (XID 79:
+    // `gpu-lost` and `xid=79`): each text once, in order.
+    let mut texts: Vec<&str> = Vec::new();
+    for c in conditions {
+        if !texts.contains(&c.message.as_str()) {
+            texts.push(&c.message);
+        }
+    }
+    let mut message = texts.join("; ");
     if !dropped.is_empty() {
         message = format!(
             "{} taints not published (limit {MAX_TAINTS}): {}; {message}",

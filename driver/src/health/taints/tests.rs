@@ -324,6 +324,28 @@ fn health_of_every_device() {
 }
 
 #[test]
+fn one_fault_raising_two_taints_is_told_once() {
+    let (model, _) = node();
+    let mut tr = tracker_for(&model, Policy::default());
+    tr.event(&xid(1, 79, None), t(1));
+    let taints = device_taints(&tr, &model);
+    let keys: Vec<&str> = taints["gpu-1"].iter().map(|t| t.key.as_str()).collect();
+    assert!(
+        keys.contains(&"gpu.nvidia.com/gpu-lost") && keys.contains(&"gpu.nvidia.com/xid"),
+        "{keys:?}"
+    );
+    let health = device_health(&tr, &model, "p", t(2));
+    let gpu1 = health.iter().find(|h| h.device_name == "gpu-1").unwrap();
+    assert_eq!(gpu1.status, HealthStatus::Unhealthy);
+    assert_eq!(
+        gpu1.message.matches("XID 79 at ").count(),
+        1,
+        "{}",
+        gpu1.message
+    );
+}
+
+#[test]
 fn messages_are_cut_to_the_kubelet_limit() {
     assert_eq!(cut_message("short"), "short");
     let long = "é".repeat(2000);
