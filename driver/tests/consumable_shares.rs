@@ -26,6 +26,20 @@ async fn share_of(
     n.claim(&name, json!([result]), config).await
 }
 
+/// A claim config (JSON list) of MPS with `threads` percent and `memory`
+/// as its default limits.
+fn mps_config(threads: u32, memory: &str) -> serde_json::Value {
+    json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
+        "defaultActiveThreadPercentage": threads, "defaultPinnedDeviceMemoryLimit": memory}}))])
+}
+
+/// A claim config (JSON list) of MPS with `multiUser` set to `on`.
+fn multi_user(on: bool) -> serde_json::Value {
+    json!([gpu_config(
+        json!({"strategy": "MPS", "mpsConfig": {"multiUser": on}})
+    )])
+}
+
 /// Asserts that `env` (a CDI device's environment) limits MPS to
 /// `memory` (as the daemon takes it, e.g. `4096M`) and `threads` percent.
 fn assert_mps_limits(env: &[String], memory: &str, threads: u32) {
@@ -50,15 +64,7 @@ async fn memory_mode_enforces_each_share_with_mps_limits() {
     .await;
     let a = share_of(&n, 'a', "gpu-2", "4Gi", json!([])).await;
     // 6 GiB, but its MPS config asks for 1 GiB and 10 % of the threads.
-    let b = share_of(
-        &n,
-        'b',
-        "gpu-2",
-        "6Gi",
-        json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
-            "defaultActiveThreadPercentage": 10, "defaultPinnedDeviceMemoryLimit": "1Gi"}}))]),
-    )
-    .await;
+    let b = share_of(&n, 'b', "gpu-2", "6Gi", mps_config(10, "1Gi")).await;
     n.prepare_ok(&a).await;
     n.prepare_ok(&b).await;
     assert_eq!(n.mps_daemons(), 1, "one daemon for the GPU");
@@ -68,15 +74,7 @@ async fn memory_mode_enforces_each_share_with_mps_limits() {
     assert_mps_limits(&env_a, "4096M", 26);
     assert_mps_limits(&env_b, "1024M", 10);
     // An MPS config never raises a limit above the share.
-    let c = share_of(
-        &n,
-        'c',
-        "gpu-2",
-        "2Gi",
-        json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
-            "defaultActiveThreadPercentage": 100, "defaultPinnedDeviceMemoryLimit": "8Gi"}}))]),
-    )
-    .await;
+    let c = share_of(&n, 'c', "gpu-2", "2Gi", mps_config(100, "8Gi")).await;
     n.prepare_ok(&c).await;
     let env_c = env_of(&n.spec_device(&c, "gpu-2"));
     assert_mps_limits(&env_c, "2048M", 13);
@@ -134,10 +132,6 @@ async fn unlimited_mode_counts_only_and_mps_configs_join_one_daemon() {
         DraVersion::V1,
     )
     .await;
-    let mps_config = |pct: u32, limit: &str| {
-        json!([gpu_config(json!({"strategy": "MPS", "mpsConfig": {
-            "defaultActiveThreadPercentage": pct, "defaultPinnedDeviceMemoryLimit": limit}}))])
-    };
     let sa = share_of(&n, 'a', "gpu-0", "0", json!([])).await;
     let sb = share_of(&n, 'b', "gpu-0", "0", json!([])).await;
     n.prepare_ok(&sa).await;
@@ -301,22 +295,10 @@ async fn multi_user_starts_a_multi_user_server() {
     )
     .await;
     let on = n
-        .claim(
-            "on",
-            json!([result("gpu", "gpu-1")]),
-            json!([gpu_config(
-                json!({"strategy": "MPS", "mpsConfig": {"multiUser": true}})
-            )]),
-        )
+        .claim("on", json!([result("gpu", "gpu-1")]), multi_user(true))
         .await;
     let off = n
-        .claim(
-            "off",
-            json!([result("gpu", "gpu-2")]),
-            json!([gpu_config(
-                json!({"strategy": "MPS", "mpsConfig": {"multiUser": false}})
-            )]),
-        )
+        .claim("off", json!([result("gpu", "gpu-2")]), multi_user(false))
         .await;
     n.prepare_ok(&on).await;
     n.prepare_ok(&off).await;
@@ -366,13 +348,7 @@ async fn multi_user_is_refused_before_volta() {
     let yaml = "driverVersion: \"580.95.05\"\ncudaDriverVersion: 13000\ngpus:\n  - {model: P4, uuid: GPU-11111111-2222-3333-4444-555555555555, pciBusId: \"0000:18:00.0\", minor: 0, numaNode: 0, pcieRoot: pci0000:17}\n";
     let n = node_yaml(yaml, &[], DraVersion::V1).await;
     let c = n
-        .claim(
-            "old",
-            json!([result("gpu", "gpu-0")]),
-            json!([gpu_config(
-                json!({"strategy": "MPS", "mpsConfig": {"multiUser": true}})
-            )]),
-        )
+        .claim("old", json!([result("gpu", "gpu-0")]), multi_user(true))
         .await;
     let error = n.prepare_error(&c).await;
     assert!(

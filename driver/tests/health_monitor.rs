@@ -139,6 +139,16 @@ async fn wait_cleared(env: &TestEnv, device: &str, key: &str, effect: &str) -> D
     wait_taint(env, device, key, effect, false, RECOVERY_WAIT).await
 }
 
+/// Asserts that `device` has a taint `key` with `effect` now.
+fn assert_tainted(env: &TestEnv, device: &str, key: &str, effect: &str) {
+    let slices = env.slices(NODE);
+    assert!(
+        has_taint(&slices, device, key, effect),
+        "no {key}:{effect} on {device}: {:?}",
+        taints_of(&slices, device)
+    );
+}
+
 /// Asserts that `device` has a taint `key` whose value is `value`.
 fn assert_taint_value(env: &TestEnv, device: &str, key: &str, value: &str) {
     let taints = taints_of(&env.slices(NODE), device);
@@ -394,12 +404,7 @@ async fn a_restart_keeps_an_active_fault() {
     // Still tainted after the new instance's first publication.
     let status_logged = "ResourceSlice pool in sync";
     plugin.wait_log(status_logged).await;
-    assert!(has_taint(
-        &env.slices(NODE),
-        "gpu-0",
-        "gpu.nvidia.com/xid",
-        "NoSchedule"
-    ));
+    assert_tainted(&env, "gpu-0", "gpu.nvidia.com/xid", "NoSchedule");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -505,12 +510,12 @@ async fn a_hardware_failure_stays_until_an_admin_clears_it_and_a_link_down_repub
     // the quiet period.
     inject(&control, "remap 0 0 0");
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(has_taint(
-        &env.slices(NODE),
+    assert_tainted(
+        &env,
         "gpu-0",
         "gpu.nvidia.com/hardware-failure",
-        "NoSchedule"
-    ));
+        "NoSchedule",
+    );
     // The admin's request clears it, and is taken away.
     let clear = plugin.plugins_dir.join(DRIVER).join("health-clear");
     std::fs::write(
@@ -826,12 +831,7 @@ async fn a_contained_ecc_error_only_logs_until_the_recovery_action_asks_for_a_re
     // More ECC errors while it waits for the reset keep it there.
     inject(&control, "ecc 0 2");
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert!(has_taint(
-        &env.slices(NODE),
-        "gpu-0",
-        "gpu.nvidia.com/reset-required",
-        "NoSchedule"
-    ));
+    assert_tainted(&env, "gpu-0", "gpu.nvidia.com/reset-required", "NoSchedule");
     // Reset done (the action is NONE again): cleared after the quiet period.
     inject(&control, "recovery 0 none");
     wait_cleared(&env, "gpu-0", "gpu.nvidia.com/reset-required", "NoSchedule").await;
