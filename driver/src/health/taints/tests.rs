@@ -80,13 +80,7 @@ fn tracker_for(model: &DeviceModel, policy: Policy) -> Tracker {
 }
 
 fn xid(gpu: u32, xid: u64, gi: Option<u32>) -> HealthEvent {
-    HealthEvent {
-        gpu_index: gpu,
-        kind: EventKind::Xid(xid),
-        gpu_instance_id: gi,
-        compute_instance_id: gi.map(|_| 0),
-        at: t(0),
-    }
+    xid_at(gpu, xid, gi, t(0))
 }
 
 fn taint(key: &str, value: Option<&str>, effect: TaintEffect) -> Taint {
