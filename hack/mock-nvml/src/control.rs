@@ -206,6 +206,24 @@ fn flag(verb: &str, what: &str, word: &str) -> Result<bool, ParseError> {
     }
 }
 
+/// `word` read by `from_word`, else an error listing `words`, the ones it
+/// takes.
+fn one_of<T>(
+    verb: &str,
+    what: &str,
+    word: &str,
+    from_word: fn(&str) -> Option<T>,
+    words: &[&str],
+) -> Result<T, ParseError> {
+    from_word(word).ok_or_else(|| {
+        ParseError(format!(
+            "{verb}: {what} {} is not one of {}",
+            shown(word),
+            words.join(", ")
+        ))
+    })
+}
+
 /// Parses one line. Blank lines and `#` comments are `Ok(None)`.
 pub fn parse(line: &str) -> Result<Option<Command>, ParseError> {
     let line = line.trim();
@@ -269,13 +287,13 @@ pub fn parse(line: &str) -> Result<Option<Command>, ParseError> {
         }
         "recovery" => {
             arity(&[2])?;
-            let action = Recovery::from_word(args[1]).ok_or_else(|| {
-                ParseError(format!(
-                    "recovery: action {} is not one of {}",
-                    shown(args[1]),
-                    Recovery::WORDS.join(", ")
-                ))
-            })?;
+            let action = one_of(
+                verb,
+                "action",
+                args[1],
+                Recovery::from_word,
+                Recovery::WORDS,
+            )?;
             Command::Recovery {
                 minor: minor()?,
                 action,
@@ -316,13 +334,13 @@ pub fn parse(line: &str) -> Result<Option<Command>, ParseError> {
         }
         "slowdown" => {
             arity(&[2])?;
-            let reason = Slowdown::from_word(args[1]).ok_or_else(|| {
-                ParseError(format!(
-                    "slowdown: reason {} is not one of {}",
-                    shown(args[1]),
-                    Slowdown::WORDS.join(", ")
-                ))
-            })?;
+            let reason = one_of(
+                verb,
+                "reason",
+                args[1],
+                Slowdown::from_word,
+                Slowdown::WORDS,
+            )?;
             Command::Slowdown {
                 minor: minor()?,
                 reason,
