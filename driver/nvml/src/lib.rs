@@ -14,12 +14,12 @@ pub mod types;
 
 pub use backend::{DEFAULT_LIBRARY, NvmlBackend};
 pub use health::{
-    EventKind, EventWatch, HealthEvent, HealthPoll, HealthSource, LinkState, Liveness, RecoveryAction,
-    RemapState,
+    EventKind, EventWatch, HealthEvent, HealthPoll, HealthSource, LinkState, Liveness,
+    RecoveryAction, RemapState,
 };
 pub use types::{
-    ComputeMode, ComputeSlices, GpuInfo, MigComputeInstance, MigDevice, MigGpuInstance, MigInfo,
-    FabricInfo, MigMode, MigPlacement, MigProfile, NvLinkInfo, NvLinkRemote, SystemInfo,
+    ComputeMode, ComputeSlices, FabricInfo, GpuInfo, MigComputeInstance, MigDevice, MigGpuInstance,
+    MigInfo, MigMode, MigPlacement, MigProfile, NvLinkInfo, NvLinkRemote, SystemInfo,
 };
 
 /// Errors from the GPU backend.

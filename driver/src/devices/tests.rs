@@ -956,7 +956,11 @@ fn consumable_shares_publish_nvidias_policies_on_gpus_and_mig_devices() {
             let range = policy.valid_range.as_ref().unwrap();
             assert_eq!(value(&range.min), min, "{mode}");
             assert_eq!(value(range.step.as_ref().unwrap()), 1 << 20, "{mode}");
-            assert_eq!(value(range.max.as_ref().unwrap()), value(&memory.value), "{mode}");
+            assert_eq!(
+                value(range.max.as_ref().unwrap()),
+                value(&memory.value),
+                "{mode}"
+            );
             assert_eq!(
                 value(policy.default.as_ref().unwrap()),
                 default.unwrap_or_else(|| value(&memory.value)),
