@@ -701,54 +701,57 @@ def check_flags(objects, kind: str, binary: str) -> None:
         expect(not missing, f"{kind} {obj['metadata']['name']}: {binary} {' '.join(sub)} has no flag {', '.join(missing)}")
 
 
+def checked_render(name: str, values: dict, refs: dict) -> list:
+    """`helm lint --strict` clean, rendered, each object valid, cross-references
+    checked against `refs` (the values they follow), and the workloads' flags known
+    to the built binaries where named: the rendered objects."""
+    problems = lint(values)
+    if problems:
+        raise Failure("helm lint --strict:\n    " + "\n    ".join(problems))
+    objects = render(values)
+    expect(bool(objects), "no objects rendered")
+    for template, obj in objects:
+        validate_object(template, obj)
+    check_cross_references(name, refs, objects)
+    for env, kind in (("GPU_KUBELET_PLUGIN_BIN", "DaemonSet"), ("GPU_DRA_CONTROLLER_BIN", "Deployment")):
+        if os.environ.get(env):
+            check_flags(objects, kind, os.environ[env])
+    return objects
+
+
+def variant(name: str, values: dict) -> int:
+    """Checks one values variant; the number of objects it renders."""
+    objects = checked_render(name, values, values)
+    kinds: dict[str, int] = {}
+    for _, obj in objects:
+        kinds[obj["kind"]] = kinds.get(obj["kind"], 0) + 1
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    print(f"ok   {name}: lint clean; {len(objects)} objects valid ({summary})")
+    return len(objects)
+
+
+def nvidia_equivalent(name: str, nvidia: dict, ours: dict) -> int:
+    """Checks NVIDIA's values file `nvidia`, which must render as `ours` does; the
+    number of objects it renders."""
+    objects = checked_render(name, nvidia, ours)
+    theirs = sorted((json.dumps(o, sort_keys=True) for _, o in objects))
+    equivalent = sorted((json.dumps(o, sort_keys=True) for _, o in render(ours)))
+    if theirs != equivalent:
+        extra = sorted(set(theirs) - set(equivalent))
+        missing = sorted(set(equivalent) - set(theirs))
+        raise Failure(f"renders differently from {json.dumps(ours)}:\n  only with NVIDIA's values: {extra[:2]}\n  only with ours: {missing[:2]}")
+    print(f"ok   {name}: lint clean; {len(objects)} objects valid, the same as {json.dumps(ours, separators=(',', ':'))}")
+    return len(objects)
+
+
 def main() -> int:
     failures = 0
     total = 0
-    for name, values in VARIANTS.items():
+    cases = [(name, variant, (name, values)) for name, values in VARIANTS.items()]
+    cases += [(name, nvidia_equivalent, (name, nvidia, ours)) for name, nvidia, ours in NVIDIA_EQUIVALENTS]
+    for name, check, args in cases:
         try:
-            problems = lint(values)
-            if problems:
-                raise Failure("helm lint --strict:\n    " + "\n    ".join(problems))
-            objects = render(values)
-            expect(bool(objects), "no objects rendered")
-            kinds: dict[str, int] = {}
-            for template, obj in objects:
-                validate_object(template, obj)
-                kinds[obj["kind"]] = kinds.get(obj["kind"], 0) + 1
-            check_cross_references(name, values, objects)
-            for env, kind in (("GPU_KUBELET_PLUGIN_BIN", "DaemonSet"), ("GPU_DRA_CONTROLLER_BIN", "Deployment")):
-                if os.environ.get(env):
-                    check_flags(objects, kind, os.environ[env])
-            total += len(objects)
-            summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-            print(f"ok   {name}: lint clean; {len(objects)} objects valid ({summary})")
-        except Failure as e:
-            failures += 1
-            print(f"FAIL {name}: {e}")
-        except helm.HelmError as e:
-            failures += 1
-            print(f"FAIL {name}: helm: {e}")
-
-    for name, nvidia, ours in NVIDIA_EQUIVALENTS:
-        try:
-            problems = lint(nvidia)
-            if problems:
-                raise Failure("helm lint --strict:\n    " + "\n    ".join(problems))
-            objects = render(nvidia)
-            for template, obj in objects:
-                validate_object(template, obj)
-            check_cross_references(name, ours, objects)
-            for env, kind in (("GPU_KUBELET_PLUGIN_BIN", "DaemonSet"), ("GPU_DRA_CONTROLLER_BIN", "Deployment")):
-                if os.environ.get(env):
-                    check_flags(objects, kind, os.environ[env])
-            theirs = sorted((json.dumps(o, sort_keys=True) for _, o in objects))
-            equivalent = sorted((json.dumps(o, sort_keys=True) for _, o in render(ours)))
-            if theirs != equivalent:
-                extra = sorted(set(theirs) - set(equivalent))
-                missing = sorted(set(equivalent) - set(theirs))
-                raise Failure(f"renders differently from {json.dumps(ours)}:\n  only with NVIDIA's values: {extra[:2]}\n  only with ours: {missing[:2]}")
-            total += len(objects)
-            print(f"ok   {name}: lint clean; {len(objects)} objects valid, the same as {json.dumps(ours, separators=(',', ':'))}")
+            total += check(*args)
         except Failure as e:
             failures += 1
             print(f"FAIL {name}: {e}")
