@@ -600,6 +600,16 @@ const PLUGIN_USES: &[Use] = &[
         "driver/src/prepare/status.rs",
         "api.replace_status(&claim.name, &params, &object)",
     ),
+    // The health monitor's Event on the Node at each transition.
+    used(
+        "cluster",
+        "events.k8s.io",
+        "events",
+        "",
+        &["create"],
+        "driver/src/health/events.rs",
+        "api.create(&PostParams::default(), &event)",
+    ),
 ];
 
 /// Every rule of the controller's ServiceAccount.
