@@ -17,6 +17,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 
 use crate::discovery::Inventory;
+use crate::health::store::is_label_value;
+use crate::slices::Backoff;
 
 /// The label's key.
 pub const LABEL: &str = "nvidia.com/gpu.clique";
@@ -71,17 +73,6 @@ impl CliqueLabel {
     }
 }
 
-/// Whether `v` is a Kubernetes label value: at most 63 characters,
-/// alphanumerics at both ends, `-`, `_`, `.` and alphanumerics between.
-fn is_label_value(v: &str) -> bool {
-    let b = v.as_bytes();
-    v.len() <= 63
-        && b.first().is_some_and(u8::is_ascii_alphanumeric)
-        && b.last().is_some_and(u8::is_ascii_alphanumeric)
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
-}
-
 /// The merge patch that sets (or, with `None`, removes) the label.
 pub fn patch_body(value: Option<&str>) -> serde_json::Value {
     serde_json::json!({ "metadata": { "labels": { LABEL: value } } })
@@ -103,7 +94,7 @@ pub async fn label_node(client: kube::Client, node: String, inventory: &Inventor
     }
     let nodes: Api<Node> = Api::all(client);
     let patch = Patch::Merge(patch_body(label.value()));
-    let mut delay = Duration::from_secs(1);
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
     for attempt in 0..=RETRIES {
         match nodes.patch(&node, &PatchParams::default(), &patch).await {
             Ok(_) => {
@@ -115,8 +106,7 @@ pub async fn label_node(client: kube::Client, node: String, inventory: &Inventor
             }
         }
         if attempt < RETRIES {
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(60));
+            tokio::time::sleep(backoff.next_delay()).await;
         }
     }
     false
