@@ -38,7 +38,7 @@
 //! removed.
 
 mod apply;
-mod capped;
+pub(crate) mod capped;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claim;

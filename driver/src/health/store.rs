@@ -19,10 +19,12 @@
 
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read as _, Write as _};
+use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::prepare::capped::{self, Capped};
 
 use super::tracker::{ClearRequest, Key, MAX_CONDITIONS_PER_GPU, MAX_MESSAGE, Saved};
 
@@ -224,36 +226,31 @@ pub const MAX_CLEAR_BYTES: u64 = 64 << 10;
 /// [`Error::TooLarge`] or [`Error::Damaged`] (naming the line) for a
 /// request that is not a list of UUIDs.
 pub fn take_clear_request(path: &Path) -> Result<Option<ClearRequest>, Error> {
-    let bytes = match File::open(path) {
-        Ok(file) => {
-            let mut bytes = Vec::new();
-            let read = file.take(MAX_CLEAR_BYTES + 1).read_to_end(&mut bytes);
+    // Whatever is read, the request goes, so it is taken once (a directory
+    // or an unreadable file is removed where it can be, so it does not fail
+    // on every poll).
+    let bytes = match capped::read_capped(path, MAX_CLEAR_BYTES) {
+        Ok(Capped::Missing) => return Ok(None),
+        Ok(Capped::Bytes(bytes)) => {
             remove(path)?;
-            read.map_err(|source| Error::Io {
-                path: path.to_owned(),
-                op: "read",
-                source,
-            })?;
             bytes
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Ok(Capped::TooLarge(_)) => {
+            remove(path)?;
+            return Err(Error::TooLarge {
+                path: path.to_owned(),
+                max: MAX_CLEAR_BYTES,
+            });
+        }
         Err(source) => {
-            // A directory or an unreadable file: remove what can be removed
-            // so the request does not fail on every tick.
             let _ = fs::remove_file(path);
             return Err(Error::Io {
                 path: path.to_owned(),
-                op: "open",
+                op: "read",
                 source,
             });
         }
     };
-    if bytes.len() as u64 > MAX_CLEAR_BYTES {
-        return Err(Error::TooLarge {
-            path: path.to_owned(),
-            max: MAX_CLEAR_BYTES,
-        });
-    }
     parse_clear_request(&bytes)
         .map(Some)
         .map_err(|reason| Error::Damaged {
@@ -320,35 +317,23 @@ fn aside_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// The file's bytes, `None` when there is none; reads at most one byte
-/// more than the cap, whatever the file claims its size is.
+/// The file's bytes, `None` when there is none, through the plugin's one
+/// capped reader (a file over the cap is not read, a FIFO or directory in
+/// its place is refused without blocking).
 fn read_capped(path: &Path) -> Result<Option<Vec<u8>>, Error> {
-    let file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(Error::Io {
-                path: path.to_owned(),
-                op: "open",
-                source,
-            });
-        }
-    };
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|source| Error::Io {
+    match capped::read_capped(path, MAX_FILE_BYTES) {
+        Ok(Capped::Missing) => Ok(None),
+        Ok(Capped::Bytes(bytes)) => Ok(Some(bytes)),
+        Ok(Capped::TooLarge(_)) => Err(Error::TooLarge {
+            path: path.to_owned(),
+            max: MAX_FILE_BYTES,
+        }),
+        Err(source) => Err(Error::Io {
             path: path.to_owned(),
             op: "read",
             source,
-        })?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(Error::TooLarge {
-            path: path.to_owned(),
-            max: MAX_FILE_BYTES,
-        });
+        }),
     }
-    Ok(Some(bytes))
 }
 
 /// Parses and checks a file body.

@@ -356,3 +356,22 @@ fn clear_requests() {
     std::fs::create_dir(&path).unwrap();
     assert!(take_clear_request(&path).is_err());
 }
+
+#[test]
+fn a_fifo_in_place_of_a_file_is_refused_without_blocking() {
+    let d = dir();
+    for name in ["health.json", CLEAR_FILE] {
+        let path = d.path().join(name);
+        let made = std::process::Command::new("mkfifo").arg(&path).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("mkfifo is not available: skipped");
+            return;
+        }
+        let err = if name == CLEAR_FILE {
+            take_clear_request(&path).unwrap_err().to_string()
+        } else {
+            HealthStore::open(&path).unwrap_err().to_string()
+        };
+        assert!(err.contains("not a regular file"), "{err}");
+    }
+}
