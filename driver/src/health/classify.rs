@@ -24,10 +24,11 @@
 //! action itself raises those).
 
 use std::collections::BTreeSet;
-use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use gpu_dra_api::health as health_keys;
 use gpu_nvml::health::RecoveryAction;
+use k8s_openapi::jiff::Timestamp;
 
 /// NVIDIA's built-in list of XIDs whose taint has effect `None`
 /// ("application errors"; `xidsToSkip` of their DRA driver up to v0.5.0).
@@ -36,19 +37,16 @@ pub const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 /// The most XIDs a list flag may name.
 pub const MAX_XIDS: usize = 1024;
 
-/// The short taint key names `--health-evict` accepts: the keys whose
-/// taints can have effect `NoSchedule`.
-pub const EVICTABLE_KEYS: [&str; 5] = [
-    "xid",
-    "gpu-lost",
-    "reset-required",
-    "reboot-required",
-    "hardware-failure",
-];
-
-/// Short key names that only ever have effect `None` (rejected by
-/// `--health-evict` with their own message).
-pub const INFORMATIONAL_KEYS: [&str; 3] = ["remap-pending", "degraded", "unmonitored"];
+/// The short taint key names `--health-evict` accepts: the keys of
+/// [`gpu_dra_api::health::KEYS`] whose taints can have effect `NoSchedule`
+/// (the others only ever have effect `None` and are rejected with their
+/// own message).
+pub fn evictable_keys() -> impl Iterator<Item = &'static str> {
+    health_keys::KEYS
+        .iter()
+        .filter(|k| k.default_effect != "None")
+        .map(|k| k.name)
+}
 
 /// A malformed flag value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -396,7 +394,7 @@ pub fn parse_xid_set(text: &str) -> Result<XidSet, Error> {
 }
 
 /// Parses `--health-evict`: a comma list of short taint key names from
-/// [`EVICTABLE_KEYS`]; the full `gpu.nvidia.com/<name>` spelling is
+/// [`evictable_keys`]; the full `gpu.nvidia.com/<name>` spelling is
 /// accepted too. Empty text: none.
 ///
 /// # Errors
@@ -409,27 +407,34 @@ pub fn parse_evict(text: &str) -> Result<BTreeSet<String>, Error> {
     }
     for (i, entry) in text.split(',').enumerate() {
         let position = i + 1;
-        if position > EVICTABLE_KEYS.len() + INFORMATIONAL_KEYS.len() + 16 {
+        if position > health_keys::KEYS.len() + 16 {
             return Err(Error::TooMany {
-                max: EVICTABLE_KEYS.len() + INFORMATIONAL_KEYS.len() + 16,
+                max: health_keys::KEYS.len() + 16,
             });
         }
         let entry = entry.trim();
         if entry.is_empty() {
             return Err(Error::EmptyKey { position });
         }
-        let short = entry.strip_prefix("gpu.nvidia.com/").unwrap_or(entry);
-        if EVICTABLE_KEYS.contains(&short) {
-            out.insert(short.to_owned());
-        } else if INFORMATIONAL_KEYS.contains(&short) {
-            return Err(Error::InformationalKey {
-                key: short.to_owned(),
-            });
-        } else {
-            return Err(Error::UnknownKey {
-                key: cut(entry, 64),
-                known: EVICTABLE_KEYS.join(", "),
-            });
+        let short = entry
+            .strip_prefix(health_keys::DOMAIN)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .unwrap_or(entry);
+        match health_keys::KEYS.iter().find(|k| k.name == short) {
+            Some(k) if k.default_effect != "None" => {
+                out.insert(short.to_owned());
+            }
+            Some(_) => {
+                return Err(Error::InformationalKey {
+                    key: short.to_owned(),
+                });
+            }
+            None => {
+                return Err(Error::UnknownKey {
+                    key: cut(entry, 64),
+                    known: evictable_keys().collect::<Vec<_>>().join(", "),
+                });
+            }
         }
     }
     Ok(out)
@@ -441,36 +446,15 @@ fn cut(text: &str, max: usize) -> String {
 }
 
 /// `t` as RFC 3339 in UTC to the second (`2026-11-29T12:03:05Z`); times
-/// before 1970 show as the epoch.
+/// before 1970 show as the epoch. Through jiff, which k8s-openapi already
+/// brings for the API's own times.
 pub fn rfc3339(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let days = secs / 86_400;
-    let rem = secs % 86_400;
-    let (year, month, day) = civil_from_days(days);
-    let mut out = String::with_capacity(20);
-    let _ = write!(
-        out,
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    );
-    out
-}
-
-/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian
-/// calendar (the well-known era arithmetic).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = era * 400 + yoe + u64::from(month <= 2);
-    (year, month, day)
+    i64::try_from(secs)
+        .ok()
+        .and_then(|s| Timestamp::from_second(s).ok())
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+        .to_string()
 }
 
 #[cfg(test)]
