@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use gpu_nvml::{GpuBackend, GpuInfo, NvmlBackend, SystemInfo};
 
-pub use sysfs::{PciTopology, SysfsError, pci_topology};
+pub use sysfs::{PciTopology, SysfsError, is_device_name, pci_topology};
 
 /// Flags of GPU discovery.
 #[derive(Debug, Clone, clap::Args)]

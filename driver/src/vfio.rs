@@ -129,14 +129,7 @@ pub enum VfioError {
 /// `<sysfs>/bus/pci/devices/<bus>`, after checking the bus id cannot walk
 /// out of that directory.
 pub fn device_dir(sysfs_root: &Path, bus: &str) -> Result<PathBuf, VfioError> {
-    let plausible = !bus.is_empty()
-        && bus.len() <= 32
-        && bus
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
-        && bus.bytes().any(|b| b.is_ascii_hexdigit())
-        && !bus.contains("..");
-    if !plausible {
+    if !crate::discovery::is_device_name(bus) {
         return Err(VfioError::BadBusId(bus.to_owned()));
     }
     Ok(sysfs_root.join("bus/pci/devices").join(bus))

@@ -82,16 +82,22 @@ pub fn pci_topology(sysfs_root: &Path, bus_id: &str, gpu: u32) -> PciTopology {
 /// `<sysfs>/bus/pci/devices/<bus id>`, after checking that the bus id cannot
 /// walk out of that directory.
 fn device_entry(sysfs_root: &Path, bus_id: &str) -> Result<PathBuf, SysfsError> {
-    let plausible = !bus_id.is_empty()
+    if !is_device_name(bus_id) {
+        return Err(SysfsError::BadBusId(bus_id.to_owned()));
+    }
+    Ok(sysfs_root.join("bus/pci/devices").join(bus_id))
+}
+
+/// Whether `bus_id` can name an entry of `<sysfs>/bus/pci/devices` without
+/// walking out of it: hex digits, `:` and `.`, at most 32, never `..`.
+pub fn is_device_name(bus_id: &str) -> bool {
+    !bus_id.is_empty()
         && bus_id.len() <= 32
         && bus_id
             .bytes()
             .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
-        && bus_id.bytes().any(|b| b.is_ascii_hexdigit());
-    if !plausible || bus_id.contains("..") {
-        return Err(SysfsError::BadBusId(bus_id.to_owned()));
-    }
-    Ok(sysfs_root.join("bus/pci/devices").join(bus_id))
+        && bus_id.bytes().any(|b| b.is_ascii_hexdigit())
+        && !bus_id.contains("..")
 }
 
 /// The PCIe root complex of the device, e.g. `pci0000:10`.
