@@ -11,12 +11,11 @@
 
 mod common;
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{DRIVER, NODE, Plugin, TestEnv, http_get, pool_of, short_dir};
+use common::{DRIVER, NODE, Plugin, TestEnv, http_get, inject, pool_of, short_dir, taints_of};
 use futures::StreamExt;
 use gpu_dra_sim::apiserver::{Resource, Selectors};
 use gpu_dra_sim::kubelet::{DeviceHealth, HealthStream, KubeletSim};
@@ -80,29 +79,6 @@ fn launch(env: &Arc<TestEnv>, dir: &Path, name: &str, extra: &[&str]) -> Plugin 
     .collect();
     args.extend_from_slice(extra);
     Plugin::launch(env, dir, name, &args)
-}
-
-/// Appends one command to the fake's control file.
-fn inject(control: &Path, line: &str) {
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(control)
-        .unwrap();
-    writeln!(f, "{line}").unwrap();
-}
-
-/// `(key, value, effect)` of every taint of `device` in the node's slices.
-fn taints_of(slices: &[Value], device: &str) -> Vec<(String, String, String)> {
-    pool_of(slices, NODE)
-        .iter()
-        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
-        .filter(|d| d["name"] == device)
-        .flat_map(|d| d["taints"].as_array().cloned().unwrap_or_default())
-        .map(|t| {
-            let s = |k: &str| t[k].as_str().unwrap_or_default().to_owned();
-            (s("key"), s("value"), s("effect"))
-        })
-        .collect()
 }
 
 fn has_taint(slices: &[Value], device: &str, key: &str, effect: &str) -> bool {

@@ -6,15 +6,13 @@
 
 mod common;
 
-use std::io::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{DRIVER, NODE, Plugin, TestEnv, pool_of, short_dir};
+use common::{DRIVER, NODE, Plugin, TestEnv, inject, short_dir, taints_of};
 use futures::StreamExt;
 use gpu_dra_sim::kubelet::{DeviceHealth, HealthStream, KubeletSim};
-use serde_json::Value;
 
 /// Four A100 PCIe GPUs, each with a VFIO sibling under `--passthrough`.
 const PROFILE: &str = "pcie-a100-bridged";
@@ -43,28 +41,6 @@ fn start(dir: &Path) -> (Plugin, std::path::PathBuf) {
         ],
     );
     (plugin, control)
-}
-
-fn inject(control: &Path, line: &str) {
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(control)
-        .unwrap();
-    writeln!(f, "{line}").unwrap();
-}
-
-/// `(key, value, effect)` of every taint of `device` in the node's slices.
-fn taints_of(slices: &[Value], device: &str) -> Vec<(String, String, String)> {
-    pool_of(slices, NODE)
-        .iter()
-        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
-        .filter(|d| d["name"] == device)
-        .flat_map(|d| d["taints"].as_array().cloned().unwrap_or_default())
-        .map(|t| {
-            let s = |k: &str| t[k].as_str().unwrap_or_default().to_owned();
-            (s("key"), s("value"), s("effect"))
-        })
-        .collect()
 }
 
 async fn health_stream(plugin: &Plugin) -> HealthStream {

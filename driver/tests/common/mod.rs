@@ -403,6 +403,31 @@ pub fn complete_pool(slices: &[Value]) -> Option<i64> {
     complete.then_some(generation)
 }
 
+/// `(key, value, effect)` of every taint of `device` in the harness node's
+/// slices.
+pub fn taints_of(slices: &[Value], device: &str) -> Vec<(String, String, String)> {
+    pool_of(slices, NODE)
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .filter(|d| d["name"] == device)
+        .flat_map(|d| d["taints"].as_array().cloned().unwrap_or_default())
+        .map(|t| {
+            let s = |k: &str| t[k].as_str().unwrap_or_default().to_owned();
+            (s("key"), s("value"), s("effect"))
+        })
+        .collect()
+}
+
+/// Appends one command line to the fake NVML's control file.
+pub fn inject(control: &Path, line: &str) {
+    use std::io::Write as _;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(control)
+        .unwrap();
+    writeln!(f, "{line}").unwrap();
+}
+
 // ---------------------------------------------------------------------------
 // Running the binary.
 
