@@ -17,10 +17,10 @@
 //! `~/.cache`, else in the temporary folder: a second run downloads
 //! nothing (Go locks its cache, so concurrent test processes are safe).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-use crate::grpc_go::{find_go, go_candidates, is_unreachable};
+use crate::grpc_go::{find_go, go_candidates, is_unreachable, user_cache_dir};
 
 /// When set to `1`, [`GoModule::download_or_skip`] fails instead of skipping.
 pub const REQUIRE_ENV: &str = "GPU_DRA_E2E_REQUIRE_GO_MODULES";
@@ -193,12 +193,7 @@ fn parse_answer(stdout: &str) -> Result<Answer, String> {
 /// The module cache's parent: `gpu-dra-go-modules` in `$XDG_CACHE_HOME`,
 /// else in `~/.cache`, else in the temporary folder.
 fn cache_root() -> PathBuf {
-    std::env::var_os("XDG_CACHE_HOME")
-        .filter(|d| Path::new(d).is_absolute())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir)
-        .join("gpu-dra-go-modules")
+    user_cache_dir().join("gpu-dra-go-modules")
 }
 
 #[cfg(test)]

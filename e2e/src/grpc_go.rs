@@ -462,12 +462,17 @@ fn cache_key(go_version: &str, sources: &[(&str, Vec<u8>)]) -> String {
 /// Where built clients are kept: `gpu-dra-grpc-go` in `$XDG_CACHE_HOME`,
 /// else in `~/.cache`, else in the temporary folder.
 fn cache_root() -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME")
+    user_cache_dir().join("gpu-dra-grpc-go")
+}
+
+/// The user's cache folder: `$XDG_CACHE_HOME` when absolute, else
+/// `~/.cache`, else the temporary folder.
+pub(crate) fn user_cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
         .filter(|d| Path::new(d).is_absolute())
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("gpu-dra-grpc-go")
+        .unwrap_or_else(std::env::temp_dir)
 }
 
 /// The client built by `go` from the sources: the cached one when its key
