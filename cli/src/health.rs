@@ -51,15 +51,7 @@ pub struct Args {
 /// A `--node` value: a node name is a DNS subdomain, which also keeps it
 /// from adding terms to the field selector it goes into.
 fn node_name(text: &str) -> Result<String, String> {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if text.len() <= 253 && text.split('.').all(label_ok) {
+    if gpu_dra_api::schema::is_dns_subdomain(text) {
         Ok(text.to_owned())
     } else {
         Err(format!(

@@ -276,19 +276,7 @@ fn valid_key(key: &str) -> bool {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
     };
-    let prefix_ok = prefix.is_none_or(|p| {
-        !p.is_empty()
-            && p.len() <= 253
-            && p.split('.').all(|label| {
-                !label.is_empty()
-                    && label.len() <= 63
-                    && label
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    && !label.starts_with('-')
-                    && !label.ends_with('-')
-            })
-    });
+    let prefix_ok = prefix.is_none_or(gpu_dra_api::schema::is_dns_subdomain);
     prefix_ok && !name.is_empty() && valid_value(name)
 }
 
