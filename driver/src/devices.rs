@@ -53,6 +53,7 @@ use gpu_dra_api::schema::{self, CheckedAttributes, DeviceAttributes, DeviceKind,
 use crate::discovery::{DiscoveredGpu, Inventory};
 
 pub use mig::{device_name as mig_device_name, profile_label};
+pub(crate) use nvlink::fnv1a;
 pub use nvlink::{domain_id, nvlink_domains};
 pub use shares::ConsumableShares;
 pub use sharing::{GpuSelector, MemoryRequestPolicy, MemorySharing, SharedDevice};

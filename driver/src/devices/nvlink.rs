@@ -86,20 +86,15 @@ pub fn domain_id(uuids: &[&str]) -> String {
     let mut sorted: Vec<&str> = uuids.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for (i, uuid) in sorted.iter().enumerate() {
-        if i > 0 {
-            hash = fnv_step(hash, b'\n');
-        }
-        for &b in uuid.as_bytes() {
-            hash = fnv_step(hash, b);
-        }
-    }
-    format!("{hash:016x}")
+    format!("{:016x}", fnv1a(sorted.join("\n").as_bytes()))
 }
 
-fn fnv_step(hash: u64, byte: u8) -> u64 {
-    (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+/// FNV-1a, 64 bits: a hash fixed by its definition (unlike std's hasher),
+/// for names that must stay the same across builds and versions.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Union-find over the GPUs.

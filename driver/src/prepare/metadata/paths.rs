@@ -19,6 +19,7 @@
 use std::path::{Path, PathBuf};
 
 use super::MetadataError;
+use crate::devices::fnv1a;
 
 /// The directory under the plugin's data directory that holds the files.
 pub const SUBDIR: &str = "dra-device-metadata";
@@ -117,18 +118,6 @@ pub fn claim_dir_name(namespace: &str, name: &str) -> Result<String, MetadataErr
     let hash = format!("~{:016x}", fnv1a(full.as_bytes()));
     // ASCII only (checked above): any byte index is a char boundary.
     Ok(format!("{}{hash}", &full[..NAME_MAX - hash.len()]))
-}
-
-/// FNV-1a, 64 bits: a hash that stays the same across builds and
-/// versions (a directory named by it must be found again after an
-/// upgrade).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
 }
 
 /// The host file of one request of a claim, under `root` (the
