@@ -12,13 +12,12 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::prepare::allocated_claim;
-use common::{NODE, Plugin, TestEnv, short_dir};
+use common::{NODE, Plugin, podman, short_dir};
 use gpu_dra_e2e::podman::{CdiSpecFile, Podman};
-use gpu_dra_sim::kubelet::{Claim, KubeletSim};
+use gpu_dra_sim::kubelet::Claim;
 use kube::Api;
 use serde_json::json;
 
@@ -28,25 +27,15 @@ async fn podman_runs_a_container_with_the_cdi_ids_the_plugin_returned() {
         return;
     };
     let dir = short_dir();
-    // A driver name of our own: its CDI vendor is k8s.<driver>.
-    let driver = format!("e2e{}.podman.example.com", std::process::id());
-    let env = Arc::new(
-        TestEnv::builder(dir.path())
-            .bundled("dgx-h100")
-            .cdi_root(std::path::Path::new("/var/run/cdi"))
-            .build(),
-    );
+    let driver = podman::driver_name("podman");
+    let env = podman::env(dir.path(), "dgx-h100");
     let plugin = Plugin::launch(
         &env,
         dir.path(),
         "run",
         &["--driver-name", &driver, "--dynamic-mig"],
     );
-    let kubelet = KubeletSim::new()
-        .register(&plugin.reg_dir.join(format!("{driver}-reg.sock")))
-        .await
-        .unwrap();
-    let client = kube::Client::try_from(kube::Config::new(env.api.url().parse().unwrap())).unwrap();
+    let (kubelet, client) = podman::connect(&plugin, &driver).await;
     // The placement's name as the plugin publishes it.
     let slices_api: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(client.clone());
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -84,16 +73,9 @@ async fn podman_runs_a_container_with_the_cdi_ids_the_plugin_returned() {
     // Clean up the specs even if an assertion below fails.
     let _specs: Vec<CdiSpecFile> = [&whole, &part]
         .iter()
-        .map(|c| CdiSpecFile::adopt(format!("/var/run/cdi/k8s.{driver}-claim_{}.json", c.uid)))
+        .map(|c| podman::spec_of(&driver, c))
         .collect();
-    let ids = |c: &Claim| -> Vec<String> {
-        let a = &answers[&c.uid];
-        assert!(a.error.is_none(), "{:?}\n{}", a.error, plugin.stderr());
-        a.devices
-            .iter()
-            .flat_map(|d| d.cdi_device_ids.clone())
-            .collect()
-    };
+    let ids = |c: &Claim| podman::cdi_ids(&answers, c, &plugin);
 
     let script = "for f in /dev/nvidia0 /dev/nvidiactl; do test -c $f || echo missing $f; done; \
                   ls /usr/lib/x86_64-linux-gnu/libcuda.so.1 >/dev/null || echo missing libcuda; \

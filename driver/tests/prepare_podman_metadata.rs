@@ -12,12 +12,9 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::prepare::allocated_claim;
-use common::{NODE, Plugin, TestEnv, short_dir};
-use gpu_dra_e2e::podman::{CdiSpecFile, Podman};
-use gpu_dra_sim::kubelet::KubeletSim;
+use common::{NODE, Plugin, podman, short_dir};
+use gpu_dra_e2e::podman::Podman;
 use serde_json::json;
 
 #[tokio::test]
@@ -26,38 +23,15 @@ async fn podman_sees_the_metadata_file_read_only_at_the_keps_path() {
         return;
     };
     let dir = short_dir();
-    let driver = format!("e2e{}.metadata.example.com", std::process::id());
-    let env = Arc::new(
-        TestEnv::builder(dir.path())
-            .bundled("dgx-h100")
-            .cdi_root(std::path::Path::new("/var/run/cdi"))
-            .build(),
-    );
+    let driver = podman::driver_name("metadata");
+    let env = podman::env(dir.path(), "dgx-h100");
     let plugin = Plugin::launch(&env, dir.path(), "run", &["--driver-name", &driver]);
-    let kubelet = KubeletSim::new()
-        .register(&plugin.reg_dir.join(format!("{driver}-reg.sock")))
-        .await
-        .unwrap();
-    let client = kube::Client::try_from(kube::Config::new(env.api.url().parse().unwrap())).unwrap();
+    let (kubelet, client) = podman::connect(&plugin, &driver).await;
     let results = json!([{"request": "gpu", "driver": driver, "pool": NODE, "device": "gpu-3"}]);
     let claim = allocated_claim(&client, "meta", results, json!([])).await;
     let answers = kubelet.prepare(std::slice::from_ref(&claim)).await.unwrap();
-    let _spec = CdiSpecFile::adopt(format!(
-        "/var/run/cdi/k8s.{driver}-claim_{}.json",
-        claim.uid
-    ));
-    let answer = &answers[&claim.uid];
-    assert!(
-        answer.error.is_none(),
-        "{:?}\n{}",
-        answer.error,
-        plugin.stderr()
-    );
-    let ids: Vec<String> = answer
-        .devices
-        .iter()
-        .flat_map(|d| d.cdi_device_ids.clone())
-        .collect();
+    let _spec = podman::spec_of(&driver, &claim);
+    let ids = podman::cdi_ids(&answers, &claim, &plugin);
 
     let path = format!(
         "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/meta/gpu/{driver}-metadata.json"

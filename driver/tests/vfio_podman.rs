@@ -10,14 +10,12 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::prepare::allocated_claim;
-use common::{NODE, Plugin, TestEnv, short_dir};
+use common::{NODE, Plugin, podman, short_dir};
 use fake_driver_root::sysfs::{FakeSysfs, create_vfio_nodes};
-use gpu_dra_e2e::podman::{CdiSpecFile, Podman};
-use gpu_dra_sim::kubelet::KubeletSim;
+use gpu_dra_e2e::podman::Podman;
 use serde_json::json;
 
 #[tokio::test]
@@ -26,13 +24,8 @@ async fn podman_gets_the_vfio_nodes_of_a_passthrough_claim() {
         return;
     };
     let dir = short_dir();
-    let driver = format!("e2e{}.vfio.example.com", std::process::id());
-    let env = Arc::new(
-        TestEnv::builder(dir.path())
-            .bundled("pcie-a100-bridged")
-            .cdi_root(std::path::Path::new("/var/run/cdi"))
-            .build(),
-    );
+    let driver = podman::driver_name("vfio");
+    let env = podman::env(dir.path(), "pcie-a100-bridged");
     let sysfs = FakeSysfs::adopt(&env.sysfs).unwrap();
     let groups: Vec<u32> = sysfs.gpus().iter().map(|g| g.iommu_group).collect();
     create_vfio_nodes(&env.dev_root, &groups, false).unwrap();
@@ -43,27 +36,12 @@ async fn podman_gets_the_vfio_nodes_of_a_passthrough_claim() {
         "run",
         &["--driver-name", &driver, "--passthrough"],
     );
-    let kubelet = KubeletSim::new()
-        .register(&plugin.reg_dir.join(format!("{driver}-reg.sock")))
-        .await
-        .unwrap();
-    let client = kube::Client::try_from(kube::Config::new(env.api.url().parse().unwrap())).unwrap();
+    let (kubelet, client) = podman::connect(&plugin, &driver).await;
     let at = json!([{"request": "vm", "driver": driver, "pool": NODE, "device": "gpu-vfio-0"}]);
     let vm = allocated_claim(&client, "vm", at, json!([])).await;
     let answers = kubelet.prepare(std::slice::from_ref(&vm)).await.unwrap();
-    let _spec = CdiSpecFile::adopt(format!("/var/run/cdi/k8s.{driver}-claim_{}.json", vm.uid));
-    let answer = &answers[&vm.uid];
-    assert!(
-        answer.error.is_none(),
-        "{:?}\n{}",
-        answer.error,
-        plugin.stderr()
-    );
-    let ids: Vec<String> = answer
-        .devices
-        .iter()
-        .flat_map(|d| d.cdi_device_ids.clone())
-        .collect();
+    let _spec = podman::spec_of(&driver, &vm);
+    let ids = podman::cdi_ids(&answers, &vm, &plugin);
     // The GPU's group: the one whose device is now on vfio-pci.
     let bound: Vec<&fake_driver_root::sysfs::SysfsGpu> = sysfs
         .gpus()

@@ -719,5 +719,7 @@ pub async fn http_get(addr: &str, path: &str) -> String {
     .unwrap()
 }
 
+/// Setup of the tests in which podman runs the prepared claims.
+pub mod podman;
 /// Claim-preparation helpers (node with restart, claims, leftovers).
 pub mod prepare;
