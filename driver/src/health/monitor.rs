@@ -434,11 +434,7 @@ fn apply(
 ) {
     match msg {
         Msg::Event(event) => {
-            let uuid = gpus
-                .iter()
-                .find(|g| g.index == event.gpu_index)
-                .map(|g| g.uuid.as_str())
-                .unwrap_or_default();
+            let uuid = uuid_of(gpus, event.gpu_index);
             tracing::info!(
                 gpu = event.gpu_index,
                 uuid,
@@ -455,6 +451,14 @@ fn apply(
         Msg::Unmonitored { index, why } => tracker.unmonitored(index, &why, now),
         Msg::Monitored { index } => tracker.monitored(index),
     }
+}
+
+/// The UUID of GPU `index` (empty for a GPU not watched).
+fn uuid_of(gpus: &[GpuId], index: u32) -> &str {
+    gpus.iter()
+        .find(|g| g.index == index)
+        .map(|g| g.uuid.as_str())
+        .unwrap_or_default()
 }
 
 /// The monitor's loop state.
@@ -574,7 +578,7 @@ impl State {
         let mut reached = false;
         let mut links_changed = Vec::new();
         for (index, result, instances) in polled {
-            let uuid = self.uuid(index).to_owned();
+            let uuid = uuid_of(&self.gpus, index).to_owned();
             match instances {
                 Some(Ok(instances)) => {
                     let instances: Vec<MigInstance> = instances
@@ -614,14 +618,6 @@ impl State {
         if !links_changed.is_empty() {
             self.refresh_gpus(links_changed).await;
         }
-    }
-
-    fn uuid(&self, index: u32) -> &str {
-        self.gpus
-            .iter()
-            .find(|g| g.index == index)
-            .map(|g| g.uuid.as_str())
-            .unwrap_or_default()
     }
 
     /// Whether the poll's active links differ from the published ones.
