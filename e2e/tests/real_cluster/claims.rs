@@ -13,7 +13,7 @@ use std::time::Duration;
 use libtest_mimic::Failed;
 use serde_json::Value;
 
-use crate::harness::{BUSYBOX, CDI_DIR, Cluster, node};
+use crate::harness::{BUSYBOX, CDI_DIR, Cluster, DRIVER_NS, node};
 
 pub const TESTS: [(&str, crate::Test); 6] = [
     (
@@ -529,38 +529,45 @@ fn mig_instances() -> Vec<(String, Value)> {
         .collect()
 }
 
-/// Switches the installed chart's `kubeletPlugin.dynamicMig` (a rolling
-/// update of the plugin) and waits until the node's pool shows the mode:
-/// dynamic placements (MIG devices without a UUID) or none.
-pub fn set_dynamic_mig(c: &Cluster, on: bool) -> Result<(), Failed> {
+/// `helm upgrade` of the installed release with `--reuse-values` and the
+/// given value flags (`--set k=v`, `--set-string k=v`), waiting for its
+/// resources (`--wait=legacy`, at most 5 minutes).
+pub fn helm_upgrade(c: &Cluster, flags: &[&str]) -> Result<(), Failed> {
     let chart = c.repo.join("deployments/helm/gpu-dra-driver");
     let out = c
         .command("helm")
         .args(["upgrade", "gpu-dra-driver"])
         .arg(&chart)
-        .args([
-            "-n",
-            "gpu-dra-driver",
-            "--reuse-values",
-            "--set",
-            &format!("kubeletPlugin.dynamicMig={on}"),
-            "--wait=legacy",
-            "--timeout",
-            "5m",
-        ])
+        .args(["-n", DRIVER_NS, "--reuse-values"])
+        .args(flags)
+        .args(["--wait=legacy", "--timeout", "5m"])
         .output()
         .map_err(|e| format!("helm: {e}"))?;
     if !out.status.success() {
         return Err(format!("helm upgrade: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
+    Ok(())
+}
+
+/// Waits (at most 180 s) until the plugin DaemonSet's rollout is complete.
+pub fn wait_plugin_rollout(c: &Cluster) -> Result<(), Failed> {
     c.kubectl(&[
         "rollout",
         "status",
         "-n",
-        "gpu-dra-driver",
+        DRIVER_NS,
         "ds/gpu-dra-driver-kubelet-plugin",
         "--timeout=180s",
     ])?;
+    Ok(())
+}
+
+/// Switches the installed chart's `kubeletPlugin.dynamicMig` (a rolling
+/// update of the plugin) and waits until the node's pool shows the mode:
+/// dynamic placements (MIG devices without a UUID) or none.
+pub fn set_dynamic_mig(c: &Cluster, on: bool) -> Result<(), Failed> {
+    helm_upgrade(c, &["--set", &format!("kubeletPlugin.dynamicMig={on}")])?;
+    wait_plugin_rollout(c)?;
     let start = std::time::Instant::now();
     loop {
         let slices: Value =

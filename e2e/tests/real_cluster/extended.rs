@@ -7,7 +7,9 @@
 use libtest_mimic::Failed;
 use serde_json::Value;
 
-use crate::claims::{CHECK_SCRIPT, check_against_spec, delete_and_check_clean, get_json};
+use crate::claims::{
+    CHECK_SCRIPT, check_against_spec, delete_and_check_clean, get_json, helm_upgrade,
+};
 use crate::harness::{BUSYBOX, Cluster};
 
 pub const TESTS: [(&str, crate::Test); 1] = [(
@@ -20,27 +22,13 @@ const RESOURCE: &str = "nvidia.com/gpu";
 /// Sets the chart's `deviceClasses.gpuExtendedResourceName` (no plugin
 /// restart: only the DeviceClass changes).
 fn set_extended(c: &Cluster, name: &str) -> Result<(), Failed> {
-    let chart = c.repo.join("deployments/helm/gpu-dra-driver");
-    let out = c
-        .command("helm")
-        .args(["upgrade", "gpu-dra-driver"])
-        .arg(&chart)
-        .args([
-            "-n",
-            "gpu-dra-driver",
-            "--reuse-values",
+    helm_upgrade(
+        c,
+        &[
             "--set",
             &format!("deviceClasses.gpuExtendedResourceName={name}"),
-            "--wait=legacy",
-            "--timeout",
-            "5m",
-        ])
-        .output()
-        .map_err(|e| format!("helm: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("helm upgrade: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    Ok(())
+        ],
+    )
 }
 
 fn extended_resource_pod(c: &Cluster) -> Result<(), Failed> {

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use libtest_mimic::Failed;
 use serde_json::Value;
 
-use crate::claims::{claim_yaml, device_attribute, get_json};
-use crate::harness::{BUSYBOX, Cluster, DRIVER, DRIVER_NS, NODE, PLUGIN_DIR};
+use crate::claims::{claim_yaml, device_attribute, get_json, helm_upgrade, wait_plugin_rollout};
+use crate::harness::{BUSYBOX, Cluster, DRIVER, NODE, PLUGIN_DIR};
 
 pub const TESTS: [(&str, crate::Test); 1] = [(
     "health::faults_taint_refuse_evict_and_recover_on_the_real_scheduler",
@@ -42,39 +42,18 @@ const LIMIT: Duration = Duration::from_secs(120);
 
 /// The chart's health values: `(pollInterval, quietPeriod, evict)`.
 fn set_health(c: &Cluster, poll: &str, quiet: &str, evict: &str) -> Result<(), Failed> {
-    let chart = c.repo.join("deployments/helm/gpu-dra-driver");
-    let out = c
-        .command("helm")
-        .args(["upgrade", "gpu-dra-driver"])
-        .arg(&chart)
-        .args(["-n", DRIVER_NS, "--reuse-values"])
-        .args([
+    helm_upgrade(
+        c,
+        &[
             "--set",
             &format!("kubeletPlugin.health.pollInterval={poll}"),
-        ])
-        .args([
             "--set",
             &format!("kubeletPlugin.health.quietPeriod={quiet}"),
-        ])
-        .args([
             "--set-string",
             &format!("kubeletPlugin.health.evict={evict}"),
-        ])
-        .args(["--wait=legacy", "--timeout", "5m"])
-        .output()
-        .map_err(|e| format!("helm: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("helm upgrade: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    c.kubectl(&[
-        "rollout",
-        "status",
-        "-n",
-        DRIVER_NS,
-        "ds/gpu-dra-driver-kubelet-plugin",
-        "--timeout=180s",
-    ])?;
-    Ok(())
+        ],
+    )?;
+    wait_plugin_rollout(c)
 }
 
 /// Appends command lines to the control file.

@@ -25,9 +25,9 @@ use serde_json::Value;
 
 use crate::claims::{
     allocated, check_against_spec, claim_yaml, delete_and_check_clean, device_attribute, get_json,
-    parse_seen,
+    helm_upgrade, parse_seen, wait_plugin_rollout,
 };
-use crate::harness::{BUSYBOX, Cluster, DRIVER_NS, PROFILE};
+use crate::harness::{BUSYBOX, Cluster, PROFILE};
 
 pub const TESTS: [(&str, crate::Test); 1] = [(
     "vfio::a_vfio_claim_runs_a_pod_on_a_gpu_rebound_to_vfio_pci",
@@ -176,32 +176,9 @@ impl Drop for StandIn {
 /// Sets chart values on the installed release (`--reuse-values`, a rolling
 /// update of the plugin) and waits for the rollout.
 fn set_values(c: &Cluster, sets: &[&str]) -> Result<(), Failed> {
-    let chart = c.repo.join("deployments/helm/gpu-dra-driver");
-    let mut cmd = c.command("helm");
-    cmd.args(["upgrade", "gpu-dra-driver"]).arg(&chart).args([
-        "-n",
-        DRIVER_NS,
-        "--reuse-values",
-        "--wait=legacy",
-        "--timeout",
-        "5m",
-    ]);
-    for s in sets {
-        cmd.args(["--set", s]);
-    }
-    let out = cmd.output().map_err(|e| format!("helm: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("helm upgrade: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    c.kubectl(&[
-        "rollout",
-        "status",
-        "-n",
-        DRIVER_NS,
-        "ds/gpu-dra-driver-kubelet-plugin",
-        "--timeout=180s",
-    ])?;
-    Ok(())
+    let flags: Vec<&str> = sets.iter().flat_map(|s| ["--set", s]).collect();
+    helm_upgrade(c, &flags)?;
+    wait_plugin_rollout(c)
 }
 
 /// The names of the node's published VFIO devices.
