@@ -29,10 +29,9 @@ pub mod paths;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
-use std::io::{ErrorKind, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io::ErrorKind;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use k8s_openapi::api::resource::v1 as api;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -53,11 +52,6 @@ pub const MOUNT_OPTIONS: [&str; 2] = ["ro", "bind"];
 
 /// Mode of the directories (the Go library's).
 const DIR_MODE: u32 = 0o755;
-/// Mode of the files (the Go library's).
-const FILE_MODE: u32 = 0o644;
-
-/// Distinguishes temp files of concurrent writes within this process.
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Why metadata could not be written or removed.
 #[derive(Debug, thiserror::Error)]
@@ -388,29 +382,8 @@ fn write_file(file: &Path, bytes: &[u8]) -> Result<(), MetadataError> {
         .mode(DIR_MODE)
         .create(dir)
         .map_err(io("create directory", dir))?;
-    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let temp = dir.join(format!(
-        ".{}.{}-{n}.tmp",
-        paths::FILE_NAME,
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(FILE_MODE)
-            .open(&temp)
-            .map_err(io("create", &temp))?;
-        f.write_all(bytes).map_err(io("write", &temp))?;
-        // The mode as given, whatever the umask.
-        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(FILE_MODE))
-            .map_err(io("chmod", &temp))?;
-        fs::rename(&temp, file).map_err(io("rename", file))
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    result
+    super::cdi::files::write_replacing(file, bytes)
+        .map_err(|(op, path, source)| MetadataError::Io { op, path, source })
 }
 
 /// Removes `file` and its request and claim directories when left empty,

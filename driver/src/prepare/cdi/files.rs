@@ -102,16 +102,7 @@ impl SpecDir {
             source,
         })?;
         bytes.push(b'\n');
-        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let temp = self
-            .root
-            .join(format!(".{name}.{}-{n}.tmp", std::process::id()));
-        let result = write_then_rename(&temp, &path, &bytes);
-        if result.is_err() {
-            // Best effort: the temp file is ours and useless now.
-            let _ = fs::remove_file(&temp);
-        }
-        result?;
+        write_replacing(&path, &bytes).map_err(|(op, at, e)| CdiError::io(op, &at, e))?;
         Ok(path)
     }
 
@@ -218,20 +209,52 @@ impl SpecDir {
     }
 }
 
-fn write_then_rename(temp: &Path, path: &Path, bytes: &[u8]) -> Result<(), CdiError> {
+/// Writes `bytes` to `file` through `.<name>.<pid>-<n>.tmp` beside it,
+/// mode 0644 whatever the umask, renamed over the final name: a reader sees
+/// the old file or the new one, whole. A failure removes the temp file and
+/// names the step and the path it failed on.
+pub(crate) fn write_replacing(
+    file: &Path,
+    bytes: &[u8],
+) -> Result<(), (&'static str, PathBuf, std::io::Error)> {
+    let dir = file.parent().unwrap_or(Path::new("/"));
+    let name = file.file_name().unwrap_or_default().to_string_lossy();
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let temp = dir.join(format!(".{name}.{}-{n}.tmp", std::process::id()));
+    let result = write_then_rename(&temp, file, bytes);
+    if result.is_err() {
+        // Best effort: the temp file is ours and useless now.
+        let _ = fs::remove_file(&temp);
+    }
+    result
+}
+
+fn write_then_rename(
+    temp: &Path,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(), (&'static str, PathBuf, std::io::Error)> {
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o644)
         .open(temp)
-        .map_err(|e| CdiError::io("create", temp, e))?;
-    file.write_all(bytes)
-        .map_err(|e| CdiError::io("write", temp, e))?;
+        .map_err(at("create", temp))?;
+    file.write_all(bytes).map_err(at("write", temp))?;
     // The umask may have narrowed the mode at creation.
     file.set_permissions(Permissions::from_mode(0o644))
-        .map_err(|e| CdiError::io("chmod", temp, e))?;
+        .map_err(at("chmod", temp))?;
     drop(file);
-    fs::rename(temp, path).map_err(|e| CdiError::io("rename", path, e))
+    fs::rename(temp, path).map_err(at("rename", path))
+}
+
+/// Names the step and the path of an I/O error.
+fn at(
+    op: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> (&'static str, PathBuf, std::io::Error) {
+    let path = path.to_path_buf();
+    move |e| (op, path, e)
 }
 
 #[cfg(test)]
