@@ -101,6 +101,21 @@ pub fn check_pod(name: &str, claims: &[(&str, &str)]) -> String {
         let _ = write!(refs, "{{name: {n}}}, ");
         let _ = writeln!(sources, "    - {{name: {n}, {src}}}");
     }
+    script_pod(
+        name,
+        CHECK_SCRIPT,
+        &format!(
+            "    resources: {{claims: [{refs}]}}\n  resourceClaims:\n{sources}",
+            refs = refs.trim_end_matches(", "),
+        ),
+    )
+}
+
+/// A never-restarted pod `name` whose one busybox container `check` runs
+/// `script` with `sh -c`; `rest` (the container's `resources` and the rest
+/// of the pod's spec, YAML lines indented as in the pod) follows the
+/// command line.
+pub fn script_pod(name: &str, script: &str, rest: &str) -> String {
     format!(
         "apiVersion: v1
 kind: Pod
@@ -113,11 +128,8 @@ spec:
     image: {BUSYBOX}
     imagePullPolicy: Never
     command: [\"sh\", \"-c\", {script}]
-    resources: {{claims: [{refs}]}}
-  resourceClaims:
-{sources}",
-        script = serde_json::to_string(CHECK_SCRIPT).expect("a string"),
-        refs = refs.trim_end_matches(", "),
+{rest}",
+        script = serde_json::to_string(script).expect("a string"),
     )
 }
 

@@ -8,9 +8,9 @@ use libtest_mimic::Failed;
 use serde_json::Value;
 
 use crate::claims::{
-    CHECK_SCRIPT, check_against_spec, delete_and_check_clean, get_json, helm_upgrade,
+    CHECK_SCRIPT, check_against_spec, delete_and_check_clean, get_json, helm_upgrade, script_pod,
 };
-use crate::harness::{BUSYBOX, Cluster};
+use crate::harness::Cluster;
 
 pub const TESTS: [(&str, crate::Test); 1] = [(
     "extended::a_pod_with_an_nvidia_com_gpu_limit_and_no_claim_gets_a_gpu",
@@ -87,22 +87,10 @@ fn on_the_class(c: &Cluster) -> Result<(), Failed> {
     let ns = "e2e-extended";
     c.fresh_namespace(ns)?;
     let pod = "extended-gpu";
-    let yaml = format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{name: {pod}}}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 5
-  containers:
-  - name: check
-    image: {BUSYBOX}
-    imagePullPolicy: Never
-    command: [\"sh\", \"-c\", {script}]
-    resources:
-      limits: {{{RESOURCE}: 1}}
-",
-        script = serde_json::to_string(CHECK_SCRIPT).expect("a string"),
+    let yaml = script_pod(
+        pod,
+        CHECK_SCRIPT,
+        &format!("    resources:\n      limits: {{{RESOURCE}: 1}}\n"),
     );
     let seen = crate::claims::run_check_pod(c, ns, pod, &yaml)?;
     let gpus = seen.gpus();

@@ -25,9 +25,9 @@ use serde_json::Value;
 
 use crate::claims::{
     allocated, check_against_spec, claim_yaml, delete_and_check_clean, device_attribute, get_json,
-    helm_upgrade, parse_seen, wait_plugin_rollout,
+    helm_upgrade, parse_seen, script_pod, wait_plugin_rollout,
 };
-use crate::harness::{BUSYBOX, Cluster, PROFILE};
+use crate::harness::{Cluster, PROFILE};
 
 pub const TESTS: [(&str, crate::Test); 1] = [(
     "vfio::a_vfio_claim_runs_a_pod_on_a_gpu_rebound_to_vfio_pci",
@@ -181,6 +181,14 @@ fn set_values(c: &Cluster, sets: &[&str]) -> Result<(), Failed> {
     wait_plugin_rollout(c)
 }
 
+/// The container's `resources` and the pod's `resourceClaims` of a pod
+/// using claim `claim` as `gpu`.
+fn claim_rest(claim: &str) -> String {
+    format!(
+        "    resources: {{claims: [{{name: gpu}}]}}\n  resourceClaims:\n  - {{name: gpu, resourceClaimName: {claim}}}\n"
+    )
+}
+
 /// The names of the node's published VFIO devices.
 fn vfio_devices(c: &Cluster) -> Result<Vec<String>, Failed> {
     let slices: Value =
@@ -246,24 +254,7 @@ fn on_passthrough(c: &Cluster, s: &StandIn) -> Result<(), Failed> {
     c.fresh_namespace(ns)?;
     c.apply(ns, &claim_yaml("vm", "vfio.gpu.nvidia.com", &[], "", ""))?;
     let pod = "vm";
-    let yaml = format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{name: {pod}}}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 5
-  containers:
-  - name: check
-    image: {BUSYBOX}
-    imagePullPolicy: Never
-    command: [\"sh\", \"-c\", {script}]
-    resources: {{claims: [{{name: gpu}}]}}
-  resourceClaims:
-  - {{name: gpu, resourceClaimName: vm}}
-",
-        script = serde_json::to_string(VFIO_SCRIPT).expect("a string"),
-    );
+    let yaml = script_pod(pod, VFIO_SCRIPT, &claim_rest("vm"));
     c.apply(ns, &yaml)?;
     c.wait_pod_phase(ns, pod, "Running", POD_START)?;
     let mut log = String::new();
@@ -328,22 +319,10 @@ spec:
     let whole_pod = "whole";
     c.apply(
         ns,
-        &format!(
-            "apiVersion: v1
-kind: Pod
-metadata: {{name: {whole_pod}}}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 5
-  containers:
-  - name: check
-    image: {BUSYBOX}
-    imagePullPolicy: Never
-    command: [\"sh\", \"-c\", \"trap 'exit 0' TERM; sleep 3600 & wait\"]
-    resources: {{claims: [{{name: gpu}}]}}
-  resourceClaims:
-  - {{name: gpu, resourceClaimName: whole}}
-"
+        &script_pod(
+            whole_pod,
+            "trap 'exit 0' TERM; sleep 3600 & wait",
+            &claim_rest("whole"),
         ),
     )?;
     let start = Instant::now();
