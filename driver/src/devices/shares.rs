@@ -19,7 +19,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::sharing::MemoryRequestPolicy;
+use super::sharing::{MemoryRequestPolicy, shown_cut};
 
 /// One MiB, the step of NVIDIA's memory request policy.
 const MIB: u64 = 1 << 20;
@@ -114,12 +114,7 @@ impl FromStr for ConsumableShares {
             "" => return fail(format!("empty; {EXPECTED}")),
             _ => {}
         }
-        let shown: String = value.chars().take(32).collect();
-        let shown = if shown.len() < value.len() {
-            format!("{shown:?}...")
-        } else {
-            format!("{shown:?}")
-        };
+        let shown = shown_cut(value, 32);
         if value.bytes().all(|b| b.is_ascii_digit()) {
             return match value.trim_start_matches('0').parse::<u32>() {
                 Ok(n) if (1..=MAX_SHARES).contains(&n) => Ok(Self::Shares(n)),

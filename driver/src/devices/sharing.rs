@@ -113,7 +113,13 @@ pub struct ParseError(String);
 
 /// How an entry is shown in messages: at most 64 characters, escaped.
 fn shown(entry: &str) -> String {
-    let cut: String = entry.chars().take(64).collect();
+    shown_cut(entry, 64)
+}
+
+/// How a value is shown in messages: at most `max` characters, escaped,
+/// `...` after a cut.
+pub(super) fn shown_cut(entry: &str, max: usize) -> String {
+    let cut: String = entry.chars().take(max).collect();
     if cut.len() < entry.len() {
         format!("{cut:?}...")
     } else {
