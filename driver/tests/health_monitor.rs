@@ -15,10 +15,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::health::{health_stream, wait_health};
 use common::{DRIVER, NODE, Plugin, TestEnv, http_get, inject, pool_of, short_dir, taints_of};
-use futures::StreamExt;
 use gpu_dra_sim::apiserver::{Resource, Selectors};
-use gpu_dra_sim::kubelet::{DeviceHealth, HealthStream, KubeletSim};
+use gpu_dra_sim::kubelet::DeviceHealth;
 use serde_json::Value;
 
 /// How long a fault may take to reach the API server: two poll periods,
@@ -134,46 +134,12 @@ fn assert_taint_value(env: &TestEnv, device: &str, key: &str, value: &str) {
     );
 }
 
-/// Reads health messages until one satisfies `want`; panics with the last
-/// one after `timeout`.
-async fn wait_health(
-    stream: &mut HealthStream,
-    timeout: Duration,
-    want: impl Fn(&[DeviceHealth]) -> bool,
-) -> Vec<DeviceHealth> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut last = Vec::new();
-    loop {
-        match tokio::time::timeout_at(deadline, stream.next()).await {
-            Ok(Some(Ok(list))) => {
-                if want(&list) {
-                    return list;
-                }
-                last = list;
-            }
-            Ok(other) => panic!("health stream ended: {other:?}"),
-            Err(tokio::time::error::Elapsed { .. }) => {
-                panic!("no matching health message in {timeout:?}; last: {last:#?}")
-            }
-        }
-    }
-}
-
 fn health_of<'a>(list: &'a [DeviceHealth], device: &str) -> Option<&'a DeviceHealth> {
     list.iter().find(|d| d.device_name == device)
 }
 
 fn is(list: &[DeviceHealth], device: &str, health: &str) -> bool {
     health_of(list, device).is_some_and(|d| d.health == health)
-}
-
-async fn health_stream(plugin: &Plugin) -> HealthStream {
-    let mut registrar = KubeletSim::new().watch_registrar(&plugin.reg_dir);
-    let p = registrar
-        .wait_registered(DRIVER, Duration::from_secs(10))
-        .await
-        .unwrap();
-    p.watch_health().await.unwrap()
 }
 
 async fn metrics(plugin: &Plugin) -> String {

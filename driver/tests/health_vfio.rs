@@ -10,9 +10,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{DRIVER, NODE, Plugin, TestEnv, inject, short_dir, taints_of};
-use futures::StreamExt;
-use gpu_dra_sim::kubelet::{DeviceHealth, HealthStream, KubeletSim};
+use common::health::{health_stream, wait_health};
+use common::{NODE, Plugin, TestEnv, inject, short_dir, taints_of};
+use gpu_dra_sim::kubelet::DeviceHealth;
 
 /// Four A100 PCIe GPUs, each with a VFIO sibling under `--passthrough`.
 const PROFILE: &str = "pcie-a100-bridged";
@@ -41,39 +41,6 @@ fn start(dir: &Path) -> (Plugin, std::path::PathBuf) {
         ],
     );
     (plugin, control)
-}
-
-async fn health_stream(plugin: &Plugin) -> HealthStream {
-    let mut registrar = KubeletSim::new().watch_registrar(&plugin.reg_dir);
-    let p = registrar
-        .wait_registered(DRIVER, Duration::from_secs(10))
-        .await
-        .unwrap();
-    p.watch_health().await.unwrap()
-}
-
-/// Reads health messages until one satisfies `want`.
-async fn wait_health(
-    stream: &mut HealthStream,
-    timeout: Duration,
-    want: impl Fn(&[DeviceHealth]) -> bool,
-) -> Vec<DeviceHealth> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut last = Vec::new();
-    loop {
-        match tokio::time::timeout_at(deadline, stream.next()).await {
-            Ok(Some(Ok(list))) => {
-                if want(&list) {
-                    return list;
-                }
-                last = list;
-            }
-            Ok(other) => panic!("health stream ended: {other:?}"),
-            Err(tokio::time::error::Elapsed { .. }) => {
-                panic!("no matching health message in {timeout:?}; last: {last:#?}")
-            }
-        }
-    }
 }
 
 fn health<'a>(list: &'a [DeviceHealth], device: &str) -> &'a DeviceHealth {

@@ -719,6 +719,8 @@ pub async fn http_get(addr: &str, path: &str) -> String {
     .unwrap()
 }
 
+/// The kubelet's side of the device health stream.
+pub mod health;
 /// Setup of the tests in which podman runs the prepared claims.
 pub mod podman;
 /// Claim-preparation helpers (node with restart, claims, leftovers).
