@@ -137,6 +137,13 @@ spec:
 pub fn run_check_pod(c: &Cluster, ns: &str, name: &str, pod_yaml: &str) -> Result<Seen, Failed> {
     c.apply(ns, pod_yaml)?;
     c.wait_pod_phase(ns, name, "Running", POD_START)?;
+    let log = log_to_end(c, ns, name)?;
+    Ok(parse_seen(&log)?)
+}
+
+/// The log of running pod `name`, once it shows the script's `==END` mark
+/// (or as it is after 100 tries, 100 ms apart).
+pub fn log_to_end(c: &Cluster, ns: &str, name: &str) -> Result<String, Failed> {
     let mut log = String::new();
     for _ in 0..100 {
         log = c.kubectl(&["logs", "-n", ns, name])?;
@@ -145,7 +152,7 @@ pub fn run_check_pod(c: &Cluster, ns: &str, name: &str, pod_yaml: &str) -> Resul
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    Ok(parse_seen(&log)?)
+    Ok(log)
 }
 
 /// The JSON of `kubectl get -o json`.

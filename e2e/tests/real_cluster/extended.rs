@@ -37,14 +37,7 @@ fn extended_resource_pod(c: &Cluster) -> Result<(), Failed> {
     // The class goes back to the chart's default whatever happened.
     set_extended(c, "")?;
     outcome?;
-    let class: Value = serde_json::from_str(&c.kubectl(&[
-        "get",
-        "deviceclass",
-        "gpu.nvidia.com",
-        "-o",
-        "json",
-    ])?)
-    .map_err(|e| format!("deviceclass: {e}"))?;
+    let class = gpu_class(c)?;
     if !class["spec"]["extendedResourceName"].is_null() {
         return Err(format!(
             "the value was reset, but the class still has {}",
@@ -55,15 +48,14 @@ fn extended_resource_pod(c: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The `gpu.nvidia.com` DeviceClass.
+fn gpu_class(c: &Cluster) -> Result<Value, Failed> {
+    let text = c.kubectl(&["get", "deviceclass", "gpu.nvidia.com", "-o", "json"])?;
+    Ok(serde_json::from_str(&text).map_err(|e| format!("deviceclass: {e}"))?)
+}
+
 fn on_the_class(c: &Cluster) -> Result<(), Failed> {
-    let class: Value = serde_json::from_str(&c.kubectl(&[
-        "get",
-        "deviceclass",
-        "gpu.nvidia.com",
-        "-o",
-        "json",
-    ])?)
-    .map_err(|e| format!("deviceclass: {e}"))?;
+    let class = gpu_class(c)?;
     if class["spec"]["extendedResourceName"] != RESOURCE {
         return Err(format!(
             "the class's spec is {}, without extendedResourceName",

@@ -10,7 +10,7 @@ use libtest_mimic::Failed;
 use serde_json::Value;
 
 use crate::claims::{
-    NOT_SHARED, allocated, claim_yaml, device_attribute, get_json, whole_gpu_template,
+    NOT_SHARED, allocated, claim_yaml, device_attribute, get_json, log_to_end, whole_gpu_template,
 };
 use crate::harness::{BUSYBOX, Cluster, PLUGIN_DIR};
 
@@ -47,14 +47,7 @@ spec:
 /// The documents the pod printed.
 fn read(c: &Cluster, ns: &str, pod: &str) -> Result<Vec<Value>, Failed> {
     c.wait_pod_phase(ns, pod, "Running", Duration::from_secs(120))?;
-    let mut log = String::new();
-    for _ in 0..100 {
-        log = c.kubectl(&["logs", "-n", ns, pod])?;
-        if log.contains("==END") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let log = log_to_end(c, ns, pod)?;
     let text = log.split("==END").next().unwrap_or_default();
     let docs: Vec<Value> = serde_json::Deserializer::from_str(text)
         .into_iter()
