@@ -11,7 +11,7 @@ use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::codes::{self, Code};
-use crate::control::Command;
+use crate::command::Command;
 use crate::health::{self, GpuHealth};
 
 /// Events kept per set before the oldest are dropped (a set nobody waits on

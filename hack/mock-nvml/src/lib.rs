@@ -8,6 +8,7 @@
 
 pub mod caps;
 pub mod codes;
+pub mod command;
 pub mod config;
 pub mod control;
 pub mod error;
