@@ -51,6 +51,7 @@ mod kinds;
 pub mod locks;
 mod lost;
 pub mod metadata;
+mod metadata_files;
 pub mod mig;
 pub mod mps;
 pub mod plan;

@@ -175,7 +175,7 @@ fn roll_back(
     {
         return e;
     }
-    super::metadata::remove_after(inner, uid, &entry);
+    super::metadata_files::remove_after(inner, uid, &entry);
     error
 }
 
@@ -190,7 +190,7 @@ pub(crate) fn unprepare(
     undo(inner, uid, entry, &others).map_err(PrepareError::Undo)?;
     failpoint("unprepare-after-undo");
     commit(inner, Batch::new().remove(uid.clone()), "unprepare")?;
-    super::metadata::remove_after(inner, uid, entry);
+    super::metadata_files::remove_after(inner, uid, entry);
     Ok(())
 }
 

@@ -171,7 +171,7 @@ fn release_claim(inner: &Inner, uid: &ClaimUid) -> Result<(), Vec<String>> {
         errors.push(format!("remove CDI spec: {e}"));
     }
     if !checkpoint.claims.contains_key(uid)
-        && let Err(e) = super::metadata::remove_lost(inner, uid)
+        && let Err(e) = super::metadata_files::remove_lost(inner, uid)
     {
         errors.push(format!("remove device metadata: {e}"));
     }

@@ -139,7 +139,7 @@ pub(crate) fn recover(inner: &Inner, load: LoadReport) -> RecoveryReport {
         }
         Err(e) => report.errors.push(format!("list CDI specs: {e}")),
     }
-    if let Err(e) = super::metadata::sweep(inner, &remaining, &lost) {
+    if let Err(e) = super::metadata_files::sweep(inner, &remaining, &lost) {
         report.errors.push(format!("sweep device metadata: {e}"));
     }
     prune_lost(inner, lost, &found, read_whole, &mut report);

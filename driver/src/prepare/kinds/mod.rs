@@ -151,7 +151,7 @@ pub(crate) fn setup(
     for kind in KINDS {
         kind.finish(&mut claim)?;
     }
-    super::metadata::add_to_claim(inner, plan, &claim.names, &mut claim.spec)?;
+    super::metadata_files::add_to_claim(inner, plan, &claim.names, &mut claim.spec)?;
     let Setup {
         entry, spec, mps, ..
     } = claim;
