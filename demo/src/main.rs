@@ -35,8 +35,7 @@ use gpu_dra_sim::apiserver::{Resource, ServerOptions, TestApiServer};
 use gpu_dra_sim::kubelet::KubeletSim;
 use gpu_dra_sim::pool;
 use gpu_kubelet_plugin::flags::Flags;
-use gpu_kubelet_plugin::grpc;
-use gpu_kubelet_plugin::plugin::{Plugin, kube_client};
+use gpu_kubelet_plugin::plugin::{Plugin, Services, kube_client};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::Api;
 use kube::api::PostParams;
@@ -394,7 +393,7 @@ async fn demo(out: &Printer, settings: &Settings<'_>) -> Result<(Value, Vec<Stri
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("the plugin's Kubernetes client")?;
-    let handle = Plugin::start(&flags, plugin_client, grpc::Services::default(), phase)
+    let handle = Plugin::start(&flags, plugin_client, Services::default(), phase)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("start the plugin")?;

@@ -126,10 +126,12 @@ async fn run(mut flags: Flags) -> anyhow::Result<()> {
     );
     // The health monitor's under the names of issue #43, unprefixed.
     let health_metrics = HealthMetrics::register(&mut registry);
-    let services = grpc::Services {
-        metrics,
+    let services = plugin::Services {
+        grpc: grpc::Services {
+            metrics,
+            ..grpc::Services::default()
+        },
         health_metrics,
-        ..grpc::Services::default()
     };
     let (stop_metrics, metrics_stopped) = watch::channel(false);
     let (phase_tx, mut phase) = phase::channel();
@@ -140,7 +142,7 @@ async fn run(mut flags: Flags) -> anyhow::Result<()> {
                 registered: flags
                     .instance
                     .is_some()
-                    .then(|| services.registration.subscribe()),
+                    .then(|| services.grpc.registration.subscribe()),
                 phase: phase.clone(),
             };
             Some(start_metrics(addr, registry, probes, metrics_stopped).await?)

@@ -40,6 +40,7 @@ use crate::devices::BuildOptions;
 use crate::discovery::{self, Inventory};
 use crate::flags::{Flags, PerInstanceSockets};
 use crate::grpc::{self, ServerHandle};
+use crate::health::metrics::HealthMetrics;
 use crate::health::monitor::{self as health_monitor, MonitorHandle, TaintMap};
 use crate::micros;
 use crate::phase::Phase;
@@ -101,14 +102,25 @@ pub enum Error {
     PublisherTask(String),
 }
 
+/// What the plugin serves and where it counts: the gRPC services and the
+/// GPU health monitor's metrics (the monitor feeds the services' health
+/// list; see [`crate::health`]).
+#[derive(Clone, Default)]
+pub struct Services {
+    /// The gRPC services (claim preparer, health list, call metrics).
+    pub grpc: grpc::Services,
+    /// The GPU health monitor's metrics.
+    pub health_metrics: HealthMetrics,
+}
+
 /// What [`Plugin::start_with`] needs besides the flags.
 pub struct Parts {
     /// The GPUs.
     pub backend: Arc<dyn GpuBackend>,
     /// The API server.
     pub client: kube::Client,
-    /// The gRPC services (claim preparer, health list, metrics).
-    pub services: grpc::Services,
+    /// The gRPC services and the health monitor's metrics.
+    pub services: Services,
     /// Timing of the slice publisher.
     pub publisher: PublisherOptions,
     /// Where the start reports its phase (for the probes).
@@ -137,7 +149,7 @@ impl Plugin {
     pub async fn start(
         flags: &Flags,
         client: kube::Client,
-        services: grpc::Services,
+        services: Services,
         phase: watch::Sender<Phase>,
     ) -> Result<PluginHandle, Error> {
         let started = Instant::now();
@@ -225,7 +237,8 @@ impl Plugin {
         preparer_options(flags)?.cdi.check_writable()?;
         let config = grpc_config(flags);
         // The health list the streams send comes from the monitor, when it runs.
-        let mut services = parts.services;
+        let health_metrics = parts.services.health_metrics;
+        let mut services = parts.services.grpc;
         let health = match (&parts.health, flags.health.enabled()) {
             (Some(source), true) => {
                 let (tx, rx) = grpc::health::channel();
@@ -294,7 +307,7 @@ impl Plugin {
                         taints: taints_tx,
                         health: health_tx,
                         inventory: inventory_tx.clone(),
-                        metrics: services.health_metrics.clone(),
+                        metrics: health_metrics.clone(),
                         events: Some(crate::health::events::NodeEvents::new(
                             parts.client.clone(),
                             &flags.node_name,
@@ -307,7 +320,6 @@ impl Plugin {
             None => None,
         };
 
-        let health_metrics = services.health_metrics.clone();
         let server = match bound {
             Some(bound) => bound.serve(services.preparer),
             None => grpc::Server::start(config, services).await?,

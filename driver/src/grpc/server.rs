@@ -130,9 +130,6 @@ pub struct Services {
     pub health: HealthReceiver,
     /// Where calls are counted.
     pub metrics: GrpcMetrics,
-    /// The GPU health monitor's metrics (the monitor feeds the health
-    /// list; see [`crate::health`]).
-    pub health_metrics: crate::health::metrics::HealthMetrics,
     /// Where kubelet's registration verdict goes (the readiness probe
     /// subscribes to it before the server exists).
     pub registration: watch::Sender<RegistrationStatus>,
@@ -149,7 +146,6 @@ impl Default for Services {
             preparer: Arc::new(NotReady),
             health,
             metrics: GrpcMetrics::default(),
-            health_metrics: crate::health::metrics::HealthMetrics::default(),
             registration: watch::channel(RegistrationStatus::Pending).0,
         }
     }

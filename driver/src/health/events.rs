@@ -143,7 +143,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).unwrap();
-        let client = crate::plugin::kube_client(Some(&kubeconfig)).await.unwrap();
+        // kube's own loader: this module sits below the plugin's wiring.
+        let file = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+        let config =
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
         let events = NodeEvents::new(client, "node-a", "gpu.nvidia.com");
         let long = "é".repeat(2000);
         let event = events.event(REASON_UNHEALTHY, &long, Timestamp::now());

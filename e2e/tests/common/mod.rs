@@ -15,8 +15,7 @@ use clap::Parser as _;
 use gpu_dra_sim::apiserver::{Resource, ServerOptions, TestApiServer, ValidationRules};
 use gpu_dra_sim::pool;
 use gpu_kubelet_plugin::flags::Flags;
-use gpu_kubelet_plugin::grpc;
-use gpu_kubelet_plugin::plugin::{Plugin, PluginHandle, kube_client};
+use gpu_kubelet_plugin::plugin::{Plugin, PluginHandle, Services, kube_client};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use serde_json::{Value, json};
 
@@ -129,7 +128,7 @@ pub async fn published_on(profile: &str, flags: &[&str]) -> (Node, Vec<ResourceS
     let flags = Flags::try_parse_from(&argv).expect("plugin flags");
     let client = kube_client(Some(&kubeconfig)).await.unwrap();
     let (phase, _) = gpu_kubelet_plugin::phase::channel();
-    let plugin = Plugin::start(&flags, client, grpc::Services::default(), phase)
+    let plugin = Plugin::start(&flags, client, Services::default(), phase)
         .await
         .expect("the plugin starts");
     let pool: Vec<Value> = server
