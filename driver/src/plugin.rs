@@ -379,7 +379,7 @@ async fn start_monitor(
     let boot_id = tokio::task::spawn_blocking(move || health_monitor::boot_id(&proc_root))
         .await
         .unwrap_or_default();
-    let setup = health_monitor::Setup::new(
+    let mut setup = health_monitor::Setup::new(
         source,
         backend.clone(),
         inventory,
@@ -390,6 +390,11 @@ async fn start_monitor(
         boot_id,
         flags.node_name.clone(),
     );
+    // --passthrough rebinds GPUs to vfio-pci: the monitor reads who holds
+    // each GPU so that a VM's GPU is not probed (nor reported lost).
+    setup.sysfs_root = flags
+        .passthrough
+        .then(|| flags.discovery.sysfs_root.clone());
     Ok(health_monitor::start(setup, outputs).await?)
 }
 

@@ -2,7 +2,10 @@
 //! binary and the fake NVML: a whole-GPU fault injected through the fake's
 //! control file taints the GPU's VFIO sibling `gpu-vfio-<index>` as it
 //! taints `gpu-<minor>` (issue #43), and the KEP-4680 health stream lists
-//! every VFIO device, with the fault on the faulty GPU's sibling.
+//! every VFIO device, with the fault on the faulty GPU's sibling. A GPU a
+//! VFIO claim put on `vfio-pci` (the stand-in sysfs and kernel of
+//! `fake_driver_root::sysfs`) is not probed: Unknown, never tainted for what
+//! NVML then says of it, and probed again once back on `nvidia`.
 
 mod common;
 
@@ -11,35 +14,40 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::health::{health_stream, wait_health};
+use common::prepare::{result, start_node};
 use common::{NODE, Plugin, TestEnv, inject, short_dir, taints_of};
-use gpu_dra_sim::kubelet::DeviceHealth;
+use fake_driver_root::sysfs::{FakeSysfs, create_vfio_nodes};
+use futures::StreamExt;
+use gpu_dra_sim::kubelet::{DeviceHealth, DraVersion};
+use serde_json::json;
 
 /// Four A100 PCIe GPUs, each with a VFIO sibling under `--passthrough`.
 const PROFILE: &str = "pcie-a100-bridged";
 /// Two poll periods, the debounce and the publisher's write, with room.
 const FAULT_WAIT: Duration = Duration::from_secs(5);
 
-/// A plugin with `--passthrough` and fast health timing, its fake NVML
-/// driven by the control file `dir/control`.
-fn start(dir: &Path) -> (Plugin, std::path::PathBuf) {
+/// `--passthrough` and fast health timing.
+const FLAGS: &[&str] = &[
+    "--passthrough",
+    "--health-poll-interval=300ms",
+    "--health-quiet-period=1s",
+];
+
+/// The machine, its fake NVML driven by the control file `dir/control`.
+fn machine(dir: &Path) -> (TestEnv, std::path::PathBuf) {
     let control = dir.join("control");
     std::fs::write(&control, "").unwrap();
-    let env = Arc::new(
-        TestEnv::builder(dir)
-            .bundled(PROFILE)
-            .control(&control)
-            .build(),
-    );
-    let plugin = Plugin::launch(
-        &env,
-        dir,
-        "run",
-        &[
-            "--passthrough",
-            "--health-poll-interval=300ms",
-            "--health-quiet-period=1s",
-        ],
-    );
+    let env = TestEnv::builder(dir)
+        .bundled(PROFILE)
+        .control(&control)
+        .build();
+    (env, control)
+}
+
+/// A plugin with [`FLAGS`] on [`machine`].
+fn start(dir: &Path) -> (Plugin, std::path::PathBuf) {
+    let (env, control) = machine(dir);
+    let plugin = Plugin::launch(&Arc::new(env), dir, "run", FLAGS);
     (plugin, control)
 }
 
@@ -113,4 +121,79 @@ async fn a_gpu_fault_taints_its_vfio_sibling_and_the_stream_lists_it() {
     assert!(vfio.message.contains("79"), "{vfio:?}");
     assert_eq!(vfio.message, health(&list, "gpu-0").message);
     assert_eq!(health(&list, "gpu-vfio-1").health, "Healthy");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gpu_passed_through_is_not_probed_then_probed_again_once_back() {
+    let dir = short_dir();
+    let (env, control) = machine(dir.path());
+    let n = start_node(dir, env, FLAGS, DraVersion::V1, &[]).await;
+    // The stand-in kernel rebinds GPUs as the plugin writes sysfs.
+    let sysfs = FakeSysfs::adopt(&n.env.sysfs).expect("adopt the machine's sysfs");
+    let groups: Vec<u32> = sysfs.gpus().iter().map(|g| g.iommu_group).collect();
+    create_vfio_nodes(&n.env.dev_root, &groups, false).expect("VFIO nodes");
+    let _kernel = sysfs.start_kernel().expect("start the stand-in kernel");
+    let mut stream = n.kubelet.watch_health().await.unwrap();
+    wait_health(&mut stream, FAULT_WAIT, |l| {
+        !l.is_empty() && l.iter().all(|d| d.health == "Healthy")
+    })
+    .await;
+
+    let claim = n
+        .claim("vm", json!([result("vm", "gpu-vfio-0")]), json!([]))
+        .await;
+    n.prepare_ok(&claim).await;
+    let bus = sysfs.gpus()[0].bus.clone();
+    assert_eq!(sysfs.driver_of(&bus).as_deref(), Some("vfio-pci"));
+    // What NVML does with a GPU taken from `nvidia`: it is lost to it (the
+    // fake fails the GPU's event wait and answers polls "GPU is lost").
+    inject(&control, "lose 0");
+    let list = wait_health(&mut stream, FAULT_WAIT, |l| {
+        health(l, "gpu-vfio-0").health == "Unknown" && health(l, "gpu-0").health == "Unknown"
+    })
+    .await;
+    let vfio = health(&list, "gpu-vfio-0");
+    assert!(
+        vfio.message.contains("not probed") && vfio.message.contains("vfio-pci"),
+        "{vfio:?}"
+    );
+    assert_eq!(health(&list, "gpu-vfio-1").health, "Healthy");
+    // Five polls and the event thread's retries later: every message still
+    // says Unknown, and no taint was published.
+    let until = tokio::time::Instant::now() + Duration::from_millis(1500);
+    while let Ok(Some(Ok(list))) = tokio::time::timeout_at(until, stream.next()).await {
+        assert_eq!(health(&list, "gpu-vfio-0").health, "Unknown", "{list:#?}");
+    }
+    let slices = n.env.wait_slices(FAULT_WAIT, |_| true).await;
+    for device in ["gpu-0", "gpu-vfio-0"] {
+        assert!(
+            taints_of(&slices, device).is_empty(),
+            "{device} tainted: {:?}",
+            taints_of(&slices, device)
+        );
+    }
+
+    // NVML sees it again, the VM ends: back on `nvidia`, probed, Healthy.
+    inject(&control, "restore 0");
+    n.unprepare_ok(&claim).await;
+    assert_eq!(sysfs.driver_of(&bus).as_deref(), Some("nvidia"));
+    wait_health(&mut stream, FAULT_WAIT, |l| {
+        health(l, "gpu-vfio-0").health == "Healthy" && health(l, "gpu-0").health == "Healthy"
+    })
+    .await;
+
+    // Probed for real again: a GPU lost while on `nvidia` is tainted.
+    inject(&control, "lose 0");
+    let slices = n
+        .env
+        .wait_slices(FAULT_WAIT, |s| {
+            taints_of(s, "gpu-0")
+                .iter()
+                .any(|(k, _, _)| k == "gpu.nvidia.com/gpu-lost")
+        })
+        .await;
+    assert_eq!(
+        taints_of(&slices, "gpu-vfio-0"),
+        taints_of(&slices, "gpu-0")
+    );
 }

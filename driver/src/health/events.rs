@@ -1,7 +1,8 @@
 //! Kubernetes Events on the plugin's Node at each health transition:
 //! `events.k8s.io/v1` Events in namespace `default` (where Node events live),
 //! `regarding` the Node, with the tracker's reason ([`REASON_UNHEALTHY`],
-//! `GpuDegraded`, `GpuUnmonitored`: Warning; [`REASON_RECOVERED`]: Normal),
+//! `GpuDegraded`, `GpuUnmonitored`: Warning; [`REASON_RECOVERED`] and
+//! [`REASON_NOT_PROBED`], a GPU handed to a VM: Normal),
 //! reported as `<driver>/kubelet-plugin`.
 //!
 //! Recording runs on a task of its own and never holds up the monitor: an
@@ -19,6 +20,9 @@ use kube::api::{Api, PostParams};
 pub const REASON_UNHEALTHY: &str = "GpuUnhealthy";
 /// Reason of the Event when a device is healthy again.
 pub const REASON_RECOVERED: &str = "GpuRecovered";
+/// Reason of the Event when another driver (a VM's `vfio-pci`) holds a
+/// GPU, which is then not probed.
+pub const REASON_NOT_PROBED: &str = "GpuNotProbed";
 /// The Event's `action`.
 pub const ACTION: &str = "HealthCheck";
 /// Longest `note` the API accepts.
@@ -75,9 +79,9 @@ impl NodeEvents {
     }
 
     /// The Event object for `reason` and `note` at `now`: `Normal` for
-    /// [`REASON_RECOVERED`], `Warning` otherwise.
+    /// [`REASON_RECOVERED`] and [`REASON_NOT_PROBED`], `Warning` otherwise.
     pub fn event(&self, reason: &str, note: &str, now: Timestamp) -> Event {
-        let type_ = if reason == REASON_RECOVERED {
+        let type_ = if reason == REASON_RECOVERED || reason == REASON_NOT_PROBED {
             "Normal"
         } else {
             "Warning"
@@ -156,6 +160,8 @@ mod tests {
         assert_eq!(event.type_.as_deref(), Some("Warning"));
         let recovered = events.event(REASON_RECOVERED, "ok", Timestamp::now());
         assert_eq!(recovered.type_.as_deref(), Some("Normal"));
+        let handed_over = events.event(REASON_NOT_PROBED, "vfio-pci", Timestamp::now());
+        assert_eq!(handed_over.type_.as_deref(), Some("Normal"));
         assert!(event.note.as_ref().unwrap().len() <= NOTE_MAX_BYTES);
         assert!(event.note.as_ref().unwrap().ends_with("..."));
         events.record(

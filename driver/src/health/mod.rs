@@ -11,8 +11,11 @@
 //!   results sent to the publisher, the health stream, the checkpoint;
 //! - [`flags`]: `--health`, `--health-poll-interval` and the policy flags;
 //! - [`metrics`]: the `gpu_health_*` Prometheus metrics;
-//! - [`events`]: Node Events at transitions.
+//! - [`events`]: Node Events at transitions;
+//! - [`binding`]: which driver holds each GPU (`--passthrough`: a GPU on
+//!   `vfio-pci` is not probed).
 
+pub mod binding;
 pub mod classify;
 pub mod events;
 pub mod flags;

@@ -11,6 +11,11 @@
 //! ages a device to Unknown; if the task wedges (an NVML poll that never
 //! returns), the re-sends stop and kubelet's 30 s timeout shows Unknown.
 //!
+//! Passthrough: under `--passthrough` each poll (and each failed event
+//! wait or event) first reads which driver holds the GPU; a GPU that a VFIO
+//! claim put on `vfio-pci` is not probed and is reported Unknown, not lost
+//! ([`super::binding`]).
+//!
 //! NVLink: a poll whose link states differ from the published inventory
 //! reads that GPU again and republishes the inventory (`nvlinkCount` and
 //! `nvlinkDomain` follow the active links).
@@ -26,6 +31,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::binding::Bindings;
 use super::classify::Policy;
 use super::events::NodeEvents;
 use super::metrics::{DeviceView, HealthMetrics, recovery_raw};
@@ -71,6 +77,10 @@ pub struct Setup {
     pub boot_id: String,
     /// The pool (node) name the health list names devices in.
     pub pool: String,
+    /// Where each GPU's driver is read (`--passthrough`: the sysfs root):
+    /// a GPU another driver holds (a VFIO claim's `vfio-pci`) is not
+    /// probed and is Unknown, not lost ([`Bindings`]); `None`: not read.
+    pub sysfs_root: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Setup {
@@ -112,6 +122,7 @@ impl Setup {
             store_path,
             boot_id,
             pool,
+            sysfs_root: None,
         }
     }
 }
@@ -250,6 +261,8 @@ pub async fn start(setup: Setup, outputs: Outputs) -> Result<MonitorHandle, Erro
         now,
     );
 
+    let bindings = Bindings::new(setup.sysfs_root.clone(), &setup.inventory);
+
     // One event thread per GPU; wait for every registration.
     let (tx, mut rx) = mpsc::unbounded_channel();
     let threads_stop = Arc::new(AtomicBool::new(false));
@@ -289,6 +302,7 @@ pub async fn start(setup: Setup, outputs: Outputs) -> Result<MonitorHandle, Erro
             &mut tracker,
             &outputs.metrics,
             &gpus,
+            &bindings,
             msg,
             SystemTime::now(),
         );
@@ -299,6 +313,7 @@ pub async fn start(setup: Setup, outputs: Outputs) -> Result<MonitorHandle, Erro
         outputs,
         tracker,
         gpus,
+        bindings,
         store,
         model: None,
         sent_taints: None,
@@ -403,10 +418,13 @@ fn watch_gpu(
                 if !unmonitored {
                     tracing::warn!(gpu = index, error = %e, "cannot register NVML events: GPU unmonitored (still polled)");
                     unmonitored = true;
-                    let why = format!("event registration failed: {e}");
-                    if tx.send(Msg::Unmonitored { index, why }).is_err() {
-                        return;
-                    }
+                }
+                // Every failed retry is reported: the GPU may have come back
+                // from another driver since the last one (the tracker does
+                // not raise `unmonitored` while another driver holds it).
+                let why = format!("event registration failed: {e}");
+                if tx.send(Msg::Unmonitored { index, why }).is_err() {
+                    return;
                 }
                 if let Some(r) = registered.take() {
                     let _ = r.send(index);
@@ -424,17 +442,25 @@ fn watch_gpu(
     }
 }
 
-/// Feeds one thread message to the tracker.
+/// Feeds one thread message to the tracker. What NVML says of a GPU
+/// another driver holds (its events, a failed wait) is not believed: the
+/// GPU is marked not probed instead.
 fn apply(
     tracker: &mut Tracker,
     metrics: &HealthMetrics,
     gpus: &[GpuId],
+    bindings: &Bindings,
     msg: Msg,
     now: SystemTime,
 ) {
     match msg {
         Msg::Event(event) => {
             let uuid = uuid_of(gpus, event.gpu_index);
+            if let Some(driver) = bindings.elsewhere(event.gpu_index) {
+                tracing::info!(gpu = event.gpu_index, uuid, driver, kind = ?event.kind, "NVML event of a GPU another driver holds: ignored");
+                tracker.bound_elsewhere(event.gpu_index, Some(&driver));
+                return;
+            }
             tracing::info!(
                 gpu = event.gpu_index,
                 uuid,
@@ -448,9 +474,23 @@ fn apply(
             }
             tracker.event(&event, now);
         }
-        Msg::Unmonitored { index, why } => tracker.unmonitored(index, &why, now),
+        Msg::Unmonitored { index, why } => match bindings.elsewhere(index) {
+            Some(driver) => tracker.bound_elsewhere(index, Some(&driver)),
+            None => {
+                tracker.bound_elsewhere(index, None);
+                tracker.unmonitored(index, &why, now);
+            }
+        },
         Msg::Monitored { index } => tracker.monitored(index),
     }
+}
+
+/// What one GPU's poll found.
+enum Probe<P, I> {
+    /// Another driver holds the GPU: not probed.
+    Elsewhere(String),
+    /// NVML's poll and the GPU's MIG instances (when it has MIG on).
+    Polled(P, I),
 }
 
 /// The UUID of GPU `index` (empty for a GPU not watched).
@@ -467,6 +507,7 @@ struct State {
     outputs: Outputs,
     tracker: Tracker,
     gpus: Vec<GpuId>,
+    bindings: Bindings,
     store: Option<HealthStore>,
     model: Option<DeviceModel>,
     /// The taints last sent (none sent yet: `None`).
@@ -496,7 +537,7 @@ impl State {
                 _ = &mut stopped => break,
                 msg = rx.recv(), if events_open => match msg {
                     Some(msg) => {
-                        apply(&mut self.tracker, &self.outputs.metrics, &self.gpus, msg, SystemTime::now());
+                        apply(&mut self.tracker, &self.outputs.metrics, &self.gpus, &self.bindings, msg, SystemTime::now());
                         due.get_or_insert(Instant::now() + self.setup.debounce);
                     }
                     None => events_open = false,
@@ -546,15 +587,25 @@ impl State {
             .map(|g| g.info.index)
             .collect();
         let clear_path = self.setup.store_path.with_file_name(store::CLEAR_FILE);
+        let bindings = self.bindings.clone();
         let polled = tokio::task::spawn_blocking(move || {
             let clear = store::take_clear_request(&clear_path);
             let polled = indices
                 .into_iter()
                 .map(|i| {
+                    if let Some(driver) = bindings.elsewhere(i) {
+                        return (i, Probe::Elsewhere(driver));
+                    }
                     // The live MIG devices, so events with a GPU instance id
                     // land on the device (dynamic MIG creates them at prepare).
                     let instances = mig.contains(&i).then(|| backend.gpu_instances(i));
-                    (i, source.poll(i), instances)
+                    let poll = source.poll(i);
+                    // Read again: NVML's answers about a GPU rebound during
+                    // the poll say nothing of its health.
+                    match bindings.elsewhere(i) {
+                        Some(driver) => (i, Probe::Elsewhere(driver)),
+                        None => (i, Probe::Polled(poll, instances)),
+                    }
                 })
                 .collect::<Vec<_>>();
             (clear, polled)
@@ -577,7 +628,20 @@ impl State {
         }
         let mut reached = false;
         let mut links_changed = Vec::new();
-        for (index, result, instances) in polled {
+        for (index, probe) in polled {
+            let (result, instances) = match probe {
+                Probe::Elsewhere(driver) => {
+                    // Done what could be done: a node whose only GPU runs a
+                    // VM must not look like a monitor that stopped.
+                    reached = true;
+                    self.tracker.bound_elsewhere(index, Some(&driver));
+                    continue;
+                }
+                Probe::Polled(result, instances) => {
+                    self.tracker.bound_elsewhere(index, None);
+                    (result, instances)
+                }
+            };
             let uuid = uuid_of(&self.gpus, index).to_owned();
             match instances {
                 Some(Ok(instances)) => {

@@ -53,7 +53,8 @@ pub fn device_taints(tracker: &Tracker, model: &DeviceModel) -> BTreeMap<String,
 }
 
 /// The health of every device of `model` in `pool`, stamped `now`. A
-/// device on a GPU the tracker does not watch is Unknown.
+/// device on a GPU the tracker does not watch, or on a GPU another driver
+/// holds (not probed) without an unhealthy condition, is Unknown.
 pub fn device_health(
     tracker: &Tracker,
     model: &DeviceModel,
@@ -72,7 +73,21 @@ pub fn device_health(
                 Some(report) => {
                     let conditions = applying(report, device);
                     let (_, dropped) = taints_of(tracker.policy(), &conditions);
-                    health_of(&conditions, &dropped)
+                    let (status, message) = health_of(&conditions, &dropped);
+                    match &report.not_probed {
+                        // Held by another driver (a VM's `vfio-pci`):
+                        // nothing says it is healthy, or sick, now.
+                        Some(why) if status == HealthStatus::Healthy => (
+                            HealthStatus::Unknown,
+                            if message.is_empty() {
+                                cut_message(why)
+                            } else {
+                                cut_message(&format!("{why}; {message}"))
+                            },
+                        ),
+                        Some(why) => (status, cut_message(&format!("{message}; {why}"))),
+                        None => (status, message),
+                    }
                 }
             };
             DeviceHealth {

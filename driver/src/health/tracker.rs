@@ -39,6 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use self::gpu::GpuState;
 use super::classify::{Policy, rfc3339};
+use crate::vfio::NVIDIA_DRIVER;
 
 /// Most conditions one GPU keeps (all scopes); beyond it the oldest
 /// informational ones go first.
@@ -292,6 +293,8 @@ pub struct GpuReport {
     pub xid_counts: BTreeMap<u64, u64>,
     /// Active conditions, GPU scope first, then by key.
     pub conditions: Vec<Condition>,
+    /// Why the GPU is not probed (another driver holds it); `None`: probed.
+    pub not_probed: Option<String>,
 }
 
 impl GpuReport {
@@ -519,10 +522,17 @@ impl Tracker {
         self.finish(&before);
     }
 
-    /// Events of GPU `index` cannot be watched (registration failed).
+    /// Events of GPU `index` cannot be watched (registration failed). Not
+    /// raised while another driver holds the GPU: NVML cannot reach it
+    /// then (see [`Tracker::bound_elsewhere`]); the event thread reports
+    /// again at each registration retry.
     pub fn unmonitored(&mut self, index: u32, why: &str, now: SystemTime) {
         let before = self.snapshot();
-        if let Some(gpu) = self.gpus.iter_mut().find(|g| g.id.index == index) {
+        if let Some(gpu) = self
+            .gpus
+            .iter_mut()
+            .find(|g| g.id.index == index && g.elsewhere.is_none())
+        {
             gpu.raise_simple(
                 Key::Unmonitored,
                 None,
@@ -542,6 +552,35 @@ impl Tracker {
         let before = self.snapshot();
         if let Some(gpu) = self.gpus.iter_mut().find(|g| g.id.index == index) {
             gpu.conditions.remove(&(Scope::Gpu, Key::Unmonitored));
+        }
+        self.finish(&before);
+    }
+
+    /// GPU `index` is held by `driver` instead of `nvidia` (a VFIO claim
+    /// rebound it to `vfio-pci`), or back on `nvidia` (`None`). While held
+    /// it is not probed: its GPU scope is at least Unknown with a message
+    /// saying so, `unmonitored` is dropped and not raised, and its other
+    /// conditions stay as they were (no poll can clear them). Once back,
+    /// the monitor probes it again; the event thread reports whether its
+    /// events can be watched.
+    pub fn bound_elsewhere(&mut self, index: u32, driver: Option<&str>) {
+        let before = self.snapshot();
+        if let Some(gpu) = self.gpus.iter_mut().find(|g| g.id.index == index) {
+            let driver = driver.map(|d| cut(d, 64));
+            if gpu.elsewhere != driver {
+                tracing::info!(
+                    gpu = index,
+                    uuid = %gpu.id.uuid,
+                    driver = driver.as_deref().unwrap_or(NVIDIA_DRIVER),
+                    "GPU driver changed: {}",
+                    if driver.is_some() { "not probed while another driver holds it" } else { "probed again" }
+                );
+                if driver.is_some() {
+                    gpu.conditions.remove(&(Scope::Gpu, Key::Unmonitored));
+                }
+                gpu.elsewhere = driver;
+                self.changed = true;
+            }
         }
         self.finish(&before);
     }
@@ -607,6 +646,7 @@ impl Tracker {
                 recovery_action: g.action,
                 xid_counts: g.xid_counts.clone(),
                 conditions: g.conditions.values().cloned().collect(),
+                not_probed: g.not_probed(),
             })
             .collect()
     }
@@ -688,6 +728,9 @@ impl Tracker {
             let gpu = &self.gpus[i];
             let reason = match to {
                 HealthState::Unhealthy => "GpuUnhealthy",
+                HealthState::Unknown if scope == Scope::Gpu && gpu.elsewhere.is_some() => {
+                    "GpuNotProbed"
+                }
                 HealthState::Unknown => "GpuUnmonitored",
                 HealthState::Degraded if from < to => "GpuDegraded",
                 HealthState::Degraded | HealthState::Healthy => "GpuRecovered",

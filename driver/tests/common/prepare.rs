@@ -65,7 +65,9 @@ pub async fn node_yaml(yaml: &str, extra: &[&str], version: DraVersion) -> Node 
     start_node(dir, env, extra, version, &[]).await
 }
 
-async fn start_node(
+/// A node on the machine `env` (laid out in `dir`), the plugin started
+/// with `extra` flags and `envs`, registered in `version`.
+pub async fn start_node(
     dir: tempfile::TempDir,
     env: TestEnv,
     extra: &[&str],

@@ -756,3 +756,55 @@ fn whole_gpu_fault_taints_the_vfio_sibling_and_its_health() {
     assert_eq!(vfio2.status, HealthStatus::Unknown);
     assert!(vfio2.message.contains("NVML: Not Supported"));
 }
+
+#[test]
+fn a_gpu_on_vfio_pci_is_unknown_untainted_and_keeps_earlier_faults() {
+    let model = passthrough_node();
+    let mut tr = tracker_for(&model, Policy::default());
+    tr.event(&xid(2, 13, None), t(1));
+    tr.bound_elsewhere(0, Some("vfio-pci"));
+    tr.bound_elsewhere(2, Some("vfio-pci"));
+    assert!(
+        device_taints(&tr, &model).keys().all(|d| d.ends_with('2')),
+        "no taint for being handed to a VM: {:?}",
+        device_taints(&tr, &model)
+    );
+    let health = device_health(&tr, &model, "node-a", t(2));
+    let by_name: BTreeMap<&str, &DeviceHealth> =
+        health.iter().map(|h| (h.device_name.as_str(), h)).collect();
+    for name in ["gpu-0", "gpu-vfio-0"] {
+        let h = by_name[name];
+        assert_eq!(h.status, HealthStatus::Unknown, "{name}");
+        assert!(
+            h.message
+                .starts_with("not probed: the GPU is bound to vfio-pci"),
+            "{name}: {}",
+            h.message
+        );
+    }
+    // An informational fault from before: Unknown, both messages.
+    let vfio2 = by_name["gpu-vfio-2"];
+    assert_eq!(vfio2.status, HealthStatus::Unknown);
+    assert!(
+        vfio2.message.contains("vfio-pci") && vfio2.message.contains("XID 13"),
+        "{}",
+        vfio2.message
+    );
+    assert_eq!(by_name["gpu-vfio-1"].status, HealthStatus::Healthy);
+    assert_eq!(by_name["gpu-vfio-1"].message, "");
+
+    // A fatal fault from before stays Unhealthy, the hand-over told after.
+    tr.event(&xid(2, 79, None), t(3));
+    let health = device_health(&tr, &model, "node-a", t(4));
+    let vfio2 = health
+        .iter()
+        .find(|h| h.device_name == "gpu-vfio-2")
+        .unwrap();
+    assert_eq!(vfio2.status, HealthStatus::Unhealthy);
+    assert!(
+        vfio2.message.contains("XID 79") && vfio2.message.ends_with("cannot reach it"),
+        "{}",
+        vfio2.message
+    );
+    assert!(vfio2.message.chars().count() <= MAX_HEALTH_MESSAGE);
+}

@@ -38,6 +38,9 @@ pub(super) struct GpuState {
     pub(super) info_xids: BTreeMap<Scope, VecDeque<SystemTime>>,
     pub(super) xid_counts: BTreeMap<u64, u64>,
     pub(super) mig: BTreeMap<u32, (u32, u32)>,
+    /// The driver holding the GPU instead of `nvidia` (a VFIO claim's
+    /// `vfio-pci`): not probed, Unknown; `None`: on `nvidia`.
+    pub(super) elsewhere: Option<String>,
 }
 
 /// A condition to raise.
@@ -67,16 +70,34 @@ impl GpuState {
             info_xids: BTreeMap::new(),
             xid_counts: BTreeMap::new(),
             mig: BTreeMap::new(),
+            elsewhere: None,
         }
     }
 
+    /// The scope's health: its worst condition; at least Unknown for the
+    /// GPU scope of a GPU held by another driver (not probed).
     pub(super) fn state(&self, scope: Scope) -> HealthState {
-        self.conditions
+        let worst = self
+            .conditions
             .values()
             .filter(|c| c.scope == scope)
             .map(Condition::state)
             .max()
-            .unwrap_or(HealthState::Healthy)
+            .unwrap_or(HealthState::Healthy);
+        if scope == Scope::Gpu && self.elsewhere.is_some() {
+            worst.max(HealthState::Unknown)
+        } else {
+            worst
+        }
+    }
+
+    /// Why the GPU is not probed, when another driver holds it.
+    pub(super) fn not_probed(&self) -> Option<String> {
+        self.elsewhere.as_deref().map(|driver| {
+            format!(
+                "not probed: the GPU is bound to {driver}, not nvidia (passed through to a VM), and NVML cannot reach it"
+            )
+        })
     }
 
     /// The messages of the scope's conditions, worst first.
@@ -87,12 +108,17 @@ impl GpuState {
             .filter(|c| c.scope == scope)
             .collect();
         list.sort_by_key(|c| std::cmp::Reverse(c.state()));
-        let text = list
-            .iter()
-            .map(|c| c.message.as_str())
-            .collect::<Vec<_>>()
-            .join("; ");
-        (!list.is_empty()).then(|| cut(&text, 1024))
+        let not_probed = if scope == Scope::Gpu {
+            self.not_probed()
+        } else {
+            None
+        };
+        let texts: Vec<&str> = not_probed
+            .as_deref()
+            .into_iter()
+            .chain(list.iter().map(|c| c.message.as_str()))
+            .collect();
+        (!texts.is_empty()).then(|| cut(&texts.join("; "), 1024))
     }
 
     pub(super) fn raise(&mut self, r: Raise, now: SystemTime) {

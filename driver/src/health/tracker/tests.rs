@@ -583,6 +583,91 @@ fn unmonitored_is_unknown_until_watched_again() {
 }
 
 #[test]
+fn a_gpu_another_driver_holds_is_unknown_not_unmonitored_and_keeps_its_faults() {
+    let mut tr = tracker();
+    // The event thread lost the GPU first: `unmonitored`, then the
+    // monitor sees it on vfio-pci.
+    tr.unmonitored(0, "event wait failed: GPU is lost", t(0));
+    assert_eq!(keys(&tr, 0), [Key::Unmonitored]);
+    let _ = tr.take_transitions();
+    let _ = tr.changed();
+    tr.bound_elsewhere(0, Some("vfio-pci"));
+    assert!(tr.changed(), "a health change to publish");
+    assert!(
+        keys(&tr, 0).is_empty(),
+        "no `unmonitored` taint while a VM holds it"
+    );
+    let report = &tr.conditions()[0];
+    assert_eq!(report.state, HealthState::Unknown);
+    let why = report.not_probed.as_deref().unwrap();
+    assert!(
+        why.contains("vfio-pci") && why.contains("not probed"),
+        "{why}"
+    );
+    // Unknown stays Unknown: no transition, no Event.
+    assert!(tr.take_transitions().is_empty());
+    // Repeated reports while held change nothing.
+    tr.unmonitored(0, "event registration failed: GPU is lost", t(10));
+    tr.bound_elsewhere(0, Some("vfio-pci"));
+    assert!(keys(&tr, 0).is_empty());
+    assert!(!tr.changed());
+    // The other GPU is untouched.
+    assert_eq!(tr.conditions()[1].state, HealthState::Healthy);
+    assert_eq!(tr.conditions()[1].not_probed, None);
+
+    // Back on nvidia: probed again, Healthy; a failing registration after
+    // that is news again.
+    tr.bound_elsewhere(0, None);
+    assert!(tr.changed());
+    assert_eq!(tr.conditions()[0].state, HealthState::Healthy);
+    assert_eq!(tr.conditions()[0].not_probed, None);
+    let back = tr.take_transitions();
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!(
+        (back[0].from, back[0].to, back[0].reason),
+        (HealthState::Unknown, HealthState::Healthy, "GpuRecovered")
+    );
+    tr.unmonitored(0, "event registration failed: GPU is lost", t(20));
+    assert_eq!(keys(&tr, 0), [Key::Unmonitored]);
+    assert_eq!(tr.take_transitions()[0].reason, "GpuUnmonitored");
+
+    // A Healthy GPU handed over: one `GpuNotProbed` transition.
+    tr.bound_elsewhere(1, Some("no driver"));
+    let over = tr.take_transitions();
+    assert_eq!(over.len(), 1, "{over:?}");
+    assert_eq!(
+        (over[0].to, over[0].reason),
+        (HealthState::Unknown, "GpuNotProbed")
+    );
+    assert!(
+        over[0].message.contains("bound to no driver"),
+        "{}",
+        over[0].message
+    );
+
+    // Faults from before the hand-over stay (nothing probes them away) and
+    // keep the GPU Unhealthy; a hostile driver name is cut.
+    let mut tr = tracker();
+    tr.event(&xid(1, 79, None, 0), t(0));
+    tr.bound_elsewhere(1, Some(&"v\n".repeat(1000)));
+    assert_eq!(keys(&tr, 1), [Key::GpuLost, Key::Xid(79)]);
+    assert_eq!(tr.conditions()[1].state, HealthState::Unhealthy);
+    for s in (10..200).step_by(10) {
+        tr.tick(t(s));
+    }
+    assert_eq!(
+        keys(&tr, 1),
+        [Key::GpuLost, Key::Xid(79)],
+        "no poll, no recovery"
+    );
+    let why = tr.conditions()[1].not_probed.clone().unwrap();
+    assert!(why.len() < 300 && !why.contains('\n'), "{why}");
+    // Unknown GPUs are ignored.
+    tr.bound_elsewhere(9, Some("vfio-pci"));
+    assert_eq!(tr.conditions().len(), 2);
+}
+
+#[test]
 fn drain_p2p_is_degraded_until_recovered() {
     let mut tr = tracker();
     let mut p = HealthPoll::healthy();
