@@ -1,14 +1,15 @@
 //! The commands of the control file (`MOCK_NVML_CONTROL`), one per line
-//! (`xid 0 79`, `lose 1`, ...): [`Command`] and its parser, pure so that
+//! (`xid 0 79`, `lose 1`, `processes 0 4242:512`, ...): [`Command`] and its parser, pure so that
 //! hostile input is unit tested. [`crate::control`] follows the file and
 //! [`crate::faults`] applies each command.
 
 use std::fmt;
 
 use crate::health::{Recovery, Slowdown};
+use crate::processes::{self, MAX_PROCESSES, Process};
 
 /// One command. GPUs are named by their minor number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// `xid <minor> <xid> [<gi> <ci>]`: an XID event, of one MIG device
     /// when GI and CI are given, of the whole GPU otherwise.
@@ -89,6 +90,18 @@ pub enum Command {
         /// The new counter value.
         count: u32,
     },
+    /// `processes <minor> [<pid>[:<MiB>] ...]` (compute contexts) or
+    /// `graphics-processes <minor> ...` (graphics contexts): replaces that
+    /// list of the GPU's processes; no pid clears it.
+    Processes {
+        /// The GPU.
+        minor: u32,
+        /// The graphics list (true) or the compute list.
+        graphics: bool,
+        /// The new list (checked: pids not 0 and unique, at most
+        /// [`MAX_PROCESSES`]).
+        processes: Vec<Process>,
+    },
 }
 
 impl Command {
@@ -105,7 +118,8 @@ impl Command {
             | Command::RefuseEvents { minor }
             | Command::AcceptEvents { minor }
             | Command::Slowdown { minor, .. }
-            | Command::PcieReplays { minor, .. } => minor,
+            | Command::PcieReplays { minor, .. }
+            | Command::Processes { minor, .. } => minor,
         }
     }
 }
@@ -123,6 +137,8 @@ pub const USAGE: &[&str] = &[
     "accept-events <minor>",
     "slowdown <minor> none|hw|thermal|power-brake",
     "pcie-replays <minor> <count>",
+    "processes <minor> [<pid>[:<MiB>] ...]",
+    "graphics-processes <minor> [<pid>[:<MiB>] ...]",
 ];
 
 /// Why a line is not a command.
@@ -334,9 +350,43 @@ pub fn parse(line: &str) -> Result<Option<Command>, ParseError> {
                 count: number(verb, "count", args[1])?,
             }
         }
+        "processes" | "graphics-processes" => {
+            if args.is_empty() {
+                arity(&[1])?;
+            }
+            process_list(verb, minor()?, &args[1..])?
+        }
         _ => unreachable!("every verb of USAGE is handled"),
     };
     Ok(Some(command))
+}
+
+/// The list of a `processes` / `graphics-processes` line: each word
+/// `<pid>` or `<pid>:<MiB>`, then the list checked whole.
+fn process_list(verb: &str, minor: u32, words: &[&str]) -> Result<Command, ParseError> {
+    if words.len() > MAX_PROCESSES {
+        return Err(ParseError(format!(
+            "{verb}: {} processes given, at most {MAX_PROCESSES}",
+            words.len()
+        )));
+    }
+    let mut list = Vec::with_capacity(words.len());
+    for word in words {
+        let (pid, mib) = match word.split_once(':') {
+            Some((pid, mib)) => (pid, Some(mib)),
+            None => (*word, None),
+        };
+        list.push(Process {
+            pid: number(verb, "pid", pid)?,
+            used_mib: mib.map(|m| number(verb, "MiB", m)).transpose()?,
+        });
+    }
+    processes::check(verb, &list).map_err(ParseError)?;
+    Ok(Command::Processes {
+        minor,
+        graphics: verb == "graphics-processes",
+        processes: list,
+    })
 }
 
 /// Checks the raw bytes of a line and parses it: a NUL byte or invalid
@@ -502,6 +552,126 @@ mod tests {
         let e = err(&long);
         assert!(e.len() < 200, "{e}");
         assert!(e.contains('…'), "{e}");
+    }
+
+    #[test]
+    fn process_lists_parse() {
+        let p = |pid, used_mib| Process { pid, used_mib };
+        assert_eq!(
+            ok("processes 0 4242:512 4243"),
+            Command::Processes {
+                minor: 0,
+                graphics: false,
+                processes: vec![p(4242, Some(512)), p(4243, None)],
+            }
+        );
+        assert_eq!(
+            ok("graphics-processes 3 7:0"),
+            Command::Processes {
+                minor: 3,
+                graphics: true,
+                processes: vec![p(7, Some(0))],
+            }
+        );
+        // No pid clears the list.
+        assert_eq!(
+            ok("processes 2"),
+            Command::Processes {
+                minor: 2,
+                graphics: false,
+                processes: Vec::new(),
+            }
+        );
+        assert_eq!(ok("graphics-processes 2").minor(), 2);
+        assert_eq!(
+            ok("processes 0 4294967295:17592186044415"),
+            Command::Processes {
+                minor: 0,
+                graphics: false,
+                processes: vec![p(u32::MAX, Some(processes::MAX_USED_MIB))],
+            }
+        );
+        let full: Vec<String> = (1..=64).map(|pid| pid.to_string()).collect();
+        let Command::Processes { processes, .. } = ok(&format!("processes 0 {}", full.join(" ")))
+        else {
+            panic!("not a processes command")
+        };
+        assert_eq!(processes.len(), 64);
+    }
+
+    #[test]
+    fn hostile_process_lists_are_precise_errors() {
+        let too_many: Vec<String> = (1..=65).map(|pid| pid.to_string()).collect();
+        let too_many = format!("processes 0 {}", too_many.join(" "));
+        for (line, expect) in [
+            (
+                "processes",
+                "processes: 0 argument(s) given, expected: processes <minor> [<pid>[:<MiB>] ...]",
+            ),
+            (
+                "graphics-processes",
+                "graphics-processes: 0 argument(s) given",
+            ),
+            (
+                "processes x 1",
+                "processes: minor \"x\" is not a decimal number",
+            ),
+            ("processes 0 0", "processes: pid 0 is not a process"),
+            ("processes 0 0:12", "processes: pid 0 is not a process"),
+            ("processes 0 7 8 7", "processes: pid 7 is listed twice"),
+            ("processes 0 7:1 7:2", "processes: pid 7 is listed twice"),
+            (
+                "graphics-processes 0 -1",
+                "graphics-processes: pid \"-1\" is not a decimal number",
+            ),
+            (
+                "processes 0 4294967296",
+                "processes: pid \"4294967296\" is out of range (0 to 4294967295)",
+            ),
+            (
+                "processes 0 99999999999999999999999",
+                "processes: pid \"99999999999999999999999\" is out of range",
+            ),
+            (
+                "processes 0 7:18446744073709551616",
+                "processes: MiB \"18446744073709551616\" is out of range",
+            ),
+            (
+                "processes 0 7:17592186044416",
+                "processes: pid 7: 17592186044416 MiB is out of range (0 to 17592186044415)",
+            ),
+            (
+                "processes 0 7:",
+                "processes: MiB \"\" is not a decimal number",
+            ),
+            (
+                "processes 0 :5",
+                "processes: pid \"\" is not a decimal number",
+            ),
+            (
+                "processes 0 7:1:2",
+                "processes: MiB \"1:2\" is not a decimal number",
+            ),
+            (
+                "processes 0 7:0x10",
+                "processes: MiB \"0x10\" is not a decimal number",
+            ),
+            (
+                "processes 0 7,8",
+                "processes: pid \"7,8\" is not a decimal number",
+            ),
+            (
+                "processes 0 4242 junk",
+                "processes: pid \"junk\" is not a decimal number",
+            ),
+            (
+                too_many.as_str(),
+                "processes: 65 processes given, at most 64",
+            ),
+        ] {
+            let e = err(line);
+            assert!(e.contains(expect), "{line:?}: {e}");
+        }
     }
 
     #[test]

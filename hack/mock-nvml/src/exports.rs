@@ -85,6 +85,8 @@ pub const NVML_FUNCTIONS: &[&str] = &[
     "nvmlDeviceGetCurrentClocksEventReasons",
     "nvmlDeviceGetCurrentClocksThrottleReasons",
     "nvmlDeviceGetPcieReplayCounter",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
 ];
 
 /// The extra, non-NVML function that returns why `nvmlInit` failed.

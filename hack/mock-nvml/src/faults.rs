@@ -98,6 +98,19 @@ pub fn is_lost(gpu: usize) -> bool {
     with_gpu(gpu, |h| h.lost).unwrap_or(false)
 }
 
+/// The processes on GPU `gpu`, graphics or compute contexts; none when
+/// the state does not know the GPU.
+pub fn processes(gpu: usize, graphics: bool) -> Vec<crate::processes::Process> {
+    with_gpu(gpu, |h| {
+        if graphics {
+            h.graphics_processes.clone()
+        } else {
+            h.compute_processes.clone()
+        }
+    })
+    .unwrap_or_default()
+}
+
 /// Whether a link of the profile is up (links the profile does not have
 /// are never up).
 pub fn link_up(gpu: usize, link: u32) -> bool {
@@ -307,6 +320,20 @@ pub fn apply(command: &Command) -> Result<(), String> {
         Command::AcceptEvents { .. } => next.refuse_events = false,
         Command::Slowdown { reason, .. } => next.clock_reasons = reason.bits(),
         Command::PcieReplays { count, .. } => next.pcie_replays = count,
+        Command::Processes {
+            graphics,
+            ref processes,
+            ..
+        } => {
+            // The parser checked the list; a command built another way is
+            // checked again, so the state never holds a list NVML could not.
+            crate::processes::check("processes", processes)?;
+            if graphics {
+                next.graphics_processes.clone_from(processes);
+            } else {
+                next.compute_processes.clone_from(processes);
+            }
+        }
     }
     world.gpus[gpu] = next;
     for (event_type, data, instance) in events {

@@ -3,7 +3,9 @@
 //! control commands change (see [`crate::control`] and [`crate::faults`]),
 //! and what the health queries answer from it: the recovery action (field
 //! 230), remapped rows, retired pages, ECC counts, clock-event reasons, the
-//! PCIe replay counter and the supported event types.
+//! PCIe replay counter and the supported event types. The GPU's process
+//! lists live beside its faults (the control file changes both; see
+//! [`crate::processes`]).
 
 use std::collections::BTreeSet;
 
@@ -11,6 +13,7 @@ use nvml_wrapper_sys::bindings as sys;
 use serde::{Deserialize, Serialize};
 
 use crate::hardware::GpuModel;
+use crate::processes::Process;
 
 /// `nvmlEventTypeSingleBitEccError`.
 pub const EVENT_SBE: u64 = 0x1;
@@ -200,6 +203,10 @@ pub struct GpuHealth {
     pub clock_reasons: u64,
     /// PCIe replay counter.
     pub pcie_replays: u32,
+    /// Processes with a compute context (`processes` command).
+    pub compute_processes: Vec<Process>,
+    /// Processes with a graphics context (`graphics-processes` command).
+    pub graphics_processes: Vec<Process>,
 }
 
 /// The major number of a driver version like `580.95.05`.
@@ -229,6 +236,8 @@ impl GpuHealth {
             refuse_events: false,
             clock_reasons: 0,
             pcie_replays: 0,
+            compute_processes: Vec::new(),
+            graphics_processes: Vec::new(),
         }
     }
 

@@ -22,6 +22,7 @@ pub mod ids;
 pub mod machine;
 pub mod mig;
 pub mod pci;
+pub mod processes;
 pub mod profile;
 pub mod state;
 pub mod sysfs;

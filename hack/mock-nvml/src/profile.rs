@@ -16,6 +16,7 @@ use crate::health::{GpuHealth, HealthSpec};
 use crate::ids;
 use crate::mig::MigState;
 use crate::pci::{self, PciAddress};
+use crate::processes::{self, ProcessSpec};
 
 /// The profile document.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,6 +89,9 @@ pub struct GpuSpec {
     /// Faults present at start (see `health.rs` and the README).
     #[serde(default)]
     pub health: Option<HealthSpec>,
+    /// Processes with a context on the GPU at start (see `processes.rs`).
+    #[serde(default)]
+    pub processes: Vec<ProcessSpec>,
 }
 
 /// Compute modes (`nvmlComputeMode_t`).
@@ -514,7 +518,7 @@ fn validate(spec: ProfileSpec) -> Result<Profile, String> {
     let mut mig_uuids = HashSet::new();
     for (i, g) in spec.gpus.iter().enumerate() {
         let gpu = validate_gpu(g, gpu_addrs[i], &gpu_addrs, &nvswitches, &mut mig_uuids)
-            .and_then(|gpu| with_health(gpu, g.health.as_ref(), &spec.driver_version))
+            .and_then(|gpu| with_health(gpu, g, &spec.driver_version))
             .map_err(|e| format!("gpus[{i}] ({}): {e}", g.uuid))?;
         if !uuids.insert(gpu.uuid.clone()) {
             return Err(format!(
@@ -554,14 +558,19 @@ fn validate(spec: ProfileSpec) -> Result<Profile, String> {
     })
 }
 
-/// Sets a validated GPU's health at start from its `health:` block.
-fn with_health(mut gpu: Gpu, spec: Option<&HealthSpec>, driver: &str) -> Result<Gpu, String> {
+/// Sets a validated GPU's health at start from its `health:` block and
+/// its processes from `processes:`.
+fn with_health(mut gpu: Gpu, g: &GpuSpec, driver: &str) -> Result<Gpu, String> {
     let links = gpu.nvlinks.keys().copied().collect();
     let healthy = GpuHealth::healthy(&gpu.model, gpu.minor, links, driver);
-    gpu.health = match spec {
+    let mut health = match &g.health {
         Some(spec) => healthy.with_spec(spec)?,
         None => healthy,
     };
+    let (compute, graphics) = processes::from_specs(&g.processes)?;
+    health.compute_processes = compute;
+    health.graphics_processes = graphics;
+    gpu.health = health;
     Ok(gpu)
 }
 

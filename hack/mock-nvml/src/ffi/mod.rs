@@ -20,6 +20,7 @@ mod health;
 mod instances;
 mod links;
 mod mig_device;
+mod processes;
 mod system;
 
 /// Declares an exported NVML function: `#[unsafe(no_mangle)] pub unsafe

@@ -500,3 +500,57 @@ fn limits_are_checked_while_reading() {
         )
     );
 }
+
+#[test]
+fn processes_are_read_and_checked() {
+    let p = parse(&edit(
+        "    minor: 1\n",
+        "    minor: 1\n    processes:\n      - {pid: 4242, usedMib: 512}\n      - {pid: 4243}\n      - {pid: 4242, graphics: true}\n",
+    ));
+    let h = &p.gpus[1].health;
+    assert_eq!(
+        h.compute_processes,
+        vec![
+            crate::processes::Process {
+                pid: 4242,
+                used_mib: Some(512)
+            },
+            crate::processes::Process {
+                pid: 4243,
+                used_mib: None
+            },
+        ]
+    );
+    assert_eq!(h.graphics_processes.len(), 1);
+    assert!(p.gpus[0].health.compute_processes.is_empty());
+
+    let with = |list: &str| {
+        edit(
+            "    minor: 1\n",
+            &format!("    minor: 1\n    processes: {list}\n"),
+        )
+    };
+    assert_error(
+        &with("[{pid: 0}]"),
+        &[
+            "gpus[1] (GPU-",
+            "processes (compute): pid 0 is not a process",
+        ],
+    );
+    assert_error(
+        &with("[{pid: 7, graphics: true}, {pid: 7, graphics: true}]"),
+        &["processes (graphics): pid 7 is listed twice"],
+    );
+    assert_error(&with("[{pid: -1}]"), &["pid"]);
+    assert_error(&with("[{pid: 4294967296}]"), &["pid"]);
+    assert_error(
+        &with("[{pid: 7, usedMib: 18446744073709551615}]"),
+        &["pid 7: 18446744073709551615 MiB is out of range"],
+    );
+    assert_error(&with("[{pid: 7, user: root}]"), &["unknown field `user`"]);
+    let many: Vec<String> = (1..=65).map(|pid| format!("{{pid: {pid}}}")).collect();
+    assert_error(
+        &with(&format!("[{}]", many.join(", "))),
+        &["65 processes, at most 64"],
+    );
+}

@@ -1,0 +1,265 @@
+//! The running-process functions at the C ABI: NVML's in/out count
+//! contract (size query, too small a buffer, null arguments), the lists the
+//! control file sets, MIG handles and a lost GPU, and nvml-wrapper's safe
+//! API over them.
+#![allow(unsafe_code)]
+
+mod common;
+
+use std::ffi::c_uint;
+use std::time::{Duration, Instant};
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper_sys::bindings as sys;
+
+const SUCCESS: u32 = 0;
+const INVALID_ARGUMENT: u32 = 2;
+const NOT_SUPPORTED: u32 = 3;
+const INSUFFICIENT_SIZE: u32 = 7;
+const GPU_IS_LOST: u32 = 15;
+
+/// Calls an NVML function of `nvml`'s library by name.
+macro_rules! call {
+    ($nvml:expr, $f:ident($($arg:expr),* $(,)?)) => {{
+        let f = $nvml.lib().$f.as_ref().expect(stringify!($f));
+        // SAFETY: the arguments are handles of this library (or a MIG
+        // handle, which it refuses) and pointers to live locals or null.
+        unsafe { f($($arg),*) }
+    }};
+}
+
+fn empty() -> sys::nvmlProcessInfo_t {
+    sys::nvmlProcessInfo_t {
+        pid: 0,
+        usedGpuMemory: 0,
+        gpuInstanceId: 0,
+        computeInstanceId: 0,
+    }
+}
+
+/// A private copy of the library on the `mixed` profile, following
+/// `control` (which holds `commands` before init).
+fn fake(commands: &str) -> (tempfile::TempDir, std::path::PathBuf, Nvml) {
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("control");
+    std::fs::write(&control, commands).unwrap();
+    let lib = nvidia_ml::fixture::install_with(
+        &dir.path().join("lib"),
+        &nvidia_ml::fixture::bundled_profile("mixed"),
+        &nvidia_ml::fixture::InstallOptions {
+            control: Some(control.clone()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let nvml = Nvml::builder().lib_path(lib.as_os_str()).init().unwrap();
+    (dir, control, nvml)
+}
+
+fn append(control: &std::path::Path, line: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(control)
+        .unwrap();
+    writeln!(f, "{line}").unwrap();
+}
+
+/// Waits until `check` holds (the control file is followed every 50 ms).
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_count_contract_is_nvmls() {
+    let (_dir, _control, nvml) = fake("processes 2 4242:512 4243\ngraphics-processes 2 77\n");
+    // SAFETY: only the opaque handle value is taken.
+    let l4 = unsafe { nvml.device_by_index(2).unwrap().handle() };
+    // SAFETY: as above.
+    let idle = unsafe { nvml.device_by_index(3).unwrap().handle() };
+
+    // Size query: null array, count 0.
+    let mut n: c_uint = 0;
+    assert_eq!(
+        call!(
+            nvml,
+            nvmlDeviceGetComputeRunningProcesses_v3(l4, &raw mut n, std::ptr::null_mut())
+        ),
+        INSUFFICIENT_SIZE
+    );
+    assert_eq!(n, 2);
+    let mut n: c_uint = 0;
+    assert_eq!(
+        call!(
+            nvml,
+            nvmlDeviceGetComputeRunningProcesses_v3(idle, &raw mut n, std::ptr::null_mut())
+        ),
+        SUCCESS
+    );
+    assert_eq!(n, 0);
+
+    // Too small a buffer: the number is written, nothing is copied.
+    let mut infos = [empty(); 3];
+    let mut n: c_uint = 1;
+    assert_eq!(
+        call!(
+            nvml,
+            nvmlDeviceGetComputeRunningProcesses_v3(l4, &raw mut n, infos.as_mut_ptr())
+        ),
+        INSUFFICIENT_SIZE
+    );
+    assert_eq!(n, 2);
+    assert_eq!(infos[0].pid, 0);
+
+    // Enough room.
+    let mut n: c_uint = 3;
+    assert_eq!(
+        call!(
+            nvml,
+            nvmlDeviceGetComputeRunningProcesses_v3(l4, &raw mut n, infos.as_mut_ptr())
+        ),
+        SUCCESS
+    );
+    assert_eq!(n, 2);
+    assert_eq!(infos[0].pid, 4242);
+    assert_eq!(infos[0].usedGpuMemory, 512 << 20);
+    assert_eq!(infos[0].gpuInstanceId, 0xFFFF_FFFF);
+    assert_eq!(infos[0].computeInstanceId, 0xFFFF_FFFF);
+    assert_eq!(infos[1].pid, 4243);
+    assert_eq!(infos[1].usedGpuMemory, u64::MAX, "not available");
+    assert_eq!(infos[2].pid, 0, "untouched past the count");
+
+    let mut n: c_uint = 3;
+    assert_eq!(
+        call!(
+            nvml,
+            nvmlDeviceGetGraphicsRunningProcesses_v3(l4, &raw mut n, infos.as_mut_ptr())
+        ),
+        SUCCESS
+    );
+    assert_eq!((n, infos[0].pid), (1, 77));
+
+    // Null count; null array with a capacity.
+    assert_eq!(
+        call!(
+            nvml,
+            nvmlDeviceGetComputeRunningProcesses_v3(l4, std::ptr::null_mut(), infos.as_mut_ptr())
+        ),
+        INVALID_ARGUMENT
+    );
+    let mut n: c_uint = 4;
+    assert_eq!(
+        call!(
+            nvml,
+            nvmlDeviceGetGraphicsRunningProcesses_v3(l4, &raw mut n, std::ptr::null_mut())
+        ),
+        INVALID_ARGUMENT
+    );
+    assert_eq!(n, 4, "unchanged");
+    // A bogus handle.
+    let bogus: sys::nvmlDevice_t = std::ptr::without_provenance_mut(0x99);
+    let mut n: c_uint = 0;
+    assert_eq!(
+        call!(
+            nvml,
+            nvmlDeviceGetComputeRunningProcesses_v3(bogus, &raw mut n, std::ptr::null_mut())
+        ),
+        INVALID_ARGUMENT
+    );
+    // A MIG device handle (GPU 1 has one).
+    let mig = nvml
+        .device_by_index(1)
+        .unwrap()
+        .mig_device_by_index(0)
+        .unwrap();
+    // SAFETY: only the opaque handle value is taken.
+    let mig = unsafe { mig.handle() };
+    let mut n: c_uint = 0;
+    assert_eq!(
+        call!(
+            nvml,
+            nvmlDeviceGetComputeRunningProcesses_v3(mig, &raw mut n, std::ptr::null_mut())
+        ),
+        NOT_SUPPORTED
+    );
+}
+
+#[test]
+fn nvml_wrapper_reads_the_lists_and_the_control_file_changes_them() {
+    let (_dir, control, nvml) = fake("processes 0 10:1 11:2 12:3\n");
+    let device = nvml.device_by_index(0).unwrap();
+    let pids = |v: Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>| {
+        v.into_iter().map(|p| p.pid).collect::<Vec<_>>()
+    };
+    let compute = device.running_compute_processes().unwrap();
+    assert_eq!(compute[2].used_gpu_memory, UsedGpuMemory::Used(3 << 20));
+    assert_eq!(compute[0].gpu_instance_id, None);
+    assert_eq!(pids(compute), [10, 11, 12]);
+    assert!(device.running_graphics_processes().unwrap().is_empty());
+
+    append(&control, "graphics-processes 0 11 99");
+    eventually("the graphics list", || {
+        pids(device.running_graphics_processes().unwrap()) == [11, 99]
+    });
+    // A bad line changes nothing; a good one after it applies.
+    append(&control, "processes 0 10 0");
+    append(&control, "processes 0 10");
+    eventually("the compute list", || {
+        pids(device.running_compute_processes().unwrap()) == [10]
+    });
+    // No pid clears the list.
+    append(&control, "processes 0");
+    eventually("an empty compute list", || {
+        device.running_compute_processes().unwrap().is_empty()
+    });
+    // A lost GPU.
+    append(&control, "lose 0");
+    eventually("a lost GPU", || {
+        matches!(device.running_compute_processes(), Err(NvmlError::GpuLost))
+    });
+    let mut n: c_uint = 0;
+    // SAFETY: only the opaque handle value is taken.
+    let handle = unsafe { device.handle() };
+    assert_eq!(
+        call!(
+            nvml,
+            nvmlDeviceGetGraphicsRunningProcesses_v3(handle, &raw mut n, std::ptr::null_mut())
+        ),
+        GPU_IS_LOST
+    );
+}
+
+#[test]
+fn profile_processes_are_there_at_start() {
+    let yaml = std::fs::read_to_string(nvidia_ml::fixture::bundled_profile("t4-inference"))
+        .unwrap()
+        .replacen(
+            "    minor: 1\n",
+            "    minor: 1\n    processes:\n      - {pid: 5, usedMib: 100}\n      - {pid: 6, graphics: true}\n",
+            1,
+        );
+    assert!(yaml.contains("pid: 5"));
+    let fake = common::Fake::with_yaml(&yaml);
+    let nvml = fake.nvml();
+    let device = nvml.device_by_index(1).unwrap();
+    let compute = device.running_compute_processes().unwrap();
+    assert_eq!(compute.len(), 1);
+    assert_eq!(compute[0].pid, 5);
+    assert_eq!(compute[0].used_gpu_memory, UsedGpuMemory::Used(100 << 20));
+    let graphics = device.running_graphics_processes().unwrap();
+    assert_eq!(graphics.len(), 1);
+    assert_eq!(graphics[0].pid, 6);
+    assert!(
+        nvml.device_by_index(0)
+            .unwrap()
+            .running_compute_processes()
+            .unwrap()
+            .is_empty()
+    );
+}
