@@ -18,8 +18,9 @@ pub use health::{
     RecoveryAction, RemapState,
 };
 pub use types::{
-    ComputeMode, ComputeSlices, FabricInfo, GpuInfo, MigComputeInstance, MigDevice, MigGpuInstance,
-    MigInfo, MigMode, MigPlacement, MigProfile, NvLinkInfo, NvLinkRemote, SystemInfo,
+    ComputeMode, ComputeSlices, FabricInfo, GpuInfo, GpuProcess, MigComputeInstance, MigDevice,
+    MigGpuInstance, MigInfo, MigMode, MigPlacement, MigProfile, NvLinkInfo, NvLinkRemote,
+    SystemInfo,
 };
 
 /// Errors from the GPU backend.
@@ -46,6 +47,23 @@ pub enum Error {
     /// The caller asked for something the GPU does not have or cannot do.
     #[error("{0}")]
     Invalid(String),
+    /// The GPU, its driver or this backend cannot answer the query
+    /// (NVML's NOT_SUPPORTED, or a library without the function).
+    #[error("NVML {call} is not supported{}", gpu.map(|i| format!(" on GPU {i}")).unwrap_or_default())]
+    NotSupported {
+        /// The NVML function or backend method.
+        call: &'static str,
+        /// The GPU index, when the call was about one GPU.
+        gpu: Option<u32>,
+    },
+    /// The GPU has fallen off the bus (NVML's GPU_IS_LOST).
+    #[error("NVML {call} failed on GPU {gpu}: the GPU is lost")]
+    GpuLost {
+        /// The NVML function or wrapper method.
+        call: &'static str,
+        /// The GPU index.
+        gpu: u32,
+    },
 }
 
 /// Result alias for backend calls.
@@ -137,6 +155,19 @@ pub trait GpuBackend: Send + Sync + 'static {
         }
         out.sort_by_key(|g| g.id);
         Ok(out)
+    }
+
+    /// The processes NVML sees on GPU `index` (compute and graphics
+    /// contexts, one entry per pid, ordered by pid); empty when none.
+    ///
+    /// The default is [`Error::NotSupported`], so backends that cannot
+    /// see processes (test doubles) need not implement it; callers treat
+    /// that as "unknown", not as "idle".
+    fn processes(&self, index: u32) -> Result<Vec<GpuProcess>> {
+        Err(Error::NotSupported {
+            call: "processes",
+            gpu: Some(index),
+        })
     }
 
     /// Destroys every compute instance of GPU instance `gpu_instance_id`

@@ -243,3 +243,18 @@ impl ComputeSlices {
         self.compute_instance >= self.gpu_instance
     }
 }
+
+/// A process NVML sees with a context on a GPU
+/// (`nvmlDeviceGet{Compute,Graphics}RunningProcesses`), one per pid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    /// The pid, in the namespace NVML runs in (the host's for the driver).
+    pub pid: u32,
+    /// GPU memory it uses in bytes; `None` when NVML does not know
+    /// (`NVML_VALUE_NOT_AVAILABLE`).
+    pub used_memory_bytes: Option<u64>,
+    /// It has a compute context (CUDA).
+    pub compute: bool,
+    /// It has a graphics context (OpenGL, Vulkan, ...).
+    pub graphics: bool,
+}

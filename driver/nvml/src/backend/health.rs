@@ -407,7 +407,7 @@ fn nvlinks(poller: &mut Poller, nvml: &Nvml, device: RawDevice) -> Vec<LinkState
 impl NvmlBackend {
     /// The cached handle of GPU `index`, with NVML's own error (so a lost
     /// GPU can be told from a bad index).
-    fn health_handle(&self, index: u32) -> Result<RawDevice, NvmlError> {
+    pub(super) fn health_handle(&self, index: u32) -> Result<RawDevice, NvmlError> {
         if let Some(handle) = self.lock_handles().get(&index) {
             return Ok(*handle);
         }

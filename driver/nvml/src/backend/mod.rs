@@ -13,6 +13,7 @@
 
 mod health;
 mod mig;
+mod processes;
 mod query;
 mod raw;
 
@@ -25,8 +26,8 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
 use crate::{
-    ComputeMode, Error, GpuBackend, GpuInfo, MigDevice, MigGpuInstance, MigMode, MigPlacement,
-    Result, SystemInfo,
+    ComputeMode, Error, GpuBackend, GpuInfo, GpuProcess, MigDevice, MigGpuInstance, MigMode,
+    MigPlacement, Result, SystemInfo,
 };
 
 use raw::RawDevice;
@@ -248,6 +249,16 @@ impl GpuBackend for NvmlBackend {
     fn destroy_gpu_instance(&self, index: u32, gpu_instance_id: u32) -> Result<()> {
         let handle = self.handle(index)?;
         mig::destroy_gpu_instance(&self.nvml, handle, index, gpu_instance_id)
+    }
+
+    fn processes(&self, index: u32) -> Result<Vec<GpuProcess>> {
+        // NVML's own error, so that a GPU lost before its first use is
+        // `Error::GpuLost` too.
+        let device = self
+            .health_handle(index)
+            .map_err(processes::error("nvmlDeviceGetHandleByIndex", index))?
+            .device(&self.nvml);
+        processes::processes(&device, index)
     }
 }
 

@@ -1,0 +1,205 @@
+//! The processes on a GPU through the real NVML code path: `NvmlBackend`
+//! against the fake `libnvidia-ml.so`, whose lists come from the profile's
+//! `processes:` and its control file. Compute and graphics lists merge by
+//! pid; a lost GPU is `Error::GpuLost`; the trait's default is
+//! `Error::NotSupported`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gpu_nvml::{Error, GpuBackend, GpuProcess, NvmlBackend};
+
+/// Two T4s (minors 0 and 1); GPU 1 starts with processes.
+const PROFILE: &str = r#"
+driverVersion: "580.95.05"
+cudaDriverVersion: 13000
+gpus:
+  - model: T4
+    uuid: GPU-00000000-f29d-4da9-953f-48f1a09f76b5
+    pciBusId: "0000:18:00.0"
+    minor: 0
+    numaNode: 0
+    pcieRoot: pci0000:00
+  - model: T4
+    uuid: GPU-00000001-f29d-4da9-953f-48f1a09f76b5
+    pciBusId: "0000:19:00.0"
+    minor: 1
+    numaNode: 0
+    pcieRoot: pci0000:00
+    processes:
+      - {pid: 300, usedMib: 64}
+      - {pid: 300, graphics: true}
+"#;
+
+struct Machine {
+    _dir: tempfile::TempDir,
+    library: PathBuf,
+    control: PathBuf,
+}
+
+impl Machine {
+    fn new(initial: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let control = dir.path().join("control");
+        std::fs::write(&control, initial).expect("write control file");
+        let options = nvidia_ml::fixture::InstallOptions {
+            control: Some(control.clone()),
+            ..Default::default()
+        };
+        let library =
+            nvidia_ml::fixture::install_yaml_with(&dir.path().join("lib"), PROFILE, &options)
+                .unwrap_or_else(|e| panic!("install the fake NVML: {e}"));
+        Self {
+            _dir: dir,
+            library,
+            control,
+        }
+    }
+
+    fn open(&self) -> NvmlBackend {
+        NvmlBackend::open(Some(&self.library)).unwrap_or_else(|e| panic!("open the fake NVML: {e}"))
+    }
+
+    fn command(&self, line: &str) {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.control)
+            .expect("open control file");
+        writeln!(f, "{line}").expect("write control file");
+    }
+}
+
+fn until<T: std::fmt::Debug>(
+    what: &str,
+    mut get: impl FnMut() -> T,
+    accept: impl Fn(&T) -> bool,
+) -> T {
+    let start = Instant::now();
+    loop {
+        let got = get();
+        if accept(&got) {
+            return got;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{what}: never; last {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn p(pid: u32, mib: Option<u64>, compute: bool, graphics: bool) -> GpuProcess {
+    GpuProcess {
+        pid,
+        used_memory_bytes: mib.map(|m| m << 20),
+        compute,
+        graphics,
+    }
+}
+
+#[test]
+fn compute_and_graphics_processes_merge_by_pid() {
+    let machine = Machine::new("processes 0 4243:100 4242\ngraphics-processes 0 4242:20 77\n");
+    let backend = machine.open();
+    assert_eq!(
+        backend.processes(0).unwrap(),
+        vec![
+            p(77, None, false, true),
+            p(4242, Some(20), true, true),
+            p(4243, Some(100), true, false),
+        ]
+    );
+    // From the profile.
+    assert_eq!(
+        backend.processes(1).unwrap(),
+        vec![p(300, Some(64), true, true)]
+    );
+    // Cleared by the control file.
+    machine.command("processes 0");
+    machine.command("graphics-processes 0");
+    until(
+        "GPU 0 idle",
+        || backend.processes(0).unwrap(),
+        Vec::is_empty,
+    );
+    // A bad index is a call error, not "not supported".
+    let err = backend.processes(9).unwrap_err();
+    assert!(matches!(err, Error::Call { .. }), "{err}");
+}
+
+#[test]
+fn a_lost_gpu_is_gpu_lost_even_before_its_first_use() {
+    let machine = Machine::new("");
+    let backend = machine.open();
+    assert!(backend.processes(0).unwrap().is_empty());
+    machine.command("lose 0");
+    machine.command("lose 1");
+    let err = until(
+        "GPU 0 lost",
+        || backend.processes(0),
+        |r| matches!(r, Err(Error::GpuLost { gpu: 0, .. })),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("the GPU is lost"), "{err}");
+    // GPU 1's handle was never looked up: the lookup itself is lost.
+    let err = backend.processes(1).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::GpuLost {
+                call: "nvmlDeviceGetHandleByIndex",
+                gpu: 1
+            }
+        ),
+        "{err}"
+    );
+}
+
+/// A backend that implements only what the trait requires.
+struct Minimal;
+
+impl GpuBackend for Minimal {
+    fn system(&self) -> gpu_nvml::Result<gpu_nvml::SystemInfo> {
+        Err(Error::Invalid("unused".into()))
+    }
+    fn gpu_count(&self) -> gpu_nvml::Result<u32> {
+        Ok(1)
+    }
+    fn gpu(&self, _: u32) -> gpu_nvml::Result<gpu_nvml::GpuInfo> {
+        Err(Error::Invalid("unused".into()))
+    }
+    fn set_mig_mode(&self, _: u32, _: bool) -> gpu_nvml::Result<()> {
+        Err(Error::Invalid("unused".into()))
+    }
+    fn create_mig_device(
+        &self,
+        _: u32,
+        _: u32,
+        _: gpu_nvml::MigPlacement,
+    ) -> gpu_nvml::Result<gpu_nvml::MigDevice> {
+        Err(Error::Invalid("unused".into()))
+    }
+    fn destroy_mig_device(&self, _: u32, _: u32, _: u32) -> gpu_nvml::Result<()> {
+        Err(Error::Invalid("unused".into()))
+    }
+    fn set_compute_mode(&self, _: u32, _: gpu_nvml::ComputeMode) -> gpu_nvml::Result<()> {
+        Err(Error::Invalid("unused".into()))
+    }
+}
+
+#[test]
+fn the_default_is_not_supported() {
+    let err = Minimal.processes(2).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::NotSupported {
+                call: "processes",
+                gpu: Some(2)
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(err.to_string(), "NVML processes is not supported on GPU 2");
+}
