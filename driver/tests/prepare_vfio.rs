@@ -4,7 +4,8 @@
 //! writes `driver_override`, `unbind` and `drivers_probe`, and records each
 //! event): what is published, prepare and unprepare (the binds, the CDI
 //! spec as each `VfioDeviceConfig` asks, the checkpoint record), the refusal
-//! of a GPU another claim holds, and a crash at every step of a prepare and
+//! of a GPU another claim holds or processes use (NVML's process lists, set
+//! through the fake's control file), and a crash at every step of a prepare and
 //! of an unprepare, then a restart: the GPU ends on a known driver and
 //! nothing is left.
 
@@ -13,8 +14,8 @@ mod common;
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
-use common::prepare::{Node, node, node_with, result};
-use common::{DRIVER, NODE};
+use common::prepare::{Node, node, node_with, node_with_control, result};
+use common::{DRIVER, NODE, inject};
 use fake_driver_root::sysfs::{FakeSysfs, Kernel, create_vfio_nodes};
 use gpu_dra_sim::kubelet::{Claim, DraVersion};
 use serde_json::{Value, json};
@@ -284,6 +285,121 @@ async fn a_gpu_another_claim_holds_is_refused_by_the_claims_name() {
     );
     n.unprepare_ok(&vm).await;
     assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("nvidia"));
+}
+
+#[tokio::test]
+async fn a_gpu_that_processes_use_is_refused_by_their_pids_and_nothing_is_applied() {
+    // GPU minor 1 (index 1) has two compute processes and a graphics one
+    // (4242 again, and 4250) from the start.
+    let (n, control) = node_with_control(
+        PROFILE,
+        FLAGS,
+        DraVersion::V1,
+        "processes 1 4242:512 4243\ngraphics-processes 1 4242 4250\n",
+    )
+    .await;
+    let v = vfio_of(&n, false);
+    let bus = bus_of(&published(&n, "gpu-vfio-1").await);
+    let vm = n
+        .claim("vm", json!([result("vm", "gpu-vfio-1")]), json!([]))
+        .await;
+    let r = n.prepare(std::slice::from_ref(&vm)).await;
+    let error = r[&vm.uid].error.clone().expect("refused");
+    assert!(
+        error.contains("gpu-vfio-1")
+            && error.contains(&format!(
+                "GPU {bus} is in use by 3 processes that NVML sees (PIDs 4242, 4243, 4250): \
+                 a GPU is bound to vfio-pci only when no container uses it; stop them first"
+            )),
+        "{error}"
+    );
+    // Nothing half-applied: no bind or unbind, no entry, no CDI spec.
+    assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("nvidia"));
+    assert_eq!(v.sysfs.override_of(&bus), None);
+    assert!(events_of(&v).is_empty(), "{:?}", events_of(&v));
+    assert!(
+        n.checkpoint_claims().is_empty(),
+        "{:?}",
+        n.checkpoint_claims()
+    );
+    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
+    // Another GPU without processes is not affected.
+    let other = n
+        .claim("vm-0", json!([result("vm", "gpu-vfio-0")]), json!([]))
+        .await;
+    n.prepare_ok(&other).await;
+    n.unprepare_ok(&other).await;
+    let before = events_of(&v).len();
+
+    // The compute processes end; the graphics ones still hold it.
+    inject(&control, "processes 1");
+    let error = prepare_until(&n, &vm, |e| {
+        e.is_some_and(|e| e.contains("in use by 2 processes that NVML sees (PIDs 4242, 4250)"))
+    })
+    .await
+    .expect("still refused");
+    assert!(error.contains(&bus), "{error}");
+    assert_eq!(events_of(&v).len(), before, "{:?}", events_of(&v));
+    assert!(
+        n.checkpoint_claims().is_empty(),
+        "{:?}",
+        n.checkpoint_claims()
+    );
+
+    // All gone: the same claim prepares.
+    inject(&control, "graphics-processes 1");
+    assert_eq!(prepare_until(&n, &vm, |e| e.is_none()).await, None);
+    assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("vfio-pci"));
+    assert_eq!(
+        events_of(&v)[before..],
+        [
+            format!("unbind {bus} nvidia"),
+            format!("bind {bus} vfio-pci")
+        ]
+    );
+    n.unprepare_ok(&vm).await;
+    assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("nvidia"));
+}
+
+#[tokio::test]
+async fn a_lost_gpu_with_processes_is_handed_over_with_a_warning() {
+    let (n, control) = node_with_control(PROFILE, FLAGS, DraVersion::V1, "processes 2 99\n").await;
+    let v = vfio_of(&n, false);
+    let bus = bus_of(&published(&n, "gpu-vfio-2").await);
+    inject(&control, "lose 2");
+    let vm = n
+        .claim("vm", json!([result("vm", "gpu-vfio-2")]), json!([]))
+        .await;
+    assert_eq!(prepare_until(&n, &vm, |e| e.is_none()).await, None);
+    assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("vfio-pci"));
+    let logs = n.logs();
+    assert!(logs.contains("no process can use it"), "{logs}");
+    n.unprepare_ok(&vm).await;
+}
+
+/// Prepares `claim` until its error (`None`: prepared) satisfies `done`
+/// (the fake NVML reads the control file every 50 ms); each failed try
+/// must leave nothing behind. Returns the last error.
+async fn prepare_until(
+    n: &Node,
+    claim: &Claim,
+    done: impl Fn(Option<&str>) -> bool,
+) -> Option<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = n.prepare(std::slice::from_ref(claim)).await;
+        let error = r[&claim.uid].error.clone();
+        if done(error.as_deref()) {
+            return error;
+        }
+        assert!(n.checkpoint_claims().is_empty(), "{error:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never: last {error:?}\n{}",
+            n.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]

@@ -57,6 +57,25 @@ pub async fn node_with(
     start_node(dir, env, extra, version, envs).await
 }
 
+/// Like [`node`], the fake NVML following the control file it returns
+/// (`common::inject` appends to it), which holds `initial` before the
+/// plugin starts (so those commands are in force at its first NVML call).
+pub async fn node_with_control(
+    profile: &str,
+    extra: &[&str],
+    version: DraVersion,
+    initial: &str,
+) -> (Node, PathBuf) {
+    let dir = short_dir();
+    let control = dir.path().join("control");
+    std::fs::write(&control, initial).expect("write the control file");
+    let env = TestEnv::builder(dir.path())
+        .bundled(profile)
+        .control(&control)
+        .build();
+    (start_node(dir, env, extra, version, &[]).await, control)
+}
+
 /// A node on the machine of profile text `yaml` (a shipped profile with a
 /// failure injected, say), the plugin started with `extra` flags.
 pub async fn node_yaml(yaml: &str, extra: &[&str], version: DraVersion) -> Node {

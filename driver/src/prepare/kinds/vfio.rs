@@ -1,5 +1,7 @@
 //! A whole GPU handed to a VM through VFIO (`gpu-vfio-<index>`): refused
-//! while any other claim holds the GPU, else rebound from `nvidia` to
+//! while any other claim holds the GPU or NVML sees processes on it (a
+//! device-plugin pod, a host process, another runtime's container: the
+//! unbind would kill their work or hang), else rebound from `nvidia` to
 //! `vfio-pci` in sysfs ([`crate::vfio`]), with its VFIO nodes in the
 //! claim's CDI spec as the claim's `VfioDeviceConfig` asks; undone by
 //! binding it back to `nvidia`.
@@ -14,6 +16,7 @@
 use std::path::Path;
 
 use gpu_dra_api::config::{DeviceConfig, IommuBackendPolicy, VfioDeviceConfig};
+use gpu_nvml::GpuProcess;
 
 use super::{Kind, Recovery, Setup, Undo};
 use crate::prepare::cdi::spec::DeviceNode;
@@ -58,6 +61,11 @@ impl Kind for Vfio {
             return Err(unsupported(format!(
                 "GPU {bus} is bound to driver {other:?}, expected {NVIDIA_DRIVER} or {VFIO_DRIVER}; bind it to {NVIDIA_DRIVER} first"
             )));
+        }
+        // Only a GPU on nvidia can have processes (and only then does NVML
+        // see it): one already on vfio-pci is a retried prepare.
+        if found.as_deref() == Some(NVIDIA_DRIVER) {
+            refuse_if_processes(inner.backend.processes(v.index), v, &d.device)?;
         }
         if let DeviceKind::Vfio {
             previous_driver, ..
@@ -172,6 +180,63 @@ fn refuse_if_in_use(claim: &Setup<'_>, v: &VfioTarget, device: &str) -> Result<(
     Ok(())
 }
 
+/// PIDs named in a refusal; the rest are counted.
+const PIDS_SHOWN: usize = 8;
+
+/// Refuses the GPU while NVML sees processes on it (`processes`, the
+/// backend's answer for `v.index`). NVML without the query goes on (a debug
+/// line): the claims check above is all there is. A lost GPU goes on with a
+/// warning: it has no live processes, and the admin may be handing it to a
+/// VM to recover it. Any other error refuses: the GPU cannot be shown idle.
+fn refuse_if_processes(
+    processes: gpu_nvml::Result<Vec<GpuProcess>>,
+    v: &VfioTarget,
+    device: &str,
+) -> Result<(), PrepareError> {
+    let bus = &v.pci_bus_id;
+    let refuse = |reason: String| PrepareError::Unsupported {
+        device: device.to_owned(),
+        reason,
+    };
+    let processes = match processes {
+        Ok(p) => p,
+        Err(e @ gpu_nvml::Error::NotSupported { .. }) => {
+            tracing::debug!(device, pci_bus_id = %bus, gpu = v.index, error = %e, "NVML cannot list the GPU's processes; only claims are checked");
+            return Ok(());
+        }
+        Err(e @ gpu_nvml::Error::GpuLost { .. }) => {
+            tracing::warn!(device, pci_bus_id = %bus, gpu = v.index, error = %e, "the GPU is lost: no process can use it, binding it to vfio-pci");
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(refuse(format!(
+                "cannot tell whether processes use GPU {bus}: {e}; a GPU is bound to vfio-pci only when no container uses it"
+            )));
+        }
+    };
+    if processes.is_empty() {
+        return Ok(());
+    }
+    let n = processes.len();
+    let pids: Vec<String> = processes
+        .iter()
+        .take(PIDS_SHOWN)
+        .map(|p| p.pid.to_string())
+        .collect();
+    let shown = if n > PIDS_SHOWN {
+        format!("{} and {} more", pids.join(", "), n - PIDS_SHOWN)
+    } else {
+        pids.join(", ")
+    };
+    tracing::info!(device, pci_bus_id = %bus, processes = n, pids = %shown, "refusing VFIO: NVML sees processes on the GPU");
+    Err(refuse(format!(
+        "GPU {bus} is in use by {n} {} that NVML sees (PID{} {shown}): a GPU is bound to vfio-pci only when no container uses it; stop {} first",
+        if n == 1 { "process" } else { "processes" },
+        if n == 1 { "" } else { "s" },
+        if n == 1 { "it" } else { "them" },
+    )))
+}
+
 /// The VFIO nodes of one device: its group (`/dev/vfio/<group>`), or with
 /// `PreferIommuFD` on a node with iommufd its cdev
 /// (`/dev/vfio/devices/vfio<N>`); the claim's first VFIO device also gets
@@ -206,4 +271,95 @@ fn nodes(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> VfioTarget {
+        VfioTarget {
+            index: 2,
+            minor: 2,
+            uuid: "GPU-x".to_owned(),
+            pci_bus_id: "0000:18:00.0".to_owned(),
+        }
+    }
+
+    fn process(pid: u32) -> GpuProcess {
+        GpuProcess {
+            pid,
+            used_memory_bytes: None,
+            compute: true,
+            graphics: false,
+        }
+    }
+
+    fn reason(answer: gpu_nvml::Result<Vec<GpuProcess>>) -> Option<String> {
+        match refuse_if_processes(answer, &target(), "gpu-vfio-2") {
+            Ok(()) => None,
+            Err(PrepareError::Unsupported { device, reason }) => {
+                assert_eq!(device, "gpu-vfio-2");
+                Some(reason)
+            }
+            Err(other) => panic!("not Unsupported: {other}"),
+        }
+    }
+
+    #[test]
+    fn processes_refuse_the_gpu_by_their_pids() {
+        assert_eq!(reason(Ok(Vec::new())), None);
+        assert_eq!(
+            reason(Ok(vec![process(4242), process(4243)])).unwrap(),
+            "GPU 0000:18:00.0 is in use by 2 processes that NVML sees (PIDs 4242, 4243): \
+             a GPU is bound to vfio-pci only when no container uses it; stop them first"
+        );
+        assert_eq!(
+            reason(Ok(vec![process(7)])).unwrap(),
+            "GPU 0000:18:00.0 is in use by 1 process that NVML sees (PID 7): \
+             a GPU is bound to vfio-pci only when no container uses it; stop it first"
+        );
+        let eight: Vec<GpuProcess> = (1..=8).map(process).collect();
+        let r = reason(Ok(eight)).unwrap();
+        assert!(
+            r.contains("8 processes that NVML sees (PIDs 1, 2, 3, 4, 5, 6, 7, 8):"),
+            "{r}"
+        );
+        let many: Vec<GpuProcess> = (1..=11).map(process).collect();
+        let r = reason(Ok(many)).unwrap();
+        assert!(
+            r.contains("11 processes that NVML sees (PIDs 1, 2, 3, 4, 5, 6, 7, 8 and 3 more):"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn nvml_errors_go_on_only_when_unsupported_or_lost() {
+        assert_eq!(
+            reason(Err(gpu_nvml::Error::NotSupported {
+                call: "processes",
+                gpu: Some(2)
+            })),
+            None
+        );
+        assert_eq!(
+            reason(Err(gpu_nvml::Error::GpuLost {
+                call: "nvmlDeviceGetComputeRunningProcesses_v3",
+                gpu: 2
+            })),
+            None
+        );
+        let r = reason(Err(gpu_nvml::Error::Call {
+            call: "nvmlDeviceGetComputeRunningProcesses_v3",
+            gpu: Some(2),
+            reason: "Insufficient Permissions".to_owned(),
+        }))
+        .unwrap();
+        assert_eq!(
+            r,
+            "cannot tell whether processes use GPU 0000:18:00.0: NVML \
+             nvmlDeviceGetComputeRunningProcesses_v3 failed on GPU 2: Insufficient Permissions; \
+             a GPU is bound to vfio-pci only when no container uses it"
+        );
+    }
 }
