@@ -474,13 +474,14 @@ fn apply(
             }
             tracker.event(&event, now);
         }
-        Msg::Unmonitored { index, why } => match bindings.elsewhere(index) {
-            Some(driver) => tracker.bound_elsewhere(index, Some(&driver)),
-            None => {
+        Msg::Unmonitored { index, why } => {
+            if let Some(driver) = bindings.elsewhere(index) {
+                tracker.bound_elsewhere(index, Some(&driver));
+            } else {
                 tracker.bound_elsewhere(index, None);
                 tracker.unmonitored(index, &why, now);
             }
-        },
+        }
         Msg::Monitored { index } => tracker.monitored(index),
     }
 }
