@@ -145,6 +145,17 @@ pub enum TaintEffect {
     NoExecute,
 }
 
+impl TaintEffect {
+    /// The API's name of the effect.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "None",
+            Self::NoSchedule => "NoSchedule",
+            Self::NoExecute => "NoExecute",
+        }
+    }
+}
+
 /// Identifies a device by what it is made of; parsed back from device names
 /// by the prepare code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

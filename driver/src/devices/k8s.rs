@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use gpu_dra_api::schema::names;
 
-use super::{CounterConsumption, CounterSet, Device, MemoryRequestPolicy, TaintEffect};
+use super::{CounterConsumption, CounterSet, Device, MemoryRequestPolicy};
 
 /// The API form of a device.
 pub fn device(d: &Device) -> api::Device {
@@ -55,12 +55,7 @@ pub fn device(d: &Device) -> api::Device {
                 .map(|t| api::DeviceTaint {
                     key: t.key.clone(),
                     value: t.value.clone(),
-                    effect: match t.effect {
-                        TaintEffect::None => "None",
-                        TaintEffect::NoSchedule => "NoSchedule",
-                        TaintEffect::NoExecute => "NoExecute",
-                    }
-                    .to_owned(),
+                    effect: t.effect.as_str().to_owned(),
                     time_added: None,
                 })
                 .collect()

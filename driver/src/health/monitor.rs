@@ -38,7 +38,7 @@ use super::metrics::{DeviceView, HealthMetrics, recovery_raw};
 use super::store::{self, HealthStore};
 use super::taints::{device_health, device_taints};
 use super::tracker::{GpuId, MigInstance, Tracker, Transition};
-use crate::devices::{BuildOptions, DeviceModel, Taint, TaintEffect};
+use crate::devices::{BuildOptions, DeviceModel, Taint};
 use crate::discovery::Inventory;
 use crate::grpc::health::{DeviceHealth, HealthSender, HealthStatus};
 
@@ -810,7 +810,7 @@ impl State {
                         .get(&device.name)
                         .into_iter()
                         .flatten()
-                        .map(|t| (t.key.clone(), effect_name(t.effect).to_owned()))
+                        .map(|t| (t.key.clone(), t.effect.as_str().to_owned()))
                         .collect(),
                 });
             }
@@ -831,15 +831,6 @@ fn describe(t: &Transition) -> String {
         t.to.name(),
         t.message
     )
-}
-
-/// The Kubernetes spelling of a taint effect.
-pub fn effect_name(effect: TaintEffect) -> &'static str {
-    match effect {
-        TaintEffect::None => "None",
-        TaintEffect::NoSchedule => "NoSchedule",
-        TaintEffect::NoExecute => "NoExecute",
-    }
 }
 
 /// Sleeps until `at` (forever without one; the select arm is off then).
