@@ -5,9 +5,11 @@
 //! would give.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::Controlled as Machine;
 use gpu_nvml::{
     EventKind, EventWatch, HealthPoll, HealthSource, LinkState, Liveness, NvmlBackend,
     RecoveryAction, RemapState,
@@ -47,55 +49,6 @@ fn profile(driver: &str, extra: [&str; 3]) -> String {
         ),
         gpu("T4", 9, "0000:47:00.0", extra[2]),
     )
-}
-
-/// A private copy of the fake library with a control file.
-struct Machine {
-    _dir: tempfile::TempDir,
-    library: PathBuf,
-    control: PathBuf,
-}
-
-impl Machine {
-    /// A machine whose control is a regular file holding `initial`.
-    fn new(yaml: &str, initial: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let control = dir.path().join("control");
-        std::fs::write(&control, initial).expect("write control file");
-        Self::with_control(dir, yaml, control)
-    }
-
-    fn with_control(dir: tempfile::TempDir, yaml: &str, control: PathBuf) -> Self {
-        let options = nvidia_ml::fixture::InstallOptions {
-            control: Some(control.clone()),
-            ..Default::default()
-        };
-        let library =
-            nvidia_ml::fixture::install_yaml_with(&dir.path().join("lib"), yaml, &options)
-                .unwrap_or_else(|e| panic!("install the fake NVML: {e}"));
-        Self {
-            _dir: dir,
-            library,
-            control,
-        }
-    }
-
-    fn open(&self) -> NvmlBackend {
-        NvmlBackend::open(Some(&self.library)).unwrap_or_else(|e| panic!("open the fake NVML: {e}"))
-    }
-
-    /// Appends lines to the control file.
-    fn send(&self, text: &[u8]) {
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&self.control)
-            .expect("open control file");
-        f.write_all(text).expect("write control file");
-    }
-
-    fn command(&self, line: &str) {
-        self.send(format!("{line}\n").as_bytes());
-    }
 }
 
 /// Polls GPU `index` until `accept` holds; panics with the last poll after

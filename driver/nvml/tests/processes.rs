@@ -4,11 +4,12 @@
 //! pid; a lost GPU is `Error::GpuLost`; the trait's default is
 //! `Error::NotSupported`.
 
-use std::io::Write;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpu_nvml::{Error, GpuBackend, GpuProcess, NvmlBackend};
+mod common;
+
+use common::Controlled as Machine;
+use gpu_nvml::{Error, GpuBackend, GpuProcess};
 
 /// Two T4s (minors 0 and 1); GPU 1 starts with processes.
 const PROFILE: &str = r#"
@@ -32,42 +33,9 @@ gpus:
       - {pid: 300, graphics: true}
 "#;
 
-struct Machine {
-    _dir: tempfile::TempDir,
-    library: PathBuf,
-    control: PathBuf,
-}
-
-impl Machine {
-    fn new(initial: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let control = dir.path().join("control");
-        std::fs::write(&control, initial).expect("write control file");
-        let options = nvidia_ml::fixture::InstallOptions {
-            control: Some(control.clone()),
-            ..Default::default()
-        };
-        let library =
-            nvidia_ml::fixture::install_yaml_with(&dir.path().join("lib"), PROFILE, &options)
-                .unwrap_or_else(|e| panic!("install the fake NVML: {e}"));
-        Self {
-            _dir: dir,
-            library,
-            control,
-        }
-    }
-
-    fn open(&self) -> NvmlBackend {
-        NvmlBackend::open(Some(&self.library)).unwrap_or_else(|e| panic!("open the fake NVML: {e}"))
-    }
-
-    fn command(&self, line: &str) {
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&self.control)
-            .expect("open control file");
-        writeln!(f, "{line}").expect("write control file");
-    }
+/// The machine of [`PROFILE`], its control file holding `initial`.
+fn on_profile(initial: &str) -> Machine {
+    Machine::new(PROFILE, initial)
 }
 
 fn until<T: std::fmt::Debug>(
@@ -100,7 +68,7 @@ fn p(pid: u32, mib: Option<u64>, compute: bool, graphics: bool) -> GpuProcess {
 
 #[test]
 fn compute_and_graphics_processes_merge_by_pid() {
-    let machine = Machine::new("processes 0 4243:100 4242\ngraphics-processes 0 4242:20 77\n");
+    let machine = on_profile("processes 0 4243:100 4242\ngraphics-processes 0 4242:20 77\n");
     let backend = machine.open();
     assert_eq!(
         backend.processes(0).unwrap(),
@@ -130,7 +98,7 @@ fn compute_and_graphics_processes_merge_by_pid() {
 
 #[test]
 fn a_lost_gpu_is_gpu_lost_even_before_its_first_use() {
-    let machine = Machine::new("");
+    let machine = on_profile("");
     let backend = machine.open();
     assert!(backend.processes(0).unwrap().is_empty());
     machine.command("lose 0");

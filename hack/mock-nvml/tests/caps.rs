@@ -6,6 +6,7 @@
 //! profile's instances, created and removed with each instance.
 #![allow(unsafe_code)]
 
+#[macro_use]
 mod common;
 
 use std::collections::BTreeSet;
@@ -16,16 +17,6 @@ use nvidia_ml::caps::{access_text, ci_minor, gi_minor};
 use nvidia_ml::fixture::{self, InstallOptions};
 use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings as sys;
-
-/// Calls an NVML function of `nvml`'s library by name; returns the code.
-macro_rules! call {
-    ($nvml:expr, $f:ident($($arg:expr),* $(,)?)) => {{
-        let f = $nvml.lib().$f.as_ref().expect(stringify!($f));
-        // SAFETY: arguments are handles from this library and pointers to
-        // live locals of the right types.
-        unsafe { f($($arg),*) }
-    }};
-}
 
 /// A library copy with both roots under one temporary directory.
 struct Machine {

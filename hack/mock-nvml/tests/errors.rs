@@ -4,6 +4,7 @@
 //! INSUFFICIENT_SIZE, and injected failures hit exactly the GPU they name.
 #![allow(unsafe_code)]
 
+#[macro_use]
 mod common;
 
 use std::ffi::{CStr, c_char, c_int, c_uint};
@@ -19,17 +20,6 @@ const UNINITIALIZED: u32 = 1;
 const INVALID_ARGUMENT: u32 = 2;
 const INSUFFICIENT_SIZE: u32 = 7;
 const ARGUMENT_VERSION_MISMATCH: u32 = 25;
-
-/// Calls an NVML function of `nvml`'s library by name.
-macro_rules! call {
-    ($nvml:expr, $f:ident($($arg:expr),* $(,)?)) => {{
-        let f = $nvml.lib().$f.as_ref().expect(stringify!($f));
-        // SAFETY: the arguments are what the test means to pass: handles of
-        // this library (or deliberately bogus values, which the library
-        // rejects without dereferencing) and pointers to live locals or null.
-        unsafe { f($($arg),*) }
-    }};
-}
 
 type Count = unsafe extern "C" fn(*mut c_uint) -> u32;
 type NoArgs = unsafe extern "C" fn() -> u32;

@@ -4,6 +4,7 @@
 //! too, and `MOCK_NVML_CONTROL` from the environment drives it.
 #![allow(unsafe_code)]
 
+#[macro_use]
 mod common;
 
 use std::ffi::{c_int, c_uint, c_ulonglong};
@@ -18,17 +19,6 @@ const SUCCESS: u32 = 0;
 const INVALID_ARGUMENT: u32 = 2;
 const NOT_SUPPORTED: u32 = 3;
 const TIMEOUT: u32 = 10;
-
-/// Calls an NVML function of `nvml`'s library by name.
-macro_rules! call {
-    ($nvml:expr, $f:ident($($arg:expr),* $(,)?)) => {{
-        let f = $nvml.lib().$f.as_ref().expect(stringify!($f));
-        // SAFETY: the arguments are what the test means to pass: handles of
-        // this library (or deliberately bogus values, which the library
-        // rejects without dereferencing) and pointers to live locals or null.
-        unsafe { f($($arg),*) }
-    }};
-}
 
 fn gpu(nvml: &Nvml, index: u32) -> sys::nvmlDevice_t {
     // SAFETY: only the opaque handle value is taken.

@@ -5,6 +5,7 @@
 //! as the driver's backend makes them.
 #![allow(unsafe_code)]
 
+#[macro_use]
 mod common;
 
 use std::ffi::c_uint;
@@ -22,16 +23,6 @@ const INSUFFICIENT_SIZE: u32 = 7;
 const IN_USE: u32 = 19;
 const INSUFFICIENT_RESOURCES: u32 = 23;
 const ARGUMENT_VERSION_MISMATCH: u32 = 25;
-
-/// Calls an NVML function of `nvml`'s library by name.
-macro_rules! call {
-    ($nvml:expr, $f:ident($($arg:expr),* $(,)?)) => {{
-        let f = $nvml.lib().$f.as_ref().expect(stringify!($f));
-        // SAFETY: arguments are handles from this library and pointers to
-        // live locals of the right types.
-        unsafe { f($($arg),*) }
-    }};
-}
 
 fn handle(d: &Device<'_>) -> sys::nvmlDevice_t {
     // SAFETY: the handle is only passed back to the library it came from.

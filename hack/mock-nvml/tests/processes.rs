@@ -4,6 +4,7 @@
 //! API over them.
 #![allow(unsafe_code)]
 
+#[macro_use]
 mod common;
 
 use std::ffi::c_uint;
@@ -19,16 +20,6 @@ const INVALID_ARGUMENT: u32 = 2;
 const NOT_SUPPORTED: u32 = 3;
 const INSUFFICIENT_SIZE: u32 = 7;
 const GPU_IS_LOST: u32 = 15;
-
-/// Calls an NVML function of `nvml`'s library by name.
-macro_rules! call {
-    ($nvml:expr, $f:ident($($arg:expr),* $(,)?)) => {{
-        let f = $nvml.lib().$f.as_ref().expect(stringify!($f));
-        // SAFETY: the arguments are handles of this library (or a MIG
-        // handle, which it refuses) and pointers to live locals or null.
-        unsafe { f($($arg),*) }
-    }};
-}
 
 fn empty() -> sys::nvmlProcessInfo_t {
     sys::nvmlProcessInfo_t {

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use gpu_nvml::NvmlBackend;
@@ -115,4 +116,60 @@ pub fn assert_links_end_at_switches(gpu: &gpu_nvml::GpuInfo) {
         gpu.index,
         gpu.nvlinks
     );
+}
+
+/// A private copy of the fake library whose faults a control file
+/// (`MOCK_NVML_CONTROL`) drives.
+pub struct Controlled {
+    _dir: tempfile::TempDir,
+    /// The library copy to open.
+    pub library: PathBuf,
+    /// The control file.
+    pub control: PathBuf,
+}
+
+impl Controlled {
+    /// A machine whose control is a regular file holding `initial`.
+    pub fn new(yaml: &str, initial: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let control = dir.path().join("control");
+        std::fs::write(&control, initial).expect("write control file");
+        Self::with_control(dir, yaml, control)
+    }
+
+    /// A machine of profile `yaml` whose control file is `control` (a
+    /// FIFO, say), laid out in `dir`.
+    pub fn with_control(dir: tempfile::TempDir, yaml: &str, control: PathBuf) -> Self {
+        let options = nvidia_ml::fixture::InstallOptions {
+            control: Some(control.clone()),
+            ..Default::default()
+        };
+        let library =
+            nvidia_ml::fixture::install_yaml_with(&dir.path().join("lib"), yaml, &options)
+                .unwrap_or_else(|e| panic!("install the fake NVML: {e}"));
+        Self {
+            _dir: dir,
+            library,
+            control,
+        }
+    }
+
+    /// `NvmlBackend` on the library copy.
+    pub fn open(&self) -> NvmlBackend {
+        NvmlBackend::open(Some(&self.library)).unwrap_or_else(|e| panic!("open the fake NVML: {e}"))
+    }
+
+    /// Appends lines to the control file.
+    pub fn send(&self, text: &[u8]) {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.control)
+            .expect("open control file");
+        f.write_all(text).expect("write control file");
+    }
+
+    /// Appends one command line to the control file.
+    pub fn command(&self, line: &str) {
+        self.send(format!("{line}\n").as_bytes());
+    }
 }

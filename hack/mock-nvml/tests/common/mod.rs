@@ -141,3 +141,18 @@ pub fn remote_device_type(nvml: &Nvml, d: &Device<'_>, link: u32) -> u32 {
 pub fn nvlink_p2p(a: &Device<'_>, b: &Device<'_>) -> P2pStatus {
     a.p2p_status(b, P2pCapabilitiesIndex::NvLink).unwrap()
 }
+
+/// Calls an NVML function of `nvml`'s library by name, raw, so that a test
+/// can pass exactly what it means to: handles of this library, deliberately
+/// bogus values (which the library rejects without dereferencing them),
+/// pointers to live locals of the right types, or null.
+#[allow(unused_macros)]
+macro_rules! call {
+    ($nvml:expr, $f:ident($($arg:expr),* $(,)?)) => {{
+        let f = $nvml.lib().$f.as_ref().expect(stringify!($f));
+        // SAFETY: the caller's arguments are of the kinds listed above,
+        // which the library's C contract accepts or refuses without
+        // touching memory it does not own.
+        unsafe { f($($arg),*) }
+    }};
+}
