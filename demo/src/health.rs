@@ -43,6 +43,10 @@ pub struct Setup<'a> {
     pub gpu: (u32, String),
     /// The plugin's quiet period before a GPU counts as recovered.
     pub quiet: Duration,
+    /// The plugin's health poll interval: the quiet period runs from the
+    /// last poll that still saw the fault, up to one poll before the
+    /// restore the demo times its recovery from.
+    pub poll: Duration,
 }
 
 /// How long the taint, the recovery and kubelet's news may take.
@@ -368,6 +372,7 @@ pub async fn run(out: &Printer, setup: &Setup<'_>) -> anyhow::Result<Value> {
         "whileTainted": {"placed": placed_while_tainted, "explanation": while_tainted},
         "recovery": recovered_lines,
         "quietPeriodS": setup.quiet.as_secs_f64(),
+        "pollIntervalS": setup.poll.as_secs_f64(),
         "untaintMs": untaint_ms,
         "viewAfter": gpu_after,
         "healthAfter": healthy,

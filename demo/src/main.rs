@@ -73,6 +73,9 @@ const PROFILES: &[(&str, &str)] = &[
 const NODE: &str = "demo-node";
 const DRIVER: &str = "gpu.nvidia.com";
 const WAIT: Duration = Duration::from_secs(30);
+/// The plugin's `--health-poll-interval` in the demo: short, so that the
+/// demo sees a fault and the recovery soon.
+const HEALTH_POLL: Duration = Duration::from_millis(500);
 
 /// Flags of `gpu-dra-demo`.
 #[derive(Debug, clap::Parser)]
@@ -295,12 +298,12 @@ fn plugin_flags(
         format!("--kubeconfig={}", kubeconfig.display()),
         "--delete-slices-on-exit".into(),
         // The health monitor: a short quiet period so the demo shows a
-        // recovery, a poll every half second so it sees it soon.
+        // recovery, a short poll so it sees it soon.
         format!(
             "--health-quiet-period={}ms",
             settings.health_quiet.as_millis()
         ),
-        "--health-poll-interval=500ms".into(),
+        format!("--health-poll-interval={}ms", HEALTH_POLL.as_millis()),
     ];
     if let Some(index) = machine.shared_gpu {
         argv.push(format!("--memory-sharing={index}"));
@@ -520,6 +523,7 @@ async fn demo(out: &Printer, settings: &Settings<'_>) -> Result<(Value, Vec<Stri
                 driver: DRIVER,
                 gpu,
                 quiet: settings.health_quiet,
+                poll: HEALTH_POLL,
             };
             health::run(out, &setup).await?
         }
