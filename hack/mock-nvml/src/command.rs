@@ -160,7 +160,7 @@ fn shown(word: &str) -> String {
     format!("{out:?}")
 }
 
-fn number<T: std::str::FromStr + fmt::Display + Bounded>(
+fn number<T: std::str::FromStr + Bounded>(
     verb: &str,
     what: &str,
     word: &str,
@@ -176,20 +176,20 @@ fn number<T: std::str::FromStr + fmt::Display + Bounded>(
         ParseError(format!(
             "{verb}: {what} {} is out of range (0 to {})",
             shown(word),
-            T::MAX_TEXT
+            T::MAX
         ))
     })
 }
 
-/// The largest value of a number type, as text.
-trait Bounded {
-    const MAX_TEXT: &'static str;
+/// A number type with its largest value (shown in range errors).
+trait Bounded: fmt::Display {
+    const MAX: Self;
 }
 impl Bounded for u32 {
-    const MAX_TEXT: &'static str = "4294967295";
+    const MAX: Self = u32::MAX;
 }
 impl Bounded for u64 {
-    const MAX_TEXT: &'static str = "18446744073709551615";
+    const MAX: Self = u64::MAX;
 }
 
 fn flag(verb: &str, what: &str, word: &str) -> Result<bool, ParseError> {
