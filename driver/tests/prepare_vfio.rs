@@ -248,8 +248,7 @@ async fn a_gpu_another_claim_holds_is_refused_by_the_claims_name() {
     let vm = n
         .claim("vm", json!([result("vm", "gpu-vfio-2")]), json!([]))
         .await;
-    let r = n.prepare(std::slice::from_ref(&vm)).await;
-    let error = r[&vm.uid].error.clone().expect("refused");
+    let error = n.prepare_error(&vm).await;
     assert!(
         error.contains("gpu-vfio-2")
             && error.contains(&format!("claim default/training ({})", container.uid)),
@@ -263,8 +262,7 @@ async fn a_gpu_another_claim_holds_is_refused_by_the_claims_name() {
     admin["adminAccess"] = json!(true);
     let monitor = n.claim("monitor", json!([admin]), json!([])).await;
     n.prepare_ok(&monitor).await;
-    let r = n.prepare(std::slice::from_ref(&vm)).await;
-    let error = r[&vm.uid].error.clone().expect("refused");
+    let error = n.prepare_error(&vm).await;
     assert!(
         error.contains(&format!(
             "GPU {bus} is in use by claim default/monitor ({}) as gpu-2",
@@ -277,8 +275,7 @@ async fn a_gpu_another_claim_holds_is_refused_by_the_claims_name() {
     n.unprepare_ok(&monitor).await;
     n.prepare_ok(&vm).await;
     let again = n.gpu_claim("training-2", "gpu-2").await;
-    let r = n.prepare(std::slice::from_ref(&again)).await;
-    let error = r[&again.uid].error.clone().expect("refused");
+    let error = n.prepare_error(&again).await;
     assert!(
         error.contains(&format!("claim default/vm ({})", vm.uid)),
         "{error}"
@@ -303,8 +300,7 @@ async fn a_gpu_that_processes_use_is_refused_by_their_pids_and_nothing_is_applie
     let vm = n
         .claim("vm", json!([result("vm", "gpu-vfio-1")]), json!([]))
         .await;
-    let r = n.prepare(std::slice::from_ref(&vm)).await;
-    let error = r[&vm.uid].error.clone().expect("refused");
+    let error = n.prepare_error(&vm).await;
     assert!(
         error.contains("gpu-vfio-1")
             && error.contains(&format!(
@@ -413,8 +409,7 @@ async fn a_gpu_on_another_driver_or_that_vfio_pci_refuses_fails_the_claim_and_st
     // vfio-pci does not take it: the prepare fails and the GPU is back on
     // nvidia, nothing recorded.
     v.sysfs.refuse("vfio-pci", true).unwrap();
-    let r = n.prepare(std::slice::from_ref(&vm)).await;
-    let error = r[&vm.uid].error.clone().expect("failed");
+    let error = n.prepare_error(&vm).await;
     assert!(
         error.contains("after asking for vfio-pci; is the module loaded"),
         "{error}"
