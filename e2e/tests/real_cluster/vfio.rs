@@ -25,7 +25,7 @@ use serde_json::Value;
 
 use crate::claims::{
     allocated, check_against_spec, claim_yaml, delete_and_check_clean, device_attribute, get_json,
-    helm_upgrade, parse_seen, script_pod, wait_plugin_rollout,
+    helm_upgrade, run_check_pod, script_pod, wait_plugin_rollout,
 };
 use crate::harness::{Cluster, PROFILE};
 
@@ -254,18 +254,7 @@ fn on_passthrough(c: &Cluster, s: &StandIn) -> Result<(), Failed> {
     c.fresh_namespace(ns)?;
     c.apply(ns, &claim_yaml("vm", "vfio.gpu.nvidia.com", &[], "", ""))?;
     let pod = "vm";
-    let yaml = script_pod(pod, VFIO_SCRIPT, &claim_rest("vm"));
-    c.apply(ns, &yaml)?;
-    c.wait_pod_phase(ns, pod, "Running", POD_START)?;
-    let mut log = String::new();
-    for _ in 0..100 {
-        log = c.kubectl(&["logs", "-n", ns, pod])?;
-        if log.contains("==END") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let seen = parse_seen(&log)?;
+    let seen = run_check_pod(c, ns, pod, &script_pod(pod, VFIO_SCRIPT, &claim_rest("vm")))?;
     check_against_spec(c, ns, "vm", &seen)?;
 
     let claim = get_json(c, ns, &["resourceclaim", "vm"])?;
