@@ -211,19 +211,8 @@ fn field_values_answer_per_field_and_mig_handles_are_not_supported() {
 
 #[test]
 fn nvml_wrappers_safe_event_api_works_too() {
-    let dir = tempfile::tempdir().unwrap();
-    let control = dir.path().join("control");
-    std::fs::write(&control, "").unwrap();
-    let lib = nvidia_ml::fixture::install_with(
-        &dir.path().join("lib"),
-        &nvidia_ml::fixture::bundled_profile("t4-inference"),
-        &nvidia_ml::fixture::InstallOptions {
-            control: Some(control.clone()),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let nvml = Nvml::builder().lib_path(lib.as_os_str()).init().unwrap();
+    let (fake, control) = Fake::with_control("t4-inference", "");
+    let nvml = fake.nvml();
     let device = nvml.device_by_index(1).unwrap();
     let supported = device.supported_event_types().unwrap();
     assert!(supported.contains(EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR));

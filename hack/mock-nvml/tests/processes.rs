@@ -32,21 +32,10 @@ fn empty() -> sys::nvmlProcessInfo_t {
 
 /// A private copy of the library on the `mixed` profile, following
 /// `control` (which holds `commands` before init).
-fn fake(commands: &str) -> (tempfile::TempDir, std::path::PathBuf, Nvml) {
-    let dir = tempfile::tempdir().unwrap();
-    let control = dir.path().join("control");
-    std::fs::write(&control, commands).unwrap();
-    let lib = nvidia_ml::fixture::install_with(
-        &dir.path().join("lib"),
-        &nvidia_ml::fixture::bundled_profile("mixed"),
-        &nvidia_ml::fixture::InstallOptions {
-            control: Some(control.clone()),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let nvml = Nvml::builder().lib_path(lib.as_os_str()).init().unwrap();
-    (dir, control, nvml)
+fn fake(commands: &str) -> (common::Fake, std::path::PathBuf, Nvml) {
+    let (fake, control) = common::Fake::with_control("mixed", commands);
+    let nvml = fake.nvml();
+    (fake, control, nvml)
 }
 
 fn append(control: &std::path::Path, line: &str) {

@@ -38,6 +38,24 @@ impl Fake {
         Fake { dir, lib }
     }
 
+    /// A copy configured with a bundled profile that follows a control
+    /// file holding `commands` before init; returns the file's path too.
+    pub fn with_control(name: &str, commands: &str) -> (Fake, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let control = dir.path().join("control");
+        std::fs::write(&control, commands).unwrap();
+        let lib = fixture::install_with(
+            &dir.path().join("lib"),
+            &fixture::bundled_profile(name),
+            &fixture::InstallOptions {
+                control: Some(control.clone()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        (Fake { dir, lib }, control)
+    }
+
     /// Initialises NVML through nvml-wrapper, as the driver does.
     pub fn nvml(&self) -> Nvml {
         Nvml::builder()
