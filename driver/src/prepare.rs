@@ -275,14 +275,12 @@ impl Preparer {
         backend: Arc<dyn GpuBackend>,
         inventory: &Inventory,
     ) -> Result<(Self, RecoveryReport), Error> {
-        let catalog = catalog(inventory, &opts.build);
-        let metadata = opts.device_metadata.clone().map(|root| {
-            metadata::Writer::new(
-                root,
-                &opts.driver_name,
-                &DeviceModel::build(inventory, &opts.build),
-            )
-        });
+        let model = DeviceModel::build(inventory, &opts.build);
+        let catalog = catalog(inventory, &model, &opts.build);
+        let metadata = opts
+            .device_metadata
+            .clone()
+            .map(|root| metadata::Writer::new(root, &opts.driver_name, &model));
         let gpus = inventory
             .gpus
             .iter()
@@ -685,9 +683,13 @@ fn answer(entry: &ClaimEntry) -> Vec<PreparedDevice> {
         .collect()
 }
 
-/// The devices this node publishes, by name, with their hardware.
-pub fn catalog(inventory: &Inventory, build: &BuildOptions) -> HashMap<String, Target> {
-    let model = DeviceModel::build(inventory, build);
+/// The devices this node publishes (`model`, built from `inventory` and
+/// `build`), by name, with their hardware.
+pub fn catalog(
+    inventory: &Inventory,
+    model: &DeviceModel,
+    build: &BuildOptions,
+) -> HashMap<String, Target> {
     let mut out = HashMap::new();
     for device in model.devices() {
         let target = match device.location {
