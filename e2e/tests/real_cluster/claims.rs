@@ -563,7 +563,12 @@ pub fn helm_upgrade(c: &Cluster, flags: &[&str]) -> Result<(), Failed> {
         .output()
         .map_err(|e| format!("helm: {e}"))?;
     if !out.status.success() {
-        return Err(format!("helm upgrade: {}", String::from_utf8_lossy(&out.stderr)).into());
+        return Err(format!(
+            "helm upgrade: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        )
+        .into());
     }
     Ok(())
 }

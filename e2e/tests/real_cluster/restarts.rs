@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::Failed;
 
-use crate::claims::{NOT_SHARED, claim_yaml, delete_and_check_clean, pod_on_claim};
+use crate::claims::{
+    NOT_SHARED, claim_yaml, delete_and_check_clean, helm_upgrade, pod_on_claim, wait_plugin_rollout,
+};
 use crate::harness::{Cluster, DRIVER_NS};
 
 pub const TESTS: [(&str, crate::Test); 2] = [
@@ -42,14 +44,7 @@ fn plugin_pods(c: &Cluster) -> Result<Vec<String>, Failed> {
 /// Waits until the DaemonSet has rolled out and exactly one plugin pod,
 /// other than `old`, is ready.
 fn wait_new_plugin(c: &Cluster, old: &str) -> Result<String, Failed> {
-    c.kubectl(&[
-        "rollout",
-        "status",
-        "-n",
-        DRIVER_NS,
-        DAEMONSET,
-        "--timeout=180s",
-    ])?;
+    wait_plugin_rollout(c)?;
     let start = Instant::now();
     loop {
         let pods = plugin_pods(c)?;
@@ -187,31 +182,7 @@ fn rolling_update(c: &Cluster) -> Result<(), Failed> {
         return Err(format!("ctr images tag: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
     let old = plugin_pods(c)?.pop().ok_or("no plugin pod")?;
-    let chart = c.repo.join("deployments/helm/gpu-dra-driver");
-    let out = c
-        .command("helm")
-        .args(["upgrade", "gpu-dra-driver"])
-        .arg(&chart)
-        .args([
-            "-n",
-            DRIVER_NS,
-            "--reuse-values",
-            "--set",
-            &format!("kubeletPlugin.image.tag={new_tag}"),
-            "--wait=legacy",
-            "--timeout",
-            "5m",
-        ])
-        .output()
-        .map_err(|e| format!("helm: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "helm upgrade: {}{}",
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
-        )
-        .into());
-    }
+    helm_upgrade(c, &["--set", &format!("kubeletPlugin.image.tag={new_tag}")])?;
     let new = wait_new_plugin(c, &old)?;
     let running = c.kubectl(&[
         "get",
