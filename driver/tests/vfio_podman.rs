@@ -10,8 +10,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::prepare::allocated_claim;
 use common::{NODE, Plugin, podman, short_dir};
 use fake_driver_root::sysfs::{FakeSysfs, create_vfio_nodes};
@@ -74,5 +72,4 @@ async fn podman_gets_the_vfio_nodes_of_a_passthrough_claim() {
     assert_eq!(sysfs.driver_of(&bound[0].bus).as_deref(), Some("nvidia"));
     let path = format!("/var/run/cdi/k8s.{driver}-claim_{}.json", vm.uid);
     assert!(!std::path::Path::new(&path).exists(), "{path} left behind");
-    tokio::time::sleep(Duration::from_millis(1)).await;
 }
