@@ -594,18 +594,10 @@ pub fn set_dynamic_mig(c: &Cluster, on: bool) -> Result<(), Failed> {
     wait_plugin_rollout(c)?;
     let start = std::time::Instant::now();
     loop {
-        let slices: Value =
-            serde_json::from_str(&c.kubectl(&["get", "resourceslices", "-o", "json"])?)
-                .map_err(|e| format!("resourceslices: {e}"))?;
-        let dynamic = slices["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
-            .any(|d| {
-                d["attributes"]["type"]["string"].as_str() == Some("mig")
-                    && d["attributes"]["uuid"].is_null()
-            });
+        let dynamic = slice_devices(c, &[])?.iter().any(|d| {
+            d["attributes"]["type"]["string"].as_str() == Some("mig")
+                && d["attributes"]["uuid"].is_null()
+        });
         if dynamic == on {
             return Ok(());
         }
@@ -916,16 +908,26 @@ fn shared_and_template(c: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
-/// A string attribute of the node's device `name`, from its ResourceSlices.
-pub fn device_attribute(c: &Cluster, name: &str, attribute: &str) -> Result<String, Failed> {
+/// The devices of the ResourceSlices listed by `kubectl get resourceslices`
+/// with `args` (a field selector, say).
+pub fn slice_devices(c: &Cluster, args: &[&str]) -> Result<Vec<Value>, Failed> {
+    let mut all = vec!["get", "resourceslices"];
+    all.extend_from_slice(args);
+    all.extend(["-o", "json"]);
     let slices: Value =
-        serde_json::from_str(&c.kubectl(&["get", "resourceslices", "-o", "json"])?)
-            .map_err(|e| format!("resourceslices: {e}"))?;
-    slices["items"]
+        serde_json::from_str(&c.kubectl(&all)?).map_err(|e| format!("resourceslices: {e}"))?;
+    Ok(slices["items"]
         .as_array()
         .into_iter()
         .flatten()
-        .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .collect())
+}
+
+/// A string attribute of the node's device `name`, from its ResourceSlices.
+pub fn device_attribute(c: &Cluster, name: &str, attribute: &str) -> Result<String, Failed> {
+    slice_devices(c, &[])?
+        .iter()
         .find(|d| d["name"].as_str() == Some(name))
         .and_then(|d| {
             let a = &d["attributes"];

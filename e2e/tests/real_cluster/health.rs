@@ -20,9 +20,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::Failed;
-use serde_json::Value;
 
-use crate::claims::{claim_yaml, device_attribute, get_json, helm_upgrade, wait_plugin_rollout};
+use crate::claims::{
+    claim_yaml, device_attribute, get_json, helm_upgrade, slice_devices, wait_plugin_rollout,
+};
 use crate::harness::{BUSYBOX, Cluster, DRIVER, NODE, PLUGIN_DIR};
 
 pub const TESTS: [(&str, crate::Test); 1] = [(
@@ -73,20 +74,9 @@ fn inject(lines: &[String]) -> Result<(), Failed> {
 
 /// The taints of device `name` in the node's slices, as `key=value:effect`.
 fn taints_of(c: &Cluster, name: &str) -> Result<Vec<String>, Failed> {
-    let slices: Value = serde_json::from_str(&c.kubectl(&[
-        "get",
-        "resourceslices",
-        "--field-selector",
-        &format!("spec.driver={DRIVER},spec.nodeName={NODE}"),
-        "-o",
-        "json",
-    ])?)
-    .map_err(|e| format!("resourceslices: {e}"))?;
-    Ok(slices["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
+    let selector = format!("spec.driver={DRIVER},spec.nodeName={NODE}");
+    Ok(slice_devices(c, &["--field-selector", &selector])?
+        .iter()
         .filter(|d| d["name"].as_str() == Some(name))
         .flat_map(|d| d["taints"].as_array().cloned().unwrap_or_default())
         .map(|t| {

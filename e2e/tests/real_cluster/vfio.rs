@@ -21,11 +21,10 @@ use std::time::{Duration, Instant};
 
 use fake_driver_root::sysfs::{FakeSysfs, Kernel, create_vfio_nodes};
 use libtest_mimic::Failed;
-use serde_json::Value;
 
 use crate::claims::{
     allocated, check_against_spec, claim_yaml, delete_and_check_clean, device_attribute, get_json,
-    helm_upgrade, run_check_pod, script_pod, wait_plugin_rollout,
+    helm_upgrade, run_check_pod, script_pod, slice_devices, wait_plugin_rollout,
 };
 use crate::harness::{Cluster, PROFILE};
 
@@ -191,14 +190,8 @@ fn claim_rest(claim: &str) -> String {
 
 /// The names of the node's published VFIO devices.
 fn vfio_devices(c: &Cluster) -> Result<Vec<String>, Failed> {
-    let slices: Value =
-        serde_json::from_str(&c.kubectl(&["get", "resourceslices", "-o", "json"])?)
-            .map_err(|e| format!("resourceslices: {e}"))?;
-    Ok(slices["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
+    Ok(slice_devices(c, &[])?
+        .iter()
         .filter(|d| d["attributes"]["type"]["string"] == "vfio")
         .filter_map(|d| d["name"].as_str().map(str::to_owned))
         .collect())
