@@ -794,20 +794,25 @@ impl State {
         let Some(model) = self.model.as_ref() else {
             return;
         };
-        let taints = self.sent_taints.clone().unwrap_or_default();
+        let status: BTreeMap<&str, HealthStatus> = health
+            .iter()
+            .map(|h| (h.device_name.as_str(), h.status))
+            .collect();
         let mut views = Vec::new();
         for group in &model.groups {
             for device in &group.devices {
-                let state = health
-                    .iter()
-                    .find(|h| h.device_name == device.name)
-                    .map_or(HealthStatus::Unknown, |h| h.status);
+                let state = status
+                    .get(device.name.as_str())
+                    .copied()
+                    .unwrap_or(HealthStatus::Unknown);
                 views.push(DeviceView {
                     device: device.name.clone(),
                     uuid: group.uuid.clone(),
                     state: format!("{state:?}"),
-                    taints: taints
-                        .get(&device.name)
+                    taints: self
+                        .sent_taints
+                        .as_ref()
+                        .and_then(|taints| taints.get(&device.name))
                         .into_iter()
                         .flatten()
                         .map(|t| (t.key.clone(), t.effect.as_str().to_owned()))
