@@ -95,20 +95,28 @@ pub fn parse_seen(log: &str) -> Result<Seen, String> {
 /// A pod whose one container uses `claims` (`(name, source)` where source is
 /// `resourceClaimName: x` or `resourceClaimTemplateName: y`).
 pub fn check_pod(name: &str, claims: &[(&str, &str)]) -> String {
+    script_pod(name, CHECK_SCRIPT, &claims_rest(claims))
+}
+
+/// The `rest` of a [`script_pod`] whose container uses `claims` (`(name,
+/// source)` as for [`check_pod`]): the container's `resources` and the
+/// pod's `resourceClaims`.
+pub fn claims_rest(claims: &[(&str, &str)]) -> String {
     use std::fmt::Write as _;
     let (mut refs, mut sources) = (String::new(), String::new());
     for (n, src) in claims {
         let _ = write!(refs, "{{name: {n}}}, ");
         let _ = writeln!(sources, "    - {{name: {n}, {src}}}");
     }
-    script_pod(
-        name,
-        CHECK_SCRIPT,
-        &format!(
-            "    resources: {{claims: [{refs}]}}\n  resourceClaims:\n{sources}",
-            refs = refs.trim_end_matches(", "),
-        ),
+    format!(
+        "    resources: {{claims: [{refs}]}}\n  resourceClaims:\n{sources}",
+        refs = refs.trim_end_matches(", "),
     )
+}
+
+/// The `rest` of a [`script_pod`] using claim `claim` as `gpu`.
+pub fn claim_rest(claim: &str) -> String {
+    claims_rest(&[("gpu", &format!("resourceClaimName: {claim}"))])
 }
 
 /// A never-restarted pod `name` whose one busybox container `check` runs

@@ -22,9 +22,10 @@ use std::time::{Duration, Instant};
 use libtest_mimic::Failed;
 
 use crate::claims::{
-    claim_yaml, device_attribute, get_json, helm_upgrade, slice_devices, wait_plugin_rollout,
+    claim_rest, claim_yaml, device_attribute, get_json, helm_upgrade, script_pod, slice_devices,
+    wait_plugin_rollout,
 };
-use crate::harness::{BUSYBOX, Cluster, DRIVER, NODE, PLUGIN_DIR};
+use crate::harness::{Cluster, DRIVER, NODE, PLUGIN_DIR};
 
 pub const TESTS: [(&str, crate::Test); 1] = [(
     "health::faults_taint_refuse_evict_and_recover_on_the_real_scheduler",
@@ -114,24 +115,12 @@ fn wait_taints(
     }
 }
 
-/// A pod `name` that sleeps on claim `claim`.
+/// A pod `name` that sleeps on claim `claim` (until it is stopped).
 fn sleeping_pod(name: &str, claim: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{name: {name}}}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: work
-    image: {BUSYBOX}
-    imagePullPolicy: Never
-    command: [\"sleep\", \"3600\"]
-    resources: {{claims: [{{name: gpu}}]}}
-  resourceClaims:
-  - {{name: gpu, resourceClaimName: {claim}}}
-"
+    script_pod(
+        name,
+        "trap 'exit 0' TERM; sleep 3600 & wait",
+        &claim_rest(claim),
     )
 }
 
@@ -149,7 +138,7 @@ fn pinned_claim(c: &Cluster, name: &str, minor: u32) -> Result<String, Failed> {
     ))
 }
 
-/// The health kubelet reports for the pod's container `work`, claim `gpu`:
+/// The health kubelet reports for the pod's claims:
 /// every `resources[].health`.
 fn resource_health(c: &Cluster, ns: &str, pod: &str) -> Result<Vec<String>, Failed> {
     let p = get_json(c, ns, &["pod", pod])?;

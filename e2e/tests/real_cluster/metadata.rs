@@ -10,9 +10,10 @@ use libtest_mimic::Failed;
 use serde_json::Value;
 
 use crate::claims::{
-    NOT_SHARED, allocated, claim_yaml, device_attribute, get_json, log_to_end, whole_gpu_template,
+    NOT_SHARED, allocated, claim_yaml, claims_rest, device_attribute, get_json, log_to_end,
+    script_pod, whole_gpu_template,
 };
-use crate::harness::{BUSYBOX, Cluster, PLUGIN_DIR};
+use crate::harness::{Cluster, PLUGIN_DIR};
 
 pub const TESTS: [(&str, crate::Test); 1] = [(
     "metadata::pods_read_their_device_metadata_file",
@@ -23,24 +24,10 @@ const DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
 
 /// A pod that prints the file at `path` and waits to be deleted.
 fn pod(name: &str, source: &str, path: &str) -> String {
-    let script = format!("cat {path} && echo '==END' && sleep 3600");
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{name: {name}}}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: read
-    image: {BUSYBOX}
-    imagePullPolicy: Never
-    command: [\"sh\", \"-c\", {script}]
-    resources: {{claims: [{{name: gpus}}]}}
-  resourceClaims:
-  - {{name: gpus, {source}}}
-",
-        script = serde_json::to_string(&script).expect("a string"),
+    script_pod(
+        name,
+        &format!("cat {path} && echo '==END' && {{ trap 'exit 0' TERM; sleep 3600 & wait; }}"),
+        &claims_rest(&[("gpus", source)]),
     )
 }
 

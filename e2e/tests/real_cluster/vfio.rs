@@ -23,8 +23,9 @@ use fake_driver_root::sysfs::{FakeSysfs, Kernel, create_vfio_nodes};
 use libtest_mimic::Failed;
 
 use crate::claims::{
-    allocated, check_against_spec, claim_yaml, delete_and_check_clean, device_attribute, get_json,
-    helm_upgrade, run_check_pod, script_pod, slice_devices, wait_plugin_rollout,
+    allocated, check_against_spec, claim_rest, claim_yaml, delete_and_check_clean,
+    device_attribute, get_json, helm_upgrade, run_check_pod, script_pod, slice_devices,
+    wait_plugin_rollout,
 };
 use crate::harness::{Cluster, PROFILE};
 
@@ -178,14 +179,6 @@ fn set_values(c: &Cluster, sets: &[&str]) -> Result<(), Failed> {
     let flags: Vec<&str> = sets.iter().flat_map(|s| ["--set", s]).collect();
     helm_upgrade(c, &flags)?;
     wait_plugin_rollout(c)
-}
-
-/// The container's `resources` and the pod's `resourceClaims` of a pod
-/// using claim `claim` as `gpu`.
-fn claim_rest(claim: &str) -> String {
-    format!(
-        "    resources: {{claims: [{{name: gpu}}]}}\n  resourceClaims:\n  - {{name: gpu, resourceClaimName: {claim}}}\n"
-    )
 }
 
 /// The names of the node's published VFIO devices.
