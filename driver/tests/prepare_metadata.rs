@@ -12,8 +12,8 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::DRIVER;
 use common::prepare::{Node, node, node_with, result};
-use common::{DRIVER, NODE};
 use gpu_dra_sim::kubelet::{Claim, DraVersion};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
@@ -89,13 +89,7 @@ fn metadata_mounts(device: &Value) -> Vec<Value> {
 
 /// The published attributes of device `name`.
 async fn published_attributes(n: &Node, name: &str) -> Value {
-    let slices = n.env.wait_pool(NODE, Duration::from_secs(20)).await;
-    slices
-        .iter()
-        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
-        .find(|d| d["name"] == name)
-        .unwrap_or_else(|| panic!("{name} not published"))["attributes"]
-        .clone()
+    n.published_device(name).await["attributes"].clone()
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
 use common::prepare::{Node, node, node_with, node_with_control, result};
-use common::{DRIVER, NODE, inject};
+use common::{DRIVER, inject};
 use fake_driver_root::sysfs::{FakeSysfs, Kernel, create_vfio_nodes};
 use gpu_dra_sim::kubelet::{Claim, DraVersion};
 use serde_json::{Value, json};
@@ -51,16 +51,6 @@ fn vfio_of(n: &Node, iommufd: bool) -> Vfio {
         sysfs,
         _kernel: kernel,
     }
-}
-
-/// The published device `name`.
-async fn published(n: &Node, name: &str) -> Value {
-    let slices = n.env.wait_pool(NODE, Duration::from_secs(20)).await;
-    slices
-        .iter()
-        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
-        .find(|d| d["name"] == name)
-        .unwrap_or_else(|| panic!("{name} not published"))
 }
 
 fn bus_of(device: &Value) -> String {
@@ -99,8 +89,8 @@ async fn vfio_devices_are_published_beside_the_gpus_and_share_their_counter() {
         assert!(names.contains(&format!("gpu-{i}")), "{names:?}");
         assert!(names.contains(&format!("gpu-vfio-{i}")), "{names:?}");
     }
-    let vfio = published(&n, "gpu-vfio-0").await;
-    let gpu = published(&n, "gpu-0").await;
+    let vfio = n.published_device("gpu-vfio-0").await;
+    let gpu = n.published_device("gpu-0").await;
     let a = &vfio["attributes"];
     assert_eq!(a["type"]["string"], "vfio");
     assert_eq!(a["vendorID"]["string"], "0x10de");
@@ -131,7 +121,7 @@ async fn vfio_devices_are_published_beside_the_gpus_and_share_their_counter() {
 async fn a_vfio_claim_rebinds_the_gpu_and_unprepare_binds_it_back() {
     let n = node(PROFILE, FLAGS, DraVersion::V1).await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&published(&n, "gpu-vfio-0").await);
+    let bus = bus_of(&n.published_device("gpu-vfio-0").await);
     let group = v.iommu_group(&bus);
     let claim = n
         .claim("vm", json!([result("vm", "gpu-vfio-0")]), json!([]))
@@ -189,7 +179,7 @@ async fn prefer_iommufd_gives_the_cdev_and_the_api_device_where_the_node_has_iom
     n.restart(&[]).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let published = loop {
-        let d = published(&n, "gpu-vfio-1").await;
+        let d = n.published_device("gpu-vfio-1").await;
         if d["attributes"]["iommuFDEnabled"]["bool"] == true {
             break d;
         }
@@ -241,7 +231,7 @@ async fn prefer_iommufd_gives_the_cdev_and_the_api_device_where_the_node_has_iom
 async fn a_gpu_another_claim_holds_is_refused_by_the_claims_name() {
     let n = node(PROFILE, FLAGS, DraVersion::V1).await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&published(&n, "gpu-vfio-2").await);
+    let bus = bus_of(&n.published_device("gpu-vfio-2").await);
     // Held whole by a container: the VM claim is refused, the GPU untouched.
     let container = n.gpu_claim("training", "gpu-2").await;
     n.prepare_ok(&container).await;
@@ -296,7 +286,7 @@ async fn a_gpu_that_processes_use_is_refused_by_their_pids_and_nothing_is_applie
     )
     .await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&published(&n, "gpu-vfio-1").await);
+    let bus = bus_of(&n.published_device("gpu-vfio-1").await);
     let vm = n
         .claim("vm", json!([result("vm", "gpu-vfio-1")]), json!([]))
         .await;
@@ -361,7 +351,7 @@ async fn a_gpu_that_processes_use_is_refused_by_their_pids_and_nothing_is_applie
 async fn a_lost_gpu_with_processes_is_handed_over_with_a_warning() {
     let (n, control) = node_with_control(PROFILE, FLAGS, DraVersion::V1, "processes 2 99\n").await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&published(&n, "gpu-vfio-2").await);
+    let bus = bus_of(&n.published_device("gpu-vfio-2").await);
     inject(&control, "lose 2");
     let vm = n
         .claim("vm", json!([result("vm", "gpu-vfio-2")]), json!([]))
@@ -402,7 +392,7 @@ async fn prepare_until(
 async fn a_gpu_on_another_driver_or_that_vfio_pci_refuses_fails_the_claim_and_stays_known() {
     let n = node(PROFILE, FLAGS, DraVersion::V1).await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&published(&n, "gpu-vfio-3").await);
+    let bus = bus_of(&n.published_device("gpu-vfio-3").await);
     let vm = n
         .claim("vm", json!([result("vm", "gpu-vfio-3")]), json!([]))
         .await;
@@ -456,7 +446,7 @@ fn assert_clean(n: &Node, v: &Vfio, bus: &str, when: &str) {
 async fn crash_in_prepare(failpoint: &str, prepared_after: bool) {
     let mut n = node_with(PROFILE, FLAGS, DraVersion::V1, &[(FAILPOINT, failpoint)]).await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&published(&n, "gpu-vfio-0").await);
+    let bus = bus_of(&n.published_device("gpu-vfio-0").await);
     let claim: Claim = n
         .claim("vm", json!([result("vm", "gpu-vfio-0")]), json!([]))
         .await;
@@ -483,7 +473,7 @@ async fn crash_in_prepare(failpoint: &str, prepared_after: bool) {
 async fn crash_in_unprepare(failpoint: &str) {
     let mut n = node(PROFILE, FLAGS, DraVersion::V1).await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&published(&n, "gpu-vfio-0").await);
+    let bus = bus_of(&n.published_device("gpu-vfio-0").await);
     let claim: Claim = n
         .claim("vm", json!([result("vm", "gpu-vfio-0")]), json!([]))
         .await;
@@ -528,7 +518,7 @@ crash_tests! {
 async fn a_gpu_left_on_vfio_pci_is_bound_back_at_start() {
     let mut n = node(PROFILE, FLAGS, DraVersion::V1).await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&published(&n, "gpu-vfio-1").await);
+    let bus = bus_of(&n.published_device("gpu-vfio-1").await);
     n.stop();
     v.sysfs.force_driver(&bus, Some("vfio-pci")).unwrap();
     n.restart(&[]).await;
@@ -554,7 +544,7 @@ async fn a_hostile_bus_id_in_the_checkpoint_is_refused_by_name() {
     use gpu_kubelet_plugin::prepare::checkpoint::{Batch, ClaimUid, DeviceKind};
     let mut n = node(PROFILE, FLAGS, DraVersion::V1).await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&published(&n, "gpu-vfio-2").await);
+    let bus = bus_of(&n.published_device("gpu-vfio-2").await);
     let claim = n
         .claim("vm", json!([result("vm", "gpu-vfio-2")]), json!([]))
         .await;

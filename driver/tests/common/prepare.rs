@@ -330,6 +330,16 @@ impl Node {
             .collect()
     }
 
+    /// Waits for the published pool and returns its device `name`.
+    pub async fn published_device(&self, name: &str) -> Value {
+        let slices = self.env.wait_pool(NODE, Duration::from_secs(20)).await;
+        slices
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .find(|d| d["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not published"))
+    }
+
     /// A claim for the whole GPU `device`, without configs.
     pub async fn gpu_claim(&self, name: &str, device: &str) -> Claim {
         self.claim(name, json!([result("gpu", device)]), json!([]))
