@@ -91,6 +91,12 @@ pub struct Cluster {
     pub repo: PathBuf,
 }
 
+/// The cluster's state folder (`hack/cluster/lib.sh`).
+pub fn cluster_state() -> PathBuf {
+    std::env::var_os("GPU_DRA_CLUSTER_STATE")
+        .map_or_else(|| PathBuf::from("/var/lib/gpu-dra-cluster"), PathBuf::from)
+}
+
 /// The repository root (this crate is `<root>/e2e`).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -179,9 +185,7 @@ impl Cluster {
             "hack/cluster/build --check",
             Command::new(repo.join("hack/cluster/build")).arg("--check"),
         )?;
-        let state = std::env::var("GPU_DRA_CLUSTER_STATE")
-            .unwrap_or_else(|_| "/var/lib/gpu-dra-cluster".into());
-        let kubeconfig = Path::new(&state).join("admin.kubeconfig");
+        let kubeconfig = cluster_state().join("admin.kubeconfig");
         if !kubeconfig.exists() {
             return Err(ClusterError::Unavailable(format!(
                 "{USE_RUNNING_ENV}=1 but no cluster runs ({} is missing)",

@@ -27,7 +27,7 @@ use crate::claims::{
     device_attribute, get_json, helm_upgrade, run_check_pod, script_pod, slice_devices,
     wait_plugin_rollout,
 };
-use crate::harness::{Cluster, PROFILE};
+use crate::harness::{Cluster, PROFILE, cluster_state};
 
 pub const TESTS: [(&str, crate::Test); 1] = [(
     "vfio::a_vfio_claim_runs_a_pod_on_a_gpu_rebound_to_vfio_pci",
@@ -57,12 +57,6 @@ struct StandIn {
     sysfs: FakeSysfs,
     _kernel: Kernel,
     nodes: Vec<PathBuf>,
-}
-
-/// The cluster's state folder (`hack/cluster/lib.sh`).
-fn cluster_state() -> PathBuf {
-    std::env::var_os("GPU_DRA_CLUSTER_STATE")
-        .map_or_else(|| PathBuf::from("/var/lib/gpu-dra-cluster"), PathBuf::from)
 }
 
 impl StandIn {
