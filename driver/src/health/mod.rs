@@ -25,5 +25,8 @@ pub mod store;
 pub mod taints;
 pub mod tracker;
 
+#[cfg(test)]
+mod testing;
+
 /// The health checkpoint's file name in the plugin's state directory.
 pub const CHECKPOINT_FILE: &str = "health.json";

@@ -5,7 +5,6 @@
 //! stream's view, and the slice limits once devices are tainted.
 
 use std::collections::BTreeSet;
-use std::time::UNIX_EPOCH;
 
 use gpu_nvml::health::{EventKind, HealthEvent, HealthPoll, Liveness};
 use gpu_nvml::{MigDevice, MigPlacement};
@@ -14,13 +13,10 @@ use super::*;
 use crate::devices::BuildOptions;
 use crate::devices::fixtures::{HOPPER, dgx_h100, dynamic, gpu, inventory, mig_info};
 use crate::health::store::HealthStore;
+use crate::health::testing::{event_at, t, xid_at};
 use crate::health::tracker::{GpuId, MigInstance};
 use crate::slices::SliceRules;
 use crate::slices::split::split;
-
-fn t(secs: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_secs(1_795_953_785 + secs)
-}
 
 fn mig(gi: u32, profile_id: u32, start: u32, size: u32) -> MigDevice {
     MigDevice {
@@ -356,25 +352,14 @@ fn taint_values_are_label_values() {
     let mut tr = tracker_for(&model, Policy::default());
     tr.event(&xid(1, u64::from(u32::MAX), None), t(1));
     tr.event(
-        &HealthEvent {
-            gpu_index: 1,
-            kind: EventKind::RecoveryAction(gpu_nvml::health::RecoveryAction::Other(77)),
-            gpu_instance_id: None,
-            compute_instance_id: None,
-            at: t(1),
-        },
+        &event_at(
+            1,
+            EventKind::RecoveryAction(gpu_nvml::health::RecoveryAction::Other(77)),
+            t(1),
+        ),
         t(1),
     );
-    tr.event(
-        &HealthEvent {
-            gpu_index: 1,
-            kind: EventKind::DramRetirementFailure,
-            gpu_instance_id: None,
-            compute_instance_id: None,
-            at: t(1),
-        },
-        t(1),
-    );
+    tr.event(&event_at(1, EventKind::DramRetirementFailure, t(1)), t(1));
     for taints in device_taints(&tr, &model).values() {
         for t in taints {
             assert!(t.key.starts_with("gpu.nvidia.com/"));
@@ -567,16 +552,7 @@ fn random_histories_keep_every_limit() {
                         u32::try_from(rng.below(9)).unwrap(),
                     )),
                 };
-                tr.event(
-                    &HealthEvent {
-                        gpu_index: gpu,
-                        kind,
-                        gpu_instance_id: None,
-                        compute_instance_id: None,
-                        at,
-                    },
-                    at,
-                );
+                tr.event(&event_at(gpu, kind, at), at);
             }
             5..=7 => {
                 let poll = HealthPoll {
@@ -659,16 +635,6 @@ fn random_histories_keep_every_limit() {
         most >= 8,
         "the history reached the interesting cases: {most}"
     );
-}
-
-fn xid_at(gpu: u32, xid: u64, gi: Option<u32>, at: SystemTime) -> HealthEvent {
-    HealthEvent {
-        gpu_index: gpu,
-        kind: EventKind::Xid(xid),
-        gpu_instance_id: gi,
-        compute_instance_id: gi.map(|_| 0),
-        at,
-    }
 }
 
 /// The pcie-a100-bridged node with `--passthrough`: each GPU `gpu-<i>` has

@@ -6,13 +6,10 @@
 use gpu_nvml::health::{EventKind, LinkState, Liveness, RemapState};
 
 use super::super::classify::XidSet;
+use super::super::testing::{event_at, t, xid_at};
 use super::*;
 
 const BOOT: &str = "boot-1";
-
-fn t(secs: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_secs(1_795_953_785 + secs)
-}
 
 fn gpus() -> Vec<GpuId> {
     (0..2)
@@ -32,23 +29,11 @@ fn tracker() -> Tracker {
 }
 
 fn xid(gpu: u32, xid: u64, gi: Option<u32>, at: u64) -> HealthEvent {
-    HealthEvent {
-        gpu_index: gpu,
-        kind: EventKind::Xid(xid),
-        gpu_instance_id: gi,
-        compute_instance_id: gi.map(|_| 0),
-        at: t(at),
-    }
+    xid_at(gpu, xid, gi, t(at))
 }
 
 fn event(gpu: u32, kind: EventKind, at: u64) -> HealthEvent {
-    HealthEvent {
-        gpu_index: gpu,
-        kind,
-        gpu_instance_id: None,
-        compute_instance_id: None,
-        at: t(at),
-    }
+    event_at(gpu, kind, t(at))
 }
 
 /// A poll of an old driver: nothing but liveness.
