@@ -683,7 +683,7 @@ enum GpuKey {
 }
 
 /// The minor of `gpu-<minor>` and `gpu-<minor>-...` names.
-fn name_minor(name: &str) -> Option<u32> {
+pub fn name_minor(name: &str) -> Option<u32> {
     let rest = name.strip_prefix("gpu-")?;
     let digits = rest.split('-').next()?;
     if digits.is_empty()

@@ -55,21 +55,15 @@ const WAIT: Duration = Duration::from_secs(30);
 /// The GPU the demo fails: the first GPU no claim of the walk holds (so no
 /// prepared claim loses its device), else the first GPU.
 pub fn pick_gpu(gpus: &[(u32, String)], allocated: &[String]) -> Option<(u32, String)> {
-    let used = |minor: u32| allocated.iter().any(|d| device_minor(d) == Some(minor));
     gpus.iter()
-        .find(|(minor, _)| !used(*minor))
+        .find(|(minor, _)| !allocated.iter().any(|d| on_gpu(d, *minor)))
         .or_else(|| gpus.first())
         .cloned()
 }
 
-/// The GPU minor of a device name `gpu-<minor>[-...]`.
-fn device_minor(name: &str) -> Option<u32> {
-    name.strip_prefix("gpu-")?.split('-').next()?.parse().ok()
-}
-
-/// Whether `device` sits on GPU `minor`.
+/// Whether `device` (`gpu-<minor>[-...]`) sits on GPU `minor`.
 fn on_gpu(device: &str, minor: u32) -> bool {
-    device_minor(device) == Some(minor)
+    taints::name_minor(device) == Some(minor)
 }
 
 /// Appends command lines to the fake NVML's control file.
