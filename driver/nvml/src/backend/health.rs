@@ -356,16 +356,15 @@ impl Poller {
         match result {
             Ok(value) => Some(value),
             Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => None,
-            Err(NvmlError::GpuLost) => {
-                self.lost.get_or_insert(Liveness::Lost);
-                None
-            }
-            Err(NvmlError::ResetRequired) => {
-                self.lost.get_or_insert(Liveness::ResetRequired);
-                None
-            }
             Err(e) => {
-                tracing::debug!(gpu = self.gpu, query = what, error = %e, "health query failed, value unknown");
+                match liveness_of(&e) {
+                    Some(liveness) => {
+                        self.lost.get_or_insert(liveness);
+                    }
+                    None => {
+                        tracing::debug!(gpu = self.gpu, query = what, error = %e, "health query failed, value unknown");
+                    }
+                }
                 None
             }
         }
