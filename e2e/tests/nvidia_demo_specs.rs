@@ -26,6 +26,10 @@
 //! proxy); without the `gpu-dra` binary the lint test skips, and fails when
 //! `GPU_DRA_E2E_REQUIRE_GPU_DRA_BIN=1`.
 
+#[path = "common/cli.rs"]
+#[allow(dead_code)]
+mod cli;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
@@ -37,8 +41,7 @@ use gpu_dra_e2e::go_module::{GoModuleError, NVIDIA_DRIVER};
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 
-/// Set to `1` to make a missing `gpu-dra` binary a failure.
-const REQUIRE_BIN_ENV: &str = "GPU_DRA_E2E_REQUIRE_GPU_DRA_BIN";
+use cli::repo;
 
 /// The files checked, relative to `demo/specs/`.
 const CHECKED: &[&str] = &[
@@ -135,11 +138,6 @@ const LEFT_OUT: &[(&str, Why)] = &[
 
 /// The kinds of `resource.k8s.io` the webhook and lint judge.
 const DRA_KINDS: [&str; 3] = ["DeviceClass", "ResourceClaim", "ResourceClaimTemplate"];
-
-/// The repository root.
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// `demo/specs/` of NVIDIA's module, downloaded once per process; `None`
 /// after a loud skip naming `test`.
@@ -310,7 +308,7 @@ fn nvidia_demo_manifests_lint_clean() {
     let bin = match gpu_dra_e2e::bins::gpu_dra() {
         Ok(bin) => bin,
         Err(e) => {
-            gpu_dra_e2e::skip_unless_required::<(), _>(test, REQUIRE_BIN_ENV, e)
+            gpu_dra_e2e::skip_unless_required::<(), _>(test, cli::REQUIRE_ENV, e)
                 .unwrap_or_else(|e| panic!("{e}"));
             return;
         }
