@@ -53,6 +53,7 @@ install_driver() {
     version="$(sed -n 's/^driverVersion: *"\{0,1\}\([0-9.]*\).*/\1/p' "$profile")"
 
     # The tag is the binaries' digest: a rebuild is a new tag (a rolling update).
+    # Helm gets it with --set-string: a digest of only digits is still a tag, not a number.
     tag="$(cat "$out/gpu-kubelet-plugin" "$out/libnvidia_ml.so" "$REPO_ROOT"/hack/mock-nvml/profiles/*.yaml |
         sha256sum | cut -c1-12)"
     plugin_image="gpu-dra.local/gpu-kubelet-plugin:$tag"
@@ -87,7 +88,7 @@ install_driver() {
     log "helm upgrade --install $RELEASE deployments/helm/gpu-dra-driver"
     helm --kubeconfig "$KUBECONFIG_ADMIN" upgrade --install "$RELEASE" "$REPO_ROOT/deployments/helm/gpu-dra-driver" \
         -n "$DRIVER_NS" -f "$CLUSTER_DIR/values.yaml" \
-        --set "kubeletPlugin.image.tag=$tag" --set "controller.image.tag=$tag_c" \
+        --set-string "kubeletPlugin.image.tag=$tag" --set-string "controller.image.tag=$tag_c" \
         --set "webhook.tls.caBundle=$ca" \
         --set-json "kubeletPlugin.extraEnv=[
             {\"name\":\"MOCK_NVML_PROFILE\",\"value\":\"/opt/mock-nvml/profiles/$PROFILE.yaml\"},
