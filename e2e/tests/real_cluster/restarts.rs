@@ -182,7 +182,13 @@ fn rolling_update(c: &Cluster) -> Result<(), Failed> {
         return Err(format!("ctr images tag: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
     let old = plugin_pods(c)?.pop().ok_or("no plugin pod")?;
-    helm_upgrade(c, &["--set-string", &format!("kubeletPlugin.image.tag={new_tag}")])?;
+    helm_upgrade(
+        c,
+        &[
+            "--set-string",
+            &format!("kubeletPlugin.image.tag={new_tag}"),
+        ],
+    )?;
     let new = wait_new_plugin(c, &old)?;
     let running = c.kubectl(&[
         "get",
