@@ -969,18 +969,25 @@ pub fn is_qualified_name(name: &str) -> bool {
     }
 }
 
-/// Whether `s` is a DNS subdomain (RFC 1123): lower-case labels of
-/// alphanumerics and `-`, separated by dots, at most 253 characters.
+/// Whether `s` is a DNS subdomain as Kubernetes checks one
+/// (`IsDNS1123Subdomain`): at most 253 characters of dot-separated parts,
+/// each lower-case alphanumerics or `-`, starting and ending with an
+/// alphanumeric. Kubernetes puts no length limit on a single part, so a
+/// claim or class name with a part longer than 63 characters is valid.
 pub fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_label_shaped)
 }
 
 /// Whether `s` is a DNS label (RFC 1123): at most 63 lower-case alphanumerics
 /// or `-`, starting and ending with an alphanumeric.
 pub fn is_dns_label(s: &str) -> bool {
+    s.len() <= 63 && is_label_shaped(s)
+}
+
+/// The characters and ends of a DNS label, without its length limit.
+fn is_label_shaped(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
-        && b.len() <= 63
         && b.iter()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[0] != b'-'

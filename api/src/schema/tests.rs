@@ -303,6 +303,16 @@ fn dns_checks() {
     assert!(is_dns_subdomain("gpu.nvidia.com"));
     assert!(!is_dns_subdomain("Gpu.nvidia.com"));
     assert!(!is_dns_subdomain("a..b"));
+    assert!(!is_dns_subdomain("a.-b"));
+    assert!(!is_dns_subdomain(""));
+    // Kubernetes limits only the whole subdomain: one part may pass 63.
+    assert!(is_dns_subdomain(&"a".repeat(64)));
+    assert!(is_dns_subdomain(&format!("{}.example.com", "b".repeat(200))));
+    assert!(is_dns_subdomain(&"a".repeat(253)));
+    assert!(!is_dns_subdomain(&"a".repeat(254)));
+    // A qualified name's prefix keeps its own 63-character limit.
+    assert!(!is_qualified_name(&format!("{}/x", "a".repeat(64))));
+    assert!(is_qualified_name(&format!("{}/x", "a".repeat(63))));
     assert!(is_qualified_name("resource.kubernetes.io/pciBusID"));
     assert!(!is_qualified_name("resource.kubernetes.io/9x"));
     assert!(!is_qualified_name(&"a".repeat(33)));

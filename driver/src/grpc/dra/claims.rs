@@ -164,4 +164,14 @@ mod tests {
         assert!(is_dns_label(&"a".repeat(63)));
         assert!(!is_dns_subdomain(&"a.".repeat(127)));
     }
+
+    #[test]
+    fn a_claim_name_with_a_part_past_63_characters_is_valid() {
+        // Kubernetes limits a ResourceClaim name to 253 characters in all,
+        // not 63 per dot-separated part: such a claim must still prepare.
+        let name = format!("{}.b", "a".repeat(100));
+        validate(&claim("ns", &name, "uid-1"), Purpose::Prepare).unwrap();
+        let too_long = "a".repeat(254);
+        validate(&claim("ns", &too_long, "uid-1"), Purpose::Prepare).unwrap_err();
+    }
 }
