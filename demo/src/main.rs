@@ -107,17 +107,8 @@ pub struct Args {
     /// The plugin's `--health-quiet-period`: how long a GPU that was lost
     /// stays tainted after it answers again (the plugin's default is 60 s;
     /// short here so the demo shows the recovery).
-    #[arg(long, default_value = "2s", value_parser = quiet_period)]
+    #[arg(long, default_value = "2s", value_parser = gpu_kubelet_plugin::health::flags::parse_quiet)]
     health_quiet_period: Duration,
-}
-
-/// `--health-quiet-period`: the plugin's own range, 1 s to 1 h.
-fn quiet_period(s: &str) -> Result<Duration, String> {
-    let d = gpu_dra_cmdline::parse_duration(s)?;
-    if d < Duration::from_secs(1) || d > Duration::from_secs(3600) {
-        return Err(format!("duration {s:?} is out of range (1s to 1h)"));
-    }
-    Ok(d)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -147,7 +147,10 @@ fn parse_within(s: &str, min: Duration, max: Duration, range: &str) -> Result<Du
     Ok(d)
 }
 
-fn parse_quiet(s: &str) -> Result<Duration, String> {
+/// A `--health-quiet-period` value: a duration from 1 s to 1 h. Public so
+/// that the demo, which passes the flag on, accepts exactly what the plugin
+/// does.
+pub fn parse_quiet(s: &str) -> Result<Duration, String> {
     parse_within(
         s,
         Duration::from_secs(1),
