@@ -307,7 +307,10 @@ fn dns_checks() {
     assert!(!is_dns_subdomain(""));
     // Kubernetes limits only the whole subdomain: one part may pass 63.
     assert!(is_dns_subdomain(&"a".repeat(64)));
-    assert!(is_dns_subdomain(&format!("{}.example.com", "b".repeat(200))));
+    assert!(is_dns_subdomain(&format!(
+        "{}.example.com",
+        "b".repeat(200)
+    )));
     assert!(is_dns_subdomain(&"a".repeat(253)));
     assert!(!is_dns_subdomain(&"a".repeat(254)));
     // A qualified name's prefix keeps its own 63-character limit.

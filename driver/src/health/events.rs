@@ -90,7 +90,7 @@ impl NodeEvents {
             metadata: ObjectMeta {
                 name: Some(format!(
                     "{}.{:x}{:x}",
-                    cut(&self.node, 200),
+                    name_prefix(&self.node),
                     now.as_nanosecond().max(0),
                     SEQUENCE.fetch_add(1, Ordering::Relaxed) % 0x1_0000
                 )),
@@ -101,7 +101,7 @@ impl NodeEvents {
             type_: Some(type_.to_owned()),
             reason: Some(reason.to_owned()),
             action: Some(ACTION.to_owned()),
-            note: Some(cut_note(note)),
+            note: Some(super::tracker::cut(note, NOTE_MAX_BYTES)),
             regarding: Some(ObjectReference {
                 api_version: Some("v1".to_owned()),
                 kind: Some("Node".to_owned()),
@@ -124,14 +124,15 @@ fn cut(text: &str, max: usize) -> String {
     text[..end].to_owned()
 }
 
-/// A note within [`NOTE_MAX_BYTES`], ending in `...` when cut.
-fn cut_note(text: &str) -> String {
-    if text.len() <= NOTE_MAX_BYTES {
-        return text.to_owned();
+/// The node name as the first part of an Event name: at most 200 bytes,
+/// so that the suffix fits in the 253 of a DNS subdomain, and never ending
+/// in `.` or `-` where it was cut (the name would not be a subdomain).
+fn name_prefix(node: &str) -> String {
+    let mut prefix = cut(node, 200);
+    while prefix.ends_with(['.', '-']) {
+        prefix.pop();
     }
-    let mut s = cut(text, NOTE_MAX_BYTES - 3);
-    s.push_str("...");
-    s
+    prefix
 }
 
 #[cfg(test)]
@@ -196,5 +197,15 @@ mod tests {
                 .list(Resource::Events, Some("default"), &Selectors::default());
         assert_eq!(items.len(), 3);
         server.shutdown().await.unwrap();
+    }
+
+    #[test]
+    fn a_long_node_name_is_cut_to_a_valid_event_name() {
+        // Cut at 200 bytes, this node name ends in "-" and then ".".
+        let node = format!("{}.-b", "a".repeat(198));
+        assert_eq!(name_prefix(&node), "a".repeat(198));
+        assert_eq!(name_prefix("node-a"), "node-a");
+        let name = format!("{}.{:x}{:x}", name_prefix(&node), u64::MAX, 0xffff);
+        assert!(gpu_dra_api::schema::is_dns_subdomain(&name), "{name}");
     }
 }

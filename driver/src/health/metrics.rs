@@ -8,8 +8,16 @@
 //! The per-device families are rebuilt as a whole on every change of the
 //! monitor's view ([`HealthMetrics::set_devices`]), so a device that
 //! recovered loses its old series instead of keeping a stale 1.
+//!
+//! `gpu_xid_events_total` keeps at most [`MAX_XID_LABELS_PER_GPU`] XID
+//! numbers of one GPU under their own label; events of further numbers
+//! (a driver gone wrong) count under `xid="other"`, so the total stays
+//! right and the series stay bounded.
 
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -29,12 +37,18 @@ pub struct StateLabels {
     pub state: String,
 }
 
+/// Most XID numbers of one GPU counted under their own label.
+pub const MAX_XID_LABELS_PER_GPU: usize = 256;
+
+/// The `xid` label of events past [`MAX_XID_LABELS_PER_GPU`] numbers.
+pub const OTHER_XID: &str = "other";
+
 /// Labels of `gpu_xid_events_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct XidLabels {
     /// GPU UUID.
     pub uuid: String,
-    /// The XID number.
+    /// The XID number, or [`OTHER_XID`].
     pub xid: String,
 }
 
@@ -75,6 +89,8 @@ pub struct DeviceView {
 pub struct HealthMetrics {
     state: Family<StateLabels, Gauge>,
     xids: Family<XidLabels, Counter>,
+    /// The XID numbers with a label of their own, per GPU UUID.
+    xid_numbers: Arc<Mutex<HashMap<String, BTreeSet<u64>>>>,
     recovery: Family<GpuLabels, Gauge>,
     taints: Family<TaintLabels, Gauge>,
     last_success: Gauge<f64, AtomicU64>,
@@ -145,10 +161,23 @@ impl HealthMetrics {
 
     /// Counts one XID event of GPU `uuid`.
     pub fn xid(&self, uuid: &str, xid: u64) {
+        let own_label = {
+            let mut numbers = self
+                .xid_numbers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let seen = numbers.entry(uuid.to_owned()).or_default();
+            seen.contains(&xid) || (seen.len() < MAX_XID_LABELS_PER_GPU && seen.insert(xid))
+        };
+        let label = if own_label {
+            xid.to_string()
+        } else {
+            OTHER_XID.to_owned()
+        };
         self.xids
             .get_or_create(&XidLabels {
                 uuid: uuid.to_owned(),
-                xid: xid.to_string(),
+                xid: label,
             })
             .inc();
     }
@@ -175,14 +204,15 @@ impl HealthMetrics {
         self.publish_failures.inc_by(n);
     }
 
-    /// The XID count of one GPU and XID (tests, diagnostics).
-    pub fn xid_count(&self, uuid: &str, xid: u64) -> u64 {
+    /// The count of one GPU's `xid` label (an XID number or
+    /// [`OTHER_XID`]); 0 for a series not there (tests, diagnostics).
+    pub fn xid_count(&self, uuid: &str, xid: &str) -> u64 {
         self.xids
-            .get_or_create(&XidLabels {
+            .get(&XidLabels {
                 uuid: uuid.to_owned(),
-                xid: xid.to_string(),
+                xid: xid.to_owned(),
             })
-            .get()
+            .map_or(0, |c| c.get())
     }
 }
 
@@ -207,6 +237,28 @@ mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
         text
+    }
+
+    #[test]
+    fn xid_numbers_past_the_cap_count_under_other() {
+        let m = HealthMetrics::default();
+        for xid in 0..MAX_XID_LABELS_PER_GPU as u64 + 10 {
+            m.xid("GPU-a", xid);
+        }
+        // A number with its own label keeps it; a new one goes to "other".
+        m.xid("GPU-a", 0);
+        m.xid("GPU-a", u64::MAX);
+        assert_eq!(m.xid_count("GPU-a", "0"), 2);
+        assert_eq!(
+            m.xid_count("GPU-a", &(MAX_XID_LABELS_PER_GPU - 1).to_string()),
+            1
+        );
+        assert_eq!(m.xid_count("GPU-a", &MAX_XID_LABELS_PER_GPU.to_string()), 0);
+        assert_eq!(m.xid_count("GPU-a", OTHER_XID), 11);
+        // Each GPU has its own numbers.
+        m.xid("GPU-b", 9999);
+        assert_eq!(m.xid_count("GPU-b", "9999"), 1);
+        assert_eq!(m.xid_count("GPU-b", OTHER_XID), 0);
     }
 
     #[test]
@@ -238,7 +290,7 @@ mod tests {
         ] {
             assert!(text.contains(needle), "{needle} not in {text}");
         }
-        assert_eq!(m.xid_count("GPU-a", 79), 2);
+        assert_eq!(m.xid_count("GPU-a", "79"), 2);
         // Recovered: the old series go.
         m.set_devices(&[DeviceView {
             device: "gpu-0".into(),

@@ -44,9 +44,6 @@ use crate::vfio::NVIDIA_DRIVER;
 /// Most conditions one GPU keeps (all scopes); beyond it the oldest
 /// informational ones go first.
 pub const MAX_CONDITIONS_PER_GPU: usize = 128;
-/// Most distinct XIDs counted per GPU (for metrics); later new numbers
-/// are still classified, just not counted.
-pub const MAX_XID_COUNTS: usize = 256;
 /// Longest condition message kept.
 pub const MAX_MESSAGE: usize = 512;
 /// The value of `hardware-failure` for a failed row remap.
@@ -289,8 +286,6 @@ pub struct GpuReport {
     pub state: HealthState,
     /// The recovery action of the last poll or event (`None`: unknown).
     pub recovery_action: Option<RecoveryAction>,
-    /// XID events seen since start, per XID.
-    pub xid_counts: BTreeMap<u64, u64>,
     /// Active conditions, GPU scope first, then by key.
     pub conditions: Vec<Condition>,
     /// Why the GPU is not probed (another driver holds it); `None`: probed.
@@ -644,7 +639,6 @@ impl Tracker {
                 id: g.id.clone(),
                 state: g.state(Scope::Gpu),
                 recovery_action: g.action,
-                xid_counts: g.xid_counts.clone(),
                 conditions: g.conditions.values().cloned().collect(),
                 not_probed: g.not_probed(),
             })

@@ -11,7 +11,7 @@ use gpu_nvml::health::{EventKind, HealthEvent, HealthPoll, Liveness, RecoveryAct
 use super::super::classify::{self, ActionClass, Implied, Policy, rfc3339};
 use super::{
     Condition, Degradation, GpuId, HealthState, Key, MAX_CONDITIONS_PER_GPU, MAX_MESSAGE,
-    MAX_XID_COUNTS, PCIE_REPLAYS_PER_MINUTE, ROW_REMAP_FAILURE, Scope, Sort, cut,
+    PCIE_REPLAYS_PER_MINUTE, ROW_REMAP_FAILURE, Scope, Sort, cut,
 };
 
 /// The facts of the last poll that recovery needs.
@@ -36,7 +36,6 @@ pub(super) struct GpuState {
     pub(super) pcie: Option<(u64, SystemTime)>,
     pub(super) links_up: BTreeSet<u32>,
     pub(super) info_xids: BTreeMap<Scope, VecDeque<SystemTime>>,
-    pub(super) xid_counts: BTreeMap<u64, u64>,
     pub(super) mig: BTreeMap<u32, (u32, u32)>,
     /// The driver holding the GPU instead of `nvidia` (a VFIO claim's
     /// `vfio-pci`): not probed, Unknown; `None`: on `nvidia`.
@@ -68,7 +67,6 @@ impl GpuState {
             pcie: None,
             links_up: BTreeSet::new(),
             info_xids: BTreeMap::new(),
-            xid_counts: BTreeMap::new(),
             mig: BTreeMap::new(),
             elsewhere: None,
         }
@@ -240,10 +238,6 @@ impl GpuState {
     }
 
     pub(super) fn xid(&mut self, policy: &Policy, event: &HealthEvent, xid: u64, now: SystemTime) {
-        if self.xid_counts.len() < MAX_XID_COUNTS || self.xid_counts.contains_key(&xid) {
-            let count = self.xid_counts.entry(xid).or_insert(0);
-            *count = count.saturating_add(1);
-        }
         let scope = self.scope_of(event);
         let verdict = classify::classify_xid(policy, xid, self.action);
         let mut message = format!("XID {xid} at {}", rfc3339(event.at));

@@ -75,7 +75,6 @@ fn fatal_xid_without_recovery_action_needs_a_reset() {
     assert!(!tr.changed(), "once");
     let report = &tr.conditions()[0];
     assert_eq!(report.state, HealthState::Unhealthy);
-    assert_eq!(report.xid_counts.get(&119), Some(&1));
     assert_eq!(
         report.taint_keys(),
         ["gpu.nvidia.com/reset-required", "gpu.nvidia.com/xid"]
@@ -790,8 +789,6 @@ fn conditions_per_gpu_are_capped() {
         "the newest informational stays"
     );
     assert!(!k.contains(&Key::Xid(2000)), "the oldest went");
-    assert_eq!(tr.conditions()[0].xid_counts.len(), MAX_XID_COUNTS);
-    assert_eq!(tr.conditions()[0].xid_counts.get(&48), Some(&1));
 }
 
 #[test]
