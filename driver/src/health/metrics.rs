@@ -17,7 +17,6 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError};
-
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::EncodeLabelSet;
