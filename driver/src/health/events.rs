@@ -16,13 +16,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 
-/// Reason of the Event when a device becomes unhealthy (or worse).
-pub const REASON_UNHEALTHY: &str = "GpuUnhealthy";
-/// Reason of the Event when a device is healthy again.
-pub const REASON_RECOVERED: &str = "GpuRecovered";
-/// Reason of the Event when another driver (a VM's `vfio-pci`) holds a
-/// GPU, which is then not probed.
-pub const REASON_NOT_PROBED: &str = "GpuNotProbed";
+/// The reasons, as the tracker's transitions carry them.
+pub use super::tracker::{REASON_NOT_PROBED, REASON_RECOVERED, REASON_UNHEALTHY};
 /// The Event's `action`.
 pub const ACTION: &str = "HealthCheck";
 /// Longest `note` the API accepts.

@@ -46,6 +46,18 @@ use crate::vfio::NVIDIA_DRIVER;
 pub const MAX_CONDITIONS_PER_GPU: usize = 128;
 /// Longest condition message kept.
 pub const MAX_MESSAGE: usize = 512;
+
+/// Transition reason: a device became unhealthy.
+pub const REASON_UNHEALTHY: &str = "GpuUnhealthy";
+/// Transition reason: a device's events or polls cannot be read.
+pub const REASON_UNMONITORED: &str = "GpuUnmonitored";
+/// Transition reason: another driver (a VM's `vfio-pci`) holds the GPU,
+/// which is then not probed.
+pub const REASON_NOT_PROBED: &str = "GpuNotProbed";
+/// Transition reason: a device got worse, short of unhealthy.
+pub const REASON_DEGRADED: &str = "GpuDegraded";
+/// Transition reason: a device got better.
+pub const REASON_RECOVERED: &str = "GpuRecovered";
 /// The value of `hardware-failure` for a failed row remap.
 pub const ROW_REMAP_FAILURE: &str = "row-remap-failure";
 /// PCIe replays per minute above which a GPU is `degraded=pcie` (DCGM's
@@ -270,8 +282,7 @@ pub struct Transition {
     pub from: HealthState,
     /// Health after.
     pub to: HealthState,
-    /// Event reason: `GpuUnhealthy`, `GpuRecovered`, `GpuDegraded`,
-    /// `GpuUnmonitored`.
+    /// Event reason: one of the `REASON_*` constants.
     pub reason: &'static str,
     /// What is active now (or what cleared).
     pub message: String,
@@ -721,13 +732,13 @@ impl Tracker {
             }
             let gpu = &self.gpus[i];
             let reason = match to {
-                HealthState::Unhealthy => "GpuUnhealthy",
+                HealthState::Unhealthy => REASON_UNHEALTHY,
                 HealthState::Unknown if scope == Scope::Gpu && gpu.elsewhere.is_some() => {
-                    "GpuNotProbed"
+                    REASON_NOT_PROBED
                 }
-                HealthState::Unknown => "GpuUnmonitored",
-                HealthState::Degraded if from < to => "GpuDegraded",
-                HealthState::Degraded | HealthState::Healthy => "GpuRecovered",
+                HealthState::Unknown => REASON_UNMONITORED,
+                HealthState::Degraded if from < to => REASON_DEGRADED,
+                HealthState::Degraded | HealthState::Healthy => REASON_RECOVERED,
             };
             let message = match gpu.summary(scope) {
                 Some(s) => s,
