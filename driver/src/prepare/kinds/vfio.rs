@@ -229,11 +229,13 @@ fn refuse_if_processes(
         pids.join(", ")
     };
     tracing::info!(device, pci_bus_id = %bus, processes = n, pids = %shown, "refusing VFIO: NVML sees processes on the GPU");
+    let (noun, pid, them) = if n == 1 {
+        ("process", "PID", "it")
+    } else {
+        ("processes", "PIDs", "them")
+    };
     Err(refuse(format!(
-        "GPU {bus} is in use by {n} {} that NVML sees (PID{} {shown}): a GPU is bound to vfio-pci only when no container uses it; stop {} first",
-        if n == 1 { "process" } else { "processes" },
-        if n == 1 { "" } else { "s" },
-        if n == 1 { "it" } else { "them" },
+        "GPU {bus} is in use by {n} {noun} that NVML sees ({pid} {shown}): a GPU is bound to vfio-pci only when no container uses it; stop {them} first"
     )))
 }
 
