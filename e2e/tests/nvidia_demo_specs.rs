@@ -305,14 +305,10 @@ fn left_out_files_are_what_their_reason_says() {
 fn nvidia_demo_manifests_lint_clean() {
     let test = "nvidia_demo_manifests_lint_clean";
     let Some(specs) = specs(test) else { return };
-    let bin = match gpu_dra_e2e::bins::gpu_dra() {
-        Ok(bin) => bin,
-        Err(e) => {
-            gpu_dra_e2e::skip_unless_required::<(), _>(test, cli::REQUIRE_ENV, e)
-                .unwrap_or_else(|e| panic!("{e}"));
-            return;
-        }
-    };
+    if !cli::have_gpu_dra(test) {
+        return;
+    }
+    let bin = gpu_dra_e2e::bins::gpu_dra().expect("the gpu-dra binary");
     let paths: Vec<PathBuf> = CHECKED.iter().map(|f| specs.join(f)).collect();
     let out = Command::new(&bin)
         .args(["lint", "--output", "json"])

@@ -68,6 +68,18 @@ pub const CHECK_SCRIPT: &str = "echo ==DEV; for f in /dev/nvidia* /dev/nvidia-ca
      echo ==ENV; env; echo ==MOUNTS; cut -d' ' -f2 /proc/mounts; echo ==END; \
      trap 'exit 0' TERM; sleep 3600 & wait";
 
+/// The end of a pod script that keeps the pod (and so its claim) until it
+/// is stopped, then exits at once.
+pub const WAIT_UNTIL_STOPPED: &str = "trap 'exit 0' TERM; sleep 3600 & wait";
+
+/// The plugin's DaemonSet, as `kubectl` names it.
+pub const PLUGIN_DAEMONSET: &str = "ds/gpu-dra-driver-kubelet-plugin";
+
+/// A pod `name` that sleeps on claim `claim` until it is stopped.
+pub fn sleeping_pod(name: &str, claim: &str) -> String {
+    script_pod(name, WAIT_UNTIL_STOPPED, &claim_rest(claim))
+}
+
 /// Parses a check container's log.
 pub fn parse_seen(log: &str) -> Result<Seen, String> {
     if !log.contains("==END") {
@@ -588,7 +600,7 @@ pub fn wait_plugin_rollout(c: &Cluster) -> Result<(), Failed> {
         "status",
         "-n",
         DRIVER_NS,
-        "ds/gpu-dra-driver-kubelet-plugin",
+        PLUGIN_DAEMONSET,
         "--timeout=180s",
     ])?;
     Ok(())

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use libtest_mimic::Failed;
 
 use crate::claims::{
-    claim_rest, claim_yaml, device_attribute, get_json, helm_upgrade, script_pod, slice_devices,
+    claim_yaml, device_attribute, get_json, helm_upgrade, sleeping_pod, slice_devices,
     wait_plugin_rollout,
 };
 use crate::harness::{Cluster, DRIVER, NODE, PLUGIN_DIR};
@@ -113,15 +113,6 @@ fn wait_taints(
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-}
-
-/// A pod `name` that sleeps on claim `claim` (until it is stopped).
-fn sleeping_pod(name: &str, claim: &str) -> String {
-    script_pod(
-        name,
-        "trap 'exit 0' TERM; sleep 3600 & wait",
-        &claim_rest(claim),
-    )
 }
 
 /// A claim for exactly the GPU with minor `minor` (by its UUID).

@@ -10,8 +10,8 @@ use libtest_mimic::Failed;
 use serde_json::Value;
 
 use crate::claims::{
-    NOT_SHARED, allocated, claim_yaml, claims_rest, device_attribute, get_json, log_to_end,
-    script_pod, whole_gpu_template,
+    NOT_SHARED, WAIT_UNTIL_STOPPED, allocated, claim_yaml, claims_rest, device_attribute, get_json,
+    log_to_end, script_pod, whole_gpu_template,
 };
 use crate::harness::{Cluster, PLUGIN_DIR};
 
@@ -26,7 +26,7 @@ const DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
 fn pod(name: &str, source: &str, path: &str) -> String {
     script_pod(
         name,
-        &format!("cat {path} && echo '==END' && {{ trap 'exit 0' TERM; sleep 3600 & wait; }}"),
+        &format!("cat {path} && echo '==END' && {{ {WAIT_UNTIL_STOPPED}; }}"),
         &claims_rest(&[("gpus", source)]),
     )
 }

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use libtest_mimic::Failed;
 
 use crate::claims::{
-    NOT_SHARED, claim_yaml, delete_and_check_clean, helm_upgrade, pod_on_claim, wait_plugin_rollout,
+    NOT_SHARED, PLUGIN_DAEMONSET, claim_yaml, delete_and_check_clean, helm_upgrade, pod_on_claim,
+    wait_plugin_rollout,
 };
 use crate::harness::{Cluster, DRIVER_NS};
 
@@ -23,7 +24,6 @@ pub const TESTS: [(&str, crate::Test); 2] = [
     ),
 ];
 
-const DAEMONSET: &str = "ds/gpu-dra-driver-kubelet-plugin";
 const PLUGIN_SELECTOR: &str = "app.kubernetes.io/component=kubelet-plugin";
 
 /// The names of the plugin's pods.
@@ -148,7 +148,7 @@ fn rolling_update(c: &Cluster) -> Result<(), Failed> {
         "get",
         "-n",
         DRIVER_NS,
-        DAEMONSET,
+        PLUGIN_DAEMONSET,
         "-o",
         "jsonpath={.spec.template.spec.containers[0].image}",
     ])?;

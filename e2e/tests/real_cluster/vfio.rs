@@ -24,8 +24,8 @@ use libtest_mimic::Failed;
 
 use crate::claims::{
     allocated, check_against_spec, claim_rest, claim_yaml, delete_and_check_clean,
-    device_attribute, get_json, helm_upgrade, run_check_pod, script_pod, slice_devices,
-    wait_plugin_rollout,
+    device_attribute, get_json, helm_upgrade, run_check_pod, script_pod, sleeping_pod,
+    slice_devices, wait_plugin_rollout,
 };
 use crate::harness::{Cluster, PROFILE, cluster_state};
 
@@ -286,14 +286,7 @@ fn on_passthrough(c: &Cluster, s: &StandIn) -> Result<(), Failed> {
         &claim_yaml("whole", "gpu.nvidia.com", &[&selector], "", ""),
     )?;
     let whole_pod = "whole";
-    c.apply(
-        ns,
-        &script_pod(
-            whole_pod,
-            "trap 'exit 0' TERM; sleep 3600 & wait",
-            &claim_rest("whole"),
-        ),
-    )?;
+    c.apply(ns, &sleeping_pod(whole_pod, "whole"))?;
     let start = Instant::now();
     while start.elapsed() < HELD_OFF {
         let whole = get_json(c, ns, &["resourceclaim", "whole"])?;
