@@ -325,9 +325,6 @@ pub fn apply(command: &Command) -> Result<(), String> {
             ref processes,
             ..
         } => {
-            // The parser checked the list; a command built another way is
-            // checked again, so the state never holds a list NVML could not.
-            crate::processes::check("processes", processes)?;
             if graphics {
                 next.graphics_processes.clone_from(processes);
             } else {

@@ -9,8 +9,7 @@ mod common;
 
 use std::ffi::{c_int, c_uint, c_ulonglong};
 
-use common::{Fake, assert_success, is_child, nvml_from_env, run_child};
-use nvml_wrapper::Nvml;
+use common::{Fake, assert_success, gpu, is_child, nvml_from_env, run_child};
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper_sys::bindings as sys;
@@ -19,11 +18,6 @@ const SUCCESS: u32 = 0;
 const INVALID_ARGUMENT: u32 = 2;
 const NOT_SUPPORTED: u32 = 3;
 const TIMEOUT: u32 = 10;
-
-fn gpu(nvml: &Nvml, index: u32) -> sys::nvmlDevice_t {
-    // SAFETY: only the opaque handle value is taken.
-    unsafe { nvml.device_by_index(index).unwrap().handle() }
-}
 
 fn empty_event() -> sys::nvmlEventData_t {
     sys::nvmlEventData_t {

@@ -10,6 +10,7 @@ mod common;
 use std::ffi::c_uint;
 use std::time::{Duration, Instant};
 
+use common::gpu;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
@@ -56,57 +57,52 @@ fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
+/// One `nvmlDevice{Graphics,Compute}RunningProcesses_v3` call on `device`
+/// with `*infoCount` starting at `capacity`: the return code and the count
+/// the call left.
+fn list(
+    nvml: &Nvml,
+    graphics: bool,
+    device: sys::nvmlDevice_t,
+    capacity: c_uint,
+    infos: *mut sys::nvmlProcessInfo_t,
+) -> (u32, c_uint) {
+    let mut n = capacity;
+    let code = if graphics {
+        call!(
+            nvml,
+            nvmlDeviceGetGraphicsRunningProcesses_v3(device, &raw mut n, infos)
+        )
+    } else {
+        call!(
+            nvml,
+            nvmlDeviceGetComputeRunningProcesses_v3(device, &raw mut n, infos)
+        )
+    };
+    (code, n)
+}
+
 #[test]
 fn the_count_contract_is_nvmls() {
     let (_dir, _control, nvml) = fake("processes 2 4242:512 4243\ngraphics-processes 2 77\n");
-    // SAFETY: only the opaque handle value is taken.
-    let l4 = unsafe { nvml.device_by_index(2).unwrap().handle() };
-    // SAFETY: as above.
-    let idle = unsafe { nvml.device_by_index(3).unwrap().handle() };
+    let l4 = gpu(&nvml, 2);
+    let idle = gpu(&nvml, 3);
+    let none = std::ptr::null_mut();
 
     // Size query: null array, count 0.
-    let mut n: c_uint = 0;
-    assert_eq!(
-        call!(
-            nvml,
-            nvmlDeviceGetComputeRunningProcesses_v3(l4, &raw mut n, std::ptr::null_mut())
-        ),
-        INSUFFICIENT_SIZE
-    );
-    assert_eq!(n, 2);
-    let mut n: c_uint = 0;
-    assert_eq!(
-        call!(
-            nvml,
-            nvmlDeviceGetComputeRunningProcesses_v3(idle, &raw mut n, std::ptr::null_mut())
-        ),
-        SUCCESS
-    );
-    assert_eq!(n, 0);
+    assert_eq!(list(&nvml, false, l4, 0, none), (INSUFFICIENT_SIZE, 2));
+    assert_eq!(list(&nvml, false, idle, 0, none), (SUCCESS, 0));
 
     // Too small a buffer: the number is written, nothing is copied.
     let mut infos = [empty(); 3];
-    let mut n: c_uint = 1;
     assert_eq!(
-        call!(
-            nvml,
-            nvmlDeviceGetComputeRunningProcesses_v3(l4, &raw mut n, infos.as_mut_ptr())
-        ),
-        INSUFFICIENT_SIZE
+        list(&nvml, false, l4, 1, infos.as_mut_ptr()),
+        (INSUFFICIENT_SIZE, 2)
     );
-    assert_eq!(n, 2);
     assert_eq!(infos[0].pid, 0);
 
     // Enough room.
-    let mut n: c_uint = 3;
-    assert_eq!(
-        call!(
-            nvml,
-            nvmlDeviceGetComputeRunningProcesses_v3(l4, &raw mut n, infos.as_mut_ptr())
-        ),
-        SUCCESS
-    );
-    assert_eq!(n, 2);
+    assert_eq!(list(&nvml, false, l4, 3, infos.as_mut_ptr()), (SUCCESS, 2));
     assert_eq!(infos[0].pid, 4242);
     assert_eq!(infos[0].usedGpuMemory, 512 << 20);
     assert_eq!(infos[0].gpuInstanceId, 0xFFFF_FFFF);
@@ -115,15 +111,8 @@ fn the_count_contract_is_nvmls() {
     assert_eq!(infos[1].usedGpuMemory, u64::MAX, "not available");
     assert_eq!(infos[2].pid, 0, "untouched past the count");
 
-    let mut n: c_uint = 3;
-    assert_eq!(
-        call!(
-            nvml,
-            nvmlDeviceGetGraphicsRunningProcesses_v3(l4, &raw mut n, infos.as_mut_ptr())
-        ),
-        SUCCESS
-    );
-    assert_eq!((n, infos[0].pid), (1, 77));
+    assert_eq!(list(&nvml, true, l4, 3, infos.as_mut_ptr()), (SUCCESS, 1));
+    assert_eq!(infos[0].pid, 77);
 
     // Null count; null array with a capacity.
     assert_eq!(
@@ -133,25 +122,12 @@ fn the_count_contract_is_nvmls() {
         ),
         INVALID_ARGUMENT
     );
-    let mut n: c_uint = 4;
-    assert_eq!(
-        call!(
-            nvml,
-            nvmlDeviceGetGraphicsRunningProcesses_v3(l4, &raw mut n, std::ptr::null_mut())
-        ),
-        INVALID_ARGUMENT
-    );
+    let (code, n) = list(&nvml, true, l4, 4, none);
+    assert_eq!(code, INVALID_ARGUMENT);
     assert_eq!(n, 4, "unchanged");
     // A bogus handle.
     let bogus: sys::nvmlDevice_t = std::ptr::without_provenance_mut(0x99);
-    let mut n: c_uint = 0;
-    assert_eq!(
-        call!(
-            nvml,
-            nvmlDeviceGetComputeRunningProcesses_v3(bogus, &raw mut n, std::ptr::null_mut())
-        ),
-        INVALID_ARGUMENT
-    );
+    assert_eq!(list(&nvml, false, bogus, 0, none).0, INVALID_ARGUMENT);
     // A MIG device handle (GPU 1 has one).
     let mig = nvml
         .device_by_index(1)
@@ -160,20 +136,15 @@ fn the_count_contract_is_nvmls() {
         .unwrap();
     // SAFETY: only the opaque handle value is taken.
     let mig = unsafe { mig.handle() };
-    let mut n: c_uint = 0;
-    assert_eq!(
-        call!(
-            nvml,
-            nvmlDeviceGetComputeRunningProcesses_v3(mig, &raw mut n, std::ptr::null_mut())
-        ),
-        NOT_SUPPORTED
-    );
+    assert_eq!(list(&nvml, false, mig, 0, none).0, NOT_SUPPORTED);
 }
 
 #[test]
 fn nvml_wrapper_reads_the_lists_and_the_control_file_changes_them() {
     let (_dir, control, nvml) = fake("processes 0 10:1 11:2 12:3\n");
     let device = nvml.device_by_index(0).unwrap();
+    // Taken now: a lost GPU's handle can no longer be looked up.
+    let handle = gpu(&nvml, 0);
     let pids = |v: Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>| {
         v.into_iter().map(|p| p.pid).collect::<Vec<_>>()
     };
@@ -187,8 +158,17 @@ fn nvml_wrapper_reads_the_lists_and_the_control_file_changes_them() {
     eventually("the graphics list", || {
         pids(device.running_graphics_processes().unwrap()) == [11, 99]
     });
-    // A bad line changes nothing; a good one after it applies.
+    // A bad line changes nothing: once a good line after it has applied,
+    // the compute list is still the one before it.
     append(&control, "processes 0 10 0");
+    append(&control, "graphics-processes 0 5");
+    eventually("the graphics list after the bad line", || {
+        pids(device.running_graphics_processes().unwrap()) == [5]
+    });
+    assert_eq!(
+        pids(device.running_compute_processes().unwrap()),
+        [10, 11, 12]
+    );
     append(&control, "processes 0 10");
     eventually("the compute list", || {
         pids(device.running_compute_processes().unwrap()) == [10]
@@ -203,14 +183,8 @@ fn nvml_wrapper_reads_the_lists_and_the_control_file_changes_them() {
     eventually("a lost GPU", || {
         matches!(device.running_compute_processes(), Err(NvmlError::GpuLost))
     });
-    let mut n: c_uint = 0;
-    // SAFETY: only the opaque handle value is taken.
-    let handle = unsafe { device.handle() };
     assert_eq!(
-        call!(
-            nvml,
-            nvmlDeviceGetGraphicsRunningProcesses_v3(handle, &raw mut n, std::ptr::null_mut())
-        ),
+        list(&nvml, true, handle, 0, std::ptr::null_mut()).0,
         GPU_IS_LOST
     );
 }

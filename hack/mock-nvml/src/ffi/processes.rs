@@ -14,7 +14,7 @@ use std::ffi::c_uint;
 
 use nvml_wrapper_sys::bindings as sys;
 
-use super::{export, full_gpu, read, write};
+use super::{export, full_gpu, read, write_counted};
 use crate::codes::{self, Code};
 use crate::faults::{self, WHOLE_GPU};
 use crate::processes::Process;
@@ -51,18 +51,14 @@ unsafe fn running(
     let gpu = runtime::with_machine(|m| full_gpu(m, device, name))?;
     let list: Vec<sys::nvmlProcessInfo_t> =
         faults::processes(gpu, graphics).iter().map(info).collect();
-    let n = c_uint::try_from(list.len()).map_err(|_| codes::UNKNOWN)?;
-    // SAFETY: as above.
-    unsafe { write(count, n) }?;
-    if n == 0 {
-        return Ok(());
-    }
-    if infos.is_null() || capacity < n {
+    // SAFETY: forwarded caller contract for `count` and `infos` (a non-null
+    // `infos` holds `capacity` elements).
+    unsafe { write_counted(infos, count, &list) }?;
+    // write_counted has set `*count`; unlike its null-array case, NVML's
+    // size query fails with INSUFFICIENT_SIZE when there are processes.
+    if infos.is_null() && !list.is_empty() {
         return Err(codes::INSUFFICIENT_SIZE);
     }
-    // SAFETY: `infos` is non-null and holds `capacity` >= n elements by the
-    // caller's contract; it cannot overlap `list`, which this frame owns.
-    unsafe { std::ptr::copy_nonoverlapping(list.as_ptr(), infos, list.len()) };
     Ok(())
 }
 

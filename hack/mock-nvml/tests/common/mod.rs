@@ -65,6 +65,12 @@ impl Fake {
     }
 }
 
+/// The raw handle of GPU `index`.
+pub fn gpu(nvml: &Nvml, index: u32) -> nvml_wrapper_sys::bindings::nvmlDevice_t {
+    // SAFETY: only the opaque handle value is taken.
+    unsafe { nvml.device_by_index(index).unwrap().handle() }
+}
+
 /// Runs one `#[ignore]`d test of the current test binary in a child
 /// process, with a clean NVML environment plus `envs`. The child sees
 /// `MOCK_NVML_CHILD=1`.
