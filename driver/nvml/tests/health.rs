@@ -10,13 +10,11 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::Controlled as Machine;
+use common::PATIENCE;
 use gpu_nvml::{
     EventKind, EventWatch, HealthPoll, HealthSource, LinkState, Liveness, NvmlBackend,
     RecoveryAction, RemapState,
 };
-
-/// How long a test waits for a command to take effect.
-const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Two A100s (minors 4 and 6, NVLinks 0 and 1 between them) and a T4
 /// (minor 9), on `driver`; `extra[i]` is appended to GPU i's YAML.
@@ -58,18 +56,11 @@ fn poll_until(
     index: u32,
     accept: impl Fn(&HealthPoll) -> bool,
 ) -> HealthPoll {
-    let start = Instant::now();
-    loop {
-        let poll = backend.poll(index).expect("poll");
-        if accept(&poll) {
-            return poll;
-        }
-        assert!(
-            start.elapsed() < PATIENCE,
-            "GPU {index}: condition never met; last poll {poll:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::until(
+        &format!("GPU {index}"),
+        || backend.poll(index).expect("poll"),
+        accept,
+    )
 }
 
 fn next_event(watch: &mut Box<dyn EventWatch>) -> gpu_nvml::HealthEvent {

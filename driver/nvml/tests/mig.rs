@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::Machine;
+use common::{Machine, Minimal};
 use gpu_nvml::{ComputeMode, Error, GpuBackend, MigPlacement};
 
 /// Profile ids of the 80GB A100/H100 table.
@@ -420,39 +420,6 @@ fn a_failing_listing_names_the_call() {
         err.contains("nvmlGpuInstanceGetComputeInstances") && err.contains("GPU 0"),
         "{err}"
     );
-}
-
-/// A backend with only the required methods, to exercise the trait's
-/// default `gpu_instances` and `destroy_gpu_instance`.
-struct Minimal(gpu_nvml::NvmlBackend);
-
-impl GpuBackend for Minimal {
-    fn system(&self) -> gpu_nvml::Result<gpu_nvml::SystemInfo> {
-        self.0.system()
-    }
-    fn gpu_count(&self) -> gpu_nvml::Result<u32> {
-        self.0.gpu_count()
-    }
-    fn gpu(&self, index: u32) -> gpu_nvml::Result<gpu_nvml::GpuInfo> {
-        self.0.gpu(index)
-    }
-    fn set_mig_mode(&self, index: u32, enabled: bool) -> gpu_nvml::Result<()> {
-        self.0.set_mig_mode(index, enabled)
-    }
-    fn create_mig_device(
-        &self,
-        index: u32,
-        profile_id: u32,
-        placement: MigPlacement,
-    ) -> gpu_nvml::Result<gpu_nvml::MigDevice> {
-        self.0.create_mig_device(index, profile_id, placement)
-    }
-    fn destroy_mig_device(&self, index: u32, gi: u32, ci: u32) -> gpu_nvml::Result<()> {
-        self.0.destroy_mig_device(index, gi, ci)
-    }
-    fn set_compute_mode(&self, index: u32, mode: ComputeMode) -> gpu_nvml::Result<()> {
-        self.0.set_compute_mode(index, mode)
-    }
 }
 
 #[test]

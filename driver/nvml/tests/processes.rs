@@ -4,11 +4,10 @@
 //! pid; a lost GPU is `Error::GpuLost`; the trait's default is
 //! `Error::NotSupported`.
 
-use std::time::{Duration, Instant};
-
 mod common;
 
 use common::Controlled as Machine;
+use common::{Minimal, until};
 use gpu_nvml::{Error, GpuBackend, GpuProcess};
 
 /// Two T4s (minors 0 and 1); GPU 1 starts with processes.
@@ -36,25 +35,6 @@ gpus:
 /// The machine of [`PROFILE`], its control file holding `initial`.
 fn on_profile(initial: &str) -> Machine {
     Machine::new(PROFILE, initial)
-}
-
-fn until<T: std::fmt::Debug>(
-    what: &str,
-    mut get: impl FnMut() -> T,
-    accept: impl Fn(&T) -> bool,
-) -> T {
-    let start = Instant::now();
-    loop {
-        let got = get();
-        if accept(&got) {
-            return got;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{what}: never; last {got:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 fn p(pid: u32, mib: Option<u64>, compute: bool, graphics: bool) -> GpuProcess {
@@ -124,41 +104,9 @@ fn a_lost_gpu_is_gpu_lost_even_before_its_first_use() {
     );
 }
 
-/// A backend that implements only what the trait requires.
-struct Minimal;
-
-impl GpuBackend for Minimal {
-    fn system(&self) -> gpu_nvml::Result<gpu_nvml::SystemInfo> {
-        Err(Error::Invalid("unused".into()))
-    }
-    fn gpu_count(&self) -> gpu_nvml::Result<u32> {
-        Ok(1)
-    }
-    fn gpu(&self, _: u32) -> gpu_nvml::Result<gpu_nvml::GpuInfo> {
-        Err(Error::Invalid("unused".into()))
-    }
-    fn set_mig_mode(&self, _: u32, _: bool) -> gpu_nvml::Result<()> {
-        Err(Error::Invalid("unused".into()))
-    }
-    fn create_mig_device(
-        &self,
-        _: u32,
-        _: u32,
-        _: gpu_nvml::MigPlacement,
-    ) -> gpu_nvml::Result<gpu_nvml::MigDevice> {
-        Err(Error::Invalid("unused".into()))
-    }
-    fn destroy_mig_device(&self, _: u32, _: u32, _: u32) -> gpu_nvml::Result<()> {
-        Err(Error::Invalid("unused".into()))
-    }
-    fn set_compute_mode(&self, _: u32, _: gpu_nvml::ComputeMode) -> gpu_nvml::Result<()> {
-        Err(Error::Invalid("unused".into()))
-    }
-}
-
 #[test]
 fn the_default_is_not_supported() {
-    let err = Minimal.processes(2).unwrap_err();
+    let err = Minimal(on_profile("").open()).processes(2).unwrap_err();
     assert!(
         matches!(
             err,

@@ -357,13 +357,10 @@ impl Poller {
             Ok(value) => Some(value),
             Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => None,
             Err(e) => {
-                match liveness_of(&e) {
-                    Some(liveness) => {
-                        self.lost.get_or_insert(liveness);
-                    }
-                    None => {
-                        tracing::debug!(gpu = self.gpu, query = what, error = %e, "health query failed, value unknown");
-                    }
+                if let Some(liveness) = liveness_of(&e) {
+                    self.lost.get_or_insert(liveness);
+                } else {
+                    tracing::debug!(gpu = self.gpu, query = what, error = %e, "health query failed, value unknown");
                 }
                 None
             }

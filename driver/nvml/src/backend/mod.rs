@@ -91,16 +91,8 @@ impl NvmlBackend {
 
     /// The cached handle of GPU `index`, looked up on first use.
     fn handle(&self, index: u32) -> Result<RawDevice> {
-        if let Some(handle) = self.lock_handles().get(&index) {
-            return Ok(*handle);
-        }
-        let device = self
-            .nvml
-            .device_by_index(index)
-            .map_err(call("nvmlDeviceGetHandleByIndex", index))?;
-        let handle = RawDevice::of(&device);
-        self.lock_handles().insert(index, handle);
-        Ok(handle)
+        self.health_handle(index)
+            .map_err(call("nvmlDeviceGetHandleByIndex", index))
     }
 
     fn lock_handles(&self) -> std::sync::MutexGuard<'_, HashMap<u32, RawDevice>> {

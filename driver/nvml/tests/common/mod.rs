@@ -7,8 +7,30 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use gpu_nvml::NvmlBackend;
+use gpu_nvml::{ComputeMode, GpuBackend, MigPlacement, NvmlBackend};
+
+/// How long a test waits for a command to take effect.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Calls `get` until `accept` holds and returns that value; panics with
+/// the last value after [`PATIENCE`].
+pub fn until<T: std::fmt::Debug>(
+    what: &str,
+    mut get: impl FnMut() -> T,
+    accept: impl Fn(&T) -> bool,
+) -> T {
+    let start = Instant::now();
+    loop {
+        let got = get();
+        if accept(&got) {
+            return got;
+        }
+        assert!(start.elapsed() < PATIENCE, "{what}: never; last {got:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
 
 /// A private copy of the fake library configured for one machine.
 pub struct Machine {
@@ -171,5 +193,38 @@ impl Controlled {
     /// Appends one command line to the control file.
     pub fn command(&self, line: &str) {
         self.send(format!("{line}\n").as_bytes());
+    }
+}
+
+/// A backend with only the methods the trait requires, each forwarded to
+/// the production backend: it exercises the trait's defaults.
+pub struct Minimal(pub NvmlBackend);
+
+impl GpuBackend for Minimal {
+    fn system(&self) -> gpu_nvml::Result<gpu_nvml::SystemInfo> {
+        self.0.system()
+    }
+    fn gpu_count(&self) -> gpu_nvml::Result<u32> {
+        self.0.gpu_count()
+    }
+    fn gpu(&self, index: u32) -> gpu_nvml::Result<gpu_nvml::GpuInfo> {
+        self.0.gpu(index)
+    }
+    fn set_mig_mode(&self, index: u32, enabled: bool) -> gpu_nvml::Result<()> {
+        self.0.set_mig_mode(index, enabled)
+    }
+    fn create_mig_device(
+        &self,
+        index: u32,
+        profile_id: u32,
+        placement: MigPlacement,
+    ) -> gpu_nvml::Result<gpu_nvml::MigDevice> {
+        self.0.create_mig_device(index, profile_id, placement)
+    }
+    fn destroy_mig_device(&self, index: u32, gi: u32, ci: u32) -> gpu_nvml::Result<()> {
+        self.0.destroy_mig_device(index, gi, ci)
+    }
+    fn set_compute_mode(&self, index: u32, mode: ComputeMode) -> gpu_nvml::Result<()> {
+        self.0.set_compute_mode(index, mode)
     }
 }
