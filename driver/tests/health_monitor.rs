@@ -15,10 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::health::{health_stream, wait_health};
+use common::health::{health_of, health_stream, is, wait_health};
 use common::{DRIVER, NODE, Plugin, TestEnv, http_get, inject, pool_of, short_dir, taints_of};
 use gpu_dra_sim::apiserver::{Resource, Selectors};
-use gpu_dra_sim::kubelet::DeviceHealth;
 use serde_json::Value;
 
 /// How long a fault may take to reach the API server: two poll periods,
@@ -132,14 +131,6 @@ fn assert_taint_value(env: &TestEnv, device: &str, key: &str, value: &str) {
         taints.iter().any(|(k, v, _)| k == key && v == value),
         "no {key}={value} on {device}: {taints:?}"
     );
-}
-
-fn health_of<'a>(list: &'a [DeviceHealth], device: &str) -> Option<&'a DeviceHealth> {
-    list.iter().find(|d| d.device_name == device)
-}
-
-fn is(list: &[DeviceHealth], device: &str, health: &str) -> bool {
-    health_of(list, device).is_some_and(|d| d.health == health)
 }
 
 async fn metrics(plugin: &Plugin) -> String {

@@ -13,13 +13,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::health::{health_stream, wait_health};
-use common::prepare::{result, start_node};
+use common::health::{health_of, health_stream, is, wait_health};
+use common::prepare::{node_with_control, vfio_of};
 use common::{NODE, Plugin, TestEnv, inject, short_dir, taints_of};
-use fake_driver_root::sysfs::{FakeSysfs, create_vfio_nodes};
 use futures::StreamExt;
-use gpu_dra_sim::kubelet::{DeviceHealth, DraVersion};
-use serde_json::json;
+use gpu_dra_sim::kubelet::DraVersion;
 
 /// Four A100 PCIe GPUs, each with a VFIO sibling under `--passthrough`.
 const PROFILE: &str = "pcie-a100-bridged";
@@ -33,28 +31,17 @@ const FLAGS: &[&str] = &[
     "--health-quiet-period=1s",
 ];
 
-/// The machine, its fake NVML driven by the control file `dir/control`.
-fn machine(dir: &Path) -> (TestEnv, std::path::PathBuf) {
+/// A plugin with [`FLAGS`] on the [`PROFILE`] machine, its fake NVML
+/// driven by the control file `dir/control`.
+fn start(dir: &Path) -> (Plugin, std::path::PathBuf) {
     let control = dir.join("control");
     std::fs::write(&control, "").unwrap();
     let env = TestEnv::builder(dir)
         .bundled(PROFILE)
         .control(&control)
         .build();
-    (env, control)
-}
-
-/// A plugin with [`FLAGS`] on [`machine`].
-fn start(dir: &Path) -> (Plugin, std::path::PathBuf) {
-    let (env, control) = machine(dir);
     let plugin = Plugin::launch(&Arc::new(env), dir, "run", FLAGS);
     (plugin, control)
-}
-
-fn health<'a>(list: &'a [DeviceHealth], device: &str) -> &'a DeviceHealth {
-    list.iter()
-        .find(|d| d.device_name == device)
-        .unwrap_or_else(|| panic!("{device} not in {list:#?}"))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -113,58 +100,51 @@ async fn a_gpu_fault_taints_its_vfio_sibling_and_the_stream_lists_it() {
     }
 
     let list = wait_health(&mut stream, FAULT_WAIT, |l| {
-        l.iter()
-            .any(|d| d.device_name == "gpu-vfio-0" && d.health == "Unhealthy")
+        is(l, "gpu-vfio-0", "Unhealthy")
     })
     .await;
-    let vfio = health(&list, "gpu-vfio-0");
+    let vfio = health_of(&list, "gpu-vfio-0").unwrap();
     assert!(vfio.message.contains("79"), "{vfio:?}");
-    assert_eq!(vfio.message, health(&list, "gpu-0").message);
-    assert_eq!(health(&list, "gpu-vfio-1").health, "Healthy");
+    let gpu = health_of(&list, "gpu-0").unwrap_or_else(|| panic!("{list:#?}"));
+    assert_eq!(vfio.message, gpu.message);
+    assert!(is(&list, "gpu-vfio-1", "Healthy"), "{list:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_gpu_passed_through_is_not_probed_then_probed_again_once_back() {
-    let dir = short_dir();
-    let (env, control) = machine(dir.path());
-    let n = start_node(dir, env, FLAGS, DraVersion::V1, &[]).await;
+    let (n, control) = node_with_control(PROFILE, FLAGS, DraVersion::V1, "").await;
     // The stand-in kernel rebinds GPUs as the plugin writes sysfs.
-    let sysfs = FakeSysfs::adopt(&n.env.sysfs).expect("adopt the machine's sysfs");
-    let groups: Vec<u32> = sysfs.gpus().iter().map(|g| g.iommu_group).collect();
-    create_vfio_nodes(&n.env.dev_root, &groups, false).expect("VFIO nodes");
-    let _kernel = sysfs.start_kernel().expect("start the stand-in kernel");
+    let v = vfio_of(&n, false);
     let mut stream = n.kubelet.watch_health().await.unwrap();
     wait_health(&mut stream, FAULT_WAIT, |l| {
         !l.is_empty() && l.iter().all(|d| d.health == "Healthy")
     })
     .await;
 
-    let claim = n
-        .claim("vm", json!([result("vm", "gpu-vfio-0")]), json!([]))
-        .await;
+    let claim = n.vfio_claim("vm", "gpu-vfio-0").await;
     n.prepare_ok(&claim).await;
-    let bus = sysfs.gpus()[0].bus.clone();
-    assert_eq!(sysfs.driver_of(&bus).as_deref(), Some("vfio-pci"));
+    let bus = v.sysfs.gpus()[0].bus.clone();
+    assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("vfio-pci"));
     // What NVML does with a GPU taken from `nvidia`: it is lost to it (the
     // fake fails the GPU's event wait and answers polls "GPU is lost").
     inject(&control, "lose 0");
     let list = wait_health(&mut stream, FAULT_WAIT, |l| {
-        health(l, "gpu-vfio-0").health == "Unknown" && health(l, "gpu-0").health == "Unknown"
+        is(l, "gpu-vfio-0", "Unknown") && is(l, "gpu-0", "Unknown")
     })
     .await;
-    let vfio = health(&list, "gpu-vfio-0");
+    let vfio = health_of(&list, "gpu-vfio-0").unwrap();
     assert!(
         vfio.message.contains("not probed") && vfio.message.contains("vfio-pci"),
         "{vfio:?}"
     );
-    assert_eq!(health(&list, "gpu-vfio-1").health, "Healthy");
+    assert!(is(&list, "gpu-vfio-1", "Healthy"), "{list:#?}");
     // Five polls and the event thread's retries later: every message still
     // says Unknown, and no taint was published.
     let until = tokio::time::Instant::now() + Duration::from_millis(1500);
     while let Ok(Some(Ok(list))) = tokio::time::timeout_at(until, stream.next()).await {
-        assert_eq!(health(&list, "gpu-vfio-0").health, "Unknown", "{list:#?}");
+        assert!(is(&list, "gpu-vfio-0", "Unknown"), "{list:#?}");
     }
-    let slices = n.env.wait_slices(FAULT_WAIT, |_| true).await;
+    let slices = n.env.slices(NODE);
     for device in ["gpu-0", "gpu-vfio-0"] {
         assert!(
             taints_of(&slices, device).is_empty(),
@@ -176,9 +156,9 @@ async fn a_gpu_passed_through_is_not_probed_then_probed_again_once_back() {
     // NVML sees it again, the VM ends: back on `nvidia`, probed, Healthy.
     inject(&control, "restore 0");
     n.unprepare_ok(&claim).await;
-    assert_eq!(sysfs.driver_of(&bus).as_deref(), Some("nvidia"));
+    assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("nvidia"));
     wait_health(&mut stream, FAULT_WAIT, |l| {
-        health(l, "gpu-vfio-0").health == "Healthy" && health(l, "gpu-0").health == "Healthy"
+        is(l, "gpu-vfio-0", "Healthy") && is(l, "gpu-0", "Healthy")
     })
     .await;
 

@@ -250,15 +250,11 @@ async fn a_crash_between_the_write_and_the_checkpoint_leaves_nothing_after_the_r
 /// KubeVirt's case: a passthrough GPU's file carries its PCI address.
 #[tokio::test]
 async fn a_vfio_passthrough_gpu_gets_its_file_with_the_pci_address() {
-    use fake_driver_root::sysfs::{FakeSysfs, create_vfio_nodes};
+    use common::prepare::vfio_of;
     let n = node("pcie-a100-bridged", &["--passthrough"], DraVersion::V1).await;
-    let sysfs = FakeSysfs::adopt(&n.env.sysfs).expect("adopt the machine's sysfs");
-    let groups: Vec<u32> = sysfs.gpus().iter().map(|g| g.iommu_group).collect();
-    create_vfio_nodes(&n.env.dev_root, &groups, false).expect("VFIO nodes");
-    let _kernel = sysfs.start_kernel().expect("start the stand-in kernel");
-    let claim = n
-        .claim("vm", json!([result("vm", "gpu-vfio-0")]), json!([]))
-        .await;
+    // The stand-in kernel rebinds GPUs as the plugin writes sysfs.
+    let _vfio = vfio_of(&n, false);
+    let claim = n.vfio_claim("vm", "gpu-vfio-0").await;
     n.prepare_ok(&claim).await;
     let file = metadata_file(&n, "vm", "vm");
     insta::assert_snapshot!("metadata_vfio", redacted(&file, &claim));

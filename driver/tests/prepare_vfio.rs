@@ -14,51 +14,14 @@ mod common;
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
-use common::prepare::{Node, node, node_with, node_with_control, result};
+use common::prepare::{Node, Vfio, bus_of, node, node_with, node_with_control, result, vfio_of};
 use common::{DRIVER, inject};
-use fake_driver_root::sysfs::{FakeSysfs, Kernel, create_vfio_nodes};
 use gpu_dra_sim::kubelet::{Claim, DraVersion};
 use serde_json::{Value, json};
 
 const PROFILE: &str = "pcie-a100-bridged";
 const FLAGS: &[&str] = &["--passthrough"];
 const FAILPOINT: &str = "GPU_DRA_FAILPOINT";
-
-/// The stand-in sysfs and kernel of a node, and its VFIO nodes.
-struct Vfio {
-    sysfs: FakeSysfs,
-    _kernel: Kernel,
-}
-
-impl Vfio {
-    /// The IOMMU group of the GPU at `bus`.
-    fn iommu_group(&self, bus: &str) -> u32 {
-        self.sysfs
-            .gpus()
-            .iter()
-            .find(|g| g.bus == bus)
-            .unwrap_or_else(|| panic!("no GPU at {bus}"))
-            .iommu_group
-    }
-}
-
-fn vfio_of(n: &Node, iommufd: bool) -> Vfio {
-    let sysfs = FakeSysfs::adopt(&n.env.sysfs).expect("adopt the machine's sysfs");
-    let groups: Vec<u32> = sysfs.gpus().iter().map(|g| g.iommu_group).collect();
-    create_vfio_nodes(&n.env.dev_root, &groups, iommufd).expect("VFIO nodes");
-    let kernel = sysfs.start_kernel().expect("start the stand-in kernel");
-    Vfio {
-        sysfs,
-        _kernel: kernel,
-    }
-}
-
-fn bus_of(device: &Value) -> String {
-    device["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
-        .as_str()
-        .unwrap()
-        .to_owned()
-}
 
 fn vfio_config(iommu: Value) -> Value {
     json!({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {
@@ -121,11 +84,9 @@ async fn vfio_devices_are_published_beside_the_gpus_and_share_their_counter() {
 async fn a_vfio_claim_rebinds_the_gpu_and_unprepare_binds_it_back() {
     let n = node(PROFILE, FLAGS, DraVersion::V1).await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&n.published_device("gpu-vfio-0").await);
+    let bus = n.published_bus("gpu-vfio-0").await;
     let group = v.iommu_group(&bus);
-    let claim = n
-        .claim("vm", json!([result("vm", "gpu-vfio-0")]), json!([]))
-        .await;
+    let claim = n.vfio_claim("vm", "gpu-vfio-0").await;
     let r = n.prepare_ok(&claim).await;
     assert_eq!(r.devices.len(), 1);
     assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("vfio-pci"));
@@ -231,13 +192,11 @@ async fn prefer_iommufd_gives_the_cdev_and_the_api_device_where_the_node_has_iom
 async fn a_gpu_another_claim_holds_is_refused_by_the_claims_name() {
     let n = node(PROFILE, FLAGS, DraVersion::V1).await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&n.published_device("gpu-vfio-2").await);
+    let bus = n.published_bus("gpu-vfio-2").await;
     // Held whole by a container: the VM claim is refused, the GPU untouched.
     let container = n.gpu_claim("training", "gpu-2").await;
     n.prepare_ok(&container).await;
-    let vm = n
-        .claim("vm", json!([result("vm", "gpu-vfio-2")]), json!([]))
-        .await;
+    let vm = n.vfio_claim("vm", "gpu-vfio-2").await;
     let error = n.prepare_error(&vm).await;
     assert!(
         error.contains("gpu-vfio-2")
@@ -286,10 +245,8 @@ async fn a_gpu_that_processes_use_is_refused_by_their_pids_and_nothing_is_applie
     )
     .await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&n.published_device("gpu-vfio-1").await);
-    let vm = n
-        .claim("vm", json!([result("vm", "gpu-vfio-1")]), json!([]))
-        .await;
+    let bus = n.published_bus("gpu-vfio-1").await;
+    let vm = n.vfio_claim("vm", "gpu-vfio-1").await;
     let error = n.prepare_error(&vm).await;
     assert!(
         error.contains("gpu-vfio-1")
@@ -300,19 +257,10 @@ async fn a_gpu_that_processes_use_is_refused_by_their_pids_and_nothing_is_applie
         "{error}"
     );
     // Nothing half-applied: no bind or unbind, no entry, no CDI spec.
-    assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("nvidia"));
-    assert_eq!(v.sysfs.override_of(&bus), None);
+    assert_clean(&n, &v, &bus, "refused for 3 processes");
     assert!(events_of(&v).is_empty(), "{:?}", events_of(&v));
-    assert!(
-        n.checkpoint_claims().is_empty(),
-        "{:?}",
-        n.checkpoint_claims()
-    );
-    assert!(n.cdi_files().is_empty(), "{:?}", n.cdi_files());
     // Another GPU without processes is not affected.
-    let other = n
-        .claim("vm-0", json!([result("vm", "gpu-vfio-0")]), json!([]))
-        .await;
+    let other = n.vfio_claim("vm-0", "gpu-vfio-0").await;
     n.prepare_ok(&other).await;
     n.unprepare_ok(&other).await;
     let before = events_of(&v).len();
@@ -326,11 +274,7 @@ async fn a_gpu_that_processes_use_is_refused_by_their_pids_and_nothing_is_applie
     .expect("still refused");
     assert!(error.contains(&bus), "{error}");
     assert_eq!(events_of(&v).len(), before, "{:?}", events_of(&v));
-    assert!(
-        n.checkpoint_claims().is_empty(),
-        "{:?}",
-        n.checkpoint_claims()
-    );
+    assert_clean(&n, &v, &bus, "refused for 2 processes");
 
     // All gone: the same claim prepares.
     inject(&control, "graphics-processes 1");
@@ -351,11 +295,9 @@ async fn a_gpu_that_processes_use_is_refused_by_their_pids_and_nothing_is_applie
 async fn a_lost_gpu_with_processes_is_handed_over_with_a_warning() {
     let (n, control) = node_with_control(PROFILE, FLAGS, DraVersion::V1, "processes 2 99\n").await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&n.published_device("gpu-vfio-2").await);
+    let bus = n.published_bus("gpu-vfio-2").await;
     inject(&control, "lose 2");
-    let vm = n
-        .claim("vm", json!([result("vm", "gpu-vfio-2")]), json!([]))
-        .await;
+    let vm = n.vfio_claim("vm", "gpu-vfio-2").await;
     assert_eq!(prepare_until(&n, &vm, |e| e.is_none()).await, None);
     assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("vfio-pci"));
     let logs = n.logs();
@@ -392,10 +334,8 @@ async fn prepare_until(
 async fn a_gpu_on_another_driver_or_that_vfio_pci_refuses_fails_the_claim_and_stays_known() {
     let n = node(PROFILE, FLAGS, DraVersion::V1).await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&n.published_device("gpu-vfio-3").await);
-    let vm = n
-        .claim("vm", json!([result("vm", "gpu-vfio-3")]), json!([]))
-        .await;
+    let bus = n.published_bus("gpu-vfio-3").await;
+    let vm = n.vfio_claim("vm", "gpu-vfio-3").await;
     // vfio-pci does not take it: the prepare fails and the GPU is back on
     // nvidia, nothing recorded.
     v.sysfs.refuse("vfio-pci", true).unwrap();
@@ -404,9 +344,7 @@ async fn a_gpu_on_another_driver_or_that_vfio_pci_refuses_fails_the_claim_and_st
         error.contains("after asking for vfio-pci; is the module loaded"),
         "{error}"
     );
-    assert_eq!(v.sysfs.driver_of(&bus).as_deref(), Some("nvidia"));
-    assert!(n.checkpoint_claims().is_empty());
-    assert!(n.cdi_files().is_empty());
+    assert_clean(&n, &v, &bus, "refused by vfio-pci");
     v.sysfs.refuse("vfio-pci", false).unwrap();
     n.prepare_ok(&vm).await;
     n.unprepare_ok(&vm).await;
@@ -446,10 +384,8 @@ fn assert_clean(n: &Node, v: &Vfio, bus: &str, when: &str) {
 async fn crash_in_prepare(failpoint: &str, prepared_after: bool) {
     let mut n = node_with(PROFILE, FLAGS, DraVersion::V1, &[(FAILPOINT, failpoint)]).await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&n.published_device("gpu-vfio-0").await);
-    let claim: Claim = n
-        .claim("vm", json!([result("vm", "gpu-vfio-0")]), json!([]))
-        .await;
+    let bus = n.published_bus("gpu-vfio-0").await;
+    let claim: Claim = n.vfio_claim("vm", "gpu-vfio-0").await;
     let answer = n.kubelet.prepare(std::slice::from_ref(&claim)).await;
     assert!(answer.is_err(), "{failpoint}: answered: {answer:?}");
     assert_aborted(&mut n, failpoint);
@@ -473,10 +409,8 @@ async fn crash_in_prepare(failpoint: &str, prepared_after: bool) {
 async fn crash_in_unprepare(failpoint: &str) {
     let mut n = node(PROFILE, FLAGS, DraVersion::V1).await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&n.published_device("gpu-vfio-0").await);
-    let claim: Claim = n
-        .claim("vm", json!([result("vm", "gpu-vfio-0")]), json!([]))
-        .await;
+    let bus = n.published_bus("gpu-vfio-0").await;
+    let claim: Claim = n.vfio_claim("vm", "gpu-vfio-0").await;
     n.prepare_ok(&claim).await;
     n.restart(&[(FAILPOINT, failpoint)]).await;
     let answer = n.kubelet.unprepare(std::slice::from_ref(&claim)).await;
@@ -518,7 +452,7 @@ crash_tests! {
 async fn a_gpu_left_on_vfio_pci_is_bound_back_at_start() {
     let mut n = node(PROFILE, FLAGS, DraVersion::V1).await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&n.published_device("gpu-vfio-1").await);
+    let bus = n.published_bus("gpu-vfio-1").await;
     n.stop();
     v.sysfs.force_driver(&bus, Some("vfio-pci")).unwrap();
     n.restart(&[]).await;
@@ -544,10 +478,8 @@ async fn a_hostile_bus_id_in_the_checkpoint_is_refused_by_name() {
     use gpu_kubelet_plugin::prepare::checkpoint::{Batch, ClaimUid, DeviceKind};
     let mut n = node(PROFILE, FLAGS, DraVersion::V1).await;
     let v = vfio_of(&n, false);
-    let bus = bus_of(&n.published_device("gpu-vfio-2").await);
-    let claim = n
-        .claim("vm", json!([result("vm", "gpu-vfio-2")]), json!([]))
-        .await;
+    let bus = n.published_bus("gpu-vfio-2").await;
+    let claim = n.vfio_claim("vm", "gpu-vfio-2").await;
     n.prepare_ok(&claim).await;
     n.stop();
     let hostile = "../../../../x";

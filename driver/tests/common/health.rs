@@ -42,3 +42,13 @@ pub async fn wait_health(
         }
     }
 }
+
+/// The entry of `device` in a health message, if it has one.
+pub fn health_of<'a>(list: &'a [DeviceHealth], device: &str) -> Option<&'a DeviceHealth> {
+    list.iter().find(|d| d.device_name == device)
+}
+
+/// Whether a health message lists `device` with `health`.
+pub fn is(list: &[DeviceHealth], device: &str, health: &str) -> bool {
+    health_of(list, device).is_some_and(|d| d.health == health)
+}

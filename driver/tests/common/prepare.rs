@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fake_driver_root::sysfs::{FakeSysfs, Kernel, create_vfio_nodes};
 use gpu_dra_sim::kubelet::{Claim, DraVersion, KubeletSim, PrepareResult};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
@@ -86,7 +87,7 @@ pub async fn node_yaml(yaml: &str, extra: &[&str], version: DraVersion) -> Node 
 
 /// A node on the machine `env` (laid out in `dir`), the plugin started
 /// with `extra` flags and `envs`, registered in `version`.
-pub async fn start_node(
+async fn start_node(
     dir: tempfile::TempDir,
     env: TestEnv,
     extra: &[&str],
@@ -161,6 +162,47 @@ pub async fn allocated_claim(
         .await
         .unwrap();
     Claim::new("default", name, created.metadata.uid.unwrap())
+}
+
+/// The stand-in sysfs and kernel of a node, and its VFIO nodes.
+pub struct Vfio {
+    pub sysfs: FakeSysfs,
+    _kernel: Kernel,
+}
+
+impl Vfio {
+    /// The IOMMU group of the GPU at `bus`.
+    pub fn iommu_group(&self, bus: &str) -> u32 {
+        self.sysfs
+            .gpus()
+            .iter()
+            .find(|g| g.bus == bus)
+            .unwrap_or_else(|| panic!("no GPU at {bus}"))
+            .iommu_group
+    }
+}
+
+/// Adopts `n`'s sysfs as the stand-in one, creates the VFIO nodes of its
+/// GPUs' IOMMU groups (the cdevs too with `iommufd`) and starts the
+/// stand-in kernel, which rebinds GPUs as the plugin writes sysfs (until
+/// the returned [`Vfio`] is dropped).
+pub fn vfio_of(n: &Node, iommufd: bool) -> Vfio {
+    let sysfs = FakeSysfs::adopt(&n.env.sysfs).expect("adopt the machine's sysfs");
+    let groups: Vec<u32> = sysfs.gpus().iter().map(|g| g.iommu_group).collect();
+    create_vfio_nodes(&n.env.dev_root, &groups, iommufd).expect("VFIO nodes");
+    let kernel = sysfs.start_kernel().expect("start the stand-in kernel");
+    Vfio {
+        sysfs,
+        _kernel: kernel,
+    }
+}
+
+/// The PCI bus id a published device names.
+pub fn bus_of(device: &Value) -> String {
+    device["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 /// An allocation result of our driver on this node.
@@ -344,6 +386,18 @@ impl Node {
     pub async fn gpu_claim(&self, name: &str, device: &str) -> Claim {
         self.claim(name, json!([result("gpu", device)]), json!([]))
             .await
+    }
+
+    /// A claim for the VFIO device `device` (request `vm`), without configs.
+    pub async fn vfio_claim(&self, name: &str, device: &str) -> Claim {
+        self.claim(name, json!([result("vm", device)]), json!([]))
+            .await
+    }
+
+    /// Waits for the published pool and returns the PCI bus id of its
+    /// device `name`.
+    pub async fn published_bus(&self, name: &str) -> String {
+        bus_of(&self.published_device(name).await)
     }
 
     /// A claim for `gpu-0` shared by MPS, default active thread percentage 25.
